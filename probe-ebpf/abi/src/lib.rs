@@ -1,0 +1,240 @@
+//! The event ABI shared by plegwatch's eBPF programs and its userspace collector.
+//!
+//! Everything that crosses the kernel/user boundary lives here: map names, the
+//! layout of map values and ring-buffer records, stat slots and limits. Every
+//! type is `#[repr(C)]`, `Copy`, built from fixed-width integers with explicit
+//! padding, and its size is asserted at compile time so that both sides agree.
+//! Numbers given to kinds never change; new kinds take new numbers.
+#![no_std]
+
+use core::mem::size_of;
+
+/// Map names, as the userspace loader looks them up.
+pub mod maps {
+    /// `HashMap<u32 tid, Wait>`: every watched wait still open, keyed by thread.
+    pub const INFLIGHT: &str = "INFLIGHT";
+    /// `RingBuf` of [`super::WaitEnd`] records for waits longer than `REPORT_MIN_NS`.
+    pub const EVENTS: &str = "EVENTS";
+    /// `PerCpuArray<u64>` indexed by [`super::Stat`].
+    pub const STATS: &str = "STATS";
+    /// `PerCpuArray<u64>` log2 latency histogram, `slot * HIST_BUCKETS + bucket`.
+    pub const HIST: &str = "HIST";
+    /// `Array<u64>` with one entry: how many umount2 waits sit in their task_work tail.
+    pub const TAIL_PENDING: &str = "TAIL_PENDING";
+}
+
+/// Read-only globals the loader overrides (`EbpfLoader::override_global`).
+pub mod globals {
+    /// `u32`: the tracer's own TGID; its waits are never recorded.
+    pub const TRACER_TGID: &str = "TRACER_TGID";
+    /// `u64`: waits at least this long get a [`super::WaitEnd`] record on the ring buffer.
+    pub const REPORT_MIN_NS: &str = "REPORT_MIN_NS";
+    /// `[u32; WATCHED_SLOTS]`: syscall numbers of the watched syscalls, by slot.
+    /// Slot [`super::SLOT_UMOUNT2`] must hold umount2. Unused slots hold `u32::MAX`.
+    pub const WATCHED_NR: &str = "WATCHED_NR";
+}
+
+/// Maximum number of waits open at once in [`maps::INFLIGHT`] (the default; the
+/// loader may resize it).
+pub const INFLIGHT_MAX: u32 = 16_384;
+/// Ring buffer size in bytes (a power of two, a multiple of the page size).
+pub const EVENTS_BYTES: u32 = 256 * 1024;
+/// Bytes kept of a path argument (umount2's target), NUL included.
+pub const PATH_LEN: usize = 128;
+/// Bytes of a task's comm, NUL included.
+pub const COMM_LEN: usize = 16;
+/// Number of watched-syscall slots.
+pub const WATCHED_SLOTS: usize = 8;
+/// The slot of umount2, whose wait continues after `sys_exit` in task_work.
+pub const SLOT_UMOUNT2: u32 = 0;
+/// Buckets per slot in [`maps::HIST`]: bucket `b` counts waits in `[2^b, 2^(b+1))` µs;
+/// bucket 0 also counts waits under 1 µs, and the last bucket everything above.
+pub const HIST_BUCKETS: u32 = 32;
+/// Total entries in [`maps::HIST`].
+pub const HIST_ENTRIES: u32 = WATCHED_SLOTS as u32 * HIST_BUCKETS;
+
+/// Where a wait stands.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Inside the syscall, between `sys_enter` and `sys_exit`.
+    Syscall = 0,
+    /// After `sys_exit` but before the thread got back to user space (task_work:
+    /// `cleanup_mnt → deactivate_locked_super → sync_filesystem` for umount2).
+    TaskWork = 1,
+}
+
+/// One open wait, the value of [`maps::INFLIGHT`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Wait {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at `sys_enter`.
+    pub start_ns: u64,
+    /// `bpf_ktime_get_ns()` at `sys_exit`, or 0 while still in the syscall.
+    pub sys_exit_ns: u64,
+    /// The syscall's first argument (an fd, or umount2's target pointer).
+    pub arg0: u64,
+    /// The syscall's second argument (umount2's flags).
+    pub arg1: u64,
+    /// The syscall's return value once it has exited.
+    pub ret: i64,
+    /// Thread group (process) id.
+    pub tgid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// The syscall number, as `__syscall_nr` in the tracepoint.
+    pub nr: u32,
+    /// Index into [`globals::WATCHED_NR`].
+    pub slot: u32,
+    /// The task's comm at `sys_enter`.
+    pub comm: [u8; COMM_LEN],
+    /// umount2's target path (NUL-terminated), empty for other syscalls.
+    pub path: [u8; PATH_LEN],
+}
+const _: () = assert!(size_of::<Wait>() == 200);
+
+/// The kind of a ring-buffer record, first in every record.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A [`WaitEnd`].
+    WaitEnd = 1,
+}
+
+/// Header first in every ring-buffer record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct EventHeader {
+    /// An [`EventKind`] as u32.
+    pub kind: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<EventHeader>() == 8);
+
+/// How a wait ended.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// `sys_exit` of the syscall itself.
+    SysExit = 0,
+    /// The thread entered its next syscall after a task_work tail.
+    NextSyscall = 1,
+    /// The thread exited.
+    ThreadExit = 2,
+    /// A new wait on the same thread replaced one whose end was missed.
+    Replaced = 3,
+}
+
+/// A wait that ended, sent when it lasted at least `REPORT_MIN_NS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct WaitEnd {
+    pub header: EventHeader,
+    pub start_ns: u64,
+    pub sys_exit_ns: u64,
+    pub end_ns: u64,
+    pub ret: i64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub nr: u32,
+    pub slot: u32,
+    /// An [`EndReason`] as u32.
+    pub reason: u32,
+    pub _pad: u32,
+    /// The task's comm at `sys_enter`.
+    pub comm: [u8; COMM_LEN],
+}
+const _: () = assert!(size_of::<WaitEnd>() == 80);
+
+/// Slots of [`maps::STATS`]. Counters only grow.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stat {
+    /// Waits recorded at `sys_enter`.
+    WaitsStarted = 0,
+    /// Waits that could not be recorded: [`maps::INFLIGHT`] was full.
+    InflightFull = 1,
+    /// End records lost: the ring buffer was full.
+    RingbufFull = 2,
+    /// umount2 target paths that could not be read.
+    PathReadFailed = 3,
+    /// Waits that entered the task_work tail.
+    TailsStarted = 4,
+    /// Waits ended by a thread exit.
+    EndedByExit = 5,
+}
+/// Number of [`Stat`] slots.
+pub const STAT_COUNT: u32 = 6;
+
+/// The histogram bucket of a duration: floor(log2(µs)), clamped to the table.
+/// Written without loops or `leading_zeros` so the eBPF verifier takes it as is.
+#[inline(always)]
+pub fn hist_bucket(duration_ns: u64) -> u32 {
+    let mut v = duration_ns >> 10; // ~µs, cheap
+    let mut b: u32 = 0;
+    if v >= 1 << 32 {
+        v >>= 32;
+        b += 32;
+    }
+    if v >= 1 << 16 {
+        v >>= 16;
+        b += 16;
+    }
+    if v >= 1 << 8 {
+        v >>= 8;
+        b += 8;
+    }
+    if v >= 1 << 4 {
+        v >>= 4;
+        b += 4;
+    }
+    if v >= 1 << 2 {
+        v >>= 2;
+        b += 2;
+    }
+    if v >= 1 << 1 {
+        b += 1;
+    }
+    if b >= HIST_BUCKETS {
+        HIST_BUCKETS - 1
+    } else {
+        b
+    }
+}
+
+/// Lower bound, in nanoseconds, of a histogram bucket (the inverse of [`hist_bucket`]).
+pub const fn bucket_floor_ns(bucket: u32) -> u64 {
+    if bucket == 0 {
+        0
+    } else {
+        (1u64 << bucket) << 10
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are #[repr(C)], Copy, made of integers, with explicit padding.
+    unsafe impl aya::Pod for super::Wait {}
+    unsafe impl aya::Pod for super::WaitEnd {}
+    unsafe impl aya::Pod for super::EventHeader {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_log2_of_microseconds() {
+        assert_eq!(hist_bucket(0), 0);
+        assert_eq!(hist_bucket(1023), 0);
+        assert_eq!(hist_bucket(2 * 1024), 1);
+        assert_eq!(hist_bucket(3 * 1024), 1);
+        assert_eq!(hist_bucket(4 * 1024), 2);
+        assert_eq!(hist_bucket(1 << 30), 20);
+        assert_eq!(hist_bucket(u64::MAX), HIST_BUCKETS - 1);
+        for b in 1..HIST_BUCKETS - 1 {
+            assert_eq!(hist_bucket(bucket_floor_ns(b)), b);
+            assert_eq!(hist_bucket(bucket_floor_ns(b + 1) - 1), b);
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The in-flight registry of umount2 and sync-family waits.
+//!
+//! A wait opens at the syscall's `sys_enter` tracepoint and, for every watched
+//! syscall but umount2, closes at its `sys_exit`. umount2 is different: on
+//! Linux 6.x the unmount's sync runs in task_work after `sys_exit_umount`
+//! (`cleanup_mnt → deactivate_locked_super → sync_filesystem`), before the
+//! thread gets back to user space. So a successful umount2 stays open in the
+//! [`Phase::TaskWork`] phase until the same thread enters its next syscall
+//! (`sys_enter`, gated by [`TAIL_PENDING`] so it costs one array read when no
+//! tail is open) or exits (`sched_process_exit`).
+
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
+    macros::{map, raw_tracepoint, tracepoint},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    programs::{RawTracePointContext, TracePointContext},
+};
+use plegwatch_abi::{
+    COMM_LEN, EndReason, EventHeader, EventKind, HIST_BUCKETS, HIST_ENTRIES, INFLIGHT_MAX, PATH_LEN,
+    SLOT_UMOUNT2, STAT_COUNT, Stat, WATCHED_SLOTS, Wait, WaitEnd, EVENTS_BYTES, hist_bucket,
+};
+
+#[map]
+static INFLIGHT: HashMap<u32, Wait> = HashMap::with_max_entries(INFLIGHT_MAX, 0);
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+#[map]
+static HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(HIST_ENTRIES, 0);
+#[map]
+static TAIL_PENDING: Array<u64> = Array::with_max_entries(1, 0);
+
+#[unsafe(no_mangle)]
+static TRACER_TGID: u32 = 0;
+#[unsafe(no_mangle)]
+static REPORT_MIN_NS: u64 = 1_000_000_000;
+#[unsafe(no_mangle)]
+static WATCHED_NR: [u32; WATCHED_SLOTS] = [u32::MAX; WATCHED_SLOTS];
+
+/// Offsets in the `syscalls:sys_enter_*` / `sys_exit_*` tracepoint records
+/// (`/sys/kernel/tracing/events/syscalls/*/format`, stable since Linux 2.6.33).
+const OFF_NR: usize = 8;
+const OFF_ARG0: usize = 16;
+const OFF_ARG1: usize = 24;
+const OFF_RET: usize = 16;
+
+#[inline(always)]
+fn count(stat: Stat) {
+    if let Some(p) = STATS.get_ptr_mut(stat as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn tracer_tgid() -> u32 {
+    // SAFETY: a read-only global patched by the loader.
+    unsafe { core::ptr::read_volatile(&TRACER_TGID) }
+}
+
+#[inline(always)]
+fn slot_of(nr: u32) -> Option<u32> {
+    let mut i = 0;
+    while i < WATCHED_SLOTS {
+        // SAFETY: a read-only global patched by the loader; `i` is in bounds.
+        let w = unsafe { core::ptr::read_volatile(&WATCHED_NR[i]) };
+        if w == nr {
+            return Some(i as u32);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Adds `delta` to the count of umount2 waits in their task_work tail.
+#[inline(always)]
+fn tail_pending_add(delta: i64) {
+    if let Some(p) = TAIL_PENDING.get_ptr_mut(0) {
+        // SAFETY: `p` points at a live map value; BPF_ATOMIC add (Linux >= 5.12).
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                p,
+                delta as u64,
+            )
+        };
+    }
+}
+
+#[inline(always)]
+fn tails_pending() -> bool {
+    match TAIL_PENDING.get(0) {
+        Some(v) => *v != 0,
+        None => false,
+    }
+}
+
+/// Closes `wait`: histogram, and a [`WaitEnd`] record if it was long.
+#[inline(always)]
+fn finish(wait: &Wait, end_ns: u64, reason: EndReason) {
+    let dur = end_ns.saturating_sub(wait.start_ns);
+    let idx = wait.slot * HIST_BUCKETS + hist_bucket(dur);
+    if let Some(p) = HIST.get_ptr_mut(idx) {
+        // SAFETY: per-CPU slot.
+        unsafe { *p += 1 };
+    }
+    // SAFETY: a read-only global patched by the loader.
+    let min = unsafe { core::ptr::read_volatile(&REPORT_MIN_NS) };
+    if dur < min {
+        return;
+    }
+    let rec = WaitEnd {
+        header: EventHeader { kind: EventKind::WaitEnd as u32, _pad: 0 },
+        start_ns: wait.start_ns,
+        sys_exit_ns: wait.sys_exit_ns,
+        end_ns,
+        ret: wait.ret,
+        tgid: wait.tgid,
+        tid: wait.tid,
+        nr: wait.nr,
+        slot: wait.slot,
+        reason: reason as u32,
+        _pad: 0,
+        comm: wait.comm,
+    };
+    if EVENTS.output::<WaitEnd>(&rec, 0).is_err() {
+        count(Stat::RingbufFull);
+    }
+}
+
+/// If `tid` has a wait in its task_work tail, closes it at `now`.
+#[inline(always)]
+fn close_tail(tid: u32, now: u64, reason: EndReason) {
+    // SAFETY: the value is copied out before the entry is removed.
+    let wait = match unsafe { INFLIGHT.get(&tid) } {
+        Some(w) => *w,
+        None => return,
+    };
+    if wait.sys_exit_ns == 0 {
+        return;
+    }
+    if INFLIGHT.remove(&tid).is_ok() {
+        tail_pending_add(-1);
+        finish(&wait, now, reason);
+    }
+}
+
+/// `syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}`.
+///
+/// Format (Linux 6.18, checked): `int __syscall_nr` at 8, then the arguments as
+/// 8-byte fields from 16: umount2 `(char *name, int flags)`, fsync/fdatasync/
+/// syncfs `(unsigned int fd)`, sync_file_range `(int fd, loff_t offset, loff_t
+/// nbytes, unsigned int flags)`, sync `()`.
+#[tracepoint]
+pub fn wait_enter(ctx: TracePointContext) -> u32 {
+    let _ = try_wait_enter(&ctx);
+    0
+}
+
+fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == tracer_tgid() {
+        return Ok(());
+    }
+    let tid = pid_tgid as u32;
+    // SAFETY: a plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: offsets from the tracepoint format above.
+    let nr: i32 = unsafe { ctx.read_at(OFF_NR) }.map_err(|e| e as i64)?;
+    let Some(slot) = slot_of(nr as u32) else {
+        return Ok(());
+    };
+    // A wait still open here ended unseen (a tail whose sys_enter raced us).
+    close_tail(tid, now, EndReason::Replaced);
+
+    // SAFETY: as above.
+    let arg0: u64 = unsafe { ctx.read_at(OFF_ARG0) }.unwrap_or(0);
+    let arg1: u64 = unsafe { ctx.read_at(OFF_ARG1) }.unwrap_or(0);
+    let mut wait = Wait {
+        start_ns: now,
+        sys_exit_ns: 0,
+        arg0,
+        arg1,
+        ret: 0,
+        tgid,
+        tid,
+        nr: nr as u32,
+        slot,
+        comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
+        path: [0u8; PATH_LEN],
+    };
+    if slot == SLOT_UMOUNT2 {
+        // SAFETY: the helper bounds the read and checks the user pointer.
+        if unsafe { bpf_probe_read_user_str_bytes(arg0 as *const u8, &mut wait.path) }.is_err() {
+            count(Stat::PathReadFailed);
+        }
+    }
+    if INFLIGHT.insert(&tid, &wait, 0).is_err() {
+        count(Stat::InflightFull);
+        return Ok(());
+    }
+    count(Stat::WaitsStarted);
+    Ok(())
+}
+
+/// `syscalls:sys_exit_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}`.
+///
+/// Format (Linux 6.18, checked): `int __syscall_nr` at 8, `long ret` at 16.
+#[tracepoint]
+pub fn wait_exit(ctx: TracePointContext) -> u32 {
+    let _ = try_wait_exit(&ctx);
+    0
+}
+
+fn try_wait_exit(ctx: &TracePointContext) -> Result<(), i64> {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let Some(p) = INFLIGHT.get_ptr_mut(&tid) else {
+        return Ok(());
+    };
+    // SAFETY: a plain helper call.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: offset from the tracepoint format above.
+    let ret: i64 = unsafe { ctx.read_at(OFF_RET) }.unwrap_or(0);
+    // SAFETY: `p` points at this thread's live entry; only this thread writes it.
+    let wait = unsafe { &mut *p };
+    if wait.sys_exit_ns != 0 {
+        return Ok(());
+    }
+    wait.ret = ret;
+    if wait.slot == SLOT_UMOUNT2 && ret == 0 {
+        // The unmount's sync is still to come, in task_work.
+        wait.sys_exit_ns = now;
+        tail_pending_add(1);
+        count(Stat::TailsStarted);
+        return Ok(());
+    }
+    let copy = *wait;
+    let _ = INFLIGHT.remove(&tid);
+    finish(&copy, now, EndReason::SysExit);
+    Ok(())
+}
+
+/// Raw tracepoint `sys_enter`: `TP_PROTO(struct pt_regs *regs, long id)`
+/// (Linux 6.18, checked). Closes a umount2 wait whose task_work tail is over,
+/// since the thread is back from user space with a new syscall.
+#[raw_tracepoint(tracepoint = "sys_enter")]
+pub fn tail_end_raw(_ctx: RawTracePointContext) -> i32 {
+    tail_end();
+    0
+}
+
+/// `raw_syscalls:sys_enter` (format: `long id` at 8, `unsigned long args[6]` at
+/// 16; Linux 6.18, checked): the fallback for [`tail_end_raw`].
+#[tracepoint]
+pub fn tail_end_tp(_ctx: TracePointContext) -> u32 {
+    tail_end();
+    0
+}
+
+#[inline(always)]
+fn tail_end() {
+    if !tails_pending() {
+        return;
+    }
+    let tid = bpf_get_current_pid_tgid() as u32;
+    // SAFETY: a plain helper call.
+    close_tail(tid, unsafe { bpf_ktime_get_ns() }, EndReason::NextSyscall);
+}
+
+/// `sched:sched_process_exit`, fired by the exiting thread (format on Linux
+/// 6.18: `char comm[16]` at 8, `pid_t pid` at 24, `int prio` at 28, `bool
+/// group_dead` at 32). Closes whatever wait that thread still had open.
+#[tracepoint]
+pub fn thread_exit(ctx: TracePointContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    let _ = ctx.as_ptr();
+    // SAFETY: copied out before removal.
+    let Some(wait) = (unsafe { INFLIGHT.get(&tid) }).copied() else {
+        return 0;
+    };
+    if INFLIGHT.remove(&tid).is_ok() {
+        if wait.sys_exit_ns != 0 {
+            tail_pending_add(-1);
+        }
+        count(Stat::EndedByExit);
+        // SAFETY: a plain helper call.
+        finish(&wait, unsafe { bpf_ktime_get_ns() }, EndReason::ThreadExit);
+    }
+    0
+}

@@ -1,0 +1,110 @@
+//! `plegwatch watch`.
+
+use crate::{
+    collector::{self, WatchConfig},
+    durations,
+    inflight::Filter,
+    levels::Thresholds,
+    output::{JsonSink, Sink, TextSink},
+};
+use clap::Args;
+use std::time::Duration;
+
+/// Thresholds accept `150ms`, `10s`, `2m`, or bare seconds.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:
+  plegwatch watch --warn 2s --duration 30
+  plegwatch watch --json --pid 1234 --comm umount
+  plegwatch watch --comm 'containerd-shim*'")]
+pub struct WatchArgs {
+    /// Print one JSON object per line instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Report a wait once it has lasted this long.
+    #[arg(long, default_value = "10s", value_parser = durations::parse)]
+    pub warn: Duration,
+    /// Report it again, as critical, at this age.
+    #[arg(long, default_value = "60s", value_parser = durations::parse)]
+    pub critical: Duration,
+    /// Report it again, as imminent, at this age (kubelet's PLEG budget is 3m).
+    #[arg(long, default_value = "150s", value_parser = durations::parse)]
+    pub imminent: Duration,
+    /// Only waits of this process or thread id (repeatable).
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Only waits of tasks with this comm; a trailing `*` matches a prefix (repeatable).
+    #[arg(long = "comm", value_name = "COMM")]
+    pub comms: Vec<String>,
+    /// Stop after this long, with a summary.
+    #[arg(long, value_parser = durations::parse)]
+    pub duration: Option<Duration>,
+    /// How often open waits are scanned (at most 250ms).
+    #[arg(long, default_value = "250ms", value_parser = durations::parse, hide = true)]
+    pub interval: Duration,
+}
+
+impl WatchArgs {
+    /// Checks the flags together.
+    pub fn config(&self) -> Result<WatchConfig, String> {
+        let thresholds = Thresholds::new(self.warn, self.critical, self.imminent)?;
+        if self.interval.is_zero() || self.interval > Duration::from_millis(250) {
+            return Err("--interval must be between 1ms and 250ms".into());
+        }
+        Ok(WatchConfig {
+            thresholds,
+            filter: Filter { pids: self.pids.clone(), comms: self.comms.clone() },
+            interval: self.interval,
+            duration: self.duration,
+        })
+    }
+}
+
+/// Runs `watch`; the error is one line.
+pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
+    let cfg = args.config().map_err(anyhow::Error::msg)?;
+    let stdout = std::io::stdout();
+    let mut sink: Box<dyn Sink> = if args.json { Box::new(JsonSink(stdout.lock())) } else { Box::new(TextSink(stdout.lock())) };
+    collector::watch(cfg, sink.as_mut()).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+    use std::time::Duration;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("plegwatch").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_match_the_pleg_budget() {
+        let Command::Watch(w) = parse(&["watch"]).unwrap().command else { panic!() };
+        let c = w.config().unwrap();
+        assert_eq!(c.thresholds.warn, Duration::from_secs(10));
+        assert_eq!(c.thresholds.critical, Duration::from_secs(60));
+        assert_eq!(c.thresholds.imminent, Duration::from_secs(150));
+        assert_eq!(c.interval, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn flags_parse() {
+        let Command::Watch(w) = parse(&["watch", "--json", "--warn", "2s", "--duration", "30", "--pid", "7", "--comm", "umount"]).unwrap().command else {
+            panic!()
+        };
+        assert!(w.json);
+        assert_eq!(w.warn, Duration::from_secs(2));
+        assert_eq!(w.duration, Some(Duration::from_secs(30)));
+        assert_eq!((w.pids, w.comms), (vec![7], vec!["umount".to_string()]));
+    }
+
+    #[test]
+    fn bad_input_is_refused() {
+        assert!(parse(&["watch", "--warn", "soon"]).is_err());
+        assert!(parse(&["watch", "--bogus"]).is_err());
+        let Command::Watch(w) = parse(&["watch", "--warn", "70s"]).unwrap().command else { panic!() };
+        let e = w.config().unwrap_err();
+        assert!(e.contains("--critical") && !e.contains('\n'), "{e}");
+    }
+}

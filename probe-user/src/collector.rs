@@ -1,0 +1,290 @@
+//! `plegwatch watch`'s engine: scans the kernel's open waits, takes its end
+//! records, and prints stalls and resolutions.
+//!
+//! Two inputs, one loop:
+//! - every `interval` (250 ms by default) a snapshot of the `INFLIGHT` map goes
+//!   to the [`Registry`], which says which waits crossed a level;
+//! - the `EVENTS` ring buffer, drained whenever it is readable, says when long
+//!   waits ended and how long they took, to the nanosecond.
+
+use crate::{
+    detail,
+    inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
+    levels::{Thresholds, budget_used},
+    loader::{self, LoadError, LoadOptions},
+    mounts::{self, SharedMounts},
+    output::{Event, Ready, Resolved, Stall, Summary, Sink},
+    probes::{self, Choice, ProbeError},
+    procfs::{self, SyscallState},
+    stats,
+    syscalls::{WaitKind, by_slot},
+};
+use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
+use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, maps};
+use serde_json::{Map, Value};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant, SystemTime},
+};
+use thiserror::Error;
+use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
+
+/// What `plegwatch watch` was asked to do.
+#[derive(Clone, Debug)]
+pub struct WatchConfig {
+    pub thresholds: Thresholds,
+    pub filter: Filter,
+    /// How often the open waits are scanned.
+    pub interval: Duration,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+}
+
+#[derive(Debug, Error)]
+pub enum WatchError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    #[error("eBPF map {0} is missing or has the wrong type: {1}")]
+    Map(&'static str, String),
+    #[error("{0}: {1}")]
+    Io(&'static str, std::io::Error),
+}
+
+/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Wall-clock time of a CLOCK_MONOTONIC instant.
+fn wall_of(mono_ns: u64) -> SystemTime {
+    let back = Duration::from_nanos(monotonic_ns().saturating_sub(mono_ns));
+    SystemTime::now().checked_sub(back).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// Runs until Ctrl-C, SIGTERM or `--duration`; returns the summary it printed.
+pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, WatchError> {
+    let started = Instant::now();
+    loader::require_root()?;
+    loader::ensure_tracefs()?;
+    let mounts = mounts::watch().map_err(|e| WatchError::Io("reading /proc/self/mountinfo", e))?;
+    // End records for waits shorter than --warn would be thrown away.
+    let mut ebpf = loader::load(LoadOptions { report_min: cfg.thresholds.warn })?;
+    let choices = probes::attach_all(&mut ebpf)?;
+
+    let inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
+    let ring: RingBuf<MapData> = take_map(&mut ebpf, maps::EVENTS)?;
+    // SAFETY: the RingBuf owns its map fd, which stays open and the same for as
+    // long as the AsyncFd holds it.
+    let mut ring = unsafe { AsyncFd::register(ring) }
+        .map_err(|e| WatchError::Io("polling the ring buffer", std::io::Error::other(e.to_string())))?;
+
+    let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
+    sink.emit(&Event::Ready(Ready {
+        pid: std::process::id(),
+        probes: choices.iter().map(Choice::to_output).collect(),
+        warn_s: cfg.thresholds.warn.as_secs_f64(),
+        critical_s: cfg.thresholds.critical.as_secs_f64(),
+        imminent_s: cfg.thresholds.imminent.as_secs_f64(),
+    }));
+
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).map_err(|e| WatchError::Io("SIGINT handler", e))?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(|e| WatchError::Io("SIGTERM handler", e))?;
+    let deadline = tokio::time::sleep(cfg.duration.unwrap_or(Duration::from_secs(100 * 365 * 86_400)));
+    tokio::pin!(deadline);
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    loop {
+        tokio::select! {
+            _ = tick.tick() => engine.scan(sink),
+            guard = ring.readable_mut() => {
+                let mut guard = guard.map_err(|e| WatchError::Io("polling the ring buffer", e))?;
+                engine.drain(guard.get_inner_mut(), sink);
+                guard.clear_ready();
+            }
+            _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); break; }
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: detaching"); break; }
+            _ = &mut deadline => { tracing::info!("--duration reached: detaching"); break; }
+        }
+    }
+    engine.drain(ring.get_mut(), sink);
+
+    let counters = stats::counters(&ebpf);
+    let (stalls, resolved) = engine.registry.counts();
+    let summary = Summary {
+        ran_s: started.elapsed().as_secs_f64(),
+        stalls,
+        resolved,
+        still_open: engine.registry.open().count() as u64,
+        waits_started: stats::counter(&counters, Stat::WaitsStarted),
+        dropped_waits: stats::counter(&counters, Stat::InflightFull),
+        dropped_events: stats::counter(&counters, Stat::RingbufFull),
+        syscalls: stats::latency(&ebpf),
+    };
+    if summary.dropped_waits + summary.dropped_events > 0 {
+        tracing::warn!(dropped_waits = summary.dropped_waits, dropped_events = summary.dropped_events, "the kernel dropped records: some waits may be missing or timed approximately");
+    }
+    sink.emit(&Event::Summary(summary.clone()));
+    drop(ebpf); // detaches every program
+    Ok(summary)
+}
+
+fn take_map<T>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, WatchError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
+    T::try_from(map).map_err(|e| WatchError::Map(name, e.to_string()))
+}
+
+/// The collector's state between wakeups.
+struct Engine {
+    registry: Registry,
+    mounts: SharedMounts,
+    inflight: BpfHashMap<MapData, u32, Wait>,
+    /// The task_work tail's end is found by polling /proc (no kernel probe).
+    poll_tails: bool,
+    /// The fixed part of each reported wait's detail.
+    fixed: HashMap<WaitKey, Map<String, Value>>,
+    /// Scans in a row that found a tail's thread running outside umount2.
+    running_seen: HashMap<WaitKey, u32>,
+    ring_records: u64,
+}
+
+impl Engine {
+    fn new(cfg: &WatchConfig, mounts: SharedMounts, choices: &[Choice], inflight: BpfHashMap<MapData, u32, Wait>) -> Self {
+        let poll_tails = choices.iter().any(|c| c.probe == "umount_tail_end" && c.is_proc_poll());
+        Engine {
+            registry: Registry::new(cfg.thresholds, cfg.filter.clone()),
+            mounts,
+            inflight,
+            poll_tails,
+            fixed: HashMap::new(),
+            running_seen: HashMap::new(),
+            ring_records: 0,
+        }
+    }
+
+    fn scan(&mut self, sink: &mut dyn Sink) {
+        let now = monotonic_ns();
+        let open: Vec<WaitInfo> = self.inflight.iter().filter_map(Result::ok).map(|(_, w)| WaitInfo::from(&w)).collect();
+        let actions = self.registry.scan(open.iter(), now);
+        self.act(actions, sink);
+        self.check_reported(now, sink);
+    }
+
+    /// Waits whose end the kernel can't see: their thread vanished, or (without
+    /// the tail probe, or for a thread that went back to user space without a
+    /// syscall) their task_work tail is over by `/proc/TID/syscall`.
+    fn check_reported(&mut self, now: u64, sink: &mut dyn Sink) {
+        let candidates: Vec<(WaitKey, u64)> = self.registry.open().map(|t| (t.info.key(), t.info.sys_exit_ns)).collect();
+        for (key, sys_exit_ns) in candidates {
+            let tid = key.0;
+            let ended = if !procfs::thread_exists(tid) {
+                true
+            } else if sys_exit_ns != 0 {
+                match procfs::syscall(tid) {
+                    Some(SyscallState::In { nr }) => nr != libc::SYS_umount2,
+                    Some(SyscallState::Running) => {
+                        let n = self.running_seen.entry(key).or_insert(0);
+                        *n += 1;
+                        // One sample can catch the tail on CPU; two in a row is back in user space.
+                        *n >= 2 || self.poll_tails
+                    }
+                    _ => false,
+                }
+            } else {
+                false
+            };
+            // Only when the kernel still holds it: otherwise the kernel closed it
+            // and its exact end record is on the way.
+            let in_kernel = matches!(self.inflight.get(&tid, 0), Ok(w) if w.start_ns == key.1);
+            if ended && in_kernel {
+                let _ = self.inflight.remove(&tid);
+                if let Some(a) = self.registry.vanished(key, now) {
+                    self.act(vec![a], sink);
+                }
+            }
+        }
+    }
+
+    fn drain(&mut self, ring: &mut RingBuf<MapData>, sink: &mut dyn Sink) {
+        while let Some(item) = ring.next() {
+            self.ring_records += 1;
+            let bytes: &[u8] = &item;
+            if bytes.len() < std::mem::size_of::<WaitEnd>() {
+                tracing::warn!(len = bytes.len(), "short ring buffer record skipped");
+                continue;
+            }
+            // SAFETY: length checked; WaitEnd is plain old data; read_unaligned copies.
+            let rec: WaitEnd = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            if rec.header.kind != EventKind::WaitEnd as u32 {
+                tracing::warn!(kind = rec.header.kind, "unknown ring buffer record skipped");
+                continue;
+            }
+            let actions = self.registry.end(&rec);
+            self.act(actions, sink);
+        }
+    }
+
+    fn act(&mut self, actions: Vec<Action>, sink: &mut dyn Sink) {
+        for a in actions {
+            match a {
+                Action::Report { key, level, waited } => {
+                    let Some(t) = self.registry.get(&key) else { continue };
+                    let info = t.info.clone();
+                    let id = t.id;
+                    let fixed = match self.fixed.get(&key) {
+                        Some(f) => f.clone(),
+                        None => {
+                            let f = match self.mounts.lock() {
+                                Ok(m) => detail::fixed(&info, &m),
+                                Err(_) => Map::new(),
+                            };
+                            self.fixed.insert(key, f.clone());
+                            f
+                        }
+                    };
+                    let kind = by_slot(info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
+                    let stall = Stall {
+                        level,
+                        id,
+                        kind,
+                        pid: info.tgid,
+                        tid: info.tid,
+                        comm: info.comm.clone(),
+                        waited_s: waited.as_secs_f64(),
+                        started_at: humantime::format_rfc3339_millis(wall_of(info.start_ns)).to_string(),
+                        budget_used: budget_used(waited),
+                        detail: detail::now(&fixed, &info),
+                        holder: None,
+                        chain: Vec::new(),
+                        kernel_stack: procfs::kernel_stack(info.tid).unwrap_or_default(),
+                        user_stack: Vec::new(),
+                    };
+                    sink.emit(&Event::Stall(stall));
+                }
+                Action::Resolve { key, waited, exact } => {
+                    let Some(t) = self.registry.forget(&key) else { continue };
+                    self.fixed.remove(&key);
+                    self.running_seen.remove(&key);
+                    let kind = by_slot(t.info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
+                    sink.emit(&Event::Resolved(Resolved {
+                        id: t.id,
+                        kind,
+                        pid: t.info.tgid,
+                        tid: t.info.tid,
+                        waited_s: waited.as_secs_f64(),
+                        comm: t.info.comm,
+                        timing: if exact { "exact" } else { "approximate" },
+                    }));
+                }
+            }
+        }
+    }
+}

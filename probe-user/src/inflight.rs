@@ -1,0 +1,366 @@
+//! The registry of reported waits: which open waits crossed which level, and
+//! when they ended.
+//!
+//! The kernel keeps every open wait in its `INFLIGHT` map; the collector shows
+//! this registry a snapshot of that map at each scan, and the kernel's end
+//! records as they arrive. The registry decides what to print. It is pure
+//! logic, with time passed in, so it is tested without a kernel.
+
+use crate::levels::{Level, Thresholds};
+use plegwatch_abi::{Wait, WaitEnd};
+use std::{collections::HashMap, time::Duration};
+
+/// A wait is named by its thread and its start time (a thread has one open wait).
+pub type WaitKey = (u32, u64);
+
+/// What the registry knows of a wait, from the kernel's map or its end record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitInfo {
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub nr: u32,
+    pub slot: u32,
+    pub start_ns: u64,
+    /// Non-zero once the syscall returned and the wait went on in task_work.
+    pub sys_exit_ns: u64,
+    pub arg0: u64,
+    /// umount2's target path.
+    pub path: String,
+}
+
+fn cstr(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+impl From<&Wait> for WaitInfo {
+    fn from(w: &Wait) -> Self {
+        WaitInfo {
+            tgid: w.tgid,
+            tid: w.tid,
+            comm: cstr(&w.comm),
+            nr: w.nr,
+            slot: w.slot,
+            start_ns: w.start_ns,
+            sys_exit_ns: w.sys_exit_ns,
+            arg0: w.arg0,
+            path: cstr(&w.path),
+        }
+    }
+}
+
+impl From<&WaitEnd> for WaitInfo {
+    fn from(e: &WaitEnd) -> Self {
+        WaitInfo {
+            tgid: e.tgid,
+            tid: e.tid,
+            comm: cstr(&e.comm),
+            nr: e.nr,
+            slot: e.slot,
+            start_ns: e.start_ns,
+            sys_exit_ns: e.sys_exit_ns,
+            arg0: 0,
+            path: String::new(),
+        }
+    }
+}
+
+impl WaitInfo {
+    pub fn key(&self) -> WaitKey {
+        (self.tid, self.start_ns)
+    }
+}
+
+/// Which waits to report: `--pid` and `--comm`. Empty lists match everything.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// Matches a wait's process id or thread id.
+    pub pids: Vec<u32>,
+    /// Exact comm, or a prefix when it ends in `*` (`containerd-shim*`).
+    pub comms: Vec<String>,
+}
+
+impl Filter {
+    pub fn matches(&self, w: &WaitInfo) -> bool {
+        let pid_ok = self.pids.is_empty() || self.pids.contains(&w.tgid) || self.pids.contains(&w.tid);
+        let comm_ok = self.comms.is_empty()
+            || self.comms.iter().any(|c| match c.strip_suffix('*') {
+                Some(prefix) => w.comm.starts_with(prefix),
+                None => w.comm == *c,
+            });
+        pid_ok && comm_ok
+    }
+}
+
+/// A wait that crossed `--warn`.
+#[derive(Clone, Debug)]
+pub struct Tracked {
+    pub id: u64,
+    pub info: WaitInfo,
+    pub reported: Level,
+    missing_since_ns: Option<u64>,
+}
+
+/// What the collector must print.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// The wait reached `level` after `waited`.
+    Report { key: WaitKey, level: Level, waited: Duration },
+    /// The wait ended after `waited`; `exact` when timed by the kernel.
+    Resolve { key: WaitKey, waited: Duration, exact: bool },
+}
+
+/// How long a reported wait may be missing from the kernel map before it is
+/// resolved without an end record (whose loss the kernel counts).
+pub const END_GRACE: Duration = Duration::from_secs(2);
+
+/// How many resolved waits [`Registry`] remembers.
+const DONE_MEMORY: usize = 1024;
+
+/// The reported waits.
+#[derive(Debug)]
+pub struct Registry {
+    thresholds: Thresholds,
+    filter: Filter,
+    tracked: HashMap<WaitKey, Tracked>,
+    next_id: u64,
+    /// Waits resolved lately, so that a late end record can't report one twice.
+    done: std::collections::VecDeque<WaitKey>,
+    stalls: u64,
+    resolved: u64,
+}
+
+impl Registry {
+    pub fn new(thresholds: Thresholds, filter: Filter) -> Self {
+        Registry { thresholds, filter, tracked: HashMap::new(), next_id: 1, done: Default::default(), stalls: 0, resolved: 0 }
+    }
+
+    pub fn get(&self, key: &WaitKey) -> Option<&Tracked> {
+        self.tracked.get(key)
+    }
+
+    /// Removes a wait after its resolution was printed.
+    pub fn forget(&mut self, key: &WaitKey) -> Option<Tracked> {
+        let t = self.tracked.remove(key)?;
+        if self.done.len() >= DONE_MEMORY {
+            self.done.pop_front();
+        }
+        self.done.push_back(*key);
+        Some(t)
+    }
+
+    pub fn open(&self) -> impl Iterator<Item = &Tracked> {
+        self.tracked.values()
+    }
+
+    /// (stall lines decided, resolutions decided).
+    pub fn counts(&self) -> (u64, u64) {
+        (self.stalls, self.resolved)
+    }
+
+    fn track(&mut self, info: WaitInfo, level: Level) -> &mut Tracked {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.tracked.entry(info.key()).or_insert(Tracked { id, info, reported: level, missing_since_ns: None })
+    }
+
+    /// Looks at a snapshot of the kernel's open waits taken at `now_ns`
+    /// (CLOCK_MONOTONIC, as `bpf_ktime_get_ns`).
+    pub fn scan<'a>(&mut self, open: impl IntoIterator<Item = &'a WaitInfo>, now_ns: u64) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for w in open {
+            if !self.filter.matches(w) {
+                continue;
+            }
+            let key = w.key();
+            seen.insert(key);
+            let waited = Duration::from_nanos(now_ns.saturating_sub(w.start_ns));
+            let Some(level) = self.thresholds.level(waited) else { continue };
+            match self.tracked.get_mut(&key) {
+                Some(t) => {
+                    t.info.sys_exit_ns = w.sys_exit_ns;
+                    t.missing_since_ns = None;
+                    if level > t.reported {
+                        t.reported = level;
+                        actions.push(Action::Report { key, level, waited });
+                    }
+                }
+                None => {
+                    self.track(w.clone(), level);
+                    actions.push(Action::Report { key, level, waited });
+                }
+            }
+        }
+        for (key, t) in self.tracked.iter_mut() {
+            if seen.contains(key) {
+                continue;
+            }
+            match t.missing_since_ns {
+                None => t.missing_since_ns = Some(now_ns),
+                Some(since) if now_ns.saturating_sub(since) >= END_GRACE.as_nanos() as u64 => {
+                    let waited = Duration::from_nanos(since.saturating_sub(key.1));
+                    actions.push(Action::Resolve { key: *key, waited, exact: false });
+                }
+                Some(_) => {}
+            }
+        }
+        self.count(&actions);
+        actions
+    }
+
+    /// Takes the kernel's record of a wait that ended.
+    pub fn end(&mut self, rec: &WaitEnd) -> Vec<Action> {
+        let info = WaitInfo::from(rec);
+        let key = info.key();
+        let waited = Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns));
+        let mut actions = Vec::new();
+        if self.done.contains(&key) {
+            // Already resolved by other means (see `vanished`).
+        } else if self.tracked.contains_key(&key) {
+            actions.push(Action::Resolve { key, waited, exact: true });
+        } else if self.filter.matches(&info) {
+            // It crossed a level between two scans: report it late, then resolve.
+            if let Some(level) = self.thresholds.level(waited) {
+                self.track(info, level);
+                actions.push(Action::Report { key, level, waited });
+                actions.push(Action::Resolve { key, waited, exact: true });
+            }
+        }
+        self.count(&actions);
+        actions
+    }
+
+    /// A wait the collector saw end by other means (its thread is gone, or the
+    /// task_work tail is over by `/proc`) at `end_ns`.
+    pub fn vanished(&mut self, key: WaitKey, end_ns: u64) -> Option<Action> {
+        self.tracked.get(&key)?;
+        let a = Action::Resolve { key, waited: Duration::from_nanos(end_ns.saturating_sub(key.1)), exact: false };
+        self.count(std::slice::from_ref(&a));
+        Some(a)
+    }
+
+    fn count(&mut self, actions: &[Action]) {
+        for a in actions {
+            match a {
+                Action::Report { .. } => self.stalls += 1,
+                Action::Resolve { .. } => self.resolved += 1,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn wait(tid: u32, start_ns: u64, comm: &str) -> WaitInfo {
+        WaitInfo { tgid: tid, tid, comm: comm.into(), nr: 166, slot: 0, start_ns, sys_exit_ns: 0, arg0: 0, path: "/mnt".into() }
+    }
+
+    fn end(w: &WaitInfo, end_ns: u64) -> WaitEnd {
+        let mut comm = [0u8; 16];
+        comm[..w.comm.len()].copy_from_slice(w.comm.as_bytes());
+        WaitEnd {
+            header: plegwatch_abi::EventHeader { kind: 1, _pad: 0 },
+            start_ns: w.start_ns,
+            sys_exit_ns: 0,
+            end_ns,
+            ret: 0,
+            tgid: w.tgid,
+            tid: w.tid,
+            nr: w.nr,
+            slot: w.slot,
+            reason: 0,
+            _pad: 0,
+            comm,
+        }
+    }
+
+    fn reg() -> Registry {
+        Registry::new(Thresholds::new(Duration::from_secs(2), Duration::from_secs(10), Duration::from_secs(150)).unwrap(), Filter::default())
+    }
+
+    #[test]
+    fn reports_each_level_once_then_resolves_exactly() {
+        let mut r = reg();
+        let w = wait(5, 100 * S, "umount");
+        assert!(r.scan([&w], 101 * S).is_empty());
+        let a = r.scan([&w], 102 * S + 1);
+        assert!(matches!(a[..], [Action::Report { level: Level::Warn, .. }]));
+        assert!(r.scan([&w], 103 * S).is_empty(), "no repeat at the same level");
+        let a = r.scan([&w], 110 * S);
+        assert!(matches!(a[..], [Action::Report { level: Level::Critical, .. }]));
+        let a = r.end(&end(&w, 111 * S + S / 2));
+        assert_eq!(a, vec![Action::Resolve { key: w.key(), waited: Duration::from_millis(11_500), exact: true }]);
+        assert_eq!(r.counts(), (2, 1));
+    }
+
+    #[test]
+    fn short_waits_are_ignored_and_late_ones_reported() {
+        let mut r = reg();
+        let w = wait(6, 0, "dd");
+        assert!(r.end(&end(&w, S)).is_empty());
+        let w2 = wait(7, 10 * S, "dd");
+        let a = r.end(&end(&w2, 13 * S));
+        assert!(matches!(a[..], [Action::Report { level: Level::Warn, .. }, Action::Resolve { exact: true, .. }]));
+    }
+
+    #[test]
+    fn missing_end_record_resolves_after_grace() {
+        let mut r = reg();
+        let w = wait(8, 0, "umount");
+        r.scan([&w], 3 * S);
+        assert!(r.scan(std::iter::empty(), 4 * S).is_empty());
+        assert!(r.scan(std::iter::empty(), 5 * S).is_empty());
+        let a = r.scan(std::iter::empty(), 6 * S);
+        assert_eq!(a, vec![Action::Resolve { key: w.key(), waited: Duration::from_secs(4), exact: false }]);
+    }
+
+    #[test]
+    fn a_wait_is_resolved_once() {
+        let mut r = reg();
+        let w = wait(9, 0, "umount");
+        r.scan([&w], 3 * S);
+        let a = r.vanished(w.key(), 4 * S).unwrap();
+        assert_eq!(a, Action::Resolve { key: w.key(), waited: Duration::from_secs(4), exact: false });
+        r.forget(&w.key());
+        assert!(r.end(&end(&w, 4 * S)).is_empty(), "the late exact record must not report it again");
+    }
+
+    #[test]
+    fn filters_by_pid_and_comm_glob() {
+        let f = Filter { pids: vec![], comms: vec!["containerd-shim*".into()] };
+        assert!(f.matches(&wait(1, 0, "containerd-shim")));
+        assert!(!f.matches(&wait(1, 0, "containerd")));
+        let f = Filter { pids: vec![42], comms: vec![] };
+        assert!(f.matches(&wait(42, 0, "x")));
+        assert!(!f.matches(&wait(43, 0, "x")));
+        let mut r = Registry::new(Thresholds::default(), Filter { pids: vec![1], comms: vec![] });
+        assert!(r.scan([&wait(2, 0, "x")], 500 * S).is_empty());
+    }
+
+    #[test]
+    fn parses_kernel_values() {
+        let mut w = Wait {
+            start_ns: 1,
+            sys_exit_ns: 2,
+            arg0: 3,
+            arg1: 4,
+            ret: 0,
+            tgid: 5,
+            tid: 6,
+            nr: 166,
+            slot: 0,
+            comm: [0; 16],
+            path: [0; plegwatch_abi::PATH_LEN],
+        };
+        w.comm[..6].copy_from_slice(b"umount");
+        w.path[..4].copy_from_slice(b"/mnt");
+        let i = WaitInfo::from(&w);
+        assert_eq!((i.comm.as_str(), i.path.as_str(), i.key()), ("umount", "/mnt", (6, 1)));
+    }
+}

@@ -1,0 +1,21 @@
+//! plegwatch: catches the waits that stall kubelet's PLEG while they are still
+//! in flight, and says who holds them.
+//!
+//! The binary is a thin shell over this library, so every piece of logic here
+//! can be unit-tested without root.
+
+pub mod cli;
+pub mod collector;
+pub mod detail;
+pub mod doctor;
+pub mod durations;
+pub mod inflight;
+pub mod levels;
+pub mod loader;
+pub mod logging;
+pub mod mounts;
+pub mod output;
+pub mod probes;
+pub mod procfs;
+pub mod stats;
+pub mod syscalls;

@@ -1,0 +1,245 @@
+//! The output contract: one JSON object per line with `--json`, or human lines.
+//!
+//! Types: `ready` (probes attached), `stall` (a wait crossed a level),
+//! `resolved` (a reported wait ended), `summary` (at exit). Later kinds add
+//! fields and `kind` values; the fields here stay.
+
+use crate::{levels::Level, syscalls::WaitKind};
+use serde::Serialize;
+use serde_json::Value;
+use std::io::Write;
+
+/// A wait that crossed a level.
+#[derive(Clone, Debug, Serialize)]
+pub struct Stall {
+    pub level: Level,
+    pub id: u64,
+    pub kind: WaitKind,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub waited_s: f64,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+    pub budget_used: f64,
+    pub detail: Value,
+    pub holder: Option<Value>,
+    pub chain: Vec<Value>,
+    pub kernel_stack: Vec<String>,
+    pub user_stack: Vec<String>,
+}
+
+/// A reported wait that ended.
+#[derive(Clone, Debug, Serialize)]
+pub struct Resolved {
+    pub id: u64,
+    pub kind: WaitKind,
+    pub pid: u32,
+    pub tid: u32,
+    pub waited_s: f64,
+    pub comm: String,
+    /// `exact` from the kernel's end record; `approximate` when plegwatch saw the
+    /// wait disappear without one (its end record was lost, or the thread vanished).
+    pub timing: &'static str,
+}
+
+/// One attached probe, as chosen from the attach table.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeChoice {
+    pub probe: String,
+    pub variant: String,
+}
+
+/// Printed once every probe is attached.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ready {
+    pub pid: u32,
+    pub probes: Vec<ProbeChoice>,
+    pub warn_s: f64,
+    pub critical_s: f64,
+    pub imminent_s: f64,
+}
+
+/// Latency of one watched syscall over the run (from the kernel histogram).
+#[derive(Clone, Debug, Serialize)]
+pub struct SyscallSummary {
+    pub syscall: String,
+    pub count: u64,
+    /// Upper bound of the bucket holding the 99th percentile, in seconds.
+    pub p99_le_s: f64,
+    /// Upper bound of the highest non-empty bucket, in seconds.
+    pub max_le_s: f64,
+}
+
+/// Printed at exit.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub ran_s: f64,
+    pub stalls: u64,
+    pub resolved: u64,
+    pub still_open: u64,
+    pub waits_started: u64,
+    /// Waits the kernel could not record (in-flight map full).
+    pub dropped_waits: u64,
+    /// End records the kernel could not send (ring buffer full).
+    pub dropped_events: u64,
+    pub syscalls: Vec<SyscallSummary>,
+}
+
+/// Anything plegwatch prints on stdout.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Ready(Ready),
+    Stall(Stall),
+    Resolved(Resolved),
+    Summary(Summary),
+}
+
+/// Where events go.
+pub trait Sink {
+    fn emit(&mut self, event: &Event);
+}
+
+/// One JSON object per line, flushed at once (readers follow a pipe).
+pub struct JsonSink<W: Write>(pub W);
+
+impl<W: Write> Sink for JsonSink<W> {
+    fn emit(&mut self, event: &Event) {
+        if let Ok(line) = serde_json::to_string(event) {
+            let _ = writeln!(self.0, "{line}");
+            let _ = self.0.flush();
+        }
+    }
+}
+
+/// Human-readable lines.
+pub struct TextSink<W: Write>(pub W);
+
+impl<W: Write> Sink for TextSink<W> {
+    fn emit(&mut self, event: &Event) {
+        let _ = writeln!(self.0, "{}", render_text(event));
+        let _ = self.0.flush();
+    }
+}
+
+fn detail_text(detail: &Value) -> String {
+    let Some(obj) = detail.as_object() else { return String::new() };
+    obj.iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| match v {
+            Value::String(s) => format!("{k}={s}"),
+            other => format!("{k}={other}"),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The text form of an event (no trailing newline).
+pub fn render_text(event: &Event) -> String {
+    let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+    let clock = now.get(11..23).unwrap_or(&now).to_string();
+    match event {
+        Event::Ready(r) => format!(
+            "{clock} plegwatch watching (pid {}): warn {}s, critical {}s, imminent {}s; probes: {}",
+            r.pid,
+            r.warn_s,
+            r.critical_s,
+            r.imminent_s,
+            r.probes.iter().map(|p| format!("{}={}", p.probe, p.variant)).collect::<Vec<_>>().join(", ")
+        ),
+        Event::Stall(s) => {
+            let mut out = format!(
+                "{clock} {:<8} #{} {} {} pid={} tid={} waited={:.1}s budget={:.0}% {}",
+                s.level.as_str().to_uppercase(),
+                s.id,
+                s.kind.as_str(),
+                s.comm,
+                s.pid,
+                s.tid,
+                s.waited_s,
+                s.budget_used * 100.0,
+                detail_text(&s.detail)
+            );
+            if !s.kernel_stack.is_empty() {
+                out.push_str("\n    kernel: ");
+                out.push_str(&s.kernel_stack.join(" < "));
+            }
+            out
+        }
+        Event::Resolved(r) => format!(
+            "{clock} RESOLVED #{} {} {} pid={} tid={} waited={:.2}s{}",
+            r.id,
+            r.kind.as_str(),
+            r.comm,
+            r.pid,
+            r.tid,
+            r.waited_s,
+            if r.timing == "exact" { "" } else { " (approximate)" }
+        ),
+        Event::Summary(s) => {
+            let mut out = format!(
+                "{clock} summary: ran {:.1}s, {} stalls, {} resolved, {} still open, {} waits seen, dropped {} waits and {} end records",
+                s.ran_s, s.stalls, s.resolved, s.still_open, s.waits_started, s.dropped_waits, s.dropped_events
+            );
+            for c in &s.syscalls {
+                out.push_str(&format!("\n    {:<16} {:>8} calls  p99 <= {:.6}s  max <= {:.6}s", c.syscall, c.count, c.p99_le_s, c.max_le_s));
+            }
+            out
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn stall() -> Stall {
+        Stall {
+            level: Level::Warn,
+            id: 7,
+            kind: WaitKind::Umount,
+            pid: 10,
+            tid: 11,
+            comm: "umount".into(),
+            waited_s: 2.25,
+            started_at: "2026-11-22T02:45:01.123Z".into(),
+            budget_used: 0.0125,
+            detail: json!({"syscall": "umount2", "target": "/mnt/x", "phase": "task_work"}),
+            holder: None,
+            chain: vec![],
+            kernel_stack: vec!["folio_wait_bit".into(), "sync_filesystem".into()],
+            user_stack: vec![],
+        }
+    }
+
+    #[test]
+    fn json_contract_fields() {
+        let mut buf = Vec::new();
+        JsonSink(&mut buf).emit(&Event::Stall(stall()));
+        let v: Value = serde_json::from_slice(&buf).unwrap();
+        for k in ["type", "level", "id", "kind", "pid", "tid", "comm", "waited_s", "started_at", "budget_used", "detail", "holder", "chain", "kernel_stack", "user_stack"] {
+            assert!(v.get(k).is_some(), "missing {k} in {v}");
+        }
+        assert_eq!(v["type"], "stall");
+        assert_eq!(v["level"], "warn");
+        assert_eq!(v["kind"], "umount");
+        assert!(v["holder"].is_null());
+        assert_eq!(buf.iter().filter(|&&b| b == b'\n').count(), 1);
+
+        let mut buf = Vec::new();
+        JsonSink(&mut buf).emit(&Event::Resolved(Resolved { id: 7, kind: WaitKind::Sync, pid: 1, tid: 2, waited_s: 6.5, comm: "x".into(), timing: "exact" }));
+        let v: Value = serde_json::from_slice(&buf).unwrap();
+        assert_eq!(v["type"], "resolved");
+        assert_eq!(v["kind"], "sync");
+        assert_eq!(v["waited_s"], 6.5);
+    }
+
+    #[test]
+    fn text_lines_name_the_essentials() {
+        let t = render_text(&Event::Stall(stall()));
+        assert!(t.contains("WARN") && t.contains("umount") && t.contains("pid=10") && t.contains("target=/mnt/x"), "{t}");
+        assert!(t.contains("folio_wait_bit < sync_filesystem"), "{t}");
+    }
+}

@@ -1,0 +1,146 @@
+//! What `/proc` says about a thread, for free: its kernel stack, its current
+//! syscall, its state and wait channel, its open files.
+//!
+//! Every reader returns `None` when the thread is gone or the file can't be read;
+//! a thread that exits while we look is normal, not an error.
+
+use std::{fs, os::unix::fs::MetadataExt as _, path::PathBuf};
+
+/// The kernel stack of a thread, innermost first, as bare function names
+/// (`folio_wait_bit`, not `[<0>] folio_wait_bit+0x13c/0x270`). Needs root.
+pub fn kernel_stack(tid: u32) -> Option<Vec<String>> {
+    let text = fs::read_to_string(format!("/proc/{tid}/stack")).ok()?;
+    Some(parse_kernel_stack(&text))
+}
+
+/// Parses the text of `/proc/TID/stack`.
+pub fn parse_kernel_stack(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let rest = match line.find("] ") {
+                Some(i) if line.starts_with('[') => &line[i + 2..],
+                _ => line,
+            };
+            let name = rest.split(['+', ' ']).next().unwrap_or("").trim();
+            (!name.is_empty()).then(|| name.to_string())
+        })
+        .collect()
+}
+
+/// What `/proc/TID/syscall` says a thread is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyscallState {
+    /// Running (in user space, or in the kernel but not blocked in a syscall).
+    Running,
+    /// Blocked in syscall `nr`.
+    In { nr: i64 },
+    /// Blocked, but not in a syscall (`-1`: e.g. a page fault or task_work).
+    Blocked,
+}
+
+/// Reads `/proc/TID/syscall`.
+pub fn syscall(tid: u32) -> Option<SyscallState> {
+    parse_syscall(&fs::read_to_string(format!("/proc/{tid}/syscall")).ok()?)
+}
+
+/// Parses the text of `/proc/TID/syscall`.
+pub fn parse_syscall(text: &str) -> Option<SyscallState> {
+    let first = text.split_whitespace().next()?;
+    if first == "running" {
+        return Some(SyscallState::Running);
+    }
+    match first.parse::<i64>().ok()? {
+        -1 => Some(SyscallState::Blocked),
+        nr => Some(SyscallState::In { nr }),
+    }
+}
+
+/// A thread's scheduler state letter (`R`, `S`, `D`, `T`, `Z`, ...) from `/proc/TID/stat`.
+pub fn state(tid: u32) -> Option<char> {
+    parse_stat_state(&fs::read_to_string(format!("/proc/{tid}/stat")).ok()?)
+}
+
+/// Parses the state letter out of a `stat` line (the comm may hold spaces and parens).
+pub fn parse_stat_state(text: &str) -> Option<char> {
+    let after = &text[text.rfind(')')? + 1..];
+    after.split_whitespace().next()?.chars().next()
+}
+
+/// The kernel function a thread sleeps in, from `/proc/TID/wchan` ("0" means none).
+pub fn wchan(tid: u32) -> Option<String> {
+    let w = fs::read_to_string(format!("/proc/{tid}/wchan")).ok()?;
+    let w = w.trim();
+    (!w.is_empty() && w != "0").then(|| w.to_string())
+}
+
+/// A process's or thread's comm.
+pub fn comm(tid: u32) -> Option<String> {
+    Some(fs::read_to_string(format!("/proc/{tid}/comm")).ok()?.trim_end().to_string())
+}
+
+/// Whether a thread still exists (threads are reachable as `/proc/TID` even
+/// though only thread-group leaders are listed).
+pub fn thread_exists(tid: u32) -> bool {
+    fs::metadata(format!("/proc/{tid}/stat")).is_ok()
+}
+
+/// An open file of a process: its path and the device (major, minor) it is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenFile {
+    pub path: String,
+    pub dev: (u32, u32),
+}
+
+/// Resolves `fd` of process `pid` (read through the thread's own table, so
+/// that it works for any thread).
+pub fn open_file(tid: u32, fd: u64) -> Option<OpenFile> {
+    let link = PathBuf::from(format!("/proc/{tid}/fd/{fd}"));
+    let path = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
+    let meta = fs::metadata(&link).ok()?;
+    let dev = meta.dev();
+    Some(OpenFile { path, dev: (libc::major(dev), libc::minor(dev)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_stack_names_only() {
+        let text = "[<0>] folio_wait_bit+0x13c/0x270\n[<0>] folio_wait_writeback+0x2b/0x80\n[<0>] do_syscall_64+0x7d/0x1a0\n[<0>] entry_SYSCALL_64_after_hwframe+0x76/0x7e\n";
+        assert_eq!(
+            parse_kernel_stack(text),
+            ["folio_wait_bit", "folio_wait_writeback", "do_syscall_64", "entry_SYSCALL_64_after_hwframe"]
+        );
+        assert!(parse_kernel_stack("").is_empty());
+    }
+
+    #[test]
+    fn syscall_states() {
+        assert_eq!(parse_syscall("166 0x55f2431ac2e0 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n"), Some(SyscallState::In { nr: 166 }));
+        assert_eq!(parse_syscall("running\n"), Some(SyscallState::Running));
+        assert_eq!(parse_syscall("-1 0x7ffd 0x7f\n"), Some(SyscallState::Blocked));
+        assert_eq!(parse_syscall(""), None);
+        assert_eq!(parse_syscall("garbage"), None);
+    }
+
+    #[test]
+    fn stat_state_survives_odd_comms() {
+        assert_eq!(parse_stat_state("1234 (umount) D 1 2 3"), Some('D'));
+        assert_eq!(parse_stat_state("1234 (a) b) (c) S 1 2 3"), Some('S'));
+        assert_eq!(parse_stat_state("nonsense"), None);
+    }
+
+    #[test]
+    fn reads_own_thread() {
+        let me = std::process::id();
+        assert!(thread_exists(me));
+        assert!(comm(me).is_some());
+        assert!(matches!(state(me), Some('R' | 'S')));
+        let f = std::fs::File::open("/proc/self/stat").unwrap();
+        use std::os::fd::AsRawFd as _;
+        let of = open_file(me, f.as_raw_fd() as u64).unwrap();
+        assert!(of.path.ends_with("/stat"), "{of:?}");
+    }
+}

@@ -1,0 +1,77 @@
+//! Reading the kernel's counters and latency histogram.
+
+use crate::{output::SyscallSummary, syscalls::WATCHED};
+use aya::{Ebpf, maps::PerCpuArray};
+use plegwatch_abi::{HIST_BUCKETS, STAT_COUNT, Stat, bucket_floor_ns, maps};
+
+/// The per-CPU counters of `STATS`, summed; zero where unreadable.
+pub fn counters(ebpf: &Ebpf) -> [u64; STAT_COUNT as usize] {
+    let mut out = [0u64; STAT_COUNT as usize];
+    let Some(map) = ebpf.map(maps::STATS) else { return out };
+    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return out };
+    for (i, slot) in out.iter_mut().enumerate() {
+        if let Ok(v) = arr.get(&(i as u32), 0) {
+            *slot = v.iter().sum();
+        }
+    }
+    out
+}
+
+/// One counter.
+pub fn counter(all: &[u64; STAT_COUNT as usize], s: Stat) -> u64 {
+    all[s as usize]
+}
+
+/// Per-syscall latency from the kernel's log2 histogram (syscalls never seen are left out).
+pub fn latency(ebpf: &Ebpf) -> Vec<SyscallSummary> {
+    let Some(map) = ebpf.map(maps::HIST) else { return Vec::new() };
+    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return Vec::new() };
+    WATCHED
+        .iter()
+        .enumerate()
+        .filter_map(|(slot, w)| {
+            let counts: Vec<u64> = (0..HIST_BUCKETS)
+                .map(|b| arr.get(&(slot as u32 * HIST_BUCKETS + b), 0).map(|v| v.iter().sum()).unwrap_or(0))
+                .collect();
+            summarize(w.name, &counts)
+        })
+        .collect()
+}
+
+/// Summarises one syscall's bucket counts; `None` when it never ran.
+pub fn summarize(name: &str, counts: &[u64]) -> Option<SyscallSummary> {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let upper = |b: usize| bucket_floor_ns(b as u32 + 1) as f64 / 1e9;
+    let p99_rank = total - total / 100;
+    let mut acc = 0;
+    let mut p99 = 0.0;
+    for (b, c) in counts.iter().enumerate() {
+        acc += c;
+        if acc >= p99_rank {
+            p99 = upper(b);
+            break;
+        }
+    }
+    let max_b = counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+    Some(SyscallSummary { syscall: name.to_string(), count: total, p99_le_s: p99, max_le_s: upper(max_b) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_bounds() {
+        assert!(summarize("fsync", &[0; 32]).is_none());
+        let mut c = [0u64; 32];
+        c[0] = 99;
+        c[22] = 1; // ~4.3 s
+        let s = summarize("fsync", &c).unwrap();
+        assert_eq!(s.count, 100);
+        assert!(s.p99_le_s < 0.01, "{s:?}");
+        assert!(s.max_le_s > 4.0 && s.max_le_s < 9.0, "{s:?}");
+    }
+}

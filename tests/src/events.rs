@@ -1,0 +1,63 @@
+//! The lines `plegwatch watch --json` prints, as received by the test.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use serde_json::Value;
+
+/// One stdout line of plegwatch, parsed, with the moment the test read it.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub at: Instant,
+    pub json: Value,
+}
+
+impl Event {
+    /// The line's `"type"`: `ready`, `stall`, `resolved`, `summary`, ...
+    pub fn line_type(&self) -> Option<&str> {
+        self.str("/type")
+    }
+
+    pub fn is(&self, line_type: &str) -> bool {
+        self.line_type() == Some(line_type)
+    }
+
+    /// The value at a JSON pointer such as `/detail/target`.
+    pub fn get(&self, pointer: &str) -> Option<&Value> {
+        self.json.pointer(pointer)
+    }
+
+    pub fn str(&self, pointer: &str) -> Option<&str> {
+        self.get(pointer).and_then(Value::as_str)
+    }
+
+    pub fn u64(&self, pointer: &str) -> Option<u64> {
+        self.get(pointer).and_then(Value::as_u64)
+    }
+
+    pub fn f64(&self, pointer: &str) -> Option<f64> {
+        self.get(pointer).and_then(Value::as_f64)
+    }
+
+    /// Whether this is a line of `line_type` about thread `tid`.
+    pub fn is_about(&self, line_type: &str, tid: u32) -> bool {
+        self.is(line_type) && self.u64("/tid") == Some(u64::from(tid))
+    }
+}
+
+/// The lines, one per row, each with its arrival in seconds after `origin`: for failure
+/// messages.
+pub fn dump(events: &[Event], origin: Instant) -> String {
+    let mut out = String::new();
+    for e in events {
+        let t = match e.at.checked_duration_since(origin) {
+            Some(d) => d.as_secs_f64(),
+            None => -origin.duration_since(e.at).as_secs_f64(),
+        };
+        let _ = writeln!(out, "  {t:+8.3}s  {}", e.json);
+    }
+    if out.is_empty() {
+        out.push_str("  (no lines)\n");
+    }
+    out
+}

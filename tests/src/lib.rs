@@ -1,0 +1,34 @@
+//! Harness for plegwatch's privileged scenario tests.
+//!
+//! Each scenario in `tests/` causes a real stall itself (dirty pages on a loop-mounted ext4
+//! whose writes are throttled through blkio), with a thread id it knows, and checks what
+//! `plegwatch watch --json` printed about it. Everything a scenario sets up is an RAII guard
+//! that undoes itself on drop, also when the test panics:
+//!
+//! - [`LoopFs`]: a sparse image, its loop device and the ext4 mounted from it;
+//! - [`Mount`]: any mount (a tmpfs, or the one inside a [`LoopFs`]);
+//! - [`WriteThrottle`]: a `blkio.throttle.write_bps_device` rule;
+//! - [`Plegwatch`]: the `plegwatch` process, its parsed stdout and its stderr.
+//!
+//! Declare guards in the order they are set up: Rust drops locals in reverse, so the throttle
+//! goes before the umount that would otherwise crawl through it, and plegwatch goes first.
+//!
+//! The tests need root and `PLEGWATCH_BIN` (see [`preflight`]); `cargo xtask test` provides
+//! both and runs them with `--test-threads=1`.
+
+pub mod dirty;
+pub mod events;
+pub mod loopfs;
+pub mod mount;
+pub mod plegwatch;
+pub mod preflight;
+pub mod stall;
+pub mod sys;
+pub mod throttle;
+
+pub use events::Event;
+pub use loopfs::LoopFs;
+pub use mount::Mount;
+pub use plegwatch::Plegwatch;
+pub use sys::{gettid, DevNum};
+pub use throttle::WriteThrottle;

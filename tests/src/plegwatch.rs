@@ -1,0 +1,270 @@
+//! The `plegwatch watch --json` process under test.
+
+use std::fmt::Display;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+
+use crate::events::{dump, Event};
+use crate::preflight::plegwatch_bin;
+
+/// How long loading and attaching the eBPF programs may take before `ready`.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long plegwatch may take to print its summary and exit after SIGINT.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// Poll period while waiting for lines or for the process.
+const POLL: Duration = Duration::from_millis(50);
+
+/// A running `plegwatch watch --json ARGS...`.
+///
+/// A thread reads its stdout, parses each line as JSON and stamps it with the moment it was
+/// read; another keeps its stderr (both are echoed to the test's stderr, which the test
+/// harness shows for failing tests or with `--nocapture`). Dropping it kills the process by
+/// PID if it still runs; a test ends it with [`Plegwatch::stop`], which also checks it exited
+/// cleanly.
+pub struct Plegwatch {
+    child: Child,
+    started: Instant,
+    lines: Receiver<Event>,
+    events: Vec<Event>,
+    stderr: Arc<Mutex<String>>,
+    not_json: Arc<Mutex<Vec<String>>>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl Plegwatch {
+    /// Spawns `$PLEGWATCH_BIN watch --json ARGS...`.
+    pub fn start(args: &[&str]) -> Result<Self> {
+        let bin = plegwatch_bin()?;
+        let mut child = Command::new(&bin)
+            .args(["watch", "--json"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        eprintln!(
+            "started plegwatch (pid {}): {} watch --json {}",
+            child.id(),
+            bin.display(),
+            args.join(" ")
+        );
+        let stdout = child.stdout.take().context("plegwatch stdout")?;
+        let stderr_pipe = child.stderr.take().context("plegwatch stderr")?;
+        let (tx, lines) = mpsc::channel();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let not_json = Arc::new(Mutex::new(Vec::new()));
+        let readers = vec![
+            spawn_reader("plegwatch-out", {
+                let not_json = Arc::clone(&not_json);
+                move || read_stdout(stdout, tx, not_json)
+            })?,
+            spawn_reader("plegwatch-err", {
+                let stderr = Arc::clone(&stderr);
+                move || read_stderr(stderr_pipe, stderr)
+            })?,
+        ];
+        Ok(Self {
+            child,
+            started: Instant::now(),
+            lines,
+            events: Vec::new(),
+            stderr,
+            not_json,
+            readers,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What plegwatch wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Waits for the `{"type":"ready"}` line, failing early, with plegwatch's stderr, if it
+    /// exits first or `timeout` passes.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<Event> {
+        let Some(ready) = self.wait_for(timeout, |e| e.is("ready")) else {
+            let what = match self.child.try_wait() {
+                Ok(Some(status)) => format!("plegwatch exited ({status}) before it was ready"),
+                _ => format!("plegwatch printed no ready line within {timeout:?}"),
+            };
+            return Err(self.failure(what));
+        };
+        let pid = u64::from(self.pid());
+        if ready.u64("/pid") != Some(pid) {
+            bail!(
+                "the ready line names pid {:?}, not plegwatch's {pid}: {}",
+                ready.get("/pid"),
+                ready.json
+            );
+        }
+        eprintln!(
+            "plegwatch ready after {:.2}s: probes {}",
+            ready.at.duration_since(self.started).as_secs_f64(),
+            ready.get("/probes").unwrap_or(&Value::Null)
+        );
+        Ok(ready)
+    }
+
+    /// Every line read so far.
+    pub fn events(&mut self) -> &[Event] {
+        self.events.extend(self.lines.try_iter());
+        &self.events
+    }
+
+    /// The first line, already read or arriving within `timeout`, that `pred` accepts. `None`
+    /// if none does in time or plegwatch closes its stdout first.
+    pub fn wait_for(&mut self, timeout: Duration, pred: impl Fn(&Event) -> bool) -> Option<Event> {
+        let deadline = Instant::now() + timeout;
+        let mut checked = 0;
+        loop {
+            self.events.extend(self.lines.try_iter());
+            if let Some(e) = self.events[checked..].iter().find(|e| pred(e)) {
+                return Some(e.clone());
+            }
+            checked = self.events.len();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            match self.lines.recv_timeout(left.min(POLL)) {
+                Ok(e) => self.events.push(e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return None,
+            }
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends SIGINT, waits for the exit (SIGKILL after [`STOP_TIMEOUT`]) and returns every
+    /// line read. An error unless plegwatch was still running, exited with status 0, printed
+    /// only JSON lines and ended with a `summary` line.
+    pub fn stop(mut self) -> Result<Vec<Event>> {
+        if let Some(status) = self.child.try_wait()? {
+            return Err(self.failure(format!("plegwatch exited ({status}) before it was stopped")));
+        }
+        let status = self.interrupt()?;
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+        self.events.extend(self.lines.try_iter());
+        if !status.success() {
+            return Err(self.failure(format!(
+                "plegwatch exited with {status} after SIGINT, not 0"
+            )));
+        }
+        let not_json = self.not_json.lock().map(|v| v.clone()).unwrap_or_default();
+        if !not_json.is_empty() {
+            return Err(self.failure(format!(
+                "plegwatch printed lines that are not JSON objects: {not_json:#?}"
+            )));
+        }
+        if !self.events.iter().any(|e| e.is("summary")) {
+            return Err(self.failure("plegwatch exited without a summary line"));
+        }
+        Ok(std::mem::take(&mut self.events))
+    }
+
+    fn interrupt(&mut self) -> Result<ExitStatus> {
+        let pid = self.child.id() as libc::pid_t;
+        // SAFETY: kill(2) on the PID of our own child, which has not been reaped yet.
+        if unsafe { libc::kill(pid, libc::SIGINT) } != 0 {
+            bail!(
+                "SIGINT to plegwatch (pid {pid}): {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            thread::sleep(POLL);
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        Err(self.failure(format!(
+            "plegwatch did not exit within {STOP_TIMEOUT:?} of SIGINT; killed it"
+        )))
+    }
+
+    /// An error saying `what`, followed by every line and all of stderr so far.
+    fn failure(&mut self, what: impl Display) -> anyhow::Error {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            // It exited: let the readers reach EOF, so that its last words are included.
+            for reader in self.readers.drain(..) {
+                let _ = reader.join();
+            }
+        }
+        self.events.extend(self.lines.try_iter());
+        anyhow!(
+            "{what}\nplegwatch (pid {}) stdout:\n{}plegwatch stderr:\n{}",
+            self.child.id(),
+            dump(&self.events, self.started),
+            self.stderr()
+        )
+    }
+}
+
+impl Drop for Plegwatch {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            eprintln!("cleanup: killing plegwatch (pid {})", self.child.id());
+            if let Err(e) = self.child.kill() {
+                eprintln!("cleanup: kill plegwatch (pid {}): {e}", self.child.id());
+            }
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn spawn_reader(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    thread::Builder::new()
+        .name(name.into())
+        .spawn(body)
+        .with_context(|| format!("spawn the {name} thread"))
+}
+
+fn read_stdout(stdout: ChildStdout, tx: Sender<Event>, not_json: Arc<Mutex<Vec<String>>>) {
+    for line in BufReader::new(stdout).lines() {
+        let Ok(line) = line else { break };
+        let at = Instant::now();
+        eprintln!("[plegwatch stdout] {line}");
+        match serde_json::from_str::<Value>(&line) {
+            Ok(json) if json.is_object() => {
+                let _ = tx.send(Event { at, json });
+            }
+            _ => {
+                if let Ok(mut v) = not_json.lock() {
+                    v.push(line);
+                }
+            }
+        }
+    }
+}
+
+fn read_stderr(stderr: impl Read, keep: Arc<Mutex<String>>) {
+    for line in BufReader::new(stderr).lines() {
+        let Ok(line) = line else { break };
+        eprintln!("[plegwatch stderr] {line}");
+        if let Ok(mut s) = keep.lock() {
+            s.push_str(&line);
+            s.push('\n');
+        }
+    }
+}

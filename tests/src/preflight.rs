@@ -1,0 +1,49 @@
+//! What every scenario checks first: root, and a `plegwatch` binary to run.
+//!
+//! A missing prerequisite fails the test with a message saying what to do; it never turns
+//! into a silent pass. Only a missing optional kernel feature is a [`skip`].
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+/// The environment variable `cargo xtask test` sets to the absolute path of `plegwatch`.
+pub const BIN_ENV: &str = "PLEGWATCH_BIN";
+
+/// Panics unless the test runs as root with [`BIN_ENV`] naming an executable; returns its
+/// path.
+pub fn require() -> PathBuf {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "plegwatch scenario tests need root (euid is {euid}): they load eBPF, attach loop \
+         devices and mount filesystems. Run them with `cargo xtask test` as root."
+    );
+    plegwatch_bin().unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// The `plegwatch` binary named by [`BIN_ENV`], checked to be an executable file.
+pub fn plegwatch_bin() -> Result<PathBuf> {
+    let Some(bin) = std::env::var_os(BIN_ENV) else {
+        bail!(
+            "{BIN_ENV} is not set: it must name the plegwatch binary to test. Run the \
+             scenarios with `cargo xtask test`, or set it yourself, e.g. \
+             {BIN_ENV}=$PWD/target/debug/plegwatch cargo test -p plegwatch-scenarios -- \
+             --test-threads=1"
+        );
+    };
+    let bin = PathBuf::from(bin);
+    let meta = std::fs::metadata(&bin)
+        .with_context(|| format!("{BIN_ENV}={} cannot be read", bin.display()))?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        bail!("{BIN_ENV}={} is not an executable file", bin.display());
+    }
+    Ok(bin)
+}
+
+/// Prints why `scenario` does not run; the caller then returns early.
+pub fn skip(scenario: &str, reason: &str) {
+    eprintln!("SKIPPED {scenario}: {reason}");
+}

@@ -1,0 +1,88 @@
+//! umount2 of an ext4 holding 6 MiB of dirty data, on a loop device throttled to 1 MiB/s.
+//!
+//! On this kernel the syscall itself returns at once: the sync happens afterwards, in
+//! task_work (`cleanup_mnt → deactivate_locked_super → sync_filesystem`), before the thread
+//! gets back to user space. plegwatch must still see the whole wait, while it lasts.
+
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::json;
+
+use plegwatch_scenarios::dirty::{self, MIB};
+use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::stall::{assert_reported, CausedWait};
+use plegwatch_scenarios::{preflight, LoopFs, Plegwatch, WriteThrottle};
+
+const DIRTY: usize = 6 * MIB;
+const THROTTLE_BPS: u64 = 1 << 20;
+const WARN: Duration = Duration::from_secs(2);
+/// Below this the umount did not really stall, and nothing about plegwatch can be concluded.
+const REAL_STALL: Duration = Duration::from_secs(3);
+
+#[test]
+fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Result<()> {
+    preflight::require();
+    if let Some(why) = WriteThrottle::unavailable() {
+        preflight::skip("umount_stall", &why);
+        return Ok(());
+    }
+    let fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
+    let _throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+
+    let target = fs.mount_point();
+    // Closed without a sync: the 6 MiB stay dirty in the page cache until the umount.
+    dirty::write_file(&target.join("dirty.bin"), DIRTY)?;
+    let started_wall = SystemTime::now();
+    let started = Instant::now();
+    let mut umount = Command::new("umount").arg(target).spawn()?;
+    // umount(8) is single-threaded: its pid is the waiting thread's tid.
+    let pid = umount.id();
+    let status = umount.wait()?;
+    let measured = started.elapsed();
+    eprintln!(
+        "umount {} took {:.3}s ({status})",
+        target.display(),
+        measured.as_secs_f64()
+    );
+    assert!(
+        status.success(),
+        "umount {} failed: {status}",
+        target.display()
+    );
+    assert!(
+        measured > REAL_STALL,
+        "umount of {DIRTY} dirty bytes took only {measured:?}: the {THROTTLE_BPS} B/s write \
+         throttle on {} ({}) did not take, so there was no stall to report",
+        fs.device().display(),
+        fs.dev()
+    );
+
+    plegwatch.wait_for(Duration::from_secs(10), |e| e.is_about("resolved", pid));
+    let events = plegwatch.stop()?;
+    let report = assert_reported(
+        &events,
+        &CausedWait {
+            kind: "umount",
+            pid,
+            tid: pid,
+            comm: "umount",
+            warn: WARN,
+            started,
+            started_wall,
+            measured,
+        },
+    );
+    report.assert_detail(&[
+        ("syscall", json!("umount2")),
+        ("target", json!(target)),
+        ("fstype", json!("ext4")),
+        ("device", json!(fs.device())),
+        ("dev", json!(fs.dev().to_string())),
+        // The syscall returned long before the 2 s mark: the wait was in its task_work.
+        ("phase", json!("task_work")),
+    ]);
+    Ok(())
+}

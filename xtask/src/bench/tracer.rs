@@ -1,0 +1,243 @@
+//! The two tracers the benchmark runs the loop under: plegwatch and a bpftrace script
+//! doing the same enter/exit tracking. Each is a child process guard that waits until the
+//! tracer is attached, and that is stopped with SIGINT (or killed on drop).
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+
+use crate::cmd;
+
+/// How long plegwatch may take to load and attach its programs.
+const PLEGWATCH_READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long bpftrace may take to compile and attach its script.
+const BPFTRACE_ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
+/// bpftrace prints "Attaching N probes..." before it attaches; give it this long after.
+const BPFTRACE_SETTLE: Duration = Duration::from_secs(1);
+/// How long a tracer may take to exit after SIGINT before it is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Per-tid enter/exit latency tracking over the loop's syscalls (`send` is `sendto` at the
+/// syscall level), aggregated into one histogram: the same work plegwatch does for them.
+pub const BPFTRACE_SCRIPT: &str = r#"
+tracepoint:syscalls:sys_enter_sendto,
+tracepoint:syscalls:sys_enter_recvfrom,
+tracepoint:syscalls:sys_enter_fsync
+{
+    @s[tid] = nsecs;
+}
+
+tracepoint:syscalls:sys_exit_sendto,
+tracepoint:syscalls:sys_exit_recvfrom,
+tracepoint:syscalls:sys_exit_fsync
+/@s[tid]/
+{
+    @lat = hist(nsecs - @s[tid]);
+    delete(@s[tid]);
+}
+"#;
+
+/// A running tracer. Dropping it without [`Tracer::stop`] kills it.
+pub struct Tracer {
+    name: &'static str,
+    line: String,
+    child: Child,
+    stderr_log: PathBuf,
+}
+
+/// Start `plegwatch watch --json` and wait for its `{"type":"ready"}` line.
+pub fn plegwatch(bin: &Path, log_dir: &Path) -> Result<Tracer> {
+    let mut command = Command::new(bin);
+    command.args(["watch", "--json"]);
+    let (tracer, lines) = Tracer::spawn("plegwatch", command, log_dir)?;
+    tracer.wait_for(
+        &lines,
+        PLEGWATCH_READY_TIMEOUT,
+        "a {\"type\":\"ready\"} line",
+        is_ready_line,
+    )?;
+    Ok(tracer)
+}
+
+/// Write the bpftrace script to `<log_dir>/overhead.bt` (so the command line fits on one
+/// line and can be rerun by hand), start it and wait until it has attached.
+pub fn bpftrace(log_dir: &Path) -> Result<Tracer> {
+    let script = log_dir.join("overhead.bt");
+    std::fs::write(&script, BPFTRACE_SCRIPT)
+        .with_context(|| format!("cannot write {}", script.display()))?;
+    let mut command = Command::new("bpftrace");
+    command.arg(&script);
+    let (tracer, lines) = Tracer::spawn("bpftrace", command, log_dir)?;
+    tracer.wait_for(
+        &lines,
+        BPFTRACE_ATTACH_TIMEOUT,
+        "its \"Attaching\" line",
+        |l| l.starts_with("Attaching"),
+    )?;
+    thread::sleep(BPFTRACE_SETTLE);
+    Ok(tracer)
+}
+
+/// Whether a JSON line is plegwatch's ready event. Whitespace-insensitive, so both
+/// `"type":"ready"` and `"type": "ready"` match.
+pub fn is_ready_line(line: &str) -> bool {
+    let compact: String = line.chars().filter(|c| !c.is_whitespace()).collect();
+    compact.starts_with('{') && compact.contains(r#""type":"ready""#)
+}
+
+impl Tracer {
+    /// Spawn with stderr to `<log_dir>/<name>.stderr.log`, and stdout copied line by line to
+    /// `<log_dir>/<name>.stdout.log` and to the returned channel. The copying thread drains
+    /// stdout until the tracer exits, so the tracer never blocks on a full pipe.
+    fn spawn(
+        name: &'static str,
+        mut command: Command,
+        log_dir: &Path,
+    ) -> Result<(Self, Receiver<String>)> {
+        let line = cmd::display(&command);
+        let stderr_log = log_dir.join(format!("{name}.stderr.log"));
+        let stdout_log = log_dir.join(format!("{name}.stdout.log"));
+        let stderr = File::create(&stderr_log)
+            .with_context(|| format!("cannot create {}", stderr_log.display()))?;
+        let mut stdout_file = File::create(&stdout_log)
+            .with_context(|| format!("cannot create {}", stdout_log.display()))?;
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("cannot start `{line}`"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for l in BufReader::new(stdout).lines() {
+                let Ok(l) = l else { break };
+                let _ = writeln!(stdout_file, "{l}");
+                // The receiver goes away once the tracer is ready; keep draining anyway.
+                let _ = tx.send(l);
+            }
+        });
+        Ok((
+            Tracer {
+                name,
+                line,
+                child,
+                stderr_log,
+            },
+            rx,
+        ))
+    }
+
+    /// Wait for a stdout line matching `wanted`. On timeout or early exit the error names
+    /// the command line and the last line of its stderr; the guard then kills the child.
+    fn wait_for(
+        &self,
+        lines: &Receiver<String>,
+        timeout: Duration,
+        what: &str,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(l) if wanted(&l) => return Ok(()),
+                Ok(_) => continue,
+                Err(RecvTimeoutError::Timeout) => bail!(
+                    "`{}` printed no {what} within {}s (stderr: {}; log: {})",
+                    self.line,
+                    timeout.as_secs(),
+                    self.stderr_tail(),
+                    self.stderr_log.display()
+                ),
+                Err(RecvTimeoutError::Disconnected) => bail!(
+                    "`{}` closed stdout before {what} (stderr: {}; log: {})",
+                    self.line,
+                    self.stderr_tail(),
+                    self.stderr_log.display()
+                ),
+            }
+        }
+    }
+
+    /// SIGINT, then wait for the exit (SIGKILL after [`STOP_TIMEOUT`]). An unclean exit is
+    /// reported as a warning: the loop has already been measured.
+    pub fn stop(mut self) {
+        if let Err(e) = self.interrupt_and_wait() {
+            eprintln!("bench: warning: {}: {e:#}", self.name);
+        }
+    }
+
+    fn interrupt_and_wait(&mut self) -> Result<()> {
+        let pid = libc::pid_t::try_from(self.child.id())
+            .with_context(|| format!("pid {} out of range", self.child.id()))?;
+        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
+        if unsafe { libc::kill(pid, libc::SIGINT) } != 0 {
+            bail!("kill -INT {pid}: {}", std::io::Error::last_os_error());
+        }
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().context("waitpid")? {
+                return check_exit(status, &self.line, &self.stderr_tail());
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                bail!(
+                    "`{}` did not exit within {}s of SIGINT; killed it",
+                    self.line,
+                    STOP_TIMEOUT.as_secs()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn stderr_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.stderr_log).unwrap_or_default();
+        cmd::last_line(&text).to_owned()
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+/// Exit code 0, or death by the SIGINT we sent, is a clean stop.
+fn check_exit(status: ExitStatus, line: &str, stderr_tail: &str) -> Result<()> {
+    use std::os::unix::process::ExitStatusExt;
+    if status.success() || status.signal() == Some(libc::SIGINT) {
+        return Ok(());
+    }
+    bail!("`{line}` exited with {status} after SIGINT (stderr: {stderr_tail})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_line_detection() {
+        assert!(is_ready_line(r#"{"type":"ready","pid":12}"#));
+        assert!(is_ready_line(r#"{ "ts": 1, "type" : "ready" }"#));
+        assert!(!is_ready_line(r#"{"type":"stall"}"#));
+        assert!(!is_ready_line("ready"));
+    }
+}

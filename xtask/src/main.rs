@@ -1,0 +1,62 @@
+//! `cargo xtask`: what cargo can't do on its own for plegwatch — install the toolchain,
+//! run the tracer as root, run the privileged scenarios, and measure overhead.
+
+mod bench;
+mod cmd;
+mod run;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Developer tasks for plegwatch.
+///
+/// Examples:
+///   cargo xtask setup                  # install what is missing (quick when all is there)
+///   cargo xtask run -- --json          # build and run `plegwatch watch --json` (root)
+///   cargo xtask test                   # unit tests, then privileged scenarios (root)
+///   cargo xtask bench --rounds 1       # overhead vs. untraced and bpftrace (root)
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", verbatim_doc_comment)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install missing Debian packages, nightly rust-src and bpf-linker (idempotent).
+    Setup,
+    /// Build plegwatch (debug) and exec `plegwatch watch ARGS` (needs root)
+    ///
+    /// Example: cargo xtask run -- --json
+    #[command(verbatim_doc_comment)]
+    Run(run::Args),
+    /// Unit tests, then (as root) the privileged scenario tests.
+    Test,
+    /// Overhead benchmark: a syscall loop untraced, under plegwatch and under bpftrace (needs root)
+    ///
+    /// Example: cargo xtask bench --rounds 1 --iterations 50000
+    #[command(verbatim_doc_comment)]
+    Bench(bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Setup => setup::run(),
+        Task::Run(args) => run::run(&args),
+        Task::Test => test::run(),
+        Task::Bench(args) => bench::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` keeps the whole context chain on one line.
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! `cargo xtask setup`: install what the build, the scenarios and the benchmark need.
+//!
+//! Every step checks first and skips when its part is present, so a run on a ready
+//! machine takes well under a second and needs no root. `run`, `test` and `bench` call
+//! [`ensure`] before anything else.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::cmd;
+
+/// Debian packages: LLVM 22 for bpf-linker, protoc for the CRI client, and the real
+/// components and tools the privileged scenarios and the benchmark drive.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "clang-22",
+    "libzstd-dev",
+    "zlib1g-dev",
+    "protobuf-compiler",
+    "bpftrace",
+    "bpftool",
+    "e2fsprogs",
+    "util-linux",
+    "containerd",
+    "runc",
+    "dbus-daemon",
+    "dbus",
+    "busybox-static",
+    "golang-go",
+    "iproute2",
+    "gcc",
+];
+
+/// bpf-linker must be built against this LLVM; without `LLVM_PREFIX` its build finds
+/// Debian's default `llvm-config` (LLVM 14) and fails.
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+const LLVM_FEATURE: &str = "llvm-22";
+
+/// The subcommand.
+pub fn run() -> Result<()> {
+    ensure()?;
+    eprintln!("setup: done");
+    Ok(())
+}
+
+/// Check every part and install what is missing, printing each step taken or skipped.
+pub fn ensure() -> Result<()> {
+    debian_packages().context("setup: Debian packages")?;
+    rust_src().context("setup: nightly rust-src")?;
+    bpf_linker().context("setup: bpf-linker")?;
+    Ok(())
+}
+
+fn debian_packages() -> Result<()> {
+    let missing = missing_debian_packages()?;
+    if missing.is_empty() {
+        eprintln!(
+            "setup: Debian packages: all {} installed, skipping",
+            DEBIAN_PACKAGES.len()
+        );
+        return Ok(());
+    }
+    let list = missing.join(" ");
+    if !cmd::is_root() {
+        bail!("missing {list}; run `cargo xtask setup` as root to install them");
+    }
+    eprintln!("setup: Debian packages: installing {list}");
+    cmd::run(Command::new("apt-get").arg("update"))?;
+    cmd::run(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y"])
+            .args(&missing),
+    )?;
+    let still = missing_debian_packages()?;
+    if !still.is_empty() {
+        bail!("still missing after apt-get install: {}", still.join(" "));
+    }
+    Ok(())
+}
+
+/// Packages whose dpkg status is not "install ok installed" (or that dpkg doesn't know).
+fn missing_debian_packages() -> Result<Vec<&'static str>> {
+    let mut query = Command::new("dpkg-query");
+    query
+        .args(["-W", "-f=${Package} ${Status}\\n"])
+        .args(DEBIAN_PACKAGES);
+    let line = cmd::display(&query);
+    // dpkg-query exits 1 when some package is unknown, but still lists the known ones.
+    let out = query
+        .output()
+        .with_context(|| format!("cannot start `{line}`"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    Ok(missing_from_status(&stdout, DEBIAN_PACKAGES))
+}
+
+fn missing_from_status<'a>(status: &str, wanted: &[&'a str]) -> Vec<&'a str> {
+    wanted
+        .iter()
+        .copied()
+        .filter(|pkg| {
+            !status.lines().any(|l| {
+                let mut fields = l.splitn(2, ' ');
+                let name = fields.next().unwrap_or("");
+                let name = name.split(':').next().unwrap_or(name); // "pkg:amd64"
+                name == *pkg && fields.next().map(str::trim) == Some("install ok installed")
+            })
+        })
+        .collect()
+}
+
+fn rust_src() -> Result<()> {
+    let toolchains = cmd::output(Command::new("rustup").args(["toolchain", "list"]))?;
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        bail!("the nightly toolchain is not installed (needed to build the eBPF programs): run `rustup toolchain install nightly`");
+    }
+    let installed = cmd::output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))?;
+    if installed.lines().any(|l| l.trim() == "rust-src") {
+        eprintln!("setup: rust-src (nightly): installed, skipping");
+        return Ok(());
+    }
+    // rustup and cargo install act on the invoking user's toolchain, so they need no root.
+    eprintln!("setup: rust-src (nightly): installing");
+    cmd::run(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        "nightly",
+    ]))
+}
+
+fn bpf_linker() -> Result<()> {
+    if let Some(version) = cmd::probe(Command::new("bpf-linker").arg("--version")) {
+        eprintln!("setup: bpf-linker: {} found, skipping", version.trim());
+        return Ok(());
+    }
+    eprintln!("setup: bpf-linker: installing (takes a few minutes)");
+    cmd::run(cmd::cargo().env("LLVM_PREFIX", LLVM_PREFIX).args([
+        "install",
+        "bpf-linker",
+        "--no-default-features",
+        "--features",
+        LLVM_FEATURE,
+    ]))?;
+    if cmd::probe(Command::new("bpf-linker").arg("--version")).is_none() {
+        bail!("`bpf-linker --version` still does not answer after cargo install; is ~/.cargo/bin on PATH?");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_parsing_finds_missing_and_half_installed() {
+        let status = "gcc install ok installed\n\
+                      dbus deinstall ok config-files\n\
+                      zlib1g-dev:amd64 install ok installed\n";
+        let wanted = ["gcc", "dbus", "zlib1g-dev", "runc"];
+        assert_eq!(missing_from_status(status, &wanted), vec!["dbus", "runc"]);
+    }
+}
