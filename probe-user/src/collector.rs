@@ -84,6 +84,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         .map_err(|e| WatchError::Io("polling the ring buffer", std::io::Error::other(e.to_string())))?;
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
+    let mut drops = DropWatch::default();
     sink.emit(&Event::Ready(Ready {
         pid: std::process::id(),
         probes: choices.iter().map(Choice::to_output).collect(),
@@ -101,7 +102,10 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 
     loop {
         tokio::select! {
-            _ = tick.tick() => engine.scan(sink),
+            _ = tick.tick() => {
+                engine.scan(sink);
+                drops.check(&ebpf);
+            }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the ring buffer", e))?;
                 engine.drain(guard.get_inner_mut(), sink);
@@ -140,6 +144,34 @@ where
 {
     let map = ebpf.take_map(name).ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
     T::try_from(map).map_err(|e| WatchError::Map(name, e.to_string()))
+}
+
+/// Warns, at most every few seconds, when the kernel's drop counters grow.
+#[derive(Default)]
+struct DropWatch {
+    last_check: Option<Instant>,
+    seen: (u64, u64),
+}
+
+impl DropWatch {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn check(&mut self, ebpf: &aya::Ebpf) {
+        if self.last_check.is_some_and(|t| t.elapsed() < Self::EVERY) {
+            return;
+        }
+        self.last_check = Some(Instant::now());
+        let c = stats::counters(ebpf);
+        let now = (stats::counter(&c, Stat::InflightFull), stats::counter(&c, Stat::RingbufFull));
+        if now != self.seen {
+            tracing::warn!(
+                new_dropped_waits = now.0 - self.seen.0,
+                new_dropped_end_records = now.1 - self.seen.1,
+                "the kernel dropped records (in-flight map or ring buffer full): affected waits are missed or timed approximately"
+            );
+            self.seen = now;
+        }
+    }
 }
 
 /// The collector's state between wakeups.
