@@ -146,11 +146,6 @@ impl Plegwatch {
         }
     }
 
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
     /// Sends SIGINT, waits for the exit (SIGKILL after [`STOP_TIMEOUT`]) and returns every
     /// line read. An error unless plegwatch was still running, exited with status 0, printed
     /// only JSON lines and ended with a `summary` line.

@@ -53,6 +53,11 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
         target.display()
     );
     assert!(
+        !fs.is_mounted()?,
+        "{} is still mounted after umount",
+        target.display()
+    );
+    assert!(
         measured > REAL_STALL,
         "umount of {DIRTY} dirty bytes took only {measured:?}: the {THROTTLE_BPS} B/s write \
          throttle on {} ({}) did not take, so there was no stall to report",
