@@ -10,15 +10,19 @@
 //! tail is open) or exits (`sched_process_exit`).
 
 use aya_ebpf::{
-    EbpfContext as _,
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_user_str_bytes,
+    },
     macros::{map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, TracePointContext},
+    EbpfContext as _,
 };
 use plegwatch_abi::{
-    COMM_LEN, EndReason, EventHeader, EventKind, HIST_BUCKETS, HIST_ENTRIES, INFLIGHT_MAX, PATH_LEN,
-    SLOT_UMOUNT2, STAT_COUNT, Stat, WATCHED_SLOTS, Wait, WaitEnd, EVENTS_BYTES, hist_bucket,
+    hist_bucket, EndReason, EventHeader, EventKind, Stat, Wait, WaitEnd, COMM_LEN, EVENTS_BYTES,
+    HIST_BUCKETS, HIST_ENTRIES, INFLIGHT_MAX, PATH_LEN, SLOT_UMOUNT2, STAT_COUNT,
+    WAIT_BEFORE_ATTACH, WATCHED_SLOTS,
 };
 
 #[map]
@@ -30,7 +34,7 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
 #[map]
 static HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(HIST_ENTRIES, 0);
 #[map]
-static TAIL_PENDING: Array<u64> = Array::with_max_entries(1, 0);
+static TAIL_PENDING: Array<u64> = Array::with_max_entries(2, 0);
 
 #[unsafe(no_mangle)]
 static TRACER_TGID: u32 = 0;
@@ -74,10 +78,16 @@ fn slot_of(nr: u32) -> Option<u32> {
     None
 }
 
-/// Adds `delta` to the count of umount2 waits in their task_work tail.
+/// Adds `delta` to the count of umount2 waits in their task_work tail (slot 1
+/// for the waits userspace's startup sweep found).
 #[inline(always)]
-fn tail_pending_add(delta: i64) {
-    if let Some(p) = TAIL_PENDING.get_ptr_mut(0) {
+fn tail_pending_add(wait_flags: u32, delta: i64) {
+    let slot = if wait_flags & WAIT_BEFORE_ATTACH != 0 {
+        1
+    } else {
+        0
+    };
+    if let Some(p) = TAIL_PENDING.get_ptr_mut(slot) {
         // SAFETY: `p` points at a live map value; BPF_ATOMIC add (Linux >= 5.12).
         unsafe {
             core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
@@ -90,10 +100,9 @@ fn tail_pending_add(delta: i64) {
 
 #[inline(always)]
 fn tails_pending() -> bool {
-    match TAIL_PENDING.get(0) {
-        Some(v) => *v != 0,
-        None => false,
-    }
+    let kernel = TAIL_PENDING.get(0).copied().unwrap_or(0);
+    let swept = TAIL_PENDING.get(1).copied().unwrap_or(0);
+    kernel | swept != 0
 }
 
 /// Closes `wait`: histogram, and a [`WaitEnd`] record if it was long.
@@ -111,7 +120,10 @@ fn finish(wait: &Wait, end_ns: u64, reason: EndReason) {
         return;
     }
     let rec = WaitEnd {
-        header: EventHeader { kind: EventKind::WaitEnd as u32, _pad: 0 },
+        header: EventHeader {
+            kind: EventKind::WaitEnd as u32,
+            _pad: 0,
+        },
         start_ns: wait.start_ns,
         sys_exit_ns: wait.sys_exit_ns,
         end_ns,
@@ -121,7 +133,7 @@ fn finish(wait: &Wait, end_ns: u64, reason: EndReason) {
         nr: wait.nr,
         slot: wait.slot,
         reason: reason as u32,
-        _pad: 0,
+        flags: wait.flags,
         comm: wait.comm,
     };
     if EVENTS.output::<WaitEnd>(&rec, 0).is_err() {
@@ -141,7 +153,7 @@ fn close_tail(tid: u32, now: u64, reason: EndReason) {
         return;
     }
     if INFLIGHT.remove(&tid).is_ok() {
-        tail_pending_add(-1);
+        tail_pending_add(wait.flags, -1);
         finish(&wait, now, reason);
     }
 }
@@ -188,6 +200,8 @@ fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
         tid,
         nr: nr as u32,
         slot,
+        flags: 0,
+        _pad: 0,
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
         path: [0u8; PATH_LEN],
     };
@@ -232,7 +246,7 @@ fn try_wait_exit(ctx: &TracePointContext) -> Result<(), i64> {
     if wait.slot == SLOT_UMOUNT2 && ret == 0 {
         // The unmount's sync is still to come, in task_work.
         wait.sys_exit_ns = now;
-        tail_pending_add(1);
+        tail_pending_add(wait.flags, 1);
         count(Stat::TailsStarted);
         return Ok(());
     }
@@ -282,7 +296,7 @@ pub fn thread_exit(ctx: TracePointContext) -> u32 {
     };
     if INFLIGHT.remove(&tid).is_ok() {
         if wait.sys_exit_ns != 0 {
-            tail_pending_add(-1);
+            tail_pending_add(wait.flags, -1);
         }
         count(Stat::EndedByExit);
         // SAFETY: a plain helper call.

@@ -13,13 +13,13 @@ use crate::{
     levels::{Thresholds, budget_used},
     loader::{self, LoadError, LoadOptions},
     mounts::{self, SharedMounts},
-    output::{Event, Ready, Resolved, Stall, Summary, Sink},
+    output::{Event, Ready, Resolved, Sink, Stall, Summary},
     probes::{self, Choice, ProbeError},
     procfs::{self, SyscallState},
-    stats,
+    stats, sweep,
     syscalls::{WaitKind, by_slot},
 };
-use aya::maps::{HashMap as BpfHashMap, MapData, RingBuf};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
 use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, maps};
 use serde_json::{Map, Value};
 use std::{
@@ -54,7 +54,10 @@ pub enum WatchError {
 
 /// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: a valid timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -63,7 +66,9 @@ pub fn monotonic_ns() -> u64 {
 /// Wall-clock time of a CLOCK_MONOTONIC instant.
 fn wall_of(mono_ns: u64) -> SystemTime {
     let back = Duration::from_nanos(monotonic_ns().saturating_sub(mono_ns));
-    SystemTime::now().checked_sub(back).unwrap_or(SystemTime::UNIX_EPOCH)
+    SystemTime::now()
+        .checked_sub(back)
+        .unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// Runs until Ctrl-C, SIGTERM or `--duration`; returns the summary it printed.
@@ -73,15 +78,24 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     loader::ensure_tracefs()?;
     let mounts = mounts::watch().map_err(|e| WatchError::Io("reading /proc/self/mountinfo", e))?;
     // End records for waits shorter than --warn would be thrown away.
-    let mut ebpf = loader::load(LoadOptions { report_min: cfg.thresholds.warn })?;
+    let mut ebpf = loader::load(LoadOptions {
+        report_min: cfg.thresholds.warn,
+    })?;
     let choices = probes::attach_all(&mut ebpf)?;
 
-    let inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
+    let mut inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
+    let mut tails: Array<MapData, u64> = take_map(&mut ebpf, maps::TAIL_PENDING)?;
+    let swept = seed_swept(&mut inflight, &mut tails);
+    tracing::info!(swept, "startup sweep: threads already in a watched wait");
     let ring: RingBuf<MapData> = take_map(&mut ebpf, maps::EVENTS)?;
     // SAFETY: the RingBuf owns its map fd, which stays open and the same for as
     // long as the AsyncFd holds it.
-    let mut ring = unsafe { AsyncFd::register(ring) }
-        .map_err(|e| WatchError::Io("polling the ring buffer", std::io::Error::other(e.to_string())))?;
+    let mut ring = unsafe { AsyncFd::register(ring) }.map_err(|e| {
+        WatchError::Io(
+            "polling the ring buffer",
+            std::io::Error::other(e.to_string()),
+        )
+    })?;
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
     let mut drops = DropWatch::default();
@@ -93,9 +107,14 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         imminent_s: cfg.thresholds.imminent.as_secs_f64(),
     }));
 
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).map_err(|e| WatchError::Io("SIGINT handler", e))?;
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(|e| WatchError::Io("SIGTERM handler", e))?;
-    let deadline = tokio::time::sleep(cfg.duration.unwrap_or(Duration::from_secs(100 * 365 * 86_400)));
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())
+        .map_err(|e| WatchError::Io("SIGINT handler", e))?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())
+        .map_err(|e| WatchError::Io("SIGTERM handler", e))?;
+    let deadline = tokio::time::sleep(
+        cfg.duration
+            .unwrap_or(Duration::from_secs(100 * 365 * 86_400)),
+    );
     tokio::pin!(deadline);
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -131,18 +150,66 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         syscalls: stats::latency(&ebpf),
     };
     if summary.dropped_waits + summary.dropped_events > 0 {
-        tracing::warn!(dropped_waits = summary.dropped_waits, dropped_events = summary.dropped_events, "the kernel dropped records: some waits may be missing or timed approximately");
+        tracing::warn!(
+            dropped_waits = summary.dropped_waits,
+            dropped_events = summary.dropped_events,
+            "the kernel dropped records: some waits may be missing or timed approximately"
+        );
     }
     sink.emit(&Event::Summary(summary.clone()));
     drop(ebpf); // detaches every program
     Ok(summary)
 }
 
+/// Puts the waits that began before the probes were attached into the
+/// kernel's map, so the kernel closes them like its own. Returns how many.
+fn seed_swept(
+    inflight: &mut BpfHashMap<MapData, u32, Wait>,
+    tails: &mut Array<MapData, u64>,
+) -> usize {
+    const BPF_NOEXIST: u64 = 1;
+    let mut n = 0;
+    for s in sweep::sweep(std::process::id(), monotonic_ns()) {
+        let tid = s.wait.tid;
+        if s.tail {
+            adjust_swept_tails(tails, 1);
+        }
+        // NOEXIST: a wait the kernel saw start after attach knows better.
+        if inflight.insert(tid, s.wait, BPF_NOEXIST).is_err() {
+            if s.tail {
+                adjust_swept_tails(tails, -1);
+            }
+            continue;
+        }
+        // It may have ended between the look and the insert.
+        if !sweep::still_in(&s.wait) {
+            if matches!(inflight.get(&tid, 0), Ok(w) if w.start_ns == s.wait.start_ns)
+                && inflight.remove(&tid).is_ok()
+                && s.tail
+            {
+                adjust_swept_tails(tails, -1);
+            }
+            continue;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// Userspace's share of `TAIL_PENDING` (slot 1). Only the startup sweep writes it
+/// from here; the kernel decrements it atomically as those tails end.
+fn adjust_swept_tails(tails: &mut Array<MapData, u64>, delta: i64) {
+    let cur = tails.get(&1, 0).unwrap_or(0);
+    let _ = tails.set(1, cur.wrapping_add(delta as u64), 0);
+}
+
 fn take_map<T>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, WatchError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf.take_map(name).ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
     T::try_from(map).map_err(|e| WatchError::Map(name, e.to_string()))
 }
 
@@ -162,7 +229,10 @@ impl DropWatch {
         }
         self.last_check = Some(Instant::now());
         let c = stats::counters(ebpf);
-        let now = (stats::counter(&c, Stat::InflightFull), stats::counter(&c, Stat::RingbufFull));
+        let now = (
+            stats::counter(&c, Stat::InflightFull),
+            stats::counter(&c, Stat::RingbufFull),
+        );
         if now != self.seen {
             tracing::warn!(
                 new_dropped_waits = now.0 - self.seen.0,
@@ -189,8 +259,15 @@ struct Engine {
 }
 
 impl Engine {
-    fn new(cfg: &WatchConfig, mounts: SharedMounts, choices: &[Choice], inflight: BpfHashMap<MapData, u32, Wait>) -> Self {
-        let poll_tails = choices.iter().any(|c| c.probe == "umount_tail_end" && c.is_proc_poll());
+    fn new(
+        cfg: &WatchConfig,
+        mounts: SharedMounts,
+        choices: &[Choice],
+        inflight: BpfHashMap<MapData, u32, Wait>,
+    ) -> Self {
+        let poll_tails = choices
+            .iter()
+            .any(|c| c.probe == "umount_tail_end" && c.is_proc_poll());
         Engine {
             registry: Registry::new(cfg.thresholds, cfg.filter.clone()),
             mounts,
@@ -204,7 +281,12 @@ impl Engine {
 
     fn scan(&mut self, sink: &mut dyn Sink) {
         let now = monotonic_ns();
-        let open: Vec<WaitInfo> = self.inflight.iter().filter_map(Result::ok).map(|(_, w)| WaitInfo::from(&w)).collect();
+        let open: Vec<WaitInfo> = self
+            .inflight
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, w)| WaitInfo::from(&w))
+            .collect();
         let actions = self.registry.scan(open.iter(), now);
         self.act(actions, sink);
         self.check_reported(now, sink);
@@ -214,14 +296,29 @@ impl Engine {
     /// the tail probe, or for a thread that went back to user space without a
     /// syscall) their task_work tail is over by `/proc/TID/syscall`.
     fn check_reported(&mut self, now: u64, sink: &mut dyn Sink) {
-        let candidates: Vec<(WaitKey, u64)> = self.registry.open().map(|t| (t.info.key(), t.info.sys_exit_ns)).collect();
-        for (key, sys_exit_ns) in candidates {
+        let candidates: Vec<(WaitKey, u64, u32, bool)> = self
+            .registry
+            .open()
+            .map(|t| {
+                (
+                    t.info.key(),
+                    t.info.sys_exit_ns,
+                    t.info.nr,
+                    t.info.before_attach,
+                )
+            })
+            .collect();
+        for (key, sys_exit_ns, nr, before_attach) in candidates {
             let tid = key.0;
             let ended = if !procfs::thread_exists(tid) {
                 true
+            } else if sys_exit_ns == 0 && before_attach {
+                // Swept while blocked: the kernel will see its exit, unless it
+                // raced the sweep.
+                !matches!(procfs::syscall(tid), Some(SyscallState::In { nr: n, .. }) if n as u32 == nr)
             } else if sys_exit_ns != 0 {
                 match procfs::syscall(tid) {
-                    Some(SyscallState::In { nr }) => nr != libc::SYS_umount2,
+                    Some(SyscallState::In { nr, .. }) => nr != libc::SYS_umount2,
                     Some(SyscallState::Running) => {
                         let n = self.running_seen.entry(key).or_insert(0);
                         *n += 1;
@@ -268,7 +365,9 @@ impl Engine {
         for a in actions {
             match a {
                 Action::Report { key, level, waited } => {
-                    let Some(t) = self.registry.get(&key) else { continue };
+                    let Some(t) = self.registry.get(&key) else {
+                        continue;
+                    };
                     let info = t.info.clone();
                     let id = t.id;
                     let fixed = match self.fixed.get(&key) {
@@ -291,8 +390,10 @@ impl Engine {
                         tid: info.tid,
                         comm: info.comm.clone(),
                         waited_s: waited.as_secs_f64(),
-                        started_at: humantime::format_rfc3339_millis(wall_of(info.start_ns)).to_string(),
+                        started_at: humantime::format_rfc3339_millis(wall_of(info.start_ns))
+                            .to_string(),
                         budget_used: budget_used(waited),
+                        started_before_attach: info.before_attach,
                         detail: detail::now(&fixed, &info),
                         holder: None,
                         chain: Vec::new(),
@@ -302,10 +403,14 @@ impl Engine {
                     sink.emit(&Event::Stall(stall));
                 }
                 Action::Resolve { key, waited, exact } => {
-                    let Some(t) = self.registry.forget(&key) else { continue };
+                    let Some(t) = self.registry.forget(&key) else {
+                        continue;
+                    };
                     self.fixed.remove(&key);
                     self.running_seen.remove(&key);
-                    let kind = by_slot(t.info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
+                    let kind = by_slot(t.info.slot)
+                        .map(|w| w.kind)
+                        .unwrap_or(WaitKind::Sync);
                     sink.emit(&Event::Resolved(Resolved {
                         id: t.id,
                         kind,

@@ -76,9 +76,16 @@ fn absolute(pid: u32, path: &str) -> String {
 /// state and wait channel now.
 pub fn now(fixed: &Map<String, Value>, info: &WaitInfo) -> Value {
     let mut d = fixed.clone();
-    let phase = if info.sys_exit_ns != 0 { "task_work" } else { "syscall" };
+    let phase = if info.sys_exit_ns != 0 {
+        "task_work"
+    } else {
+        "syscall"
+    };
     d.insert("phase".into(), json!(phase));
-    d.insert("state".into(), json!(procfs::state(info.tid).map(String::from)));
+    d.insert(
+        "state".into(),
+        json!(procfs::state(info.tid).map(String::from)),
+    );
     d.insert("wchan".into(), json!(procfs::wchan(info.tid)));
     Value::Object(d)
 }
@@ -90,7 +97,18 @@ mod tests {
     use std::time::Instant;
 
     fn info(slot: u32, path: &str, arg0: u64) -> WaitInfo {
-        WaitInfo { tgid: 1, tid: 1, comm: "x".into(), nr: 0, slot, start_ns: 0, sys_exit_ns: 5, arg0, path: path.into() }
+        WaitInfo {
+            tgid: 1,
+            tid: 1,
+            comm: "x".into(),
+            nr: 0,
+            slot,
+            start_ns: 0,
+            sys_exit_ns: 5,
+            arg0,
+            path: path.into(),
+            before_attach: false,
+        }
     }
 
     #[test]

@@ -49,8 +49,18 @@ pub struct Report {
 
 fn check(name: &str, required: bool, r: Result<String, String>) -> Check {
     match r {
-        Ok(detail) => Check { name: name.into(), ok: true, required, detail },
-        Err(detail) => Check { name: name.into(), ok: false, required, detail },
+        Ok(detail) => Check {
+            name: name.into(),
+            ok: true,
+            required,
+            detail,
+        },
+        Err(detail) => Check {
+            name: name.into(),
+            ok: false,
+            required,
+            detail,
+        },
     }
 }
 
@@ -62,23 +72,39 @@ pub extern "C" fn plegwatch_doctor_uprobe_target() -> u64 {
 }
 
 fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
 }
 
 /// Runs every check. Fixes what it can: mounts tracefs if it is not mounted.
 pub fn run() -> Report {
     let mut checks = Vec::new();
     let root = loader::require_root();
-    checks.push(check("privileges", true, root.as_ref().map(|_| "root (euid 0)".to_string()).map_err(|e| e.to_string())));
+    checks.push(check(
+        "privileges",
+        true,
+        root.as_ref()
+            .map(|_| "root (euid 0)".to_string())
+            .map_err(|e| e.to_string()),
+    ));
     let btf = Btf::from_sys_fs();
     checks.push(check(
         "btf",
         false,
-        btf.as_ref().map(|_| "/sys/kernel/btf/vmlinux".to_string()).map_err(|e| format!("no kernel BTF ({e}): tp_btf and fentry probes are off")),
+        btf.as_ref()
+            .map(|_| "/sys/kernel/btf/vmlinux".to_string())
+            .map_err(|e| format!("no kernel BTF ({e}): tp_btf and fentry probes are off")),
     ));
     let tracefs = if root.is_ok() {
         loader::ensure_tracefs()
-            .map(|t| if t.mounted_now { format!("{} (was not mounted: mounted it now)", t.path) } else { t.path.to_string() })
+            .map(|t| {
+                if t.mounted_now {
+                    format!("{} (was not mounted: mounted it now)", t.path)
+                } else {
+                    t.path.to_string()
+                }
+            })
             .map_err(|e| e.to_string())
     } else {
         Err("not checked: needs root".into())
@@ -88,7 +114,9 @@ pub fn run() -> Report {
     let mut program_types = Vec::new();
     let mut probes_out = Vec::new();
     if root.is_ok() {
-        match loader::load(LoadOptions { report_min: Duration::from_secs(1) }) {
+        match loader::load(LoadOptions {
+            report_min: Duration::from_secs(1),
+        }) {
             Ok(mut ebpf) => {
                 program_types = try_program_types(&mut ebpf, btf.as_ref().ok());
                 for p in probes::PROBES {
@@ -112,80 +140,145 @@ pub fn run() -> Report {
         .chain(program_types.iter())
         .find(|c| c.required && !c.ok)
         .map(|c| format!("{}: {}", c.name, c.detail))
-        .or_else(|| probes_out.iter().find(|p| p.variant.is_none()).map(|p| format!("probe {}: {}", p.probe, p.passed_over.join("; "))));
-    Report { kernel: kernel_release(), checks, program_types, probes: probes_out, problem }
+        .or_else(|| {
+            probes_out
+                .iter()
+                .find(|p| p.variant.is_none())
+                .map(|p| format!("probe {}: {}", p.probe, p.passed_over.join("; ")))
+        });
+    Report {
+        kernel: kernel_release(),
+        checks,
+        program_types,
+        probes: probes_out,
+        problem,
+    }
 }
 
 fn try_program_types(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Vec<Check> {
     let need_btf = || Err::<String, String>("needs kernel BTF".into());
     vec![
-        check("tracepoint", true, (|| {
-            let p: &mut TracePoint = program_mut(ebpf, "doctor_tracepoint")?;
-            p.load().map_err(|e| e.to_string())?;
-            p.attach("sched", "sched_process_fork").map_err(|e| e.to_string())?;
-            Ok("loads and attaches".to_string())
-        })()),
-        check("raw_tp", false, (|| {
-            let p: &mut RawTracePoint = program_mut(ebpf, "doctor_raw_tp")?;
-            p.load().map_err(|e| e.to_string())?;
-            p.attach("sched_process_fork").map_err(|e| e.to_string())?;
-            Ok("loads and attaches".to_string())
-        })()),
-        check("tp_btf", false, match btf {
-            None => need_btf(),
-            Some(btf) => (|| {
-                let p: &mut BtfTracePoint = program_mut(ebpf, "doctor_tp_btf")?;
-                p.load("sched_switch", btf).map_err(|e| e.to_string())?;
-                p.attach().map_err(|e| e.to_string())?;
+        check(
+            "tracepoint",
+            true,
+            (|| {
+                let p: &mut TracePoint = program_mut(ebpf, "doctor_tracepoint")?;
+                p.load().map_err(|e| e.to_string())?;
+                p.attach("sched", "sched_process_fork")
+                    .map_err(|e| e.to_string())?;
                 Ok("loads and attaches".to_string())
             })(),
-        }),
-        check("fentry", false, match btf {
-            None => need_btf(),
-            Some(btf) => (|| {
-                let p: &mut FEntry = program_mut(ebpf, "doctor_fentry")?;
-                p.load("vfs_fsync_range", btf).map_err(|e| format!("refused: {}", e.to_string().trim_end_matches(|c: char| c == ' ' || c == ':').trim_end_matches(". Verifier output")))?;
-                p.attach().map_err(|e| format!("refused: {e}"))?;
+        ),
+        check(
+            "raw_tp",
+            false,
+            (|| {
+                let p: &mut RawTracePoint = program_mut(ebpf, "doctor_raw_tp")?;
+                p.load().map_err(|e| e.to_string())?;
+                p.attach("sched_process_fork").map_err(|e| e.to_string())?;
                 Ok("loads and attaches".to_string())
             })(),
-        }),
-        check("kprobe", false, (|| {
-            let p: &mut KProbe = program_mut(ebpf, "doctor_kprobe")?;
-            p.load().map_err(|e| e.to_string())?;
-            p.attach("vfs_fsync_range", 0).map_err(|e| format!("absent or refused: {e}"))?;
-            Ok("loads and attaches".to_string())
-        })()),
-        check("uprobe", false, (|| {
-            let p: &mut UProbe = program_mut(ebpf, "doctor_uprobe")?;
-            p.load().map_err(|e| e.to_string())?;
-            let exe = std::fs::read_link("/proc/self/exe").map_err(|e| e.to_string())?;
-            p.attach("plegwatch_doctor_uprobe_target", &exe, UProbeScope::AllProcesses).map_err(|e| e.to_string())?;
-            plegwatch_doctor_uprobe_target();
-            Ok("loads and attaches".to_string())
-        })()),
-        check("ring buffer", true, match aya::sys::is_map_supported(MapType::RingBuf) {
-            Ok(true) => Ok("supported".into()),
-            Ok(false) => Err("not supported (needs Linux >= 5.8)".into()),
-            Err(e) => Err(e.to_string()),
-        }),
-        check("perf event", false, (|| {
-            let p: &mut PerfEvent = program_mut(ebpf, "doctor_perf_event")?;
-            p.load().map_err(|e| e.to_string())?;
-            p.attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::AllProcessesOneCpu { cpu: 0 },
-                SamplePolicy::Frequency(1),
-                false,
-            )
-            .map_err(|e| e.to_string())?;
-            Ok("loads and attaches (software CPU clock)".to_string())
-        })()),
+        ),
+        check(
+            "tp_btf",
+            false,
+            match btf {
+                None => need_btf(),
+                Some(btf) => (|| {
+                    let p: &mut BtfTracePoint = program_mut(ebpf, "doctor_tp_btf")?;
+                    p.load("sched_switch", btf).map_err(|e| e.to_string())?;
+                    p.attach().map_err(|e| e.to_string())?;
+                    Ok("loads and attaches".to_string())
+                })(),
+            },
+        ),
+        check(
+            "fentry",
+            false,
+            match btf {
+                None => need_btf(),
+                Some(btf) => (|| {
+                    let p: &mut FEntry = program_mut(ebpf, "doctor_fentry")?;
+                    p.load("vfs_fsync_range", btf).map_err(|e| {
+                        format!(
+                            "refused: {}",
+                            e.to_string()
+                                .trim_end_matches(|c: char| c == ' ' || c == ':')
+                                .trim_end_matches(". Verifier output")
+                        )
+                    })?;
+                    p.attach().map_err(|e| format!("refused: {e}"))?;
+                    Ok("loads and attaches".to_string())
+                })(),
+            },
+        ),
+        check(
+            "kprobe",
+            false,
+            (|| {
+                let p: &mut KProbe = program_mut(ebpf, "doctor_kprobe")?;
+                p.load().map_err(|e| e.to_string())?;
+                p.attach("vfs_fsync_range", 0)
+                    .map_err(|e| format!("absent or refused: {e}"))?;
+                Ok("loads and attaches".to_string())
+            })(),
+        ),
+        check(
+            "uprobe",
+            false,
+            (|| {
+                let p: &mut UProbe = program_mut(ebpf, "doctor_uprobe")?;
+                p.load().map_err(|e| e.to_string())?;
+                let exe = std::fs::read_link("/proc/self/exe").map_err(|e| e.to_string())?;
+                p.attach(
+                    "plegwatch_doctor_uprobe_target",
+                    &exe,
+                    UProbeScope::AllProcesses,
+                )
+                .map_err(|e| e.to_string())?;
+                plegwatch_doctor_uprobe_target();
+                Ok("loads and attaches".to_string())
+            })(),
+        ),
+        check(
+            "ring buffer",
+            true,
+            match aya::sys::is_map_supported(MapType::RingBuf) {
+                Ok(true) => Ok("supported".into()),
+                Ok(false) => Err("not supported (needs Linux >= 5.8)".into()),
+                Err(e) => Err(e.to_string()),
+            },
+        ),
+        check(
+            "perf event",
+            false,
+            (|| {
+                let p: &mut PerfEvent = program_mut(ebpf, "doctor_perf_event")?;
+                p.load().map_err(|e| e.to_string())?;
+                p.attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu: 0 },
+                    SamplePolicy::Frequency(1),
+                    false,
+                )
+                .map_err(|e| e.to_string())?;
+                Ok("loads and attaches (software CPU clock)".to_string())
+            })(),
+        ),
     ]
 }
 
 /// The report as text.
 pub fn render(r: &Report) -> String {
-    let mark = |c: &Check| if c.ok { "ok  " } else if c.required { "FAIL" } else { "off " };
+    let mark = |c: &Check| {
+        if c.ok {
+            "ok  "
+        } else if c.required {
+            "FAIL"
+        } else {
+            "off "
+        }
+    };
     let mut out = format!("plegwatch doctor\n  kernel        {}\n", r.kernel);
     for c in &r.checks {
         out.push_str(&format!("  {:<13} {} {}\n", c.name, mark(c), c.detail));
@@ -199,7 +292,11 @@ pub fn render(r: &Report) -> String {
     if !r.probes.is_empty() {
         out.push_str("  probes (attach variant chosen)\n");
         for p in &r.probes {
-            out.push_str(&format!("    {:<16} {}\n", p.probe, p.variant.as_deref().unwrap_or("NONE")));
+            out.push_str(&format!(
+                "    {:<16} {}\n",
+                p.probe,
+                p.variant.as_deref().unwrap_or("NONE")
+            ));
             for why in &p.passed_over {
                 out.push_str(&format!("      passed over: {why}\n"));
             }

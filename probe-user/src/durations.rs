@@ -11,11 +11,14 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     }
     if let Ok(secs) = t.parse::<f64>() {
         if !secs.is_finite() || secs < 0.0 {
-            return Err(format!("invalid duration {s:?}: must be a non-negative number of seconds"));
+            return Err(format!(
+                "invalid duration {s:?}: must be a non-negative number of seconds"
+            ));
         }
         return Ok(Duration::from_secs_f64(secs));
     }
-    humantime::parse_duration(t).map_err(|e| format!("invalid duration {s:?} ({e}): expected e.g. 10s, 2m, 150ms"))
+    humantime::parse_duration(t)
+        .map_err(|e| format!("invalid duration {s:?} ({e}): expected e.g. 10s, 2m, 150ms"))
 }
 
 #[cfg(test)]

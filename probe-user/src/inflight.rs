@@ -7,7 +7,7 @@
 //! logic, with time passed in, so it is tested without a kernel.
 
 use crate::levels::{Level, Thresholds};
-use plegwatch_abi::{Wait, WaitEnd};
+use plegwatch_abi::{WAIT_BEFORE_ATTACH, Wait, WaitEnd};
 use std::{collections::HashMap, time::Duration};
 
 /// A wait is named by its thread and its start time (a thread has one open wait).
@@ -27,6 +27,8 @@ pub struct WaitInfo {
     pub arg0: u64,
     /// umount2's target path.
     pub path: String,
+    /// Found by the startup sweep: `start_ns` is a lower bound of its age.
+    pub before_attach: bool,
 }
 
 fn cstr(b: &[u8]) -> String {
@@ -46,6 +48,7 @@ impl From<&Wait> for WaitInfo {
             sys_exit_ns: w.sys_exit_ns,
             arg0: w.arg0,
             path: cstr(&w.path),
+            before_attach: w.flags & WAIT_BEFORE_ATTACH != 0,
         }
     }
 }
@@ -62,6 +65,7 @@ impl From<&WaitEnd> for WaitInfo {
             sys_exit_ns: e.sys_exit_ns,
             arg0: 0,
             path: String::new(),
+            before_attach: e.flags & WAIT_BEFORE_ATTACH != 0,
         }
     }
 }
@@ -83,7 +87,8 @@ pub struct Filter {
 
 impl Filter {
     pub fn matches(&self, w: &WaitInfo) -> bool {
-        let pid_ok = self.pids.is_empty() || self.pids.contains(&w.tgid) || self.pids.contains(&w.tid);
+        let pid_ok =
+            self.pids.is_empty() || self.pids.contains(&w.tgid) || self.pids.contains(&w.tid);
         let comm_ok = self.comms.is_empty()
             || self.comms.iter().any(|c| match c.strip_suffix('*') {
                 Some(prefix) => w.comm.starts_with(prefix),
@@ -106,9 +111,17 @@ pub struct Tracked {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// The wait reached `level` after `waited`.
-    Report { key: WaitKey, level: Level, waited: Duration },
+    Report {
+        key: WaitKey,
+        level: Level,
+        waited: Duration,
+    },
     /// The wait ended after `waited`; `exact` when timed by the kernel.
-    Resolve { key: WaitKey, waited: Duration, exact: bool },
+    Resolve {
+        key: WaitKey,
+        waited: Duration,
+        exact: bool,
+    },
 }
 
 /// How long a reported wait may be missing from the kernel map before it is
@@ -133,7 +146,15 @@ pub struct Registry {
 
 impl Registry {
     pub fn new(thresholds: Thresholds, filter: Filter) -> Self {
-        Registry { thresholds, filter, tracked: HashMap::new(), next_id: 1, done: Default::default(), stalls: 0, resolved: 0 }
+        Registry {
+            thresholds,
+            filter,
+            tracked: HashMap::new(),
+            next_id: 1,
+            done: Default::default(),
+            stalls: 0,
+            resolved: 0,
+        }
     }
 
     pub fn get(&self, key: &WaitKey) -> Option<&Tracked> {
@@ -162,12 +183,21 @@ impl Registry {
     fn track(&mut self, info: WaitInfo, level: Level) -> &mut Tracked {
         let id = self.next_id;
         self.next_id += 1;
-        self.tracked.entry(info.key()).or_insert(Tracked { id, info, reported: level, missing_since_ns: None })
+        self.tracked.entry(info.key()).or_insert(Tracked {
+            id,
+            info,
+            reported: level,
+            missing_since_ns: None,
+        })
     }
 
     /// Looks at a snapshot of the kernel's open waits taken at `now_ns`
     /// (CLOCK_MONOTONIC, as `bpf_ktime_get_ns`).
-    pub fn scan<'a>(&mut self, open: impl IntoIterator<Item = &'a WaitInfo>, now_ns: u64) -> Vec<Action> {
+    pub fn scan<'a>(
+        &mut self,
+        open: impl IntoIterator<Item = &'a WaitInfo>,
+        now_ns: u64,
+    ) -> Vec<Action> {
         let mut actions = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for w in open {
@@ -177,7 +207,9 @@ impl Registry {
             let key = w.key();
             seen.insert(key);
             let waited = Duration::from_nanos(now_ns.saturating_sub(w.start_ns));
-            let Some(level) = self.thresholds.level(waited) else { continue };
+            let Some(level) = self.thresholds.level(waited) else {
+                continue;
+            };
             match self.tracked.get_mut(&key) {
                 Some(t) => {
                     t.info.sys_exit_ns = w.sys_exit_ns;
@@ -201,7 +233,11 @@ impl Registry {
                 None => t.missing_since_ns = Some(now_ns),
                 Some(since) if now_ns.saturating_sub(since) >= END_GRACE.as_nanos() as u64 => {
                     let waited = Duration::from_nanos(since.saturating_sub(key.1));
-                    actions.push(Action::Resolve { key: *key, waited, exact: false });
+                    actions.push(Action::Resolve {
+                        key: *key,
+                        waited,
+                        exact: false,
+                    });
                 }
                 Some(_) => {}
             }
@@ -219,13 +255,21 @@ impl Registry {
         if self.done.contains(&key) {
             // Already resolved by other means (see `vanished`).
         } else if self.tracked.contains_key(&key) {
-            actions.push(Action::Resolve { key, waited, exact: true });
+            actions.push(Action::Resolve {
+                key,
+                waited,
+                exact: true,
+            });
         } else if self.filter.matches(&info) {
             // It crossed a level between two scans: report it late, then resolve.
             if let Some(level) = self.thresholds.level(waited) {
                 self.track(info, level);
                 actions.push(Action::Report { key, level, waited });
-                actions.push(Action::Resolve { key, waited, exact: true });
+                actions.push(Action::Resolve {
+                    key,
+                    waited,
+                    exact: true,
+                });
             }
         }
         self.count(&actions);
@@ -236,7 +280,11 @@ impl Registry {
     /// task_work tail is over by `/proc`) at `end_ns`.
     pub fn vanished(&mut self, key: WaitKey, end_ns: u64) -> Option<Action> {
         self.tracked.get(&key)?;
-        let a = Action::Resolve { key, waited: Duration::from_nanos(end_ns.saturating_sub(key.1)), exact: false };
+        let a = Action::Resolve {
+            key,
+            waited: Duration::from_nanos(end_ns.saturating_sub(key.1)),
+            exact: false,
+        };
         self.count(std::slice::from_ref(&a));
         Some(a)
     }
@@ -258,7 +306,18 @@ mod tests {
     const S: u64 = 1_000_000_000;
 
     fn wait(tid: u32, start_ns: u64, comm: &str) -> WaitInfo {
-        WaitInfo { tgid: tid, tid, comm: comm.into(), nr: 166, slot: 0, start_ns, sys_exit_ns: 0, arg0: 0, path: "/mnt".into() }
+        WaitInfo {
+            tgid: tid,
+            tid,
+            comm: comm.into(),
+            nr: 166,
+            slot: 0,
+            start_ns,
+            sys_exit_ns: 0,
+            arg0: 0,
+            path: "/mnt".into(),
+            before_attach: false,
+        }
     }
 
     fn end(w: &WaitInfo, end_ns: u64) -> WaitEnd {
@@ -275,13 +334,21 @@ mod tests {
             nr: w.nr,
             slot: w.slot,
             reason: 0,
-            _pad: 0,
+            flags: 0,
             comm,
         }
     }
 
     fn reg() -> Registry {
-        Registry::new(Thresholds::new(Duration::from_secs(2), Duration::from_secs(10), Duration::from_secs(150)).unwrap(), Filter::default())
+        Registry::new(
+            Thresholds::new(
+                Duration::from_secs(2),
+                Duration::from_secs(10),
+                Duration::from_secs(150),
+            )
+            .unwrap(),
+            Filter::default(),
+        )
     }
 
     #[test]
@@ -290,12 +357,34 @@ mod tests {
         let w = wait(5, 100 * S, "umount");
         assert!(r.scan([&w], 101 * S).is_empty());
         let a = r.scan([&w], 102 * S + 1);
-        assert!(matches!(a[..], [Action::Report { level: Level::Warn, .. }]));
-        assert!(r.scan([&w], 103 * S).is_empty(), "no repeat at the same level");
+        assert!(matches!(
+            a[..],
+            [Action::Report {
+                level: Level::Warn,
+                ..
+            }]
+        ));
+        assert!(
+            r.scan([&w], 103 * S).is_empty(),
+            "no repeat at the same level"
+        );
         let a = r.scan([&w], 110 * S);
-        assert!(matches!(a[..], [Action::Report { level: Level::Critical, .. }]));
+        assert!(matches!(
+            a[..],
+            [Action::Report {
+                level: Level::Critical,
+                ..
+            }]
+        ));
         let a = r.end(&end(&w, 111 * S + S / 2));
-        assert_eq!(a, vec![Action::Resolve { key: w.key(), waited: Duration::from_millis(11_500), exact: true }]);
+        assert_eq!(
+            a,
+            vec![Action::Resolve {
+                key: w.key(),
+                waited: Duration::from_millis(11_500),
+                exact: true
+            }]
+        );
         assert_eq!(r.counts(), (2, 1));
     }
 
@@ -306,7 +395,16 @@ mod tests {
         assert!(r.end(&end(&w, S)).is_empty());
         let w2 = wait(7, 10 * S, "dd");
         let a = r.end(&end(&w2, 13 * S));
-        assert!(matches!(a[..], [Action::Report { level: Level::Warn, .. }, Action::Resolve { exact: true, .. }]));
+        assert!(matches!(
+            a[..],
+            [
+                Action::Report {
+                    level: Level::Warn,
+                    ..
+                },
+                Action::Resolve { exact: true, .. }
+            ]
+        ));
     }
 
     #[test]
@@ -317,7 +415,14 @@ mod tests {
         assert!(r.scan(std::iter::empty(), 4 * S).is_empty());
         assert!(r.scan(std::iter::empty(), 5 * S).is_empty());
         let a = r.scan(std::iter::empty(), 6 * S);
-        assert_eq!(a, vec![Action::Resolve { key: w.key(), waited: Duration::from_secs(4), exact: false }]);
+        assert_eq!(
+            a,
+            vec![Action::Resolve {
+                key: w.key(),
+                waited: Duration::from_secs(4),
+                exact: false
+            }]
+        );
     }
 
     #[test]
@@ -326,20 +431,42 @@ mod tests {
         let w = wait(9, 0, "umount");
         r.scan([&w], 3 * S);
         let a = r.vanished(w.key(), 4 * S).unwrap();
-        assert_eq!(a, Action::Resolve { key: w.key(), waited: Duration::from_secs(4), exact: false });
+        assert_eq!(
+            a,
+            Action::Resolve {
+                key: w.key(),
+                waited: Duration::from_secs(4),
+                exact: false
+            }
+        );
         r.forget(&w.key());
-        assert!(r.end(&end(&w, 4 * S)).is_empty(), "the late exact record must not report it again");
+        assert!(
+            r.end(&end(&w, 4 * S)).is_empty(),
+            "the late exact record must not report it again"
+        );
     }
 
     #[test]
     fn filters_by_pid_and_comm_glob() {
-        let f = Filter { pids: vec![], comms: vec!["containerd-shim*".into()] };
+        let f = Filter {
+            pids: vec![],
+            comms: vec!["containerd-shim*".into()],
+        };
         assert!(f.matches(&wait(1, 0, "containerd-shim")));
         assert!(!f.matches(&wait(1, 0, "containerd")));
-        let f = Filter { pids: vec![42], comms: vec![] };
+        let f = Filter {
+            pids: vec![42],
+            comms: vec![],
+        };
         assert!(f.matches(&wait(42, 0, "x")));
         assert!(!f.matches(&wait(43, 0, "x")));
-        let mut r = Registry::new(Thresholds::default(), Filter { pids: vec![1], comms: vec![] });
+        let mut r = Registry::new(
+            Thresholds::default(),
+            Filter {
+                pids: vec![1],
+                comms: vec![],
+            },
+        );
         assert!(r.scan([&wait(2, 0, "x")], 500 * S).is_empty());
     }
 
@@ -355,12 +482,18 @@ mod tests {
             tid: 6,
             nr: 166,
             slot: 0,
+            flags: WAIT_BEFORE_ATTACH,
+            _pad: 0,
             comm: [0; 16],
             path: [0; plegwatch_abi::PATH_LEN],
         };
         w.comm[..6].copy_from_slice(b"umount");
         w.path[..4].copy_from_slice(b"/mnt");
         let i = WaitInfo::from(&w);
-        assert_eq!((i.comm.as_str(), i.path.as_str(), i.key()), ("umount", "/mnt", (6, 1)));
+        assert_eq!(
+            (i.comm.as_str(), i.path.as_str(), i.key()),
+            ("umount", "/mnt", (6, 1))
+        );
+        assert!(i.before_attach);
     }
 }

@@ -8,11 +8,14 @@ use std::{path::Path, time::Duration};
 use thiserror::Error;
 
 /// The eBPF object built from `probe-ebpf/` by build.rs.
-static PROBES_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/plegwatch-probes"));
+static PROBES_OBJ: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/plegwatch-probes"));
 
 #[derive(Debug, Error)]
 pub enum LoadError {
-    #[error("plegwatch needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to load eBPF and read /proc/*/stack): run it as root")]
+    #[error(
+        "plegwatch needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to load eBPF and read /proc/*/stack): run it as root"
+    )]
     NotRoot,
     #[error("tracefs is not mounted and mounting it on /sys/kernel/tracing failed: {0}")]
     Tracefs(std::io::Error),
@@ -23,7 +26,11 @@ pub enum LoadError {
 /// Fails with [`LoadError::NotRoot`] unless the effective uid is 0.
 pub fn require_root() -> Result<(), LoadError> {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 { Ok(()) } else { Err(LoadError::NotRoot) }
+    if unsafe { libc::geteuid() } == 0 {
+        Ok(())
+    } else {
+        Err(LoadError::NotRoot)
+    }
 }
 
 /// Where tracefs is, and whether plegwatch had to mount it.
@@ -43,27 +50,47 @@ pub fn ensure_tracefs() -> Result<Tracefs, LoadError> {
     const MAIN: &str = "/sys/kernel/tracing";
     const DEBUG: &str = "/sys/kernel/debug/tracing";
     if has_events(MAIN) {
-        return Ok(Tracefs { path: MAIN, mounted_now: false });
+        return Ok(Tracefs {
+            path: MAIN,
+            mounted_now: false,
+        });
     }
     if has_events(DEBUG) {
-        return Ok(Tracefs { path: DEBUG, mounted_now: false });
+        return Ok(Tracefs {
+            path: DEBUG,
+            mounted_now: false,
+        });
     }
     let src = c"nodev";
     let target = c"/sys/kernel/tracing";
     let fstype = c"tracefs";
     // SAFETY: valid NUL-terminated strings; no data argument.
-    let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
     if rc != 0 {
         return Err(LoadError::Tracefs(std::io::Error::last_os_error()));
     }
     tracing::warn!("tracefs was not mounted: mounted it on {MAIN}");
-    Ok(Tracefs { path: MAIN, mounted_now: true })
+    Ok(Tracefs {
+        path: MAIN,
+        mounted_now: true,
+    })
 }
 
 /// Tries to lift RLIMIT_MEMLOCK. Linux >= 5.11 charges BPF memory to the memcg
 /// and ignores the limit, so failing here is only worth a debug line.
 pub fn raise_memlock() {
-    let rlim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+    let rlim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
     // SAFETY: a valid rlimit struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
         tracing::debug!("could not raise RLIMIT_MEMLOCK (not needed on Linux >= 5.11)");

@@ -12,7 +12,8 @@ pub enum LogFormat {
 /// Sets up logging; the level comes from `PLEGWATCH_LOG` (default `info`).
 pub fn init(format: LogFormat) {
     let _ = tracing_log::LogTracer::init();
-    let filter = EnvFilter::try_from_env("PLEGWATCH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_env("PLEGWATCH_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal as _;
     let builder = fmt()
         .with_env_filter(filter)

@@ -45,7 +45,13 @@ fn parse_line(line: &str) -> Option<Mount> {
     let mut r = right.split(' ');
     let fstype = r.next()?.to_string();
     let source = unescape(r.next()?);
-    Some(Mount { mount_id, dev: (maj.parse().ok()?, min.parse().ok()?), mount_point, fstype, source })
+    Some(Mount {
+        mount_id,
+        dev: (maj.parse().ok()?, min.parse().ok()?),
+        mount_point,
+        fstype,
+        source,
+    })
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
@@ -54,8 +60,13 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') as u32 * 64
+                + (b[i + 2] - b'0') as u32 * 8
+                + (b[i + 3] - b'0') as u32;
             if let Ok(byte) = u8::try_from(v) {
                 out.push(byte);
                 i += 4;
@@ -101,15 +112,24 @@ impl MountTable {
             .iter()
             .rev()
             .find(|m| m.mount_point == want)
-            .or_else(|| self.removed.iter().rev().map(|(_, m)| m).find(|m| m.mount_point == want))
+            .or_else(|| {
+                self.removed
+                    .iter()
+                    .rev()
+                    .map(|(_, m)| m)
+                    .find(|m| m.mount_point == want)
+            })
     }
 
     /// A mount of device `dev`, current first.
     pub fn by_dev(&self, dev: (u32, u32)) -> Option<&Mount> {
-        self.current
-            .iter()
-            .find(|m| m.dev == dev)
-            .or_else(|| self.removed.iter().rev().map(|(_, m)| m).find(|m| m.dev == dev))
+        self.current.iter().find(|m| m.dev == dev).or_else(|| {
+            self.removed
+                .iter()
+                .rev()
+                .map(|(_, m)| m)
+                .find(|m| m.dev == dev)
+        })
     }
 }
 
@@ -124,21 +144,29 @@ pub fn watch() -> std::io::Result<SharedMounts> {
     let file = fs::File::open(PATH)?;
     refresh(&table, PATH);
     let t = Arc::clone(&table);
-    std::thread::Builder::new().name("mount-watch".into()).spawn(move || {
-        let mut pfd = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
-        loop {
-            // SAFETY: one valid pollfd, owned by `file`, which outlives the loop.
-            let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
-            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-                tracing::warn!("mount watcher stopped: poll on {PATH} failed");
-                return;
+    std::thread::Builder::new()
+        .name("mount-watch".into())
+        .spawn(move || {
+            let mut pfd = libc::pollfd {
+                fd: file.as_raw_fd(),
+                events: libc::POLLPRI,
+                revents: 0,
+            };
+            loop {
+                // SAFETY: one valid pollfd, owned by `file`, which outlives the loop.
+                let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
+                if n < 0
+                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
+                {
+                    tracing::warn!("mount watcher stopped: poll on {PATH} failed");
+                    return;
+                }
+                if n > 0 {
+                    // The kernel flags each change once per open file (mounts_poll).
+                    refresh(&t, PATH);
+                }
             }
-            if n > 0 {
-                // The kernel flags each change once per open file (mounts_poll).
-                refresh(&t, PATH);
-            }
-        }
-    })?;
+        })?;
     Ok(table)
 }
 
@@ -166,7 +194,16 @@ garbage line
     fn parses_and_unescapes() {
         let m = parse_mountinfo(SAMPLE);
         assert_eq!(m.len(), 3);
-        assert_eq!(m[1], Mount { mount_id: 35, dev: (7, 0), mount_point: "/tmp/x y".into(), fstype: "ext4".into(), source: "/dev/loop0".into() });
+        assert_eq!(
+            m[1],
+            Mount {
+                mount_id: 35,
+                dev: (7, 0),
+                mount_point: "/tmp/x y".into(),
+                fstype: "ext4".into(),
+                source: "/dev/loop0".into()
+            }
+        );
         assert_eq!(m[2].fstype, "tracefs");
     }
 
@@ -180,7 +217,10 @@ garbage line
         let m = t.by_mount_point("/tmp/x y/").expect("kept after removal");
         assert_eq!(m.source, "/dev/loop0");
         assert_eq!(t.by_dev((7, 0)).map(|m| m.mount_id), Some(35));
-        t.update(vec![all[0].clone()], now + KEEP_REMOVED + Duration::from_secs(1));
+        t.update(
+            vec![all[0].clone()],
+            now + KEEP_REMOVED + Duration::from_secs(1),
+        );
         assert!(t.by_mount_point("/tmp/x y").is_none());
         assert_eq!(t.by_mount_point("/").map(|m| m.mount_id), Some(22));
     }

@@ -22,6 +22,10 @@ pub struct Stall {
     /// RFC 3339, UTC.
     pub started_at: String,
     pub budget_used: f64,
+    /// The wait was already open when plegwatch started (found by its sweep of
+    /// `/proc`); `waited_s` and `started_at` are then the best lower bound the
+    /// kernel offers (the thread has not run since).
+    pub started_before_attach: bool,
     pub detail: Value,
     pub holder: Option<Value>,
     pub chain: Vec<Value>,
@@ -124,7 +128,9 @@ impl<W: Write> Sink for TextSink<W> {
 }
 
 fn detail_text(detail: &Value) -> String {
-    let Some(obj) = detail.as_object() else { return String::new() };
+    let Some(obj) = detail.as_object() else {
+        return String::new();
+    };
     obj.iter()
         .filter(|(_, v)| !v.is_null())
         .map(|(k, v)| match v {
@@ -146,17 +152,22 @@ pub fn render_text(event: &Event) -> String {
             r.warn_s,
             r.critical_s,
             r.imminent_s,
-            r.probes.iter().map(|p| format!("{}={}", p.probe, p.variant)).collect::<Vec<_>>().join(", ")
+            r.probes
+                .iter()
+                .map(|p| format!("{}={}", p.probe, p.variant))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
         Event::Stall(s) => {
             let mut out = format!(
-                "{clock} {:<8} #{} {} {} pid={} tid={} waited={:.1}s budget={:.0}% {}",
+                "{clock} {:<8} #{} {} {} pid={} tid={} waited={}{:.1}s budget={:.0}% {}",
                 s.level.as_str().to_uppercase(),
                 s.id,
                 s.kind.as_str(),
                 s.comm,
                 s.pid,
                 s.tid,
+                if s.started_before_attach { ">=" } else { "" },
                 s.waited_s,
                 s.budget_used * 100.0,
                 detail_text(&s.detail)
@@ -175,15 +186,28 @@ pub fn render_text(event: &Event) -> String {
             r.pid,
             r.tid,
             r.waited_s,
-            if r.timing == "exact" { "" } else { " (approximate)" }
+            if r.timing == "exact" {
+                ""
+            } else {
+                " (approximate)"
+            }
         ),
         Event::Summary(s) => {
             let mut out = format!(
                 "{clock} summary: ran {:.1}s, {} stalls, {} resolved, {} still open, {} waits seen, dropped {} waits and {} end records",
-                s.ran_s, s.stalls, s.resolved, s.still_open, s.waits_started, s.dropped_waits, s.dropped_events
+                s.ran_s,
+                s.stalls,
+                s.resolved,
+                s.still_open,
+                s.waits_started,
+                s.dropped_waits,
+                s.dropped_events
             );
             for c in &s.syscalls {
-                out.push_str(&format!("\n    {:<16} {:>8} calls  p99 <= {:.6}s  max <= {:.6}s", c.syscall, c.count, c.p99_le_s, c.max_le_s));
+                out.push_str(&format!(
+                    "\n    {:<16} {:>8} calls  p99 <= {:.6}s  max <= {:.6}s",
+                    c.syscall, c.count, c.p99_le_s, c.max_le_s
+                ));
             }
             out
         }
@@ -206,6 +230,7 @@ mod tests {
             waited_s: 2.25,
             started_at: "2026-11-22T02:45:01.123Z".into(),
             budget_used: 0.0125,
+            started_before_attach: false,
             detail: json!({"syscall": "umount2", "target": "/mnt/x", "phase": "task_work"}),
             holder: None,
             chain: vec![],
@@ -219,7 +244,23 @@ mod tests {
         let mut buf = Vec::new();
         JsonSink(&mut buf).emit(&Event::Stall(stall()));
         let v: Value = serde_json::from_slice(&buf).unwrap();
-        for k in ["type", "level", "id", "kind", "pid", "tid", "comm", "waited_s", "started_at", "budget_used", "detail", "holder", "chain", "kernel_stack", "user_stack"] {
+        for k in [
+            "type",
+            "level",
+            "id",
+            "kind",
+            "pid",
+            "tid",
+            "comm",
+            "waited_s",
+            "started_at",
+            "budget_used",
+            "detail",
+            "holder",
+            "chain",
+            "kernel_stack",
+            "user_stack",
+        ] {
             assert!(v.get(k).is_some(), "missing {k} in {v}");
         }
         assert_eq!(v["type"], "stall");
@@ -229,7 +270,15 @@ mod tests {
         assert_eq!(buf.iter().filter(|&&b| b == b'\n').count(), 1);
 
         let mut buf = Vec::new();
-        JsonSink(&mut buf).emit(&Event::Resolved(Resolved { id: 7, kind: WaitKind::Sync, pid: 1, tid: 2, waited_s: 6.5, comm: "x".into(), timing: "exact" }));
+        JsonSink(&mut buf).emit(&Event::Resolved(Resolved {
+            id: 7,
+            kind: WaitKind::Sync,
+            pid: 1,
+            tid: 2,
+            waited_s: 6.5,
+            comm: "x".into(),
+            timing: "exact",
+        }));
         let v: Value = serde_json::from_slice(&buf).unwrap();
         assert_eq!(v["type"], "resolved");
         assert_eq!(v["kind"], "sync");
@@ -239,7 +288,13 @@ mod tests {
     #[test]
     fn text_lines_name_the_essentials() {
         let t = render_text(&Event::Stall(stall()));
-        assert!(t.contains("WARN") && t.contains("umount") && t.contains("pid=10") && t.contains("target=/mnt/x"), "{t}");
+        assert!(
+            t.contains("WARN")
+                && t.contains("umount")
+                && t.contains("pid=10")
+                && t.contains("target=/mnt/x"),
+            "{t}"
+        );
         assert!(t.contains("folio_wait_bit < sync_filesystem"), "{t}");
     }
 }

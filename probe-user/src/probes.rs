@@ -16,9 +16,16 @@ use thiserror::Error;
 #[derive(Clone, Copy, Debug)]
 pub enum Variant {
     /// A classic tracepoint program attached to each of `names` in `category`.
-    Tracepoint { program: &'static str, category: &'static str, names: Names },
+    Tracepoint {
+        program: &'static str,
+        category: &'static str,
+        names: Names,
+    },
     /// A raw tracepoint program.
-    RawTracepoint { program: &'static str, tracepoint: &'static str },
+    RawTracepoint {
+        program: &'static str,
+        tracepoint: &'static str,
+    },
     /// No kernel program: the collector polls `/proc` for this job at each scan
     /// (coarser timing, same result).
     ProcPoll,
@@ -37,8 +44,14 @@ pub enum Names {
 impl Names {
     fn list(self) -> Vec<String> {
         match self {
-            Names::SyscallEnter => WATCHED.iter().map(|w| format!("sys_enter_{}", w.tracepoint)).collect(),
-            Names::SyscallExit => WATCHED.iter().map(|w| format!("sys_exit_{}", w.tracepoint)).collect(),
+            Names::SyscallEnter => WATCHED
+                .iter()
+                .map(|w| format!("sys_enter_{}", w.tracepoint))
+                .collect(),
+            Names::SyscallExit => WATCHED
+                .iter()
+                .map(|w| format!("sys_exit_{}", w.tracepoint))
+                .collect(),
             Names::One(n) => vec![n.to_string()],
         }
     }
@@ -48,7 +61,9 @@ impl Variant {
     /// A short description, e.g. `tracepoint syscalls:sys_enter_{umount,sync,...}`.
     pub fn describe(&self) -> String {
         match self {
-            Variant::Tracepoint { category, names, .. } => {
+            Variant::Tracepoint {
+                category, names, ..
+            } => {
                 let list = names.list();
                 if list.len() == 1 {
                     format!("tracepoint {category}:{}", list[0])
@@ -83,21 +98,36 @@ pub const PROBES: &[Probe] = &[
         name: "wait_enter",
         about: "opens a wait at sys_enter of umount2 and the sync family",
         required: true,
-        variants: &[Variant::Tracepoint { program: "wait_enter", category: "syscalls", names: Names::SyscallEnter }],
+        variants: &[Variant::Tracepoint {
+            program: "wait_enter",
+            category: "syscalls",
+            names: Names::SyscallEnter,
+        }],
     },
     Probe {
         name: "wait_exit",
         about: "closes it at sys_exit (umount2 goes on in task_work)",
         required: true,
-        variants: &[Variant::Tracepoint { program: "wait_exit", category: "syscalls", names: Names::SyscallExit }],
+        variants: &[Variant::Tracepoint {
+            program: "wait_exit",
+            category: "syscalls",
+            names: Names::SyscallExit,
+        }],
     },
     Probe {
         name: "umount_tail_end",
         about: "closes a umount2 wait when its thread is back in user space",
         required: false,
         variants: &[
-            Variant::RawTracepoint { program: "tail_end_raw", tracepoint: "sys_enter" },
-            Variant::Tracepoint { program: "tail_end_tp", category: "raw_syscalls", names: Names::One("sys_enter") },
+            Variant::RawTracepoint {
+                program: "tail_end_raw",
+                tracepoint: "sys_enter",
+            },
+            Variant::Tracepoint {
+                program: "tail_end_tp",
+                category: "raw_syscalls",
+                names: Names::One("sys_enter"),
+            },
             Variant::ProcPoll,
         ],
     },
@@ -106,7 +136,11 @@ pub const PROBES: &[Probe] = &[
         about: "closes the waits of threads that exit",
         required: false,
         variants: &[
-            Variant::Tracepoint { program: "thread_exit", category: "sched", names: Names::One("sched_process_exit") },
+            Variant::Tracepoint {
+                program: "thread_exit",
+                category: "sched",
+                names: Names::One("sched_process_exit"),
+            },
             Variant::ProcPoll,
         ],
     },
@@ -115,7 +149,10 @@ pub const PROBES: &[Probe] = &[
 #[derive(Debug, Error)]
 pub enum ProbeError {
     #[error("required probe {probe} could not attach: {reasons}")]
-    Required { probe: &'static str, reasons: String },
+    Required {
+        probe: &'static str,
+        reasons: String,
+    },
 }
 
 /// The variant a probe got, and why better ones were passed over.
@@ -132,7 +169,10 @@ impl Choice {
     }
 
     pub fn to_output(&self) -> ProbeChoice {
-        ProbeChoice { probe: self.probe.to_string(), variant: self.variant.describe() }
+        ProbeChoice {
+            probe: self.probe.to_string(),
+            variant: self.variant.describe(),
+        }
     }
 }
 
@@ -152,20 +192,33 @@ pub fn attach(ebpf: &mut Ebpf, probe: &Probe) -> Result<Choice, ProbeError> {
                 } else {
                     tracing::warn!(probe = probe.name, variant = %v.describe(), passed_over = ?passed_over, "probe attached with a fallback");
                 }
-                return Ok(Choice { probe: probe.name, variant: *v, passed_over });
+                return Ok(Choice {
+                    probe: probe.name,
+                    variant: *v,
+                    passed_over,
+                });
             }
             Err(e) => passed_over.push(format!("{}: {e}", v.describe())),
         }
     }
     // Optional probes end with a ProcPoll variant, which always works.
-    Err(ProbeError::Required { probe: probe.name, reasons: passed_over.join("; ") })
+    Err(ProbeError::Required {
+        probe: probe.name,
+        reasons: passed_over.join("; "),
+    })
 }
 
 fn try_variant(ebpf: &mut Ebpf, v: &Variant) -> Result<(), String> {
     match *v {
-        Variant::Tracepoint { program, category, names } => {
+        Variant::Tracepoint {
+            program,
+            category,
+            names,
+        } => {
             let prog: &mut TracePoint = program_mut(ebpf, program)?;
-            prog.load().or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
+            prog.load()
+                .or_else(already_loaded)
+                .map_err(|e| format!("load {program}: {e}"))?;
             let mut links = Vec::new();
             for name in names.list() {
                 match prog.attach(category, &name) {
@@ -180,10 +233,17 @@ fn try_variant(ebpf: &mut Ebpf, v: &Variant) -> Result<(), String> {
             }
             Ok(())
         }
-        Variant::RawTracepoint { program, tracepoint } => {
+        Variant::RawTracepoint {
+            program,
+            tracepoint,
+        } => {
             let prog: &mut RawTracePoint = program_mut(ebpf, program)?;
-            prog.load().or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
-            prog.attach(tracepoint).map(|_| ()).map_err(|e| format!("attach {program} to {tracepoint}: {e}"))
+            prog.load()
+                .or_else(already_loaded)
+                .map_err(|e| format!("load {program}: {e}"))?;
+            prog.attach(tracepoint)
+                .map(|_| ())
+                .map_err(|e| format!("attach {program} to {tracepoint}: {e}"))
         }
         Variant::ProcPoll => Ok(()),
     }
@@ -216,7 +276,11 @@ mod tests {
         for p in PROBES {
             assert!(!p.variants.is_empty(), "{}", p.name);
             if !p.required {
-                assert!(matches!(p.variants.last(), Some(Variant::ProcPoll)), "{} needs a last-resort variant", p.name);
+                assert!(
+                    matches!(p.variants.last(), Some(Variant::ProcPoll)),
+                    "{} needs a last-resort variant",
+                    p.name
+                );
             }
         }
         assert_eq!(

@@ -33,8 +33,8 @@ pub fn parse_kernel_stack(text: &str) -> Vec<String> {
 pub enum SyscallState {
     /// Running (in user space, or in the kernel but not blocked in a syscall).
     Running,
-    /// Blocked in syscall `nr`.
-    In { nr: i64 },
+    /// Blocked in syscall `nr` with these arguments.
+    In { nr: i64, args: [u64; 6] },
     /// Blocked, but not in a syscall (`-1`: e.g. a page fault or task_work).
     Blocked,
 }
@@ -52,8 +52,39 @@ pub fn parse_syscall(text: &str) -> Option<SyscallState> {
     }
     match first.parse::<i64>().ok()? {
         -1 => Some(SyscallState::Blocked),
-        nr => Some(SyscallState::In { nr }),
+        nr => {
+            let mut args = [0u64; 6];
+            for (a, w) in args.iter_mut().zip(text.split_whitespace().skip(1)) {
+                *a = u64::from_str_radix(w.trim_start_matches("0x"), 16).unwrap_or(0);
+            }
+            Some(SyscallState::In { nr, args })
+        }
     }
+}
+
+/// When a thread last started running, in ms of the scheduler's task clock
+/// (`se.exec_start` in `/proc/TID/sched`, present with CONFIG_SCHED_DEBUG).
+pub fn exec_start_ms(tid: u32) -> Option<f64> {
+    parse_exec_start(&fs::read_to_string(format!("/proc/{tid}/sched")).ok()?)
+}
+
+/// Parses `se.exec_start` out of `/proc/TID/sched`.
+pub fn parse_exec_start(text: &str) -> Option<f64> {
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("se.exec_start"))?;
+    line.split(':').nth(1)?.trim().parse().ok()
+}
+
+/// Reads a NUL-terminated string of at most `max` bytes at `addr` in the
+/// address space of process `pid` (root only).
+pub fn read_user_string(pid: u32, addr: u64, max: usize) -> Option<String> {
+    use std::os::unix::fs::FileExt as _;
+    let mem = fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut buf = vec![0u8; max];
+    let n = mem.read_at(&mut buf, addr).ok()?;
+    let end = buf[..n].iter().position(|&c| c == 0)?;
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
 /// A thread's scheduler state letter (`R`, `S`, `D`, `T`, `Z`, ...) from `/proc/TID/stat`.
@@ -76,7 +107,12 @@ pub fn wchan(tid: u32) -> Option<String> {
 
 /// A process's or thread's comm.
 pub fn comm(tid: u32) -> Option<String> {
-    Some(fs::read_to_string(format!("/proc/{tid}/comm")).ok()?.trim_end().to_string())
+    Some(
+        fs::read_to_string(format!("/proc/{tid}/comm"))
+            .ok()?
+            .trim_end()
+            .to_string(),
+    )
 }
 
 /// Whether a thread still exists (threads are reachable as `/proc/TID` even
@@ -99,7 +135,10 @@ pub fn open_file(tid: u32, fd: u64) -> Option<OpenFile> {
     let path = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
     let meta = fs::metadata(&link).ok()?;
     let dev = meta.dev();
-    Some(OpenFile { path, dev: (libc::major(dev), libc::minor(dev)) })
+    Some(OpenFile {
+        path,
+        dev: (libc::major(dev), libc::minor(dev)),
+    })
 }
 
 #[cfg(test)]
@@ -111,18 +150,39 @@ mod tests {
         let text = "[<0>] folio_wait_bit+0x13c/0x270\n[<0>] folio_wait_writeback+0x2b/0x80\n[<0>] do_syscall_64+0x7d/0x1a0\n[<0>] entry_SYSCALL_64_after_hwframe+0x76/0x7e\n";
         assert_eq!(
             parse_kernel_stack(text),
-            ["folio_wait_bit", "folio_wait_writeback", "do_syscall_64", "entry_SYSCALL_64_after_hwframe"]
+            [
+                "folio_wait_bit",
+                "folio_wait_writeback",
+                "do_syscall_64",
+                "entry_SYSCALL_64_after_hwframe"
+            ]
         );
         assert!(parse_kernel_stack("").is_empty());
     }
 
     #[test]
     fn syscall_states() {
-        assert_eq!(parse_syscall("166 0x55f2431ac2e0 0x0 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n"), Some(SyscallState::In { nr: 166 }));
+        assert_eq!(
+            parse_syscall("166 0x55f2431ac2e0 0x2 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n"),
+            Some(SyscallState::In {
+                nr: 166,
+                args: [0x55f2431ac2e0, 2, 0, 0, 0, 0]
+            })
+        );
         assert_eq!(parse_syscall("running\n"), Some(SyscallState::Running));
-        assert_eq!(parse_syscall("-1 0x7ffd 0x7f\n"), Some(SyscallState::Blocked));
+        assert_eq!(
+            parse_syscall("-1 0x7ffd 0x7f\n"),
+            Some(SyscallState::Blocked)
+        );
         assert_eq!(parse_syscall(""), None);
         assert_eq!(parse_syscall("garbage"), None);
+    }
+
+    #[test]
+    fn exec_start_from_sched() {
+        let text = "bash (1, #threads: 1)\n---\nse.exec_start                                :       1335593.631817\nse.vruntime  :  1.0\n";
+        assert_eq!(parse_exec_start(text), Some(1335593.631817));
+        assert_eq!(parse_exec_start("nothing"), None);
     }
 
     #[test]

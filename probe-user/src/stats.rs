@@ -7,8 +7,12 @@ use plegwatch_abi::{HIST_BUCKETS, STAT_COUNT, Stat, bucket_floor_ns, maps};
 /// The per-CPU counters of `STATS`, summed; zero where unreadable.
 pub fn counters(ebpf: &Ebpf) -> [u64; STAT_COUNT as usize] {
     let mut out = [0u64; STAT_COUNT as usize];
-    let Some(map) = ebpf.map(maps::STATS) else { return out };
-    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return out };
+    let Some(map) = ebpf.map(maps::STATS) else {
+        return out;
+    };
+    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
+        return out;
+    };
     for (i, slot) in out.iter_mut().enumerate() {
         if let Ok(v) = arr.get(&(i as u32), 0) {
             *slot = v.iter().sum();
@@ -24,14 +28,22 @@ pub fn counter(all: &[u64; STAT_COUNT as usize], s: Stat) -> u64 {
 
 /// Per-syscall latency from the kernel's log2 histogram (syscalls never seen are left out).
 pub fn latency(ebpf: &Ebpf) -> Vec<SyscallSummary> {
-    let Some(map) = ebpf.map(maps::HIST) else { return Vec::new() };
-    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else { return Vec::new() };
+    let Some(map) = ebpf.map(maps::HIST) else {
+        return Vec::new();
+    };
+    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
+        return Vec::new();
+    };
     WATCHED
         .iter()
         .enumerate()
         .filter_map(|(slot, w)| {
             let counts: Vec<u64> = (0..HIST_BUCKETS)
-                .map(|b| arr.get(&(slot as u32 * HIST_BUCKETS + b), 0).map(|v| v.iter().sum()).unwrap_or(0))
+                .map(|b| {
+                    arr.get(&(slot as u32 * HIST_BUCKETS + b), 0)
+                        .map(|v| v.iter().sum())
+                        .unwrap_or(0)
+                })
                 .collect();
             summarize(w.name, &counts)
         })
@@ -56,7 +68,12 @@ pub fn summarize(name: &str, counts: &[u64]) -> Option<SyscallSummary> {
         }
     }
     let max_b = counts.iter().rposition(|&c| c > 0).unwrap_or(0);
-    Some(SyscallSummary { syscall: name.to_string(), count: total, p99_le_s: p99, max_le_s: upper(max_b) })
+    Some(SyscallSummary {
+        syscall: name.to_string(),
+        count: total,
+        p99_le_s: p99,
+        max_le_s: upper(max_b),
+    })
 }
 
 #[cfg(test)]

@@ -19,7 +19,9 @@ pub mod maps {
     pub const STATS: &str = "STATS";
     /// `PerCpuArray<u64>` log2 latency histogram, `slot * HIST_BUCKETS + bucket`.
     pub const HIST: &str = "HIST";
-    /// `Array<u64>` with one entry: how many umount2 waits sit in their task_work tail.
+    /// `Array<u64>` with two entries: how many umount2 waits sit in their task_work
+    /// tail; slot 0 counts those the kernel saw start, slot 1 those found by the
+    /// startup sweep (see [`super::WAIT_BEFORE_ATTACH`]).
     pub const TAIL_PENDING: &str = "TAIL_PENDING";
 }
 
@@ -86,12 +88,20 @@ pub struct Wait {
     pub nr: u32,
     /// Index into [`globals::WATCHED_NR`].
     pub slot: u32,
+    /// `WAIT_*` flags.
+    pub flags: u32,
+    pub _pad: u32,
     /// The task's comm at `sys_enter`.
     pub comm: [u8; COMM_LEN],
     /// umount2's target path (NUL-terminated), empty for other syscalls.
     pub path: [u8; PATH_LEN],
 }
-const _: () = assert!(size_of::<Wait>() == 200);
+const _: () = assert!(size_of::<Wait>() == 208);
+
+/// [`Wait::flags`]: the wait was found by plegwatch's startup sweep of `/proc`,
+/// so it began before the probes were attached and `start_ns` is a lower bound
+/// of its age. Its task_work tail, if any, is counted in `TAIL_PENDING[1]`.
+pub const WAIT_BEFORE_ATTACH: u32 = 1;
 
 /// The kind of a ring-buffer record, first in every record.
 #[repr(u32)]
@@ -140,7 +150,8 @@ pub struct WaitEnd {
     pub slot: u32,
     /// An [`EndReason`] as u32.
     pub reason: u32,
-    pub _pad: u32,
+    /// The wait's `WAIT_*` flags.
+    pub flags: u32,
     /// The task's comm at `sys_enter`.
     pub comm: [u8; COMM_LEN],
 }

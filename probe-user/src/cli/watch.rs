@@ -52,7 +52,10 @@ impl WatchArgs {
         }
         Ok(WatchConfig {
             thresholds,
-            filter: Filter { pids: self.pids.clone(), comms: self.comms.clone() },
+            filter: Filter {
+                pids: self.pids.clone(),
+                comms: self.comms.clone(),
+            },
             interval: self.interval,
             duration: self.duration,
         })
@@ -63,7 +66,11 @@ impl WatchArgs {
 pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let cfg = args.config().map_err(anyhow::Error::msg)?;
     let stdout = std::io::stdout();
-    let mut sink: Box<dyn Sink> = if args.json { Box::new(JsonSink(stdout.lock())) } else { Box::new(TextSink(stdout.lock())) };
+    let mut sink: Box<dyn Sink> = if args.json {
+        Box::new(JsonSink(stdout.lock()))
+    } else {
+        Box::new(TextSink(stdout.lock()))
+    };
     collector::watch(cfg, sink.as_mut()).await?;
     Ok(())
 }
@@ -80,7 +87,9 @@ mod tests {
 
     #[test]
     fn defaults_match_the_pleg_budget() {
-        let Command::Watch(w) = parse(&["watch"]).unwrap().command else { panic!() };
+        let Command::Watch(w) = parse(&["watch"]).unwrap().command else {
+            panic!()
+        };
         let c = w.config().unwrap();
         assert_eq!(c.thresholds.warn, Duration::from_secs(10));
         assert_eq!(c.thresholds.critical, Duration::from_secs(60));
@@ -90,7 +99,21 @@ mod tests {
 
     #[test]
     fn flags_parse() {
-        let Command::Watch(w) = parse(&["watch", "--json", "--warn", "2s", "--duration", "30", "--pid", "7", "--comm", "umount"]).unwrap().command else {
+        let Command::Watch(w) = parse(&[
+            "watch",
+            "--json",
+            "--warn",
+            "2s",
+            "--duration",
+            "30",
+            "--pid",
+            "7",
+            "--comm",
+            "umount",
+        ])
+        .unwrap()
+        .command
+        else {
             panic!()
         };
         assert!(w.json);
@@ -103,7 +126,9 @@ mod tests {
     fn bad_input_is_refused() {
         assert!(parse(&["watch", "--warn", "soon"]).is_err());
         assert!(parse(&["watch", "--bogus"]).is_err());
-        let Command::Watch(w) = parse(&["watch", "--warn", "70s"]).unwrap().command else { panic!() };
+        let Command::Watch(w) = parse(&["watch", "--warn", "70s"]).unwrap().command else {
+            panic!()
+        };
         let e = w.config().unwrap_err();
         assert!(e.contains("--critical") && !e.contains('\n'), "{e}");
     }

@@ -1,0 +1,120 @@
+//! A umount2 stall that began *before* plegwatch started.
+//!
+//! 10 MiB dirty on an ext4 throttled to 1 MiB/s: the unmount's sync runs for about 10 s in
+//! task_work. plegwatch starts 3 s into it. Its startup sweep of `/proc` must find the thread
+//! (still reading umount2 in `/proc/TID/syscall`, with `task_work_run` on its kernel stack),
+//! report it marked `started_before_attach`, and time its end exactly (the kernel closes the
+//! swept wait at the thread's next syscall, as it does its own).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use plegwatch_scenarios::dirty::{self, MIB};
+use plegwatch_scenarios::events::dump;
+use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::{LoopFs, Plegwatch, WriteThrottle, preflight};
+
+const DIRTY: usize = 10 * MIB;
+const THROTTLE_BPS: u64 = 1 << 20;
+const HEAD_START: Duration = Duration::from_secs(3);
+const WARN_S: f64 = 2.0;
+const SLACK_S: f64 = 1.0;
+
+#[test]
+fn umount_stall_that_began_before_start_is_swept() -> anyhow::Result<()> {
+    preflight::require();
+    if let Some(why) = WriteThrottle::unavailable() {
+        preflight::skip("umount_before_attach", &why);
+        return Ok(());
+    }
+    let fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
+    let _throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
+    let target = fs.mount_point().to_path_buf();
+    dirty::write_file(&target.join("dirty.bin"), DIRTY)?;
+
+    let started = Instant::now();
+    let mut umount = Command::new("umount").arg(&target).spawn()?;
+    let pid = umount.id();
+    std::thread::sleep(HEAD_START);
+    assert!(
+        umount.try_wait()?.is_none(),
+        "the umount ended within the {HEAD_START:?} head start: no stall to sweep"
+    );
+
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
+    let status = umount.wait()?;
+    let measured = started.elapsed();
+    assert!(status.success(), "umount failed: {status}");
+    eprintln!(
+        "umount took {:.3}s; plegwatch ready {:.3}s in",
+        measured.as_secs_f64(),
+        ready.at.duration_since(started).as_secs_f64()
+    );
+    plegwatch.wait_for(Duration::from_secs(10), |e| e.is_about("resolved", pid));
+    let events = plegwatch.stop()?;
+    let all = || dump(&events, started);
+
+    let stall = events
+        .iter()
+        .find(|e| e.is_about("stall", pid))
+        .unwrap_or_else(|| {
+            panic!(
+                "no stall line for the umount (pid {pid}) already running at start:\n{}",
+                all()
+            )
+        });
+    assert_eq!(
+        stall.get("/started_before_attach"),
+        Some(&serde_json::json!(true)),
+        "{}",
+        all()
+    );
+    assert_eq!(stall.str("/kind"), Some("umount"), "{}", all());
+    assert_eq!(stall.str("/detail/syscall"), Some("umount2"), "{}", all());
+    assert_eq!(stall.str("/detail/phase"), Some("task_work"), "{}", all());
+    assert_eq!(
+        stall.str("/detail/target"),
+        Some(target.to_str().unwrap_or_default()),
+        "{}",
+        all()
+    );
+    // The age is a lower bound, so the report comes at the latest when that bound crosses
+    // --warn: within warn + slack of start.
+    let after_ready = stall.at.duration_since(ready.at).as_secs_f64();
+    assert!(
+        after_ready <= WARN_S + SLACK_S,
+        "reported {after_ready:.3}s after ready, later than {}s:\n{}",
+        WARN_S + SLACK_S,
+        all()
+    );
+    let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
+    assert!(
+        waited >= WARN_S && waited <= measured.as_secs_f64(),
+        "waited_s {waited} not in [{WARN_S}, {:.3}]:\n{}",
+        measured.as_secs_f64(),
+        all()
+    );
+
+    let resolved = events
+        .iter()
+        .find(|e| e.is_about("resolved", pid))
+        .unwrap_or_else(|| panic!("no resolved line for the umount:\n{}", all()));
+    assert_eq!(resolved.u64("/id"), stall.u64("/id"), "{}", all());
+    assert_eq!(
+        resolved.str("/timing"),
+        Some("exact"),
+        "the kernel should time the end of a swept wait:\n{}",
+        all()
+    );
+    let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+    let since_ready = measured.as_secs_f64() - ready.at.duration_since(started).as_secs_f64();
+    assert!(
+        total <= measured.as_secs_f64() + SLACK_S && total >= since_ready - SLACK_S,
+        "resolved waited_s {total} not within [{since_ready:.3} - 1, {:.3} + 1] (a lower bound of the real {:.3}s):\n{}",
+        measured.as_secs_f64(),
+        measured.as_secs_f64(),
+        all()
+    );
+    Ok(())
+}
