@@ -51,7 +51,7 @@ const OFF_ARG1: usize = 24;
 const OFF_RET: usize = 16;
 
 #[inline(always)]
-fn count(stat: Stat) {
+pub(crate) fn count(stat: Stat) {
     if let Some(p) = STATS.get_ptr_mut(stat as u32) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *p += 1 };
@@ -59,7 +59,7 @@ fn count(stat: Stat) {
 }
 
 #[inline(always)]
-fn tracer_tgid() -> u32 {
+pub(crate) fn tracer_tgid() -> u32 {
     // SAFETY: a read-only global patched by the loader.
     unsafe { core::ptr::read_volatile(&TRACER_TGID) }
 }

@@ -15,12 +15,13 @@ use crate::{
     mounts::{self, SharedMounts},
     output::{Event, Ready, Resolved, Sink, Stall, Summary},
     probes::{self, Choice, ProbeError},
+    reqwatch::ReqWatch,
     procfs::{self, SyscallState},
     stats, sweep,
     syscalls::{WaitKind, by_slot},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
-use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, maps};
+use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, maps, sock_maps};
 use serde_json::{Map, Value};
 use std::{
     collections::HashMap,
@@ -64,7 +65,7 @@ pub fn monotonic_ns() -> u64 {
 }
 
 /// Wall-clock time of a CLOCK_MONOTONIC instant.
-fn wall_of(mono_ns: u64) -> SystemTime {
+pub(crate) fn wall_of(mono_ns: u64) -> SystemTime {
     let back = Duration::from_nanos(monotonic_ns().saturating_sub(mono_ns));
     SystemTime::now()
         .checked_sub(back)
@@ -98,6 +99,15 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     })?;
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
+    let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
+    let sock_ring: RingBuf<MapData> = take_map(&mut ebpf, sock_maps::SOCK_EVENTS)?;
+    // SAFETY: as for the other ring buffer.
+    let mut sock_ring = unsafe { AsyncFd::register(sock_ring) }
+        .map_err(|e| WatchError::Io("polling the socket ring buffer", std::io::Error::other(e.to_string())))?;
+    if choices.iter().any(|c| c.probe == "socket_io" && !c.is_off()) {
+        let (socks, waiters) = req.seed(std::process::id());
+        tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
+    }
     let mut drops = DropWatch::default();
     sink.emit(&Event::Ready(Ready {
         pid: std::process::id(),
@@ -123,7 +133,16 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         tokio::select! {
             _ = tick.tick() => {
                 engine.scan(sink);
+                req.scan(monotonic_ns(), sink);
                 drops.check(&ebpf);
+            }
+            guard = sock_ring.readable_mut() => {
+                let mut guard = guard.map_err(|e| WatchError::Io("polling the socket ring buffer", e))?;
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    req.on_record(&item);
+                }
+                guard.clear_ready();
             }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the ring buffer", e))?;
@@ -139,14 +158,16 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 
     let counters = stats::counters(&ebpf);
     let (stalls, resolved) = engine.registry.counts();
+    let (req_stalls, req_resolved, req_open) = req.counts();
     let summary = Summary {
         ran_s: started.elapsed().as_secs_f64(),
-        stalls,
-        resolved,
-        still_open: engine.registry.open().count() as u64,
+        stalls: stalls + req_stalls,
+        resolved: resolved + req_resolved,
+        still_open: engine.registry.open().count() as u64 + req_open,
         waits_started: stats::counter(&counters, Stat::WaitsStarted),
         dropped_waits: stats::counter(&counters, Stat::InflightFull),
-        dropped_events: stats::counter(&counters, Stat::RingbufFull),
+        dropped_events: stats::counter(&counters, Stat::RingbufFull)
+            + stats::counter(&counters, Stat::SockEventsFull),
         syscalls: stats::latency(&ebpf),
     };
     if summary.dropped_waits + summary.dropped_events > 0 {
@@ -203,7 +224,7 @@ fn adjust_swept_tails(tails: &mut Array<MapData, u64>, delta: i64) {
     let _ = tails.set(1, cur.wrapping_add(delta as u64), 0);
 }
 
-fn take_map<T>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, WatchError>
+pub(crate) fn take_map<T>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, WatchError>
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
@@ -356,7 +377,7 @@ impl Engine {
                 tracing::warn!(kind = rec.header.kind, "unknown ring buffer record skipped");
                 continue;
             }
-            let actions = self.registry.end(&rec);
+            let actions = self.registry.end(WaitInfo::from(&rec), rec.end_ns);
             self.act(actions, sink);
         }
     }

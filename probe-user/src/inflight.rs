@@ -76,6 +76,45 @@ impl WaitInfo {
     }
 }
 
+/// Something that can be open for too long: a syscall wait, a netlink request,
+/// a D-Bus call. The [`Registry`] needs only this of it.
+pub trait Item: Clone {
+    type Key: Copy + Eq + std::hash::Hash + std::fmt::Debug;
+    fn key(&self) -> Self::Key;
+    fn tgid(&self) -> u32;
+    fn tid(&self) -> u32;
+    fn comm(&self) -> &str;
+    /// CLOCK_MONOTONIC ns when it started (a lower bound when found late).
+    fn start_ns(&self) -> u64;
+    /// Takes what changed since it was first seen.
+    fn refresh(&mut self, newer: &Self);
+}
+
+impl Item for WaitInfo {
+    type Key = WaitKey;
+    fn key(&self) -> WaitKey {
+        WaitInfo::key(self)
+    }
+    fn tgid(&self) -> u32 {
+        self.tgid
+    }
+    fn tid(&self) -> u32 {
+        self.tid
+    }
+    fn comm(&self) -> &str {
+        &self.comm
+    }
+    fn start_ns(&self) -> u64 {
+        self.start_ns
+    }
+    fn refresh(&mut self, newer: &Self) {
+        self.sys_exit_ns = newer.sys_exit_ns;
+    }
+}
+
+/// Ids are unique across every registry of the process.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Which waits to report: `--pid` and `--comm`. Empty lists match everything.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
@@ -86,13 +125,13 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn matches(&self, w: &WaitInfo) -> bool {
+    pub fn matches<T: Item>(&self, w: &T) -> bool {
         let pid_ok =
-            self.pids.is_empty() || self.pids.contains(&w.tgid) || self.pids.contains(&w.tid);
+            self.pids.is_empty() || self.pids.contains(&w.tgid()) || self.pids.contains(&w.tid());
         let comm_ok = self.comms.is_empty()
             || self.comms.iter().any(|c| match c.strip_suffix('*') {
-                Some(prefix) => w.comm.starts_with(prefix),
-                None => w.comm == *c,
+                Some(prefix) => w.comm().starts_with(prefix),
+                None => w.comm() == c,
             });
         pid_ok && comm_ok
     }
@@ -100,28 +139,20 @@ impl Filter {
 
 /// A wait that crossed `--warn`.
 #[derive(Clone, Debug)]
-pub struct Tracked {
+pub struct Tracked<T: Item = WaitInfo> {
     pub id: u64,
-    pub info: WaitInfo,
+    pub info: T,
     pub reported: Level,
     missing_since_ns: Option<u64>,
 }
 
 /// What the collector must print.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Action {
+pub enum Action<K = WaitKey> {
     /// The wait reached `level` after `waited`.
-    Report {
-        key: WaitKey,
-        level: Level,
-        waited: Duration,
-    },
+    Report { key: K, level: Level, waited: Duration },
     /// The wait ended after `waited`; `exact` when timed by the kernel.
-    Resolve {
-        key: WaitKey,
-        waited: Duration,
-        exact: bool,
-    },
+    Resolve { key: K, waited: Duration, exact: bool },
 }
 
 /// How long a reported wait may be missing from the kernel map before it is
@@ -133,36 +164,34 @@ const DONE_MEMORY: usize = 1024;
 
 /// The reported waits.
 #[derive(Debug)]
-pub struct Registry {
+pub struct Registry<T: Item = WaitInfo> {
     thresholds: Thresholds,
     filter: Filter,
-    tracked: HashMap<WaitKey, Tracked>,
-    next_id: u64,
+    tracked: HashMap<T::Key, Tracked<T>>,
     /// Waits resolved lately, so that a late end record can't report one twice.
-    done: std::collections::VecDeque<WaitKey>,
+    done: std::collections::VecDeque<T::Key>,
     stalls: u64,
     resolved: u64,
 }
 
-impl Registry {
+impl<T: Item> Registry<T> {
     pub fn new(thresholds: Thresholds, filter: Filter) -> Self {
         Registry {
             thresholds,
             filter,
             tracked: HashMap::new(),
-            next_id: 1,
             done: Default::default(),
             stalls: 0,
             resolved: 0,
         }
     }
 
-    pub fn get(&self, key: &WaitKey) -> Option<&Tracked> {
+    pub fn get(&self, key: &T::Key) -> Option<&Tracked<T>> {
         self.tracked.get(key)
     }
 
     /// Removes a wait after its resolution was printed.
-    pub fn forget(&mut self, key: &WaitKey) -> Option<Tracked> {
+    pub fn forget(&mut self, key: &T::Key) -> Option<Tracked<T>> {
         let t = self.tracked.remove(key)?;
         if self.done.len() >= DONE_MEMORY {
             self.done.pop_front();
@@ -171,7 +200,7 @@ impl Registry {
         Some(t)
     }
 
-    pub fn open(&self) -> impl Iterator<Item = &Tracked> {
+    pub fn open(&self) -> impl Iterator<Item = &Tracked<T>> {
         self.tracked.values()
     }
 
@@ -180,9 +209,8 @@ impl Registry {
         (self.stalls, self.resolved)
     }
 
-    fn track(&mut self, info: WaitInfo, level: Level) -> &mut Tracked {
-        let id = self.next_id;
-        self.next_id += 1;
+    fn track(&mut self, info: T, level: Level) -> &mut Tracked<T> {
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.tracked.entry(info.key()).or_insert(Tracked {
             id,
             info,
@@ -195,9 +223,12 @@ impl Registry {
     /// (CLOCK_MONOTONIC, as `bpf_ktime_get_ns`).
     pub fn scan<'a>(
         &mut self,
-        open: impl IntoIterator<Item = &'a WaitInfo>,
+        open: impl IntoIterator<Item = &'a T>,
         now_ns: u64,
-    ) -> Vec<Action> {
+    ) -> Vec<Action<T::Key>>
+    where
+        T: 'a,
+    {
         let mut actions = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for w in open {
@@ -206,13 +237,13 @@ impl Registry {
             }
             let key = w.key();
             seen.insert(key);
-            let waited = Duration::from_nanos(now_ns.saturating_sub(w.start_ns));
+            let waited = Duration::from_nanos(now_ns.saturating_sub(w.start_ns()));
             let Some(level) = self.thresholds.level(waited) else {
                 continue;
             };
             match self.tracked.get_mut(&key) {
                 Some(t) => {
-                    t.info.sys_exit_ns = w.sys_exit_ns;
+                    t.info.refresh(w);
                     t.missing_since_ns = None;
                     if level > t.reported {
                         t.reported = level;
@@ -232,7 +263,7 @@ impl Registry {
             match t.missing_since_ns {
                 None => t.missing_since_ns = Some(now_ns),
                 Some(since) if now_ns.saturating_sub(since) >= END_GRACE.as_nanos() as u64 => {
-                    let waited = Duration::from_nanos(since.saturating_sub(key.1));
+                    let waited = Duration::from_nanos(since.saturating_sub(t.info.start_ns()));
                     actions.push(Action::Resolve {
                         key: *key,
                         waited,
@@ -246,11 +277,10 @@ impl Registry {
         actions
     }
 
-    /// Takes the kernel's record of a wait that ended.
-    pub fn end(&mut self, rec: &WaitEnd) -> Vec<Action> {
-        let info = WaitInfo::from(rec);
+    /// Takes an exact record of a wait that ended at `end_ns`.
+    pub fn end(&mut self, info: T, end_ns: u64) -> Vec<Action<T::Key>> {
         let key = info.key();
-        let waited = Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns));
+        let waited = Duration::from_nanos(end_ns.saturating_sub(info.start_ns()));
         let mut actions = Vec::new();
         if self.done.contains(&key) {
             // Already resolved by other means (see `vanished`).
@@ -278,18 +308,18 @@ impl Registry {
 
     /// A wait the collector saw end by other means (its thread is gone, or the
     /// task_work tail is over by `/proc`) at `end_ns`.
-    pub fn vanished(&mut self, key: WaitKey, end_ns: u64) -> Option<Action> {
-        self.tracked.get(&key)?;
+    pub fn vanished(&mut self, key: T::Key, end_ns: u64) -> Option<Action<T::Key>> {
+        let start = self.tracked.get(&key)?.info.start_ns();
         let a = Action::Resolve {
             key,
-            waited: Duration::from_nanos(end_ns.saturating_sub(key.1)),
+            waited: Duration::from_nanos(end_ns.saturating_sub(start)),
             exact: false,
         };
         self.count(std::slice::from_ref(&a));
         Some(a)
     }
 
-    fn count(&mut self, actions: &[Action]) {
+    fn count(&mut self, actions: &[Action<T::Key>]) {
         for a in actions {
             match a {
                 Action::Report { .. } => self.stalls += 1,
@@ -339,7 +369,7 @@ mod tests {
         }
     }
 
-    fn reg() -> Registry {
+    fn reg() -> Registry<WaitInfo> {
         Registry::new(
             Thresholds::new(
                 Duration::from_secs(2),
@@ -376,7 +406,7 @@ mod tests {
                 ..
             }]
         ));
-        let a = r.end(&end(&w, 111 * S + S / 2));
+        let a = r.end(WaitInfo::from(&end(&w, 111 * S + S / 2)), 111 * S + S / 2);
         assert_eq!(
             a,
             vec![Action::Resolve {
@@ -392,9 +422,9 @@ mod tests {
     fn short_waits_are_ignored_and_late_ones_reported() {
         let mut r = reg();
         let w = wait(6, 0, "dd");
-        assert!(r.end(&end(&w, S)).is_empty());
+        assert!(r.end(WaitInfo::from(&end(&w, S)), S).is_empty());
         let w2 = wait(7, 10 * S, "dd");
-        let a = r.end(&end(&w2, 13 * S));
+        let a = r.end(WaitInfo::from(&end(&w2, 13 * S)), 13 * S);
         assert!(matches!(
             a[..],
             [
@@ -441,7 +471,7 @@ mod tests {
         );
         r.forget(&w.key());
         assert!(
-            r.end(&end(&w, 4 * S)).is_empty(),
+            r.end(WaitInfo::from(&end(&w, 4 * S)), 4 * S).is_empty(),
             "the late exact record must not report it again"
         );
     }

@@ -111,10 +111,12 @@ pub fn load(opts: LoadOptions) -> Result<Ebpf, LoadError> {
     let tgid = std::process::id();
     let report_min = opts.report_min.as_nanos().min(u64::MAX as u128) as u64;
     let watched = syscalls::watched_nr_table();
+    let sock_nr = syscalls::sock_nr_table();
     let ebpf = EbpfLoader::new()
         .override_global(globals::TRACER_TGID, &tgid, true)
         .override_global(globals::REPORT_MIN_NS, &report_min, true)
         .override_global(globals::WATCHED_NR, &watched, true)
+        .override_global(globals::SOCK_NR, &sock_nr, true)
         .load(PROBES_OBJ)?;
     Ok(ebpf)
 }

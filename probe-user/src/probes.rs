@@ -15,44 +15,63 @@ use thiserror::Error;
 /// Where a variant attaches.
 #[derive(Clone, Copy, Debug)]
 pub enum Variant {
-    /// A classic tracepoint program attached to each of `names` in `category`.
-    Tracepoint {
-        program: &'static str,
-        category: &'static str,
-        names: Names,
-    },
+    /// Classic tracepoint programs, each attached to its tracepoints.
+    Tracepoints(&'static [Tp]),
     /// A raw tracepoint program.
-    RawTracepoint {
-        program: &'static str,
-        tracepoint: &'static str,
-    },
+    RawTracepoint { program: &'static str, tracepoint: &'static str },
     /// No kernel program: the collector polls `/proc` for this job at each scan
     /// (coarser timing, same result).
     ProcPoll,
+    /// Nothing: the probe is off, and what it would catch is not caught.
+    Off,
 }
 
-/// The tracepoint names of a [`Variant::Tracepoint`].
+/// One tracepoint program and where it attaches.
+#[derive(Clone, Copy, Debug)]
+pub struct Tp {
+    pub program: &'static str,
+    pub category: &'static str,
+    pub names: Names,
+}
+
+/// The tracepoint names of a [`Tp`].
 #[derive(Clone, Copy, Debug)]
 pub enum Names {
     /// `sys_enter_<tp>` for every watched syscall.
     SyscallEnter,
     /// `sys_exit_<tp>` for every watched syscall.
     SyscallExit,
+    /// `sys_enter_*` of the socket send/recv syscalls.
+    SockEnter,
+    /// `sys_exit_*` of the socket send/recv syscalls.
+    SockExit,
     One(&'static str),
 }
 
+/// The socket send and receive syscalls, in `SOCK_NR` slot order.
+pub const SOCK_SYSCALLS: [&str; plegwatch_abi::SOCK_SLOTS] =
+    ["write", "writev", "sendto", "sendmsg", "read", "readv", "recvfrom", "recvmsg"];
+
 impl Names {
-    fn list(self) -> Vec<String> {
+    fn prefix_and_names(self) -> (&'static str, Vec<&'static str>) {
         match self {
-            Names::SyscallEnter => WATCHED
-                .iter()
-                .map(|w| format!("sys_enter_{}", w.tracepoint))
-                .collect(),
-            Names::SyscallExit => WATCHED
-                .iter()
-                .map(|w| format!("sys_exit_{}", w.tracepoint))
-                .collect(),
-            Names::One(n) => vec![n.to_string()],
+            Names::SyscallEnter => ("sys_enter_", WATCHED.iter().map(|w| w.tracepoint).collect()),
+            Names::SyscallExit => ("sys_exit_", WATCHED.iter().map(|w| w.tracepoint).collect()),
+            Names::SockEnter => ("sys_enter_", SOCK_SYSCALLS.to_vec()),
+            Names::SockExit => ("sys_exit_", SOCK_SYSCALLS.to_vec()),
+            Names::One(n) => ("", vec![n]),
+        }
+    }
+
+    fn list(self) -> Vec<String> {
+        let (prefix, names) = self.prefix_and_names();
+        names.iter().map(|n| format!("{prefix}{n}")).collect()
+    }
+
+    fn describe(self) -> String {
+        match self.prefix_and_names() {
+            (prefix, names) if names.len() > 1 => format!("{prefix}{{{}}}", names.join(",")),
+            (prefix, names) => format!("{prefix}{}", names.join(",")),
         }
     }
 }
@@ -61,23 +80,13 @@ impl Variant {
     /// A short description, e.g. `tracepoint syscalls:sys_enter_{umount,sync,...}`.
     pub fn describe(&self) -> String {
         match self {
-            Variant::Tracepoint {
-                category, names, ..
-            } => {
-                let list = names.list();
-                if list.len() == 1 {
-                    format!("tracepoint {category}:{}", list[0])
-                } else {
-                    let prefix = match names {
-                        Names::SyscallEnter => "sys_enter_",
-                        _ => "sys_exit_",
-                    };
-                    let tps: Vec<_> = WATCHED.iter().map(|w| w.tracepoint).collect();
-                    format!("tracepoint {category}:{prefix}{{{}}}", tps.join(","))
-                }
+            Variant::Tracepoints(tps) => {
+                let parts: Vec<String> = tps.iter().map(|t| format!("{}:{}", t.category, t.names.describe())).collect();
+                format!("tracepoint {}", parts.join(" + "))
             }
             Variant::RawTracepoint { tracepoint, .. } => format!("raw_tp {tracepoint}"),
             Variant::ProcPoll => "/proc poll".to_string(),
+            Variant::Off => "off".to_string(),
         }
     }
 }
@@ -92,42 +101,31 @@ pub struct Probe {
     pub variants: &'static [Variant],
 }
 
+const fn tp(program: &'static str, category: &'static str, names: Names) -> Tp {
+    Tp { program, category, names }
+}
+
 /// Every probe `plegwatch watch` attaches.
 pub const PROBES: &[Probe] = &[
     Probe {
         name: "wait_enter",
         about: "opens a wait at sys_enter of umount2 and the sync family",
         required: true,
-        variants: &[Variant::Tracepoint {
-            program: "wait_enter",
-            category: "syscalls",
-            names: Names::SyscallEnter,
-        }],
+        variants: &[Variant::Tracepoints(&[tp("wait_enter", "syscalls", Names::SyscallEnter)])],
     },
     Probe {
         name: "wait_exit",
         about: "closes it at sys_exit (umount2 goes on in task_work)",
         required: true,
-        variants: &[Variant::Tracepoint {
-            program: "wait_exit",
-            category: "syscalls",
-            names: Names::SyscallExit,
-        }],
+        variants: &[Variant::Tracepoints(&[tp("wait_exit", "syscalls", Names::SyscallExit)])],
     },
     Probe {
         name: "umount_tail_end",
         about: "closes a umount2 wait when its thread is back in user space",
         required: false,
         variants: &[
-            Variant::RawTracepoint {
-                program: "tail_end_raw",
-                tracepoint: "sys_enter",
-            },
-            Variant::Tracepoint {
-                program: "tail_end_tp",
-                category: "raw_syscalls",
-                names: Names::One("sys_enter"),
-            },
+            Variant::RawTracepoint { program: "tail_end_raw", tracepoint: "sys_enter" },
+            Variant::Tracepoints(&[tp("tail_end_tp", "raw_syscalls", Names::One("sys_enter"))]),
             Variant::ProcPoll,
         ],
     },
@@ -136,12 +134,31 @@ pub const PROBES: &[Probe] = &[
         about: "closes the waits of threads that exit",
         required: false,
         variants: &[
-            Variant::Tracepoint {
-                program: "thread_exit",
-                category: "sched",
-                names: Names::One("sched_process_exit"),
-            },
+            Variant::Tracepoints(&[tp("thread_exit", "sched", Names::One("sched_process_exit"))]),
             Variant::ProcPoll,
+        ],
+    },
+    Probe {
+        name: "socket_classify",
+        about: "marks netlink sockets at socket(), unix sockets at connect(), forgets them at close()",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("socket_enter", "syscalls", Names::One("sys_enter_socket")),
+                tp("socket_exit", "syscalls", Names::One("sys_exit_socket")),
+                tp("connect_enter", "syscalls", Names::One("sys_enter_connect")),
+                tp("close_enter", "syscalls", Names::One("sys_enter_close")),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "socket_io",
+        about: "records sends and receives on netlink and D-Bus sockets",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[tp("sock_enter", "syscalls", Names::SockEnter), tp("sock_exit", "syscalls", Names::SockExit)]),
+            Variant::Off,
         ],
     },
 ];
@@ -168,6 +185,10 @@ impl Choice {
         matches!(self.variant, Variant::ProcPoll)
     }
 
+    pub fn is_off(&self) -> bool {
+        matches!(self.variant, Variant::Off)
+    }
+
     pub fn to_output(&self) -> ProbeChoice {
         ProbeChoice {
             probe: self.probe.to_string(),
@@ -187,7 +208,9 @@ pub fn attach(ebpf: &mut Ebpf, probe: &Probe) -> Result<Choice, ProbeError> {
     for v in probe.variants {
         match try_variant(ebpf, v) {
             Ok(()) => {
-                if passed_over.is_empty() {
+                if matches!(v, Variant::Off) {
+                    tracing::warn!(probe = probe.name, passed_over = ?passed_over, "probe is off: {}", probe.about);
+                } else if passed_over.is_empty() {
                     tracing::info!(probe = probe.name, variant = %v.describe(), "probe attached");
                 } else {
                     tracing::warn!(probe = probe.name, variant = %v.describe(), passed_over = ?passed_over, "probe attached with a fallback");
@@ -201,7 +224,7 @@ pub fn attach(ebpf: &mut Ebpf, probe: &Probe) -> Result<Choice, ProbeError> {
             Err(e) => passed_over.push(format!("{}: {e}", v.describe())),
         }
     }
-    // Optional probes end with a ProcPoll variant, which always works.
+    // Optional probes end with ProcPoll or Off, which always "attach".
     Err(ProbeError::Required {
         probe: probe.name,
         reasons: passed_over.join("; "),
@@ -210,42 +233,32 @@ pub fn attach(ebpf: &mut Ebpf, probe: &Probe) -> Result<Choice, ProbeError> {
 
 fn try_variant(ebpf: &mut Ebpf, v: &Variant) -> Result<(), String> {
     match *v {
-        Variant::Tracepoint {
-            program,
-            category,
-            names,
-        } => {
-            let prog: &mut TracePoint = program_mut(ebpf, program)?;
-            prog.load()
-                .or_else(already_loaded)
-                .map_err(|e| format!("load {program}: {e}"))?;
-            let mut links = Vec::new();
-            for name in names.list() {
-                match prog.attach(category, &name) {
-                    Ok(l) => links.push(l),
-                    Err(e) => {
-                        for l in links {
-                            let _ = prog.detach(l);
-                        }
-                        return Err(format!("attach {program} to {category}:{name}: {e}"));
+        Variant::Tracepoints(tps) => {
+            let mut attached: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)> = Vec::new();
+            let result = tps.iter().try_for_each(|t| {
+                let prog: &mut TracePoint = program_mut(ebpf, t.program)?;
+                prog.load().or_else(already_loaded).map_err(|e| format!("load {}: {e}", t.program))?;
+                for name in t.names.list() {
+                    let link = prog.attach(t.category, &name).map_err(|e| format!("attach {} to {}:{name}: {e}", t.program, t.category))?;
+                    attached.push((t.program, link));
+                }
+                Ok(())
+            });
+            if result.is_err() {
+                for (program, link) in attached {
+                    if let Ok(prog) = program_mut::<TracePoint>(ebpf, program) {
+                        let _ = prog.detach(link);
                     }
                 }
             }
-            Ok(())
+            result
         }
-        Variant::RawTracepoint {
-            program,
-            tracepoint,
-        } => {
+        Variant::RawTracepoint { program, tracepoint } => {
             let prog: &mut RawTracePoint = program_mut(ebpf, program)?;
-            prog.load()
-                .or_else(already_loaded)
-                .map_err(|e| format!("load {program}: {e}"))?;
-            prog.attach(tracepoint)
-                .map(|_| ())
-                .map_err(|e| format!("attach {program} to {tracepoint}: {e}"))
+            prog.load().or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
+            prog.attach(tracepoint).map(|_| ()).map_err(|e| format!("attach {program} to {tracepoint}: {e}"))
         }
-        Variant::ProcPoll => Ok(()),
+        Variant::ProcPoll | Variant::Off => Ok(()),
     }
 }
 
@@ -277,7 +290,7 @@ mod tests {
             assert!(!p.variants.is_empty(), "{}", p.name);
             if !p.required {
                 assert!(
-                    matches!(p.variants.last(), Some(Variant::ProcPoll)),
+                    matches!(p.variants.last(), Some(Variant::ProcPoll | Variant::Off)),
                     "{} needs a last-resort variant",
                     p.name
                 );
@@ -288,5 +301,10 @@ mod tests {
             "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}"
         );
         assert_eq!(PROBES[2].variants[0].describe(), "raw_tp sys_enter");
+        assert_eq!(
+            PROBES[5].variants[0].describe(),
+            "tracepoint syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \
+             syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
+        );
     }
 }

@@ -141,6 +141,50 @@ pub fn open_file(tid: u32, fd: u64) -> Option<OpenFile> {
     })
 }
 
+/// One line of `/proc/PID/net/netlink` (see net/netlink/af_netlink.c).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetlinkSock {
+    pub protocol: u32,
+    pub portid: u32,
+    /// The first 32 multicast groups it joined; non-zero for a listener.
+    pub groups: u32,
+    pub inode: u64,
+}
+
+/// The netlink sockets of the network namespace `pid` is in.
+pub fn netlink_sockets(pid: u32) -> Vec<NetlinkSock> {
+    fs::read_to_string(format!("/proc/{pid}/net/netlink")).map(|t| parse_net_netlink(&t)).unwrap_or_default()
+}
+
+/// Parses `/proc/net/netlink`: `sk Eth Pid Groups Rmem Wmem Dump Locks Drops Inode`.
+pub fn parse_net_netlink(text: &str) -> Vec<NetlinkSock> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some(NetlinkSock {
+                protocol: f.get(1)?.parse().ok()?,
+                portid: f.get(2)?.parse().ok()?,
+                groups: u32::from_str_radix(f.get(3)?, 16).ok()?,
+                inode: f.get(9)?.parse().ok()?,
+            })
+        })
+        .collect()
+}
+
+/// The socket inodes among the fds of `pid`: (fd, inode).
+pub fn socket_fds(pid: u32) -> Vec<(u32, u64)> {
+    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| {
+            let fd = e.file_name().to_str()?.parse().ok()?;
+            let link = fs::read_link(e.path()).ok()?;
+            let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
+            Some((fd, inode))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,6 +220,25 @@ mod tests {
         );
         assert_eq!(parse_syscall(""), None);
         assert_eq!(parse_syscall("garbage"), None);
+    }
+
+    #[test]
+    fn net_netlink_lines() {
+        let text = "sk               Eth Pid        Groups   Rmem     Wmem     Dump  Locks    Drops    Inode\n\
+ffff8881012f0000 0   1234       00000551 0        0        0     2        0        40123\n\
+ffff8881012f1000 16  0          00000000 0        0        0     2        0        7\n";
+        let s = parse_net_netlink(text);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0], NetlinkSock { protocol: 0, portid: 1234, groups: 0x551, inode: 40123 });
+        assert_eq!(s[1].protocol, 16);
+    }
+
+    #[test]
+    fn own_socket_fds() {
+        let sock = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        use std::os::fd::AsRawFd as _;
+        let fds = socket_fds(std::process::id());
+        assert!(fds.iter().any(|(fd, _)| *fd == sock.as_raw_fd() as u32), "{fds:?}");
     }
 
     #[test]

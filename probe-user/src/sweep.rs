@@ -27,9 +27,21 @@ pub struct Swept {
 /// Sweeps every thread in `/proc` but those of `self_tgid`; `now_ns` is
 /// CLOCK_MONOTONIC.
 pub fn sweep(self_tgid: u32, now_ns: u64) -> Vec<Swept> {
-    // Our own thread is running, so its exec_start is "now" on the scheduler's
-    // task clock, which lags CLOCK_MONOTONIC by irq and steal time.
-    let clock_now_ms = procfs::exec_start_ms(self_tgid);
+    let clock = AgeClock::new(self_tgid, now_ns);
+    blocked_threads(self_tgid).iter().filter_map(|b| check_thread(b, &clock)).collect()
+}
+
+/// A thread blocked in a syscall, as `/proc/TID/syscall` says.
+#[derive(Clone, Copy, Debug)]
+pub struct Blocked {
+    pub tgid: u32,
+    pub tid: u32,
+    pub nr: i64,
+    pub args: [u64; 6],
+}
+
+/// Every thread in `/proc` (but `self_tgid`'s) blocked in a syscall now.
+pub fn blocked_threads(self_tgid: u32) -> Vec<Blocked> {
     let mut out = Vec::new();
     let Ok(procs) = fs::read_dir("/proc") else {
         return out;
@@ -48,25 +60,44 @@ pub fn sweep(self_tgid: u32, now_ns: u64) -> Vec<Swept> {
             let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            if let Some(s) = check_thread(tgid, tid, now_ns, clock_now_ms) {
-                out.push(s);
+            if let Some(SyscallState::In { nr, args }) = procfs::syscall(tid) {
+                out.push(Blocked { tgid, tid, nr, args });
             }
         }
     }
     out
 }
 
-fn check_thread(tgid: u32, tid: u32, now_ns: u64, clock_now_ms: Option<f64>) -> Option<Swept> {
-    let Some(SyscallState::In { nr, args }) = procfs::syscall(tid) else {
-        return None;
-    };
+/// Lower bounds of how long threads have been blocked.
+pub struct AgeClock {
+    now_ns: u64,
+    /// Our own thread is running, so its exec_start is "now" on the
+    /// scheduler's task clock, which lags CLOCK_MONOTONIC by irq and steal time.
+    clock_now_ms: Option<f64>,
+}
+
+impl AgeClock {
+    pub fn new(self_tgid: u32, now_ns: u64) -> Self {
+        AgeClock { now_ns, clock_now_ms: procfs::exec_start_ms(self_tgid) }
+    }
+
+    /// CLOCK_MONOTONIC ns since when `tid` has surely been blocked: since it
+    /// last ran (exact for a thread that slept since it blocked), or now when
+    /// the kernel doesn't say (no CONFIG_SCHED_DEBUG).
+    pub fn blocked_since_ns(&self, tid: u32) -> u64 {
+        let age_ns = match (self.clock_now_ms, procfs::exec_start_ms(tid)) {
+            (Some(now), Some(last_ran)) if now > last_ran => ((now - last_ran) * 1e6) as u64,
+            _ => 0,
+        };
+        self.now_ns.saturating_sub(age_ns).max(1)
+    }
+}
+
+fn check_thread(b: &Blocked, clock: &AgeClock) -> Option<Swept> {
+    let (tgid, tid, nr, args) = (b.tgid, b.tid, b.nr, b.args);
     let slot = WATCHED.iter().position(|w| w.nr == nr)?;
     let w = &WATCHED[slot];
-    let age_ns = match (clock_now_ms, procfs::exec_start_ms(tid)) {
-        (Some(now), Some(last_ran)) if now > last_ran => ((now - last_ran) * 1e6) as u64,
-        _ => 0,
-    };
-    let start_ns = now_ns.saturating_sub(age_ns).max(1);
+    let start_ns = clock.blocked_since_ns(tid);
     let tail = slot == plegwatch_abi::SLOT_UMOUNT2 as usize
         && procfs::kernel_stack(tid).is_some_and(|s| s.iter().any(|f| f == "task_work_run"));
     let mut comm = [0u8; COMM_LEN];

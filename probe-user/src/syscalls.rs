@@ -11,6 +11,8 @@ pub enum WaitKind {
     Umount,
     /// The sync family: sync, syncfs, fsync, fdatasync, sync_file_range.
     Sync,
+    /// A netlink request with no reply yet.
+    NetlinkRequest,
 }
 
 impl WaitKind {
@@ -18,6 +20,7 @@ impl WaitKind {
         match self {
             WaitKind::Umount => "umount",
             WaitKind::Sync => "sync",
+            WaitKind::NetlinkRequest => "netlink_request",
         }
     }
 }
@@ -102,6 +105,22 @@ pub fn watched_nr_table() -> [u32; WATCHED_SLOTS] {
         t[slot] = w.nr as u32;
     }
     t
+}
+
+/// The kernel's `SOCK_NR` global: write, writev, sendto, sendmsg, read, readv,
+/// recvfrom, recvmsg (`plegwatch_abi::SockSlot` order).
+pub fn sock_nr_table() -> [u32; plegwatch_abi::SOCK_SLOTS] {
+    [
+        libc::SYS_write,
+        libc::SYS_writev,
+        libc::SYS_sendto,
+        libc::SYS_sendmsg,
+        libc::SYS_read,
+        libc::SYS_readv,
+        libc::SYS_recvfrom,
+        libc::SYS_recvmsg,
+    ]
+    .map(|n| n as u32)
 }
 
 /// The watched syscall in `slot`, if any.

@@ -25,6 +25,16 @@ pub mod maps {
     pub const TAIL_PENDING: &str = "TAIL_PENDING";
 }
 
+/// Socket maps (netlink and D-Bus request/reply tracking).
+pub mod sock_maps {
+    /// `HashMap<u64 (tgid << 32 | fd), SockClass>`: the sockets worth looking at.
+    pub const SOCKS: &str = "SOCKS";
+    /// `HashMap<u32 tid, SockCall>`: send/recv calls in flight on those sockets.
+    pub const SOCK_CALLS: &str = "SOCK_CALLS";
+    /// `RingBuf` of [`super::SockIo`] and [`super::SockClosed`] records.
+    pub const SOCK_EVENTS: &str = "SOCK_EVENTS";
+}
+
 /// Read-only globals the loader overrides (`EbpfLoader::override_global`).
 pub mod globals {
     /// `u32`: the tracer's own TGID; its waits are never recorded.
@@ -34,6 +44,9 @@ pub mod globals {
     /// `[u32; WATCHED_SLOTS]`: syscall numbers of the watched syscalls, by slot.
     /// Slot [`super::SLOT_UMOUNT2`] must hold umount2. Unused slots hold `u32::MAX`.
     pub const WATCHED_NR: &str = "WATCHED_NR";
+    /// `[u32; SOCK_SLOTS]`: syscall numbers of write, writev, sendto, sendmsg,
+    /// read, readv, recvfrom, recvmsg, in that order (see [`super::SockSlot`]).
+    pub const SOCK_NR: &str = "SOCK_NR";
 }
 
 /// Maximum number of waits open at once in [`maps::INFLIGHT`] (the default; the
@@ -54,6 +67,125 @@ pub const SLOT_UMOUNT2: u32 = 0;
 pub const HIST_BUCKETS: u32 = 32;
 /// Total entries in [`maps::HIST`].
 pub const HIST_ENTRIES: u32 = WATCHED_SLOTS as u32 * HIST_BUCKETS;
+
+/// Number of socket syscall slots in [`globals::SOCK_NR`].
+pub const SOCK_SLOTS: usize = 8;
+/// The socket syscalls, by slot. Slots 0-3 send, 4-7 receive; `slot % 4` is the
+/// buffer's shape: 0 and 2 a plain buffer in arg1, 1 an iovec array in arg1, 3
+/// a `struct user_msghdr` in arg1.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SockSlot {
+    Write = 0,
+    Writev = 1,
+    Sendto = 2,
+    Sendmsg = 3,
+    Read = 4,
+    Readv = 5,
+    Recvfrom = 6,
+    Recvmsg = 7,
+}
+/// The first slot that receives.
+pub const SOCK_FIRST_RECV: u32 = 4;
+
+/// What a tracked socket is.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SockKind {
+    /// AF_NETLINK; [`SockClass::proto`] is the netlink protocol.
+    Netlink = 1,
+    /// A connected AF_UNIX socket not yet judged: its first send decides (a
+    /// D-Bus client starts with a NUL byte, then the SASL `AUTH`).
+    UnixCandidate = 2,
+    /// A D-Bus connection (client side).
+    Dbus = 3,
+}
+
+/// The value of [`sock_maps::SOCKS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SockClass {
+    /// A [`SockKind`] as u32.
+    pub kind: u32,
+    /// The netlink protocol, for [`SockKind::Netlink`].
+    pub proto: u32,
+}
+const _: () = assert!(size_of::<SockClass>() == 8);
+
+/// The value of [`sock_maps::SOCK_CALLS`]: a send or recv in flight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SockCall {
+    pub start_ns: u64,
+    /// User buffer (the first iovec's base for vectored calls).
+    pub buf: u64,
+    /// Its length.
+    pub buf_len: u64,
+    pub tgid: u32,
+    pub fd: u32,
+    /// A [`SockSlot`] as u32.
+    pub slot: u32,
+    pub _pad: u32,
+    pub class: SockClass,
+}
+const _: () = assert!(size_of::<SockCall>() == 48);
+
+/// Bytes of a socket buffer copied into a [`SockIo`] record (the first ones).
+pub const SOCK_DATA_CAP: usize = 2048;
+/// netlink message headers summarised per [`SockIo`] record, walking the whole
+/// buffer (a dump's NLMSG_DONE may lie past [`SOCK_DATA_CAP`]).
+pub const NL_SUMMARIES: usize = 32;
+
+/// One netlink message header, as walked by the kernel program.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NlSummary {
+    pub len: u32,
+    pub msg_type: u16,
+    pub flags: u16,
+    pub seq: u32,
+    /// The errno of an NLMSG_ERROR (0 for an ack), else 0.
+    pub error: i32,
+}
+const _: () = assert!(size_of::<NlSummary>() == 16);
+
+/// A send or receive on a tracked socket. Sent with only the first
+/// `captured` bytes of `data`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SockIo {
+    pub header: EventHeader,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Bytes the syscall transferred.
+    pub ret: i64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: u32,
+    /// A [`SockSlot`] as u32.
+    pub slot: u32,
+    pub class: SockClass,
+    /// Valid entries of `nl` (netlink sockets only).
+    pub n_nl: u32,
+    /// Valid bytes of `data`.
+    pub captured: u32,
+    pub comm: [u8; COMM_LEN],
+    pub nl: [NlSummary; NL_SUMMARIES],
+    pub data: [u8; SOCK_DATA_CAP],
+}
+/// Bytes of a [`SockIo`] before `data`.
+pub const SOCK_IO_HEADER_LEN: usize = 80 + NL_SUMMARIES * 16;
+const _: () = assert!(size_of::<SockIo>() == SOCK_IO_HEADER_LEN + SOCK_DATA_CAP);
+
+/// A tracked socket was closed (or its fd replaced).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SockClosed {
+    pub header: EventHeader,
+    pub tgid: u32,
+    pub fd: u32,
+}
+const _: () = assert!(size_of::<SockClosed>() == 16);
 
 /// Where a wait stands.
 #[repr(u32)]
@@ -109,6 +241,10 @@ pub const WAIT_BEFORE_ATTACH: u32 = 1;
 pub enum EventKind {
     /// A [`WaitEnd`].
     WaitEnd = 1,
+    /// A [`SockIo`].
+    SockIo = 2,
+    /// A [`SockClosed`].
+    SockClosed = 3,
 }
 
 /// Header first in every ring-buffer record.
@@ -173,9 +309,17 @@ pub enum Stat {
     TailsStarted = 4,
     /// Waits ended by a thread exit.
     EndedByExit = 5,
+    /// Socket records lost: `SOCK_EVENTS` was full.
+    SockEventsFull = 6,
+    /// Sockets that could not be tracked: `SOCKS` was full.
+    SocksFull = 7,
+    /// Socket calls that could not be tracked: `SOCK_CALLS` was full.
+    SockCallsFull = 8,
+    /// User buffers that could not be read.
+    SockReadFailed = 9,
 }
 /// Number of [`Stat`] slots.
-pub const STAT_COUNT: u32 = 6;
+pub const STAT_COUNT: u32 = 10;
 
 /// The histogram bucket of a duration: floor(log2(µs)), clamped to the table.
 /// Written without loops or `leading_zeros` so the eBPF verifier takes it as is.
@@ -228,6 +372,8 @@ mod pod {
     unsafe impl aya::Pod for super::Wait {}
     unsafe impl aya::Pod for super::WaitEnd {}
     unsafe impl aya::Pod for super::EventHeader {}
+    unsafe impl aya::Pod for super::SockClass {}
+    unsafe impl aya::Pod for super::SockCall {}
 }
 
 #[cfg(test)]

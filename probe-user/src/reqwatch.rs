@@ -1,0 +1,200 @@
+//! The collector's request/reply part: netlink requests left unanswered.
+//!
+//! Inputs: the kernel's `SOCK_EVENTS` records (what went through tracked
+//! sockets), its `SOCK_CALLS` map (who is blocked in a receive right now), and
+//! at startup a sweep of `/proc` for netlink sockets that already existed and
+//! threads already blocked on them.
+
+use crate::{
+    collector::{WatchError, monotonic_ns, take_map, wall_of},
+    inflight::{Action, Filter, Registry},
+    levels::{Thresholds, budget_used},
+    output::{Event, Resolved, Sink, Stall},
+    procfs::{self, SyscallState},
+    sockets::{NetlinkOpen, Sockets, sock_key},
+    sweep::{self, AgeClock},
+    syscalls::WaitKind,
+};
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, MapData},
+};
+use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, sock_maps};
+use serde_json::json;
+use std::collections::HashMap;
+
+/// The receive syscalls a thread blocked on a netlink reply may sit in.
+const RECV_NRS: [i64; 4] = [libc::SYS_recvfrom, libc::SYS_recvmsg, libc::SYS_read, libc::SYS_readv];
+
+pub struct ReqWatch {
+    registry: Registry<NetlinkOpen>,
+    sockets: Sockets,
+    socks: BpfHashMap<MapData, u64, SockClass>,
+    calls: BpfHashMap<MapData, u32, SockCall>,
+    /// Threads found blocked in a receive on a request socket (no multicast
+    /// groups) when plegwatch started: what they sent is unknown.
+    swept: Vec<NetlinkOpen>,
+    /// Sockets of processes seen dead are dropped at most this often.
+    last_gc_ns: u64,
+}
+
+impl ReqWatch {
+    pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter) -> Result<Self, WatchError> {
+        Ok(ReqWatch {
+            registry: Registry::new(thresholds, filter),
+            sockets: Sockets::default(),
+            socks: take_map(ebpf, sock_maps::SOCKS)?,
+            calls: take_map(ebpf, sock_maps::SOCK_CALLS)?,
+            swept: Vec::new(),
+            last_gc_ns: 0,
+        })
+    }
+
+    /// Learns the netlink sockets that existed before plegwatch started, tells
+    /// the kernel to track them, and finds the threads already blocked on them.
+    /// Returns (sockets seeded, waiters swept).
+    pub fn seed(&mut self, self_tgid: u32) -> (usize, usize) {
+        const BPF_NOEXIST: u64 = 1;
+        // Netlink sockets by inode, per network namespace.
+        let mut by_netns: HashMap<String, HashMap<u64, procfs::NetlinkSock>> = HashMap::new();
+        let mut request_socks: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut seeded = 0;
+        let Ok(procs) = std::fs::read_dir("/proc") else { return (0, 0) };
+        for p in procs.flatten() {
+            let Some(tgid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            if tgid == self_tgid {
+                continue;
+            }
+            let fds = procfs::socket_fds(tgid);
+            if fds.is_empty() {
+                continue;
+            }
+            let Ok(ns) = std::fs::read_link(format!("/proc/{tgid}/ns/net")) else { continue };
+            let table = by_netns
+                .entry(ns.to_string_lossy().into_owned())
+                .or_insert_with(|| procfs::netlink_sockets(tgid).into_iter().map(|s| (s.inode, s)).collect());
+            let comm = procfs::comm(tgid).unwrap_or_default();
+            for (fd, inode) in fds {
+                let Some(nl) = table.get(&inode) else { continue };
+                let class = SockClass { kind: SockKind::Netlink as u32, proto: nl.protocol };
+                let _ = self.socks.insert(sock_key(tgid, fd), class, BPF_NOEXIST);
+                self.sockets.seed_netlink(tgid, fd, nl.protocol, comm.clone());
+                if nl.groups == 0 {
+                    request_socks.insert((tgid, fd), nl.protocol);
+                }
+                seeded += 1;
+            }
+        }
+        let clock = AgeClock::new(self_tgid, monotonic_ns());
+        for b in sweep::blocked_threads(self_tgid) {
+            if !RECV_NRS.contains(&b.nr) {
+                continue;
+            }
+            let fd = b.args[0] as u32;
+            let Some(&protocol) = request_socks.get(&(b.tgid, fd)) else { continue };
+            let since = clock.blocked_since_ns(b.tid);
+            self.swept.push(NetlinkOpen {
+                sock: sock_key(b.tgid, fd),
+                tgid: b.tgid,
+                tid: b.tid,
+                comm: procfs::comm(b.tid).unwrap_or_default(),
+                fd,
+                protocol,
+                msg_type: 0,
+                flags: 0,
+                seq: None,
+                start_ns: since,
+                reply_expected: true,
+                recv_since_ns: Some(since),
+                recv_tid: Some(b.tid),
+                before_attach: true,
+            });
+        }
+        (seeded, self.swept.len())
+    }
+
+    /// Takes one `SOCK_EVENTS` record.
+    pub fn on_record(&mut self, bytes: &[u8]) {
+        let Some(kind) = bytes.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes) else { return };
+        if kind == EventKind::SockClosed as u32 && bytes.len() >= std::mem::size_of::<SockClosed>() {
+            // SAFETY: length checked; plain old data; read_unaligned copies.
+            let c: SockClosed = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            self.sockets.on_closed(c.tgid, c.fd);
+            self.swept.retain(|s| s.sock != sock_key(c.tgid, c.fd));
+        } else if kind == EventKind::SockIo as u32 && bytes.len() >= plegwatch_abi::SOCK_IO_HEADER_LEN {
+            // The record is sent cut after its captured bytes: copy into a whole one.
+            let mut rec = std::mem::MaybeUninit::<SockIo>::zeroed();
+            let n = bytes.len().min(std::mem::size_of::<SockIo>());
+            // SAFETY: `n` fits both; SockIo is plain old data, valid when zeroed.
+            let rec = unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), rec.as_mut_ptr().cast::<u8>(), n);
+                rec.assume_init()
+            };
+            self.sockets.on_io(&rec);
+        }
+    }
+
+    /// Looks at every open request at `now_ns` and prints what crossed a level.
+    pub fn scan(&mut self, now_ns: u64, sink: &mut dyn Sink) {
+        let calls: Vec<(u32, SockCall)> = self.calls.iter().filter_map(Result::ok).collect();
+        self.swept.retain(|s| {
+            matches!(procfs::syscall(s.tid), Some(SyscallState::In { nr, args }) if RECV_NRS.contains(&nr) && args[0] as u32 == s.fd)
+        });
+        let mut open = self.sockets.open_netlink(&calls, now_ns);
+        open.extend(self.swept.iter().cloned());
+        let actions = self.registry.scan(open.iter(), now_ns);
+        self.act(actions, now_ns, sink);
+        if now_ns.saturating_sub(self.last_gc_ns) > 10_000_000_000 {
+            self.last_gc_ns = now_ns;
+            self.sockets.retain_live(procfs::thread_exists);
+        }
+    }
+
+    fn act(&mut self, actions: Vec<Action<(u64, u64)>>, now_ns: u64, sink: &mut dyn Sink) {
+        for a in actions {
+            match a {
+                Action::Report { key, level, waited } => {
+                    let Some(t) = self.registry.get(&key) else { continue };
+                    let o = &t.info;
+                    let tid = o.recv_tid.unwrap_or(o.tid);
+                    let protocol = crate::netlink::names::protocol_name(o.protocol).unwrap_or("netlink");
+                    sink.emit(&Event::Stall(Stall {
+                        level,
+                        id: t.id,
+                        kind: WaitKind::NetlinkRequest,
+                        pid: o.tgid,
+                        tid,
+                        comm: o.comm.clone(),
+                        waited_s: waited.as_secs_f64(),
+                        started_at: humantime::format_rfc3339_millis(wall_of(o.start_ns)).to_string(),
+                        budget_used: budget_used(waited),
+                        started_before_attach: o.before_attach,
+                        detail: o.detail(&self.sockets.families, now_ns),
+                        holder: Some(json!({ "kind": "kernel", "what": format!("netlink {protocol}: no reply") })),
+                        chain: Vec::new(),
+                        kernel_stack: procfs::kernel_stack(tid).unwrap_or_default(),
+                        user_stack: Vec::new(),
+                    }));
+                }
+                Action::Resolve { key, waited, exact } => {
+                    let Some(t) = self.registry.forget(&key) else { continue };
+                    sink.emit(&Event::Resolved(Resolved {
+                        id: t.id,
+                        kind: WaitKind::NetlinkRequest,
+                        pid: t.info.tgid,
+                        tid: t.info.recv_tid.unwrap_or(t.info.tid),
+                        waited_s: waited.as_secs_f64(),
+                        comm: t.info.comm,
+                        timing: if exact { "exact" } else { "approximate" },
+                    }));
+                }
+            }
+        }
+    }
+
+    /// (stall lines, resolutions, still open).
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let (s, r) = self.registry.counts();
+        (s, r, self.registry.open().count() as u64)
+    }
+}

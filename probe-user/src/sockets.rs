@@ -1,0 +1,367 @@
+//! The tracked sockets and their protocol state: what the kernel's `SockIo`
+//! records say was sent and received, turned into open netlink requests.
+//!
+//! A netlink request is open while its reply has not come:
+//! - a request that expects a reply (an ack asked for, a get or a dump) until
+//!   that reply, by seq (`netlink::tracker`);
+//! - a request that expects none (say `RTM_NEWADDR` without `NLM_F_ACK`) when
+//!   its sender then blocks in a receive on the same socket: it is waiting for
+//!   something that will not come.
+//!
+//! A socket that never sent a request (a multicast listener such as `ip
+//! monitor`) has nothing open, however long it blocks in recv.
+
+use crate::{
+    inflight::Item,
+    netlink::{
+        genl::GenlFamilies,
+        names,
+        tracker::{Request, SocketTracker},
+    },
+};
+use plegwatch_abi::{NlSummary, SOCK_FIRST_RECV, SockCall, SockIo, SockKind};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+
+/// A socket is named by `tgid << 32 | fd`, as in the kernel's `SOCKS` map.
+pub type SockKey = u64;
+
+pub fn sock_key(tgid: u32, fd: u32) -> SockKey {
+    (u64::from(tgid) << 32) | u64::from(fd)
+}
+
+const NLMSG_ERROR: u16 = 2;
+
+/// The last request a netlink socket sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    pub msg_type: u16,
+    pub flags: u16,
+    pub seq: u32,
+    pub sent_ns: u64,
+    pub tid: u32,
+}
+
+/// One netlink socket.
+#[derive(Clone, Debug)]
+pub struct NetlinkSocket {
+    pub tgid: u32,
+    pub fd: u32,
+    pub protocol: u32,
+    pub comm: String,
+    pub tracker: SocketTracker,
+    /// The last request sent, and whether anything came back since.
+    pub last_sent: Option<Sent>,
+    pub replied_since: bool,
+}
+
+/// An open netlink request: the registry's item for kind `netlink_request`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetlinkOpen {
+    pub sock: SockKey,
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub fd: u32,
+    pub protocol: u32,
+    pub msg_type: u16,
+    pub flags: u16,
+    pub seq: Option<u32>,
+    pub start_ns: u64,
+    /// Whether the request asked for a reply (an ack, a get, a dump).
+    pub reply_expected: bool,
+    /// When the thread blocked in its current receive on this socket, if it is in one.
+    pub recv_since_ns: Option<u64>,
+    pub recv_tid: Option<u32>,
+    /// Found by the startup sweep, blocked in recv: what it sent is unknown.
+    pub before_attach: bool,
+}
+
+impl Item for NetlinkOpen {
+    type Key = (SockKey, u64);
+    fn key(&self) -> Self::Key {
+        (self.sock, self.start_ns)
+    }
+    fn tgid(&self) -> u32 {
+        self.tgid
+    }
+    fn tid(&self) -> u32 {
+        self.recv_tid.unwrap_or(self.tid)
+    }
+    fn comm(&self) -> &str {
+        &self.comm
+    }
+    fn start_ns(&self) -> u64 {
+        self.start_ns
+    }
+    fn refresh(&mut self, newer: &Self) {
+        self.recv_since_ns = newer.recv_since_ns;
+        self.recv_tid = newer.recv_tid;
+    }
+}
+
+impl NetlinkOpen {
+    /// The stall's `detail`.
+    pub fn detail(&self, families: &GenlFamilies, now_ns: u64) -> Value {
+        let fam = (self.protocol == names::NETLINK_GENERIC).then_some(families);
+        json!({
+            "protocol": names::protocol_name(self.protocol).map(String::from).unwrap_or_else(|| format!("netlink {}", self.protocol)),
+            "message_type": if self.before_attach { Value::Null } else { json!(names::type_name(self.protocol, self.msg_type, fam)) },
+            "flags": if self.before_attach { Value::Null } else { json!(names::flag_names(self.flags, names::flag_context(self.protocol, self.msg_type))) },
+            "seq": self.seq,
+            "fd": self.fd,
+            "reply_expected": if self.before_attach { Value::Null } else { json!(self.reply_expected) },
+            "recv_blocked_s": self.recv_since_ns.map(|t| now_ns.saturating_sub(t) as f64 / 1e9),
+        })
+    }
+}
+
+/// Every tracked socket.
+#[derive(Debug, Default)]
+pub struct Sockets {
+    netlink: HashMap<SockKey, NetlinkSocket>,
+    pub families: GenlFamilies,
+    /// Requests sent while the socket was unknown, and other oddities.
+    pub records: u64,
+}
+
+/// The bytes of netlink headers the kernel walked, rebuilt as a buffer the
+/// parser reads (each message cut to its header, and an NLMSG_ERROR to its errno).
+pub fn headers_buffer(nl: &[NlSummary]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(nl.len() * 20);
+    for m in nl {
+        let is_err = m.msg_type == NLMSG_ERROR;
+        let len: u32 = if is_err { 20 } else { 16 };
+        out.extend_from_slice(&len.to_ne_bytes());
+        out.extend_from_slice(&m.msg_type.to_ne_bytes());
+        out.extend_from_slice(&m.flags.to_ne_bytes());
+        out.extend_from_slice(&m.seq.to_ne_bytes());
+        out.extend_from_slice(&0u32.to_ne_bytes());
+        if is_err {
+            out.extend_from_slice(&m.error.to_ne_bytes());
+        }
+    }
+    out
+}
+
+fn cstr(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+impl Sockets {
+    /// Learns of a netlink socket that existed before plegwatch started.
+    pub fn seed_netlink(&mut self, tgid: u32, fd: u32, protocol: u32, comm: String) {
+        self.netlink.entry(sock_key(tgid, fd)).or_insert_with(|| NetlinkSocket {
+            tgid,
+            fd,
+            protocol,
+            comm,
+            tracker: SocketTracker::new(protocol),
+            last_sent: None,
+            replied_since: false,
+        });
+    }
+
+    /// Takes one send or receive record.
+    pub fn on_io(&mut self, rec: &SockIo) {
+        self.records += 1;
+        if rec.class.kind != SockKind::Netlink as u32 {
+            return;
+        }
+        let key = sock_key(rec.tgid, rec.fd);
+        let s = self.netlink.entry(key).or_insert_with(|| NetlinkSocket {
+            tgid: rec.tgid,
+            fd: rec.fd,
+            protocol: rec.class.proto,
+            comm: cstr(&rec.comm),
+            tracker: SocketTracker::new(rec.class.proto),
+            last_sent: None,
+            replied_since: false,
+        });
+        let n = (rec.n_nl as usize).min(rec.nl.len());
+        let buf = headers_buffer(&rec.nl[..n]);
+        // All headers walked unless the kernel's summary table filled up.
+        let total = if n == rec.nl.len() { buf.len() + 1 } else { buf.len() };
+        if rec.slot < SOCK_FIRST_RECV {
+            s.tracker.on_send_captured(&buf, total, rec.end_ns);
+            if let Some(m) = rec.nl[..n].iter().rev().find(|m| m.msg_type >= 16) {
+                s.last_sent =
+                    Some(Sent { msg_type: m.msg_type, flags: m.flags, seq: m.seq, sent_ns: rec.start_ns, tid: rec.tid });
+                s.replied_since = false;
+            }
+        } else {
+            s.tracker.on_recv_captured(&buf, total, rec.end_ns, Some(&mut self.families));
+            if n > 0 {
+                s.replied_since = true;
+            }
+        }
+    }
+
+    /// A socket was closed: its requests are gone with it.
+    pub fn on_closed(&mut self, tgid: u32, fd: u32) {
+        self.netlink.remove(&sock_key(tgid, fd));
+    }
+
+    /// Forgets the sockets of processes that are gone.
+    pub fn retain_live(&mut self, alive: impl Fn(u32) -> bool) {
+        self.netlink.retain(|_, s| alive(s.tgid));
+    }
+
+    /// The open netlink requests at `now_ns`, given the socket calls in flight
+    /// in the kernel (`SOCK_CALLS`: tid → call).
+    pub fn open_netlink(&self, calls: &[(u32, SockCall)], _now_ns: u64) -> Vec<NetlinkOpen> {
+        let recv_on = |tgid: u32, fd: u32| {
+            calls
+                .iter()
+                .filter(|(_, c)| c.tgid == tgid && c.fd == fd && c.slot >= SOCK_FIRST_RECV)
+                .min_by_key(|(_, c)| c.start_ns)
+                .map(|(tid, c)| (*tid, c.start_ns))
+        };
+        let mut out = Vec::new();
+        for (key, s) in &self.netlink {
+            let recv = recv_on(s.tgid, s.fd);
+            let outstanding = s.tracker.outstanding(0);
+            for o in &outstanding {
+                out.push(open_of(*key, s, &o.request, recv));
+            }
+            if outstanding.is_empty() && !s.replied_since {
+                if let (Some(sent), Some((_, since))) = (&s.last_sent, recv) {
+                    if since >= sent.sent_ns {
+                        out.push(NetlinkOpen {
+                            sock: *key,
+                            tgid: s.tgid,
+                            tid: sent.tid,
+                            comm: s.comm.clone(),
+                            fd: s.fd,
+                            protocol: s.protocol,
+                            msg_type: sent.msg_type,
+                            flags: sent.flags,
+                            seq: Some(sent.seq),
+                            start_ns: sent.sent_ns,
+                            reply_expected: false,
+                            recv_since_ns: recv.map(|r| r.1),
+                            recv_tid: recv.map(|r| r.0),
+                            before_attach: false,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+fn open_of(key: SockKey, s: &NetlinkSocket, r: &Request, recv: Option<(u32, u64)>) -> NetlinkOpen {
+    NetlinkOpen {
+        sock: key,
+        tgid: s.tgid,
+        tid: recv.map(|r| r.0).unwrap_or(0),
+        comm: s.comm.clone(),
+        fd: s.fd,
+        protocol: s.protocol,
+        msg_type: r.msg_type,
+        flags: r.flags,
+        seq: Some(r.seq),
+        start_ns: r.sent_ns,
+        reply_expected: true,
+        recv_since_ns: recv.map(|r| r.1),
+        recv_tid: recv.map(|r| r.0),
+        before_attach: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plegwatch_abi::{EventHeader, NL_SUMMARIES, SOCK_DATA_CAP, SockClass};
+
+    const RTM_NEWADDR: u16 = 20;
+    const RTM_GETLINK: u16 = 18;
+    const REQUEST: u16 = 1;
+    const ACK: u16 = 4;
+    const DUMP: u16 = 0x300;
+    const MULTI: u16 = 2;
+
+    fn rec(slot: u32, start_ns: u64, msgs: &[(u16, u16, u32, i32)]) -> SockIo {
+        let mut nl = [NlSummary::default(); NL_SUMMARIES];
+        for (i, m) in msgs.iter().enumerate() {
+            nl[i] = NlSummary { len: 16, msg_type: m.0, flags: m.1, seq: m.2, error: m.3 };
+        }
+        SockIo {
+            header: EventHeader { kind: 2, _pad: 0 },
+            start_ns,
+            end_ns: start_ns + 10,
+            ret: 16,
+            tgid: 7,
+            tid: 8,
+            fd: 3,
+            slot,
+            class: SockClass { kind: SockKind::Netlink as u32, proto: 0 },
+            n_nl: msgs.len() as u32,
+            captured: 0,
+            comm: *b"terwayd\0\0\0\0\0\0\0\0\0",
+            nl,
+            data: [0; SOCK_DATA_CAP],
+        }
+    }
+
+    fn recv_call(start_ns: u64) -> (u32, SockCall) {
+        let class = SockClass { kind: SockKind::Netlink as u32, proto: 0 };
+        (8, SockCall { start_ns, buf: 1, buf_len: 4096, tgid: 7, fd: 3, slot: 6, _pad: 0, class })
+    }
+
+    #[test]
+    fn no_ack_request_then_blocking_recv_is_open() {
+        let mut s = Sockets::default();
+        s.on_io(&rec(2, 100, &[(RTM_NEWADDR, REQUEST, 42, 0)]));
+        assert!(s.open_netlink(&[], 200).is_empty(), "not open until the sender waits for it");
+        let open = s.open_netlink(&[recv_call(150)], 200);
+        assert_eq!(open.len(), 1);
+        let o = &open[0];
+        assert_eq!((o.msg_type, o.seq, o.start_ns, o.reply_expected, o.recv_since_ns), (RTM_NEWADDR, Some(42), 100, false, Some(150)));
+        assert_eq!(o.comm, "terwayd");
+        let d = o.detail(&s.families, 1_000_000_150);
+        assert_eq!(d["protocol"], "route");
+        assert_eq!(d["message_type"], "RTM_NEWADDR");
+        assert!((d["recv_blocked_s"].as_f64().unwrap() - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn acked_and_dumped_requests_close() {
+        let mut s = Sockets::default();
+        s.on_io(&rec(2, 100, &[(RTM_NEWADDR, REQUEST | ACK, 1, 0)]));
+        assert_eq!(s.open_netlink(&[], 150).len(), 1, "an ack is expected");
+        s.on_io(&rec(6, 160, &[(NLMSG_ERROR, 0, 1, 0)]));
+        assert!(s.open_netlink(&[recv_call(170)], 200).is_empty());
+
+        s.on_io(&rec(2, 300, &[(RTM_GETLINK, REQUEST | DUMP, 2, 0)]));
+        s.on_io(&rec(6, 310, &[(16, MULTI, 2, 0), (16, MULTI, 2, 0)]));
+        assert_eq!(s.open_netlink(&[], 320).len(), 1, "the dump is not done");
+        s.on_io(&rec(6, 330, &[(3, MULTI, 2, 0)]));
+        assert!(s.open_netlink(&[recv_call(340)], 350).is_empty());
+    }
+
+    #[test]
+    fn listener_is_never_open() {
+        let mut s = Sockets::default();
+        s.seed_netlink(7, 3, 0, "ip".into());
+        s.on_io(&rec(6, 100, &[(RTM_NEWADDR, 0, 0, 0)]));
+        assert!(s.open_netlink(&[recv_call(200)], 10_000_000_000).is_empty());
+        s.on_closed(7, 3);
+        assert!(s.netlink.is_empty());
+    }
+
+    #[test]
+    fn headers_buffer_round_trips_through_the_parser() {
+        let nl = [
+            NlSummary { len: 100, msg_type: 16, flags: MULTI, seq: 9, error: 0 },
+            NlSummary { len: 36, msg_type: NLMSG_ERROR, flags: 0, seq: 9, error: -17 },
+        ];
+        let buf = headers_buffer(&nl);
+        let parsed = crate::netlink::header::parse(&buf, 0);
+        assert_eq!(parsed.messages.len(), 2);
+        assert!(!parsed.truncated && !parsed.malformed);
+        assert_eq!(parsed.messages[1].errno, Some(-17));
+    }
+}
