@@ -4,11 +4,14 @@
 //! The binary is a thin shell over this library, so every piece of logic here
 //! can be unit-tested without root.
 
+pub mod btf;
 pub mod cli;
 pub mod collector;
+pub mod dbus;
 pub mod detail;
 pub mod doctor;
 pub mod durations;
+pub mod holders;
 pub mod inflight;
 pub mod levels;
 pub mod loader;
@@ -17,7 +20,9 @@ pub mod mounts;
 pub mod netlink;
 pub mod output;
 pub mod probes;
+pub mod reqwatch;
 pub mod procfs;
+pub mod sockets;
 pub mod stats;
 pub mod sweep;
 pub mod syscalls;
