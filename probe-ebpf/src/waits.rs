@@ -206,6 +206,8 @@ fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
         path: [0u8; PATH_LEN],
     };
     if slot == SLOT_UMOUNT2 {
+        // Its sync runs later, in task_work: record where it sleeps.
+        crate::offcpu::mark_interesting(tgid);
         // SAFETY: the helper bounds the read and checks the user pointer.
         if unsafe { bpf_probe_read_user_str_bytes(arg0 as *const u8, &mut wait.path) }.is_err() {
             count(Stat::PathReadFailed);

@@ -15,6 +15,7 @@ use crate::{
     mounts::{self, SharedMounts},
     output::{Event, Ready, Resolved, Sink, Stall, Summary},
     probes::{self, Choice, ProbeError},
+    offcpu::OffCpu,
     reqwatch::ReqWatch,
     procfs::{self, SyscallState},
     stats, sweep,
@@ -79,10 +80,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     loader::ensure_tracefs()?;
     let mounts = mounts::watch().map_err(|e| WatchError::Io("reading /proc/self/mountinfo", e))?;
     // End records for waits shorter than --warn would be thrown away.
-    let mut ebpf = loader::load(LoadOptions {
-        report_min: cfg.thresholds.warn,
-    })?;
-    let choices = probes::attach_all(&mut ebpf)?;
+    let (mut ebpf, offsets) = loader::load(LoadOptions { report_min: cfg.thresholds.warn })?;
+    let env = probes::AttachEnv::probe(offsets.task_pid.offset().is_some());
+    let choices = probes::attach_all(&mut ebpf, &env)?;
 
     let mut inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
     let mut tails: Array<MapData, u64> = take_map(&mut ebpf, maps::TAIL_PENDING)?;
@@ -104,6 +104,10 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // SAFETY: as for the other ring buffer.
     let mut sock_ring = unsafe { AsyncFd::register(sock_ring) }
         .map_err(|e| WatchError::Io("polling the socket ring buffer", std::io::Error::other(e.to_string())))?;
+    let mut offcpu = match choices.iter().any(|c| c.probe == "offcpu" && !c.is_off()) {
+        true => Some(OffCpu::new(&mut ebpf, &cfg.filter.comms)?),
+        false => None,
+    };
     if choices.iter().any(|c| c.probe == "socket_io" && !c.is_off()) {
         let (socks, waiters) = req.seed(std::process::id());
         tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
@@ -132,8 +136,14 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     loop {
         tokio::select! {
             _ = tick.tick() => {
-                engine.scan(sink);
-                req.scan(monotonic_ns(), sink);
+                if let Some(o) = offcpu.as_mut() {
+                    let mut tgids = engine.open_tgids.clone();
+                    tgids.extend(req.tgids());
+                    o.refresh(&tgids);
+                }
+                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref() };
+                engine.scan(&mut sink);
+                req.scan(monotonic_ns(), &mut sink);
                 drops.check(&ebpf);
             }
             guard = sock_ring.readable_mut() => {
@@ -146,7 +156,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
             }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the ring buffer", e))?;
-                engine.drain(guard.get_inner_mut(), sink);
+                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref() };
+                engine.drain(guard.get_inner_mut(), &mut sink);
                 guard.clear_ready();
             }
             _ = sigint.recv() => { tracing::info!("SIGINT: detaching"); break; }
@@ -169,6 +180,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         dropped_events: stats::counter(&counters, Stat::RingbufFull)
             + stats::counter(&counters, Stat::SockEventsFull),
         syscalls: stats::latency(&ebpf),
+        offcpu_top: offcpu.as_ref().map(|o| o.top(10)).unwrap_or_default(),
     };
     if summary.dropped_waits + summary.dropped_events > 0 {
         tracing::warn!(
@@ -234,6 +246,28 @@ where
     T::try_from(map).map_err(|e| WatchError::Map(name, e.to_string()))
 }
 
+/// Adds what the kernel's off-CPU aggregates say of a stall's thread to its
+/// `detail.offcpu` on the way out.
+struct Enrich<'a> {
+    inner: &'a mut dyn Sink,
+    offcpu: Option<&'a OffCpu>,
+}
+
+impl Sink for Enrich<'_> {
+    fn emit(&mut self, event: &Event) {
+        if let (Event::Stall(s), Some(o)) = (event, self.offcpu) {
+            if let (Some(v), Value::Object(_)) = (o.for_tid(s.tid, monotonic_ns()), &s.detail) {
+                let mut s = s.clone();
+                if let Value::Object(d) = &mut s.detail {
+                    d.insert("offcpu".into(), v);
+                }
+                return self.inner.emit(&Event::Stall(s));
+            }
+        }
+        self.inner.emit(event);
+    }
+}
+
 /// Warns, at most every few seconds, when the kernel's drop counters grow.
 #[derive(Default)]
 struct DropWatch {
@@ -274,6 +308,8 @@ struct Engine {
     poll_tails: bool,
     /// The fixed part of each reported wait's detail.
     fixed: HashMap<WaitKey, Map<String, Value>>,
+    /// Processes with a wait open in the kernel at the last scan.
+    open_tgids: Vec<u32>,
     /// Scans in a row that found a tail's thread running outside umount2.
     running_seen: HashMap<WaitKey, u32>,
     ring_records: u64,
@@ -295,6 +331,7 @@ impl Engine {
             inflight,
             poll_tails,
             fixed: HashMap::new(),
+            open_tgids: Vec::new(),
             running_seen: HashMap::new(),
             ring_records: 0,
         }
@@ -308,6 +345,7 @@ impl Engine {
             .filter_map(Result::ok)
             .map(|(_, w)| WaitInfo::from(&w))
             .collect();
+        self.open_tgids = open.iter().map(|w| w.tgid).collect();
         let actions = self.registry.scan(open.iter(), now);
         self.act(actions, sink);
         self.check_reported(now, sink);

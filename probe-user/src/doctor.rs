@@ -117,10 +117,11 @@ pub fn run() -> Report {
         match loader::load(LoadOptions {
             report_min: Duration::from_secs(1),
         }) {
-            Ok(mut ebpf) => {
+            Ok((mut ebpf, offsets)) => {
                 program_types = try_program_types(&mut ebpf, btf.as_ref().ok());
+                let env = probes::AttachEnv::probe(offsets.task_pid.offset().is_some());
                 for p in probes::PROBES {
-                    let r = probes::attach(&mut ebpf, p);
+                    let r = probes::attach(&mut ebpf, &env, p);
                     probes_out.push(ProbeReport {
                         probe: p.name.into(),
                         about: p.about.into(),

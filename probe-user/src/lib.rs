@@ -18,6 +18,7 @@ pub mod loader;
 pub mod logging;
 pub mod mounts;
 pub mod netlink;
+pub mod offcpu;
 pub mod output;
 pub mod probes;
 pub mod reqwatch;

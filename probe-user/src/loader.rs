@@ -1,7 +1,7 @@
 //! Getting the kernel ready: privileges, tracefs, and the eBPF object loaded
 //! with its read-only globals set.
 
-use crate::syscalls;
+use crate::{btf::KernelOffsets, syscalls};
 use aya::{Ebpf, EbpfLoader};
 use plegwatch_abi::globals;
 use std::{path::Path, time::Duration};
@@ -106,17 +106,23 @@ pub struct LoadOptions {
 
 /// Loads the eBPF object with its globals set: the tracer's own TGID (always
 /// filtered out), the end-record threshold and the watched syscall numbers.
-pub fn load(opts: LoadOptions) -> Result<Ebpf, LoadError> {
+pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
     raise_memlock();
     let tgid = std::process::id();
     let report_min = opts.report_min.as_nanos().min(u64::MAX as u128) as u64;
     let watched = syscalls::watched_nr_table();
     let sock_nr = syscalls::sock_nr_table();
+    let offsets = KernelOffsets::from_sys_fs().unwrap_or_else(|e| KernelOffsets::all_missing(&e.to_string()));
+    for f in offsets.missing() {
+        tracing::debug!(field = %f, "kernel struct offset not found in BTF");
+    }
+    let task_pid_off = offsets.task_pid.offset().unwrap_or(0);
     let ebpf = EbpfLoader::new()
         .override_global(globals::TRACER_TGID, &tgid, true)
         .override_global(globals::REPORT_MIN_NS, &report_min, true)
         .override_global(globals::WATCHED_NR, &watched, true)
         .override_global(globals::SOCK_NR, &sock_nr, true)
+        .override_global(plegwatch_abi::offcpu_maps::TASK_PID_OFF, &task_pid_off, true)
         .load(PROBES_OBJ)?;
-    Ok(ebpf)
+    Ok((ebpf, offsets))
 }

@@ -88,6 +88,9 @@ pub struct Summary {
     /// End records the kernel could not send (ring buffer full).
     pub dropped_events: u64,
     pub syscalls: Vec<SyscallSummary>,
+    /// The (process, kernel stack) pairs with the most D-state time, for the
+    /// processes that matter.
+    pub offcpu_top: Vec<Value>,
 }
 
 /// Anything plegwatch prints on stdout.

@@ -8,7 +8,7 @@
 use crate::{output::ProbeChoice, syscalls::WATCHED};
 use aya::{
     Ebpf,
-    programs::{RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, RawTracePoint, TracePoint},
 };
 use thiserror::Error;
 
@@ -19,6 +19,9 @@ pub enum Variant {
     Tracepoints(&'static [Tp]),
     /// A raw tracepoint program.
     RawTracepoint { program: &'static str, tracepoint: &'static str },
+    /// A BTF tracepoint (tp_btf) program; needs kernel BTF, and the kernel
+    /// struct offsets it reads.
+    BtfTracepoint { program: &'static str, tracepoint: &'static str },
     /// No kernel program: the collector polls `/proc` for this job at each scan
     /// (coarser timing, same result).
     ProcPoll,
@@ -85,6 +88,7 @@ impl Variant {
                 format!("tracepoint {}", parts.join(" + "))
             }
             Variant::RawTracepoint { tracepoint, .. } => format!("raw_tp {tracepoint}"),
+            Variant::BtfTracepoint { tracepoint, .. } => format!("tp_btf {tracepoint}"),
             Variant::ProcPoll => "/proc poll".to_string(),
             Variant::Off => "off".to_string(),
         }
@@ -161,7 +165,33 @@ pub const PROBES: &[Probe] = &[
             Variant::Off,
         ],
     },
+    Probe {
+        name: "offcpu",
+        about: "D-state sleeps by kernel stack for the processes that matter (sched_switch)",
+        required: false,
+        variants: &[
+            Variant::BtfTracepoint { program: "offcpu_switch_btf", tracepoint: "sched_switch" },
+            Variant::Tracepoints(&[tp("offcpu_switch_tp", "sched", Names::One("sched_switch"))]),
+            Variant::Off,
+        ],
+    },
 ];
+
+/// What some variants need besides the eBPF object.
+#[derive(Default)]
+pub struct AttachEnv {
+    /// The kernel's BTF, for tp_btf.
+    pub btf: Option<aya::Btf>,
+    /// Whether the struct offsets the tp_btf programs read were found.
+    pub offsets_known: bool,
+}
+
+impl AttachEnv {
+    /// Reads the kernel's BTF (`offsets_known` as the loader found them).
+    pub fn probe(offsets_known: bool) -> Self {
+        AttachEnv { btf: aya::Btf::from_sys_fs().ok(), offsets_known }
+    }
+}
 
 #[derive(Debug, Error)]
 pub enum ProbeError {
@@ -198,15 +228,15 @@ impl Choice {
 }
 
 /// Attaches every probe of [`PROBES`], each with the best variant that works.
-pub fn attach_all(ebpf: &mut Ebpf) -> Result<Vec<Choice>, ProbeError> {
-    PROBES.iter().map(|p| attach(ebpf, p)).collect()
+pub fn attach_all(ebpf: &mut Ebpf, env: &AttachEnv) -> Result<Vec<Choice>, ProbeError> {
+    PROBES.iter().map(|p| attach(ebpf, env, p)).collect()
 }
 
 /// Attaches one probe with the best variant that works.
-pub fn attach(ebpf: &mut Ebpf, probe: &Probe) -> Result<Choice, ProbeError> {
+pub fn attach(ebpf: &mut Ebpf, env: &AttachEnv, probe: &Probe) -> Result<Choice, ProbeError> {
     let mut passed_over = Vec::new();
     for v in probe.variants {
-        match try_variant(ebpf, v) {
+        match try_variant(ebpf, env, v) {
             Ok(()) => {
                 if matches!(v, Variant::Off) {
                     tracing::warn!(probe = probe.name, passed_over = ?passed_over, "probe is off: {}", probe.about);
@@ -231,7 +261,7 @@ pub fn attach(ebpf: &mut Ebpf, probe: &Probe) -> Result<Choice, ProbeError> {
     })
 }
 
-fn try_variant(ebpf: &mut Ebpf, v: &Variant) -> Result<(), String> {
+fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), String> {
     match *v {
         Variant::Tracepoints(tps) => {
             let mut attached: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)> = Vec::new();
@@ -257,6 +287,15 @@ fn try_variant(ebpf: &mut Ebpf, v: &Variant) -> Result<(), String> {
             let prog: &mut RawTracePoint = program_mut(ebpf, program)?;
             prog.load().or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
             prog.attach(tracepoint).map(|_| ()).map_err(|e| format!("attach {program} to {tracepoint}: {e}"))
+        }
+        Variant::BtfTracepoint { program, tracepoint } => {
+            let btf = env.btf.as_ref().ok_or("no kernel BTF")?;
+            if !env.offsets_known {
+                return Err("kernel struct offsets not found in BTF".into());
+            }
+            let prog: &mut BtfTracePoint = program_mut(ebpf, program)?;
+            prog.load(tracepoint, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
+            prog.attach().map(|_| ()).map_err(|e| format!("attach {program}: {e}"))
         }
         Variant::ProcPoll | Variant::Off => Ok(()),
     }

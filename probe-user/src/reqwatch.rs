@@ -192,6 +192,11 @@ impl ReqWatch {
         }
     }
 
+    /// The processes holding tracked netlink sockets.
+    pub fn tgids(&self) -> Vec<u32> {
+        self.sockets.tgids()
+    }
+
     /// (stall lines, resolutions, still open).
     pub fn counts(&self) -> (u64, u64, u64) {
         let (s, r) = self.registry.counts();

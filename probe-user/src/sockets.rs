@@ -203,6 +203,14 @@ impl Sockets {
         self.netlink.remove(&sock_key(tgid, fd));
     }
 
+    /// The processes holding tracked netlink sockets.
+    pub fn tgids(&self) -> Vec<u32> {
+        let mut t: Vec<u32> = self.netlink.values().map(|s| s.tgid).collect();
+        t.sort_unstable();
+        t.dedup();
+        t
+    }
+
     /// Forgets the sockets of processes that are gone.
     pub fn retain_live(&mut self, alive: impl Fn(u32) -> bool) {
         self.netlink.retain(|_, s| alive(s.tgid));

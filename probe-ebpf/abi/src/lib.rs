@@ -68,6 +68,55 @@ pub const HIST_BUCKETS: u32 = 32;
 /// Total entries in [`maps::HIST`].
 pub const HIST_ENTRIES: u32 = WATCHED_SLOTS as u32 * HIST_BUCKETS;
 
+/// Off-CPU maps (D-state sleeps by kernel stack).
+pub mod offcpu_maps {
+    /// `HashMap<u32 tgid, u8>`: the processes whose D sleeps are recorded.
+    pub const INTERESTING: &str = "INTERESTING";
+    /// `HashMap<u32 tid, OffCpuStart>`: D sleeps in progress.
+    pub const OFFCPU_START: &str = "OFFCPU_START";
+    /// `HashMap<OffCpuKey, OffCpuVal>`: ended D sleeps, aggregated.
+    pub const OFFCPU: &str = "OFFCPU";
+    /// `StackTrace`: kernel stacks by id.
+    pub const STACKS: &str = "STACKS";
+    /// `u32` global: offset of `pid` in `struct task_struct` (from BTF).
+    pub const TASK_PID_OFF: &str = "TASK_PID_OFF";
+}
+
+/// `TASK_UNINTERRUPTIBLE` in a task's state (include/linux/sched.h, stable).
+pub const TASK_UNINTERRUPTIBLE: u64 = 2;
+
+/// A D sleep in progress.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OffCpuStart {
+    pub start_ns: u64,
+    /// Id in the `STACKS` map, or negative when the stack could not be taken.
+    pub stack_id: i32,
+    pub tgid: u32,
+}
+const _: () = assert!(size_of::<OffCpuStart>() == 16);
+
+/// Key of the aggregated D sleeps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OffCpuKey {
+    pub tgid: u32,
+    pub tid: u32,
+    pub stack_id: i32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<OffCpuKey>() == 16);
+
+/// Aggregated D sleeps of one (tgid, tid, stack).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OffCpuVal {
+    pub total_ns: u64,
+    pub count: u64,
+    pub max_ns: u64,
+}
+const _: () = assert!(size_of::<OffCpuVal>() == 24);
+
 /// Number of socket syscall slots in [`globals::SOCK_NR`].
 pub const SOCK_SLOTS: usize = 8;
 /// The socket syscalls, by slot. Slots 0-3 send, 4-7 receive; `slot % 4` is the
@@ -374,6 +423,9 @@ mod pod {
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::SockClass {}
     unsafe impl aya::Pod for super::SockCall {}
+    unsafe impl aya::Pod for super::OffCpuStart {}
+    unsafe impl aya::Pod for super::OffCpuKey {}
+    unsafe impl aya::Pod for super::OffCpuVal {}
 }
 
 #[cfg(test)]
