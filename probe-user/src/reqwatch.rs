@@ -11,7 +11,11 @@ use crate::{
     levels::{Thresholds, budget_used},
     output::{Event, Resolved, Sink, Stall},
     procfs::{self, SyscallState},
-    sockets::{NetlinkOpen, Sockets, sock_key},
+    holders::{
+        SocketOwners, UnixPeers,
+        bus_owner::{self, Owner},
+    },
+    sockets::{DbusOpen, NetlinkOpen, Sockets, sock_key},
     sweep::{self, AgeClock},
     syscalls::WaitKind,
 };
@@ -20,14 +24,19 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData},
 };
 use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, sock_maps};
-use serde_json::json;
-use std::collections::HashMap;
+use serde_json::{Value, json};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
 
 /// The receive syscalls a thread blocked on a netlink reply may sit in.
 const RECV_NRS: [i64; 4] = [libc::SYS_recvfrom, libc::SYS_recvmsg, libc::SYS_read, libc::SYS_readv];
 
 pub struct ReqWatch {
     registry: Registry<NetlinkOpen>,
+    dbus: Registry<DbusOpen>,
+    holders: DbusHolders,
     sockets: Sockets,
     socks: BpfHashMap<MapData, u64, SockClass>,
     calls: BpfHashMap<MapData, u32, SockCall>,
@@ -41,7 +50,9 @@ pub struct ReqWatch {
 impl ReqWatch {
     pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter) -> Result<Self, WatchError> {
         Ok(ReqWatch {
-            registry: Registry::new(thresholds, filter),
+            registry: Registry::new(thresholds, filter.clone()),
+            dbus: Registry::new(thresholds, filter),
+            holders: DbusHolders::default(),
             sockets: Sockets::default(),
             socks: take_map(ebpf, sock_maps::SOCKS)?,
             calls: take_map(ebpf, sock_maps::SOCK_CALLS)?,
@@ -144,6 +155,9 @@ impl ReqWatch {
         open.extend(self.swept.iter().cloned());
         let actions = self.registry.scan(open.iter(), now_ns);
         self.act(actions, now_ns, sink);
+        let open = self.sockets.open_dbus(now_ns);
+        let actions = self.dbus.scan(open.iter(), now_ns);
+        self.act_dbus(actions, sink);
         if now_ns.saturating_sub(self.last_gc_ns) > 10_000_000_000 {
             self.last_gc_ns = now_ns;
             self.sockets.retain_live(procfs::thread_exists);
@@ -192,7 +206,48 @@ impl ReqWatch {
         }
     }
 
-    /// The processes holding tracked netlink sockets.
+    fn act_dbus(&mut self, actions: Vec<Action<(u64, u64)>>, sink: &mut dyn Sink) {
+        for a in actions {
+            match a {
+                Action::Report { key, level, waited } => {
+                    let Some(t) = self.dbus.get(&key) else { continue };
+                    let o = t.info.clone();
+                    let holder = self.holders.holder_of(&o);
+                    sink.emit(&Event::Stall(Stall {
+                        level,
+                        id: t.id,
+                        kind: WaitKind::DbusCall,
+                        pid: o.tgid,
+                        tid: o.tid,
+                        comm: o.comm.clone(),
+                        waited_s: waited.as_secs_f64(),
+                        started_at: humantime::format_rfc3339_millis(wall_of(o.start_ns)).to_string(),
+                        budget_used: budget_used(waited),
+                        started_before_attach: o.before_attach,
+                        detail: o.detail(),
+                        holder: Some(holder),
+                        chain: Vec::new(),
+                        kernel_stack: procfs::kernel_stack(o.tid).unwrap_or_default(),
+                        user_stack: Vec::new(),
+                    }));
+                }
+                Action::Resolve { key, waited, exact } => {
+                    let Some(t) = self.dbus.forget(&key) else { continue };
+                    sink.emit(&Event::Resolved(Resolved {
+                        id: t.id,
+                        kind: WaitKind::DbusCall,
+                        pid: t.info.tgid,
+                        tid: t.info.tid,
+                        waited_s: waited.as_secs_f64(),
+                        comm: t.info.comm,
+                        timing: if exact { "exact" } else { "approximate" },
+                    }));
+                }
+            }
+        }
+    }
+
+    /// The processes holding tracked netlink or D-Bus sockets.
     pub fn tgids(&self) -> Vec<u32> {
         self.sockets.tgids()
     }
@@ -200,6 +255,90 @@ impl ReqWatch {
     /// (stall lines, resolutions, still open).
     pub fn counts(&self) -> (u64, u64, u64) {
         let (s, r) = self.registry.counts();
-        (s, r, self.registry.open().count() as u64)
+        let (ds, dr) = self.dbus.counts();
+        (s + ds, r + dr, (self.registry.open().count() + self.dbus.open().count()) as u64)
+    }
+}
+
+/// How long the bus daemon gets to say who owns a name.
+const OWNER_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long an answer is reused.
+const OWNER_TTL: Duration = Duration::from_secs(10);
+
+/// Finds who holds a D-Bus call: the owner of its destination, asked of the
+/// bus daemon; the daemon itself when it does not answer; the socket's peer
+/// for a peer-to-peer connection (no bus).
+#[derive(Default)]
+struct DbusHolders {
+    peers: UnixPeers,
+    owners: SocketOwners,
+    cache: HashMap<(String, String), (Instant, Owner)>,
+}
+
+fn process(pid: u32) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("pid".into(), json!(pid));
+    m.insert("comm".into(), json!(procfs::comm(pid)));
+    m.insert("state".into(), json!(procfs::state(pid).map(String::from)));
+    m.insert("wchan".into(), json!(procfs::wchan(pid)));
+    m
+}
+
+impl DbusHolders {
+    fn holder_of(&mut self, o: &DbusOpen) -> Value {
+        let inode = std::fs::read_link(format!("/proc/{}/fd/{}", o.tgid, o.fd))
+            .ok()
+            .and_then(|l| crate::holders::unix_peer::parse_socket_link(l.as_os_str().as_encoded_bytes()));
+        let peer = inode.and_then(|i| self.peers.peer_of(i));
+        let daemon = |me: &mut Self| -> Option<u32> {
+            let p = peer.as_ref()?;
+            me.owners.pids_of(p.peer_inode).into_iter().next()
+        };
+        let bus_path = peer.as_ref().and_then(|p| p.path().map(String::from));
+        let Some(dest) = o.destination.clone() else {
+            // No destination: a peer-to-peer connection; the peer answers.
+            return match daemon(self) {
+                Some(pid) => {
+                    let mut m = process(pid);
+                    m.insert("kind".into(), json!("socket_peer"));
+                    m.insert("path".into(), json!(bus_path));
+                    Value::Object(m)
+                }
+                None => json!({ "kind": "unknown", "why": "no destination and no socket peer found" }),
+            };
+        };
+        let Some(path) = bus_path else {
+            return json!({ "kind": "unknown", "name": dest, "why": "the bus socket's path is unknown" });
+        };
+        let key = (path.clone(), dest.clone());
+        let owner = match self.cache.get(&key) {
+            Some((at, o)) if at.elapsed() < OWNER_TTL => o.clone(),
+            _ => {
+                let o = if dest == "org.freedesktop.DBus" {
+                    Owner::BusNotAnswering
+                } else {
+                    bus_owner::owner_of(std::path::Path::new(&path), &dest, OWNER_TIMEOUT)
+                };
+                self.cache.insert(key, (Instant::now(), o.clone()));
+                o
+            }
+        };
+        match owner {
+            Owner::Pid(pid) => {
+                let mut m = process(pid);
+                m.insert("kind".into(), json!("name_owner"));
+                m.insert("name".into(), json!(dest));
+                m.insert("bus".into(), json!(path));
+                Value::Object(m)
+            }
+            Owner::BusNotAnswering => {
+                let mut m = daemon(self).map(process).unwrap_or_default();
+                m.insert("kind".into(), json!("bus_daemon"));
+                m.insert("name".into(), json!(dest));
+                m.insert("bus".into(), json!(path));
+                Value::Object(m)
+            }
+            Owner::Unknown(why) => json!({ "kind": "unknown", "name": dest, "bus": path, "why": why }),
+        }
     }
 }

@@ -12,6 +12,7 @@
 //! monitor`) has nothing open, however long it blocks in recv.
 
 use crate::{
+    dbus::calls::{Connection, Side},
     inflight::Item,
     netlink::{
         genl::GenlFamilies,
@@ -116,10 +117,76 @@ impl NetlinkOpen {
     }
 }
 
+/// One D-Bus connection, client side.
+#[derive(Clone, Debug)]
+pub struct DbusSocket {
+    pub tgid: u32,
+    pub fd: u32,
+    pub comm: String,
+    pub conn: Connection,
+    /// The thread that wrote last (the caller).
+    pub writer_tid: u32,
+}
+
+/// An open D-Bus method call: the registry's item for kind `dbus_call`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DbusOpen {
+    pub sock: SockKey,
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub fd: u32,
+    pub serial: u32,
+    pub destination: Option<String>,
+    pub path: Option<String>,
+    pub interface: Option<String>,
+    pub member: Option<String>,
+    /// The caller's unique name on the bus, when seen.
+    pub sender: Option<String>,
+    pub start_ns: u64,
+    pub before_attach: bool,
+}
+
+impl Item for DbusOpen {
+    type Key = (SockKey, u64);
+    fn key(&self) -> Self::Key {
+        (self.sock, (u64::from(self.serial) << 32) ^ self.start_ns)
+    }
+    fn tgid(&self) -> u32 {
+        self.tgid
+    }
+    fn tid(&self) -> u32 {
+        self.tid
+    }
+    fn comm(&self) -> &str {
+        &self.comm
+    }
+    fn start_ns(&self) -> u64 {
+        self.start_ns
+    }
+    fn refresh(&mut self, _newer: &Self) {}
+}
+
+impl DbusOpen {
+    /// The stall's `detail`.
+    pub fn detail(&self) -> Value {
+        json!({
+            "destination": self.destination,
+            "path": self.path,
+            "interface": self.interface,
+            "member": self.member,
+            "serial": self.serial,
+            "sender": self.sender,
+            "fd": self.fd,
+        })
+    }
+}
+
 /// Every tracked socket.
 #[derive(Debug, Default)]
 pub struct Sockets {
     netlink: HashMap<SockKey, NetlinkSocket>,
+    dbus: HashMap<SockKey, DbusSocket>,
     pub families: GenlFamilies,
     /// Requests sent while the socket was unknown, and other oddities.
     pub records: u64,
@@ -166,6 +233,10 @@ impl Sockets {
     /// Takes one send or receive record.
     pub fn on_io(&mut self, rec: &SockIo) {
         self.records += 1;
+        if rec.class.kind == SockKind::Dbus as u32 {
+            self.on_dbus_io(rec);
+            return;
+        }
         if rec.class.kind != SockKind::Netlink as u32 {
             return;
         }
@@ -198,9 +269,54 @@ impl Sockets {
         }
     }
 
+    fn on_dbus_io(&mut self, rec: &SockIo) {
+        let key = sock_key(rec.tgid, rec.fd);
+        let s = self.dbus.entry(key).or_insert_with(|| DbusSocket {
+            tgid: rec.tgid,
+            fd: rec.fd,
+            comm: cstr(&rec.comm),
+            conn: Connection::new(Side::Client),
+            writer_tid: rec.tid,
+        });
+        let n = (rec.captured as usize).min(rec.data.len());
+        let total = usize::try_from(rec.ret).unwrap_or(0);
+        if rec.slot < SOCK_FIRST_RECV {
+            s.writer_tid = rec.tid;
+            s.conn.on_write(&rec.data[..n], total, rec.start_ns);
+        } else {
+            s.conn.on_read(&rec.data[..n], total, rec.end_ns);
+        }
+    }
+
+    /// The open D-Bus calls.
+    pub fn open_dbus(&self, now_ns: u64) -> Vec<DbusOpen> {
+        let mut out = Vec::new();
+        for (key, s) in &self.dbus {
+            for o in s.conn.outstanding(now_ns) {
+                out.push(DbusOpen {
+                    sock: *key,
+                    tgid: s.tgid,
+                    tid: s.writer_tid,
+                    comm: s.comm.clone(),
+                    fd: s.fd,
+                    serial: o.call.serial,
+                    destination: o.call.destination.clone(),
+                    path: o.call.path.clone(),
+                    interface: o.call.interface.clone(),
+                    member: o.call.member.clone(),
+                    sender: s.conn.calls().unique_name().map(String::from),
+                    start_ns: o.call.at_ns,
+                    before_attach: false,
+                });
+            }
+        }
+        out
+    }
+
     /// A socket was closed: its requests are gone with it.
     pub fn on_closed(&mut self, tgid: u32, fd: u32) {
         self.netlink.remove(&sock_key(tgid, fd));
+        self.dbus.remove(&sock_key(tgid, fd));
     }
 
     /// The processes holding tracked netlink sockets.
@@ -214,6 +330,7 @@ impl Sockets {
     /// Forgets the sockets of processes that are gone.
     pub fn retain_live(&mut self, alive: impl Fn(u32) -> bool) {
         self.netlink.retain(|_, s| alive(s.tgid));
+        self.dbus.retain(|_, s| alive(s.tgid));
     }
 
     /// The open netlink requests at `now_ns`, given the socket calls in flight

@@ -13,6 +13,8 @@ pub enum WaitKind {
     Sync,
     /// A netlink request with no reply yet.
     NetlinkRequest,
+    /// A D-Bus method call with no reply yet.
+    DbusCall,
 }
 
 impl WaitKind {
@@ -21,6 +23,7 @@ impl WaitKind {
             WaitKind::Umount => "umount",
             WaitKind::Sync => "sync",
             WaitKind::NetlinkRequest => "netlink_request",
+            WaitKind::DbusCall => "dbus_call",
         }
     }
 }

@@ -3,6 +3,7 @@
 //! `/run/dbus/system_bus_socket` is blamed on dbus-daemon, or on systemd for
 //! `/run/systemd/private`.
 
+pub mod bus_owner;
 pub mod unix_peer;
 
 pub use unix_peer::{PeerInfo, SocketOwners, UnixPeers, UnixSocketInfo};
