@@ -27,6 +27,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "runc",
     "dbus-daemon",
     "dbus",
+    // dbus-test-tool: a real D-Bus service to freeze in the D-Bus scenarios.
+    "dbus-tests",
+    // gdbus: a GLib D-Bus client that waits in poll on a worker thread.
+    "libglib2.0-bin",
     "busybox-static",
     "golang-go",
     "iproute2",
