@@ -8,6 +8,7 @@ pub mod btf;
 pub mod cli;
 pub mod collector;
 pub mod dbus;
+pub mod dbus_sweep;
 pub mod detail;
 pub mod doctor;
 pub mod durations;

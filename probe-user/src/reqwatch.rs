@@ -15,6 +15,7 @@ use crate::{
         SocketOwners, UnixPeers,
         bus_owner::{self, Owner},
     },
+    dbus_sweep,
     sockets::{DbusOpen, NetlinkOpen, Sockets, sock_key},
     sweep::{self, AgeClock},
     syscalls::WaitKind,
@@ -43,6 +44,8 @@ pub struct ReqWatch {
     /// Threads found blocked in a receive on a request socket (no multicast
     /// groups) when plegwatch started: what they sent is unknown.
     swept: Vec<NetlinkOpen>,
+    /// D-Bus calls found queued unread at startup.
+    swept_dbus: Vec<DbusOpen>,
     /// Sockets of processes seen dead are dropped at most this often.
     last_gc_ns: u64,
 }
@@ -57,6 +60,7 @@ impl ReqWatch {
             socks: take_map(ebpf, sock_maps::SOCKS)?,
             calls: take_map(ebpf, sock_maps::SOCK_CALLS)?,
             swept: Vec::new(),
+            swept_dbus: Vec::new(),
             last_gc_ns: 0,
         })
     }
@@ -121,7 +125,63 @@ impl ReqWatch {
                 before_attach: true,
             });
         }
+        let (conns, calls) = self.seed_dbus(self_tgid);
+        tracing::info!(dbus_connections = conns, queued_calls = calls, "startup sweep: D-Bus");
         (seeded, self.swept.len())
+    }
+
+    /// Tracks the bus connections that existed, and turns calls found queued
+    /// unread into open calls. Returns (connections, calls).
+    fn seed_dbus(&mut self, self_tgid: u32) -> (usize, usize) {
+        const BPF_NOEXIST: u64 = 1;
+        let found = dbus_sweep::sweep(self_tgid);
+        for c in found.connections.iter().filter(|c| !c.daemon_side) {
+            let class = SockClass { kind: SockKind::Dbus as u32, proto: 0 };
+            let _ = self.socks.insert(sock_key(c.tgid, c.fd), class, BPF_NOEXIST);
+            self.sockets.seed_dbus(c.tgid, c.fd, procfs::comm(c.tgid).unwrap_or_default());
+        }
+        let clock = AgeClock::new(self_tgid, monotonic_ns());
+        for q in &found.queued {
+            // The caller: named by the sender the bus stamped on the call, or
+            // the other end of the daemon's socket the call sits in.
+            let caller = match (&q.sender, q.peer_pid) {
+                (Some(sender), _) if !found.connections.iter().any(|c| c.tgid == q.holder_pid && c.daemon_side) => {
+                    match bus_owner::owner_of(std::path::Path::new(&q.bus_path), sender, OWNER_TIMEOUT) {
+                        Owner::Pid(p) => Some(p),
+                        _ => None,
+                    }
+                }
+                (_, peer) => peer,
+            };
+            let Some(caller) = caller else { continue };
+            let Some(conn) = found.connections.iter().find(|c| c.tgid == caller && !c.daemon_side && c.bus_path == q.bus_path)
+            else {
+                continue;
+            };
+            // The caller's thread blocked longest has waited at least that long.
+            let (tid, since) = threads_of(caller)
+                .into_iter()
+                .map(|t| (t, clock.blocked_since_ns(t)))
+                .min_by_key(|(_, s)| *s)
+                .unwrap_or((caller, monotonic_ns()));
+            self.swept_dbus.push(DbusOpen {
+                sock: sock_key(conn.tgid, conn.fd),
+                tgid: caller,
+                tid,
+                comm: procfs::comm(caller).unwrap_or_default(),
+                fd: conn.fd,
+                serial: q.serial,
+                destination: q.destination.clone(),
+                path: q.path.clone(),
+                interface: q.interface.clone(),
+                member: q.member.clone(),
+                sender: q.sender.clone(),
+                start_ns: since,
+                before_attach: true,
+                holder_pid: Some(q.holder_pid),
+            });
+        }
+        (found.connections.len(), self.swept_dbus.len())
     }
 
     /// Takes one `SOCK_EVENTS` record.
@@ -155,7 +215,10 @@ impl ReqWatch {
         open.extend(self.swept.iter().cloned());
         let actions = self.registry.scan(open.iter(), now_ns);
         self.act(actions, now_ns, sink);
-        let open = self.sockets.open_dbus(now_ns);
+        let replies = self.sockets.take_replies();
+        self.swept_dbus.retain(|c| procfs::thread_exists(c.tgid) && !replies.contains(&(c.sock, c.serial)));
+        let mut open = self.sockets.open_dbus(now_ns);
+        open.extend(self.swept_dbus.iter().cloned());
         let actions = self.dbus.scan(open.iter(), now_ns);
         self.act_dbus(actions, sink);
         if now_ns.saturating_sub(self.last_gc_ns) > 10_000_000_000 {
@@ -260,6 +323,13 @@ impl ReqWatch {
     }
 }
 
+/// The thread ids of process `pid`.
+fn threads_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 /// How long the bus daemon gets to say who owns a name.
 const OWNER_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long an answer is reused.
@@ -286,6 +356,13 @@ fn process(pid: u32) -> serde_json::Map<String, Value> {
 
 impl DbusHolders {
     fn holder_of(&mut self, o: &DbusOpen) -> Value {
+        if let Some(pid) = o.holder_pid {
+            // Found queued unread in this process's socket.
+            let mut m = process(pid);
+            m.insert("kind".into(), json!("unread_queue"));
+            m.insert("name".into(), json!(o.destination));
+            return Value::Object(m);
+        }
         let inode = std::fs::read_link(format!("/proc/{}/fd/{}", o.tgid, o.fd))
             .ok()
             .and_then(|l| crate::holders::unix_peer::parse_socket_link(l.as_os_str().as_encoded_bytes()));

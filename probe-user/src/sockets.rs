@@ -12,7 +12,10 @@
 //! monitor`) has nothing open, however long it blocks in recv.
 
 use crate::{
-    dbus::calls::{Connection, Side},
+    dbus::{
+        calls::{Connection, Side},
+        header::MessageKind,
+    },
     inflight::Item,
     netlink::{
         genl::GenlFamilies,
@@ -145,6 +148,8 @@ pub struct DbusOpen {
     pub sender: Option<String>,
     pub start_ns: u64,
     pub before_attach: bool,
+    /// Who has not read it, when the startup sweep found it queued.
+    pub holder_pid: Option<u32>,
 }
 
 impl Item for DbusOpen {
@@ -187,6 +192,8 @@ impl DbusOpen {
 pub struct Sockets {
     netlink: HashMap<SockKey, NetlinkSocket>,
     dbus: HashMap<SockKey, DbusSocket>,
+    /// Replies read on D-Bus connections since last taken: (socket, reply_serial).
+    replies: Vec<(SockKey, u32)>,
     pub families: GenlFamilies,
     /// Requests sent while the socket was unknown, and other oddities.
     pub records: u64,
@@ -284,8 +291,29 @@ impl Sockets {
             s.writer_tid = rec.tid;
             s.conn.on_write(&rec.data[..n], total, rec.start_ns);
         } else {
-            s.conn.on_read(&rec.data[..n], total, rec.end_ns);
+            let (fed, _) = s.conn.on_read(&rec.data[..n], total, rec.end_ns);
+            for m in &fed.messages {
+                if let (MessageKind::MethodReturn | MessageKind::Error, Some(r)) = (m.kind, m.reply_serial) {
+                    self.replies.push((key, r));
+                }
+            }
         }
+    }
+
+    /// Learns of a D-Bus client connection that existed before plegwatch started.
+    pub fn seed_dbus(&mut self, tgid: u32, fd: u32, comm: String) {
+        self.dbus.entry(sock_key(tgid, fd)).or_insert_with(|| DbusSocket {
+            tgid,
+            fd,
+            comm,
+            conn: Connection::new(Side::Client),
+            writer_tid: tgid,
+        });
+    }
+
+    /// The replies read since the last call.
+    pub fn take_replies(&mut self) -> Vec<(SockKey, u32)> {
+        std::mem::take(&mut self.replies)
     }
 
     /// The open D-Bus calls.
@@ -307,6 +335,7 @@ impl Sockets {
                     sender: s.conn.calls().unique_name().map(String::from),
                     start_ns: o.call.at_ns,
                     before_attach: false,
+                    holder_pid: None,
                 });
             }
         }
