@@ -36,7 +36,7 @@ static OFFCPU_START: HashMap<u32, OffCpuStart> = HashMap::with_max_entries(16_38
 #[map]
 static OFFCPU: HashMap<OffCpuKey, OffCpuVal> = HashMap::with_max_entries(16_384, 0);
 #[map]
-static STACKS: StackTrace = StackTrace::with_max_entries(4_096, 0);
+pub(crate) static STACKS: StackTrace = StackTrace::with_max_entries(4_096, 0);
 /// Slot 0: how many [`OFFCPU_START`] entries are open, so that a switch-in
 /// costs one array read while none is.
 #[map]
@@ -46,7 +46,7 @@ static OFFCPU_OPEN: Array<u64> = Array::with_max_entries(1, 0);
 /// time (no CO-RE in Rust eBPF); 0 when unknown, and then the tp_btf program is
 /// not used.
 #[unsafe(no_mangle)]
-static TASK_PID_OFF: u32 = 0;
+pub(crate) static TASK_PID_OFF: u32 = 0;
 
 #[inline(always)]
 fn open_add(delta: i64) {

@@ -210,7 +210,27 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
         }
         _ => (arg1, arg2),
     };
-    let call = SockCall { start_ns: now(), buf, buf_len, tgid, fd: fd as u32, slot, _pad: 0, class };
+    let mut call = SockCall {
+        start_ns: now(),
+        buf,
+        buf_len,
+        tgid,
+        fd: fd as u32,
+        slot,
+        nl_seq: 0,
+        nl_type: 0,
+        nl_flags: 0,
+        _pad: 0,
+        class,
+    };
+    if class.kind == SockKind::Netlink as u32 && slot < SOCK_FIRST_RECV && buf != 0 {
+        // SAFETY: the helper checks the user pointer.
+        if let Ok(hdr) = unsafe { bpf_probe_read_user(buf as *const [u32; 4]) } {
+            call.nl_type = hdr[1] as u16;
+            call.nl_flags = (hdr[1] >> 16) as u16;
+            call.nl_seq = hdr[2];
+        }
+    }
     let tid = pid_tgid as u32;
     if SOCK_CALLS.insert(&tid, &call, 0).is_err() {
         count(Stat::SockCallsFull);

@@ -256,13 +256,20 @@ struct Enrich<'a> {
 impl Sink for Enrich<'_> {
     fn emit(&mut self, event: &Event) {
         if let (Event::Stall(s), Some(o)) = (event, self.offcpu) {
-            if let (Some(v), Value::Object(_)) = (o.for_tid(s.tid, monotonic_ns()), &s.detail) {
-                let mut s = s.clone();
-                if let Value::Object(d) = &mut s.detail {
-                    d.insert("offcpu".into(), v);
-                }
-                return self.inner.emit(&Event::Stall(s));
+            let now = monotonic_ns();
+            let mut s = s.clone();
+            if let (Some(v), Value::Object(d)) = (o.for_tid(s.tid, now), &mut s.detail) {
+                d.insert("offcpu".into(), v);
             }
+            // A thread waiting on a kernel mutex is held by its owner, before
+            // anything vaguer ("the kernel").
+            let vague = s.holder.as_ref().is_none_or(|h| h.get("kind").and_then(Value::as_str) == Some("kernel"));
+            if vague {
+                if let Some(h) = o.lock_holder(s.tid, now) {
+                    s.holder = Some(h);
+                }
+            }
+            return self.inner.emit(&Event::Stall(s));
         }
         self.inner.emit(event);
     }

@@ -112,7 +112,12 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
     let report_min = opts.report_min.as_nanos().min(u64::MAX as u128) as u64;
     let watched = syscalls::watched_nr_table();
     let sock_nr = syscalls::sock_nr_table();
-    let offsets = KernelOffsets::from_sys_fs().unwrap_or_else(|e| KernelOffsets::all_missing(&e.to_string()));
+    let btf = crate::btf::Btf::from_sys_fs();
+    let offsets = match &btf {
+        Ok(b) => KernelOffsets::from_btf(b),
+        Err(e) => KernelOffsets::all_missing(&e.to_string()),
+    };
+    let mutex_owner_off = btf.as_ref().ok().and_then(|b| b.member_offset("mutex", "owner").ok()).unwrap_or(u32::MAX);
     for f in offsets.missing() {
         tracing::debug!(field = %f, "kernel struct offset not found in BTF");
     }
@@ -123,6 +128,7 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
         .override_global(globals::WATCHED_NR, &watched, true)
         .override_global(globals::SOCK_NR, &sock_nr, true)
         .override_global(plegwatch_abi::offcpu_maps::TASK_PID_OFF, &task_pid_off, true)
+        .override_global(plegwatch_abi::lock_maps::MUTEX_OWNER_OFF, &mutex_owner_off, true)
         .load(PROBES_OBJ)?;
     Ok((ebpf, offsets))
 }

@@ -13,7 +13,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData, StackTraceMap},
 };
-use plegwatch_abi::{OffCpuKey, OffCpuStart, OffCpuVal, offcpu_maps};
+use plegwatch_abi::{LockWait, OffCpuKey, OffCpuStart, OffCpuVal, lock_maps, offcpu_maps};
 use serde_json::{Value, json};
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -32,6 +32,7 @@ pub struct OffCpu {
     open: BpfHashMap<MapData, u32, OffCpuStart>,
     agg: BpfHashMap<MapData, OffCpuKey, OffCpuVal>,
     stacks: StackTraceMap<MapData>,
+    locks: BpfHashMap<MapData, u32, LockWait>,
     ksyms: BTreeMap<u64, String>,
     comms: Vec<String>,
     last_refresh: Option<Instant>,
@@ -57,6 +58,7 @@ impl OffCpu {
             open: take_map(ebpf, offcpu_maps::OFFCPU_START)?,
             agg: take_map(ebpf, offcpu_maps::OFFCPU)?,
             stacks: take_map(ebpf, offcpu_maps::STACKS)?,
+            locks: take_map(ebpf, lock_maps::LOCK_WAITS)?,
             ksyms: aya::util::kernel_symbols().unwrap_or_default(),
             comms,
             last_refresh: None,
@@ -147,6 +149,29 @@ impl OffCpu {
         }))
     }
 
+    /// The kernel mutex `tid` waits on now, and who holds it, as a `holder`.
+    pub fn lock_holder(&self, tid: u32, now_ns: u64) -> Option<Value> {
+        let w = self.locks.get(&tid, 0).ok()?;
+        let stack = self.symbolize(w.stack_id);
+        let taken_in = lock_site(&stack);
+        let mut owner = serde_json::Map::new();
+        if w.owner_tid != 0 {
+            owner.insert("pid".into(), json!(w.owner_tid));
+            owner.insert("comm".into(), json!(procfs::comm(w.owner_tid)));
+            owner.insert("state".into(), json!(procfs::state(w.owner_tid).map(String::from)));
+            owner.insert("wchan".into(), json!(procfs::wchan(w.owner_tid)));
+            owner.insert("kernel_stack".into(), json!(procfs::kernel_stack(w.owner_tid).unwrap_or_default()));
+        }
+        Some(json!({
+            "kind": "kernel_mutex",
+            "lock": taken_in.map(|f| if f == "rtnl_lock" { "rtnl_mutex".to_string() } else { format!("mutex taken in {f}") }),
+            "lock_addr": format!("{:#x}", w.lock),
+            "waiting_s": now_ns.saturating_sub(w.start_ns) as f64 / 1e9,
+            "owner": if owner.is_empty() { Value::Null } else { Value::Object(owner) },
+            "waiter_stack": stack,
+        }))
+    }
+
     /// The `n` (process, stack) pairs with the most D time, for the summary.
     pub fn top(&self, n: usize) -> Vec<Value> {
         let mut by: HashMap<(u32, i32), OffCpuVal> = HashMap::new();
@@ -174,9 +199,25 @@ impl OffCpu {
     }
 }
 
+/// The function that took the lock: the first frame of a waiter's stack past
+/// the mutex and scheduler internals.
+fn lock_site(stack: &[String]) -> Option<&str> {
+    const INTERNAL: &[&str] = &["__schedule", "schedule", "preempt_schedule", "__mutex", "mutex_", "__ww_mutex", "io_schedule"];
+    stack.iter().map(String::as_str).find(|f| !INTERNAL.iter().any(|p| f.starts_with(p)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lock_site_skips_mutex_internals() {
+        let s: Vec<String> = ["__schedule", "schedule", "schedule_preempt_disabled", "__mutex_lock.constprop.0", "rtnl_lock", "rtnetlink_rcv_msg"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(lock_site(&s), Some("rtnl_lock"));
+    }
 
     #[test]
     fn default_comms_match_the_catalog() {

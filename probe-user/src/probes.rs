@@ -166,6 +166,18 @@ pub const PROBES: &[Probe] = &[
         ],
     },
     Probe {
+        name: "lock_contention",
+        about: "who holds the kernel mutex a thread waits on (rtnl_mutex behind a netlink request)",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("lock_begin", "lock", Names::One("contention_begin")),
+                tp("lock_end", "lock", Names::One("contention_end")),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
         name: "offcpu",
         about: "D-state sleeps by kernel stack for the processes that matter (sched_switch)",
         required: false,

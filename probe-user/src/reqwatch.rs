@@ -123,6 +123,7 @@ impl ReqWatch {
                 recv_since_ns: Some(since),
                 recv_tid: Some(b.tid),
                 before_attach: true,
+                in_send: false,
             });
         }
         let (conns, calls) = self.seed_dbus(self_tgid);

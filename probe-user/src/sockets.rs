@@ -79,6 +79,9 @@ pub struct NetlinkOpen {
     pub recv_tid: Option<u32>,
     /// Found by the startup sweep, blocked in recv: what it sent is unknown.
     pub before_attach: bool,
+    /// Its sender is still inside the send syscall (the kernel is processing
+    /// it, maybe behind `rtnl_mutex`), rather than waiting for a reply.
+    pub in_send: bool,
 }
 
 impl Item for NetlinkOpen {
@@ -116,6 +119,7 @@ impl NetlinkOpen {
             "fd": self.fd,
             "reply_expected": if self.before_attach { Value::Null } else { json!(self.reply_expected) },
             "recv_blocked_s": self.recv_since_ns.map(|t| now_ns.saturating_sub(t) as f64 / 1e9),
+            "phase": if self.in_send { "send" } else { "reply" },
         })
     }
 }
@@ -397,10 +401,33 @@ impl Sockets {
                             recv_since_ns: recv.map(|r| r.1),
                             recv_tid: recv.map(|r| r.0),
                             before_attach: false,
+                            in_send: false,
                         });
                     }
                 }
             }
+        }
+        // Sends still inside the kernel: the request is being processed.
+        for (tid, c) in calls.iter().filter(|(_, c)| c.slot < SOCK_FIRST_RECV && c.class.kind == SockKind::Netlink as u32) {
+            let key = sock_key(c.tgid, c.fd);
+            let s = self.netlink.get(&key);
+            out.push(NetlinkOpen {
+                sock: key,
+                tgid: c.tgid,
+                tid: *tid,
+                comm: s.map(|s| s.comm.clone()).unwrap_or_default(),
+                fd: c.fd,
+                protocol: c.class.proto,
+                msg_type: c.nl_type,
+                flags: c.nl_flags,
+                seq: Some(c.nl_seq),
+                start_ns: c.start_ns,
+                reply_expected: false,
+                recv_since_ns: None,
+                recv_tid: None,
+                before_attach: false,
+                in_send: true,
+            });
         }
         out
     }
@@ -422,6 +449,7 @@ fn open_of(key: SockKey, s: &NetlinkSocket, r: &Request, recv: Option<(u32, u64)
         recv_since_ns: recv.map(|r| r.1),
         recv_tid: recv.map(|r| r.0),
         before_attach: false,
+        in_send: false,
     }
 }
 
@@ -462,7 +490,7 @@ mod tests {
 
     fn recv_call(start_ns: u64) -> (u32, SockCall) {
         let class = SockClass { kind: SockKind::Netlink as u32, proto: 0 };
-        (8, SockCall { start_ns, buf: 1, buf_len: 4096, tgid: 7, fd: 3, slot: 6, _pad: 0, class })
+        (8, SockCall { start_ns, buf: 1, buf_len: 4096, tgid: 7, fd: 3, slot: 6, nl_seq: 0, nl_type: 0, nl_flags: 0, _pad: 0, class })
     }
 
     #[test]

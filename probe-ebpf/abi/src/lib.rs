@@ -82,6 +82,30 @@ pub mod offcpu_maps {
     pub const TASK_PID_OFF: &str = "TASK_PID_OFF";
 }
 
+/// Kernel lock contention (`lock:contention_begin/end`, Linux >= 5.19).
+pub mod lock_maps {
+    /// `HashMap<u32 tid, LockWait>`: threads waiting on a contended kernel mutex now.
+    pub const LOCK_WAITS: &str = "LOCK_WAITS";
+    /// `u32` global: offset of `owner` in `struct mutex` (from BTF).
+    pub const MUTEX_OWNER_OFF: &str = "MUTEX_OWNER_OFF";
+}
+
+/// `LCB_F_MUTEX` in `lock:contention_begin`'s flags (include/trace/events/lock.h).
+pub const LCB_F_MUTEX: u32 = 1 << 5;
+
+/// A thread waiting on a contended kernel mutex.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct LockWait {
+    pub lock: u64,
+    pub start_ns: u64,
+    /// The mutex owner's thread id when the wait began (0 if unknown).
+    pub owner_tid: u32,
+    /// The waiter's kernel stack id in `STACKS` (names the lock: `rtnl_lock`, ...).
+    pub stack_id: i32,
+}
+const _: () = assert!(size_of::<LockWait>() == 24);
+
 /// `TASK_UNINTERRUPTIBLE` in a task's state (include/linux/sched.h, stable).
 pub const TASK_UNINTERRUPTIBLE: u64 = 2;
 
@@ -174,10 +198,16 @@ pub struct SockCall {
     pub fd: u32,
     /// A [`SockSlot`] as u32.
     pub slot: u32,
+    /// For a netlink send: the first message's seq, type and flags (read at
+    /// `sys_enter`, so a send blocked in the kernel, behind `rtnl_mutex` say,
+    /// is known before it returns).
+    pub nl_seq: u32,
+    pub nl_type: u16,
+    pub nl_flags: u16,
     pub _pad: u32,
     pub class: SockClass,
 }
-const _: () = assert!(size_of::<SockCall>() == 48);
+const _: () = assert!(size_of::<SockCall>() == 56);
 
 /// Bytes of a socket buffer copied into a [`SockIo`] record (the first ones).
 pub const SOCK_DATA_CAP: usize = 2048;
@@ -426,6 +456,7 @@ mod pod {
     unsafe impl aya::Pod for super::OffCpuStart {}
     unsafe impl aya::Pod for super::OffCpuKey {}
     unsafe impl aya::Pod for super::OffCpuVal {}
+    unsafe impl aya::Pod for super::LockWait {}
 }
 
 #[cfg(test)]
