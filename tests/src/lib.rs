@@ -8,7 +8,9 @@
 //! - [`LoopFs`]: a sparse image, its loop device and the ext4 mounted from it;
 //! - [`Mount`]: any mount (a tmpfs, or the one inside a [`LoopFs`]);
 //! - [`WriteThrottle`]: a `blkio.throttle.write_bps_device` rule;
-//! - [`Plegwatch`]: the `plegwatch` process, its parsed stdout and its stderr.
+//! - [`Plegwatch`]: the `plegwatch` process, its parsed stdout and its stderr;
+//! - [`netlink::NetNs`] and [`netlink::Proc`]: a throwaway network namespace, and child
+//!   processes (netlink clients, `ip monitor`) killed by PID.
 //!
 //! Declare guards in the order they are set up: Rust drops locals in reverse, so the throttle
 //! goes before the umount that would otherwise crawl through it, and plegwatch goes first.
@@ -20,6 +22,7 @@ pub mod dirty;
 pub mod events;
 pub mod loopfs;
 pub mod mount;
+pub mod netlink;
 pub mod plegwatch;
 pub mod preflight;
 pub mod stall;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use plegwatch_scenarios::dirty::{self, MIB};
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
-use plegwatch_scenarios::{LoopFs, Plegwatch, WriteThrottle, preflight};
+use plegwatch_scenarios::{preflight, LoopFs, Plegwatch, WriteThrottle};
 
 const DIRTY: usize = 10 * MIB;
 const THROTTLE_BPS: u64 = 1 << 20;

@@ -1,0 +1,407 @@
+//! What the netlink scenarios set up: a throwaway network namespace, child processes that are
+//! killed by PID when dropped, the `nl_client` processes that send a request and then block
+//! for a reply that never comes, and a loop of ordinary `ip` requests.
+//!
+//! Everything that changes network state happens in a namespace made for the test
+//! ([`NetNs`]), so nothing on the host is touched. Declare the namespace before the processes
+//! that live in it: locals drop in reverse, so the processes are killed before it is deleted.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+
+use crate::events::{dump, Event};
+use crate::plegwatch::Plegwatch;
+use crate::sys::run;
+
+/// How long a client may take to send its request and say so.
+pub const CLIENT_START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A network namespace made with `ip netns add`, deleted with `ip netns del` on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    /// Makes `plegwatch-test-TAG-PID` (PID: this test process, so concurrent or leftover runs
+    /// do not collide). A leftover of the same name is deleted first.
+    pub fn new(tag: &str) -> Result<Self> {
+        let name = format!("plegwatch-test-{tag}-{}", std::process::id());
+        if Path::new("/run/netns").join(&name).exists() {
+            eprintln!("deleting a leftover netns {name}");
+            run(Command::new("ip").args(["netns", "del", &name]))?;
+        }
+        run(Command::new("ip").args(["netns", "add", &name]))?;
+        eprintln!("created netns {name}");
+        Ok(Self { name })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n NAME ARGS...`: iproute2 enters the namespace itself, in the same process.
+    pub fn ip(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["-n", &self.name]).args(args);
+        cmd
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        match run(Command::new("ip").args(["netns", "del", &self.name])) {
+            Ok(_) => eprintln!("cleanup: deleted netns {}", self.name),
+            Err(e) => eprintln!("cleanup: {e:#}"),
+        }
+    }
+}
+
+/// A child process whose stdout lines are read (and stamped) by a thread, killed by PID with
+/// SIGKILL on drop if it still runs.
+pub struct Proc {
+    name: String,
+    child: Child,
+    lines: Receiver<(Instant, String)>,
+    seen: Vec<(Instant, String)>,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Proc {
+    /// Spawns `cmd` with stdin closed, stdout read by the guard, stderr inherited.
+    pub fn spawn(name: &str, cmd: &mut Command) -> Result<Self> {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("spawn {name}: {cmd:?}"))?;
+        eprintln!("started {name} (pid {}): {cmd:?}", child.id());
+        let stdout = child.stdout.take().context("child stdout")?;
+        let (tx, lines) = mpsc::channel();
+        let tag = format!("{name} {}", child.id());
+        let reader = thread::Builder::new()
+            .name(format!("{name}-out"))
+            .spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    let at = Instant::now();
+                    eprintln!("[{tag}] {line}");
+                    if tx.send((at, line)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .context("spawn a reader thread")?;
+        Ok(Self {
+            name: name.into(),
+            child,
+            lines,
+            seen: Vec::new(),
+            reader: Some(reader),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process still runs (not exited, or exited but not yet reaped: no).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Every stdout line read so far, with the moment it was read.
+    pub fn lines(&mut self) -> &[(Instant, String)] {
+        self.seen.extend(self.lines.try_iter());
+        &self.seen
+    }
+
+    /// The next stdout line not yet returned by this method; an error if the process closes
+    /// its stdout (exits) or `timeout` passes first.
+    pub fn next_line(&mut self, timeout: Duration) -> Result<(Instant, String)> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(line) => {
+                self.seen.push(line.clone());
+                Ok(line)
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                bail!(
+                    "{} (pid {}) printed nothing within {timeout:?}",
+                    self.name,
+                    self.pid()
+                )
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
+                bail!(
+                    "{} (pid {}) exited ({status}) before printing a line",
+                    self.name,
+                    self.pid()
+                )
+            }
+        }
+    }
+
+    /// SIGKILLs the process by PID and reaps it; returns the moment just before the kill. An
+    /// error if it had already exited.
+    pub fn kill(&mut self) -> Result<Instant> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} (pid {}) had already exited: {status}",
+                self.name,
+                self.pid()
+            );
+        }
+        let at = Instant::now();
+        self.child
+            .kill()
+            .with_context(|| format!("kill {} (pid {})", self.name, self.pid()))?;
+        self.child.wait()?;
+        eprintln!("killed {} (pid {})", self.name, self.pid());
+        Ok(at)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            eprintln!("cleanup: killing {} (pid {})", self.name, self.pid());
+            if let Err(e) = self.child.kill() {
+                eprintln!("cleanup: kill {} (pid {}): {e}", self.name, self.pid());
+            }
+            let _ = self.child.wait();
+        }
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+/// An `nl_client` process that sent its request (or bound its socket) and said so.
+pub struct Client {
+    pub proc: Proc,
+    pub pid: u32,
+    /// When the test read the client's `sent` line: just after the request went out.
+    pub sent: Instant,
+    pub sent_wall: SystemTime,
+    /// The client's netlink socket.
+    pub fd: u32,
+}
+
+impl Client {
+    /// Runs `BIN ARGS...` (the `nl_client` binary) and waits for its `PID TID WORD fd=FD` line,
+    /// checking that PID is the process spawned and equals TID (it is single-threaded).
+    pub fn start(bin: &Path, name: &str, args: &[&str], word: &str) -> Result<Self> {
+        let mut proc = Proc::spawn(name, Command::new(bin).args(args))?;
+        let (sent, line) = proc.next_line(CLIENT_START_TIMEOUT)?;
+        let sent_wall = SystemTime::now();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let bad = || {
+            anyhow!(
+                "{name} (pid {}) printed {line:?}, not \"{} {} {word} fd=FD\"",
+                proc.pid(),
+                proc.pid(),
+                proc.pid()
+            )
+        };
+        let [pid, tid, said, fd] = fields[..] else {
+            return Err(bad());
+        };
+        let pid: u32 = pid.parse().map_err(|_| bad())?;
+        let fd: u32 = fd
+            .strip_prefix("fd=")
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(bad)?;
+        ensure!(
+            said == word && pid == proc.pid() && tid == pid.to_string(),
+            bad()
+        );
+        Ok(Self {
+            proc,
+            pid,
+            sent,
+            sent_wall,
+            fd,
+        })
+    }
+}
+
+/// What a [`IpTraffic`] loop did.
+#[derive(Clone, Debug, Default)]
+pub struct IpRounds {
+    pub rounds: u32,
+    pub commands: u32,
+    pub slowest: Duration,
+    /// The pid of every `ip` process run.
+    pub pids: Vec<u32>,
+}
+
+/// A thread that runs ordinary `ip` requests in a namespace every `period` until stopped:
+/// `ip addr show`, `ip route show`, `ip link set lo up`. Each is answered at once, so none may
+/// be reported.
+pub struct IpTraffic {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Result<IpRounds>>>,
+}
+
+impl IpTraffic {
+    pub const COMMANDS: [&'static [&'static str]; 3] = [
+        &["addr", "show"],
+        &["route", "show"],
+        &["link", "set", "lo", "up"],
+    ];
+
+    pub fn start(netns: &str, period: Duration) -> Result<Self> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ns = netns.to_string();
+        let thread = thread::Builder::new()
+            .name("ip-traffic".into())
+            .spawn({
+                let stop = Arc::clone(&stop);
+                move || ip_loop(&ns, period, &stop)
+            })
+            .context("spawn the ip-traffic thread")?;
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the loop; an error if any command failed.
+    pub fn stop(mut self) -> Result<IpRounds> {
+        self.stop.store(true, Ordering::Relaxed);
+        let thread = self.thread.take().context("ip-traffic already stopped")?;
+        thread
+            .join()
+            .map_err(|_| anyhow!("the ip-traffic thread panicked"))?
+    }
+}
+
+impl Drop for IpTraffic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn ip_loop(ns: &str, period: Duration, stop: &AtomicBool) -> Result<IpRounds> {
+    let mut done = IpRounds::default();
+    while !stop.load(Ordering::Relaxed) {
+        for args in IpTraffic::COMMANDS {
+            let t = Instant::now();
+            let child = Command::new("ip")
+                .args(["-n", ns])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("run ip")?;
+            done.pids.push(child.id());
+            let out = child.wait_with_output().context("wait for ip")?;
+            ensure!(
+                out.status.success(),
+                "ip -n {ns} {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            done.slowest = done.slowest.max(t.elapsed());
+            done.commands += 1;
+        }
+        done.rounds += 1;
+        thread::sleep(period);
+    }
+    Ok(done)
+}
+
+/// The `stall` lines about processes named `comm`.
+pub fn stalls_of_comm<'a>(events: &'a [Event], comm: &str) -> Vec<&'a Event> {
+    events
+        .iter()
+        .filter(|e| e.is("stall") && e.str("/comm") == Some(comm))
+        .collect()
+}
+
+/// The `resolved` line closing `stall` (same id), already read or arriving within `timeout`.
+pub fn wait_resolved(plegwatch: &mut Plegwatch, stall: &Event, timeout: Duration) -> Option<Event> {
+    let id = stall.u64("/id")?;
+    plegwatch.wait_for(timeout, |e| e.is("resolved") && e.u64("/id") == Some(id))
+}
+
+/// Asserts that `events` hold a `resolved` line closing `stall` (same id, kind, pid and tid)
+/// after its waiter was killed at `killed`, with a `timing`, a line that came at most `late`
+/// after the kill, and a `waited_s` within `late` of the real wait (`killed - started`; never
+/// below it by more than 0.1 s). Prints the measured lateness; returns the line.
+pub fn assert_resolved_after_kill(
+    events: &[Event],
+    stall: &Event,
+    started: Instant,
+    killed: Instant,
+    late: Duration,
+) -> Event {
+    let all = || dump(events, started);
+    let id = stall.u64("/id");
+    let Some(resolved) = events
+        .iter()
+        .find(|e| e.is("resolved") && e.u64("/id") == id)
+        .cloned()
+    else {
+        panic!(
+            "no resolved line for stall id {id:?} ({}) after its waiter was killed {:.3}s in; \
+             lines timed from the start of the wait:\n{}",
+            stall.json,
+            killed.duration_since(started).as_secs_f64(),
+            all()
+        );
+    };
+    for key in ["/kind", "/pid", "/tid"] {
+        assert_eq!(
+            resolved.get(key),
+            stall.get(key),
+            "resolved line {} does not match its stall line in {key}:\n{}",
+            resolved.json,
+            all()
+        );
+    }
+    let timing = resolved.str("/timing");
+    assert!(
+        matches!(timing, Some("exact" | "approximate")),
+        "resolved timing {timing:?}:\n{}",
+        all()
+    );
+    let real = killed.duration_since(started).as_secs_f64();
+    let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+    let after_kill = resolved.at.saturating_duration_since(killed).as_secs_f64();
+    eprintln!(
+        "resolved id {id:?} ({}): line {after_kill:.3}s after the kill; waited_s {total:.3} for a \
+         real {real:.3}s ({:+.3}s)",
+        timing.unwrap_or("?"),
+        total - real
+    );
+    let late = late.as_secs_f64();
+    assert!(
+        after_kill <= late,
+        "the resolved line came {after_kill:.3}s after the waiter was killed, more than \
+         {late}s:\n{}",
+        all()
+    );
+    assert!(
+        total >= real - 0.1 && total <= real + late,
+        "resolved waited_s {total} not within [{real:.3} - 0.1, {real:.3} + {late}] (the \
+         waiter was killed {real:.3}s after it sent):\n{}",
+        all()
+    );
+    resolved
+}
