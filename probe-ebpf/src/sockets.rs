@@ -58,6 +58,7 @@ const OFF_NR: usize = 8;
 const OFF_ARG0: usize = 16;
 const OFF_ARG1: usize = 24;
 const OFF_ARG2: usize = 32;
+const OFF_ARG4: usize = 48;
 const OFF_RET: usize = 16;
 
 /// `struct user_msghdr`: `msg_iov` at 16, stable uapi.
@@ -220,7 +221,7 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
         nl_seq: 0,
         nl_type: 0,
         nl_flags: 0,
-        _pad: 0,
+        nl_dst: 0,
         class,
     };
     if class.kind == SockKind::Netlink as u32 && slot < SOCK_FIRST_RECV && buf != 0 {
@@ -229,6 +230,18 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
             call.nl_type = hdr[1] as u16;
             call.nl_flags = (hdr[1] >> 16) as u16;
             call.nl_seq = hdr[2];
+        }
+        // `struct sockaddr_nl { sa_family_t; unsigned short pad; __u32 nl_pid; ... }`:
+        // sendto's arg4, or sendmsg's `msg_name` (offset 0 of `user_msghdr`).
+        let addr: u64 = match slot {
+            2 => unsafe { ctx.read_at(OFF_ARG4) }.unwrap_or(0),
+            // SAFETY: the helper checks the user pointer.
+            3 => unsafe { bpf_probe_read_user(arg1 as *const u64) }.unwrap_or(0),
+            _ => 0,
+        };
+        if addr != 0 {
+            // SAFETY: as above.
+            call.nl_dst = unsafe { bpf_probe_read_user((addr + 4) as *const u32) }.unwrap_or(0);
         }
     }
     let tid = pid_tgid as u32;
@@ -305,6 +318,7 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
     rec.fd = call.fd;
     rec.slot = call.slot;
     rec.class = class;
+    rec.nl_dst = call.nl_dst;
     rec.comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
     // What the syscall really moved, within the first buffer.
     let avail = if (ret as u64) < call.buf_len { ret as u64 } else { call.buf_len };

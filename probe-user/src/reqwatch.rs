@@ -124,6 +124,7 @@ impl ReqWatch {
                 recv_tid: Some(b.tid),
                 before_attach: true,
                 in_send: false,
+                dst_portid: 0,
             });
         }
         let (conns, calls) = self.seed_dbus(self_tgid);
@@ -209,6 +210,7 @@ impl ReqWatch {
     /// Looks at every open request at `now_ns` and prints what crossed a level.
     pub fn scan(&mut self, now_ns: u64, sink: &mut dyn Sink) {
         let calls: Vec<(u32, SockCall)> = self.calls.iter().filter_map(Result::ok).collect();
+        self.sockets.retain_live_open(procfs::thread_exists);
         self.swept.retain(|s| {
             matches!(procfs::syscall(s.tid), Some(SyscallState::In { nr, args }) if RECV_NRS.contains(&nr) && args[0] as u32 == s.fd)
         });
@@ -248,7 +250,7 @@ impl ReqWatch {
                         budget_used: budget_used(waited),
                         started_before_attach: o.before_attach,
                         detail: o.detail(&self.sockets.families, now_ns),
-                        holder: Some(json!({ "kind": "kernel", "what": format!("netlink {protocol}: no reply") })),
+                        holder: Some(netlink_holder(o, protocol)),
                         chain: Vec::new(),
                         kernel_stack: procfs::kernel_stack(tid).unwrap_or_default(),
                         user_stack: Vec::new(),
@@ -322,6 +324,25 @@ impl ReqWatch {
         let (ds, dr) = self.dbus.counts();
         (s + ds, r + dr, (self.registry.open().count() + self.dbus.open().count()) as u64)
     }
+}
+
+/// Who should answer a netlink request: the kernel, or for a request sent to
+/// a process's port id (NETLINK_USERSOCK, ...), the process holding that socket.
+fn netlink_holder(o: &NetlinkOpen, protocol: &str) -> Value {
+    if o.dst_portid != 0 {
+        let peer = procfs::netlink_sockets(o.tgid)
+            .into_iter()
+            .find(|s| s.portid == o.dst_portid && s.protocol == o.protocol)
+            .and_then(|s| SocketOwners::new().pids_of(s.inode).into_iter().next());
+        if let Some(pid) = peer {
+            let mut m = process(pid);
+            m.insert("kind".into(), json!("netlink_peer"));
+            m.insert("portid".into(), json!(o.dst_portid));
+            return Value::Object(m);
+        }
+        return json!({ "kind": "netlink_peer", "portid": o.dst_portid, "why": "no process holds that port id now" });
+    }
+    json!({ "kind": "kernel", "what": format!("netlink {protocol}: no reply") })
 }
 
 /// The thread ids of process `pid`.

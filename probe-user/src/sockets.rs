@@ -39,6 +39,8 @@ const NLMSG_ERROR: u16 = 2;
 /// The last request a netlink socket sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Sent {
+    /// The destination port id (0: the kernel).
+    pub dst: u32,
     pub msg_type: u16,
     pub flags: u16,
     pub seq: u32,
@@ -82,6 +84,9 @@ pub struct NetlinkOpen {
     /// Its sender is still inside the send syscall (the kernel is processing
     /// it, maybe behind `rtnl_mutex`), rather than waiting for a reply.
     pub in_send: bool,
+    /// The destination port id: 0 for the kernel, else a process's socket
+    /// (NETLINK_USERSOCK peers, for one).
+    pub dst_portid: u32,
 }
 
 impl Item for NetlinkOpen {
@@ -268,8 +273,14 @@ impl Sockets {
         if rec.slot < SOCK_FIRST_RECV {
             s.tracker.on_send_captured(&buf, total, rec.end_ns);
             if let Some(m) = rec.nl[..n].iter().rev().find(|m| m.msg_type >= 16) {
-                s.last_sent =
-                    Some(Sent { msg_type: m.msg_type, flags: m.flags, seq: m.seq, sent_ns: rec.start_ns, tid: rec.tid });
+                s.last_sent = Some(Sent {
+                    dst: rec.nl_dst,
+                    msg_type: m.msg_type,
+                    flags: m.flags,
+                    seq: m.seq,
+                    sent_ns: rec.start_ns,
+                    tid: rec.tid,
+                });
                 s.replied_since = false;
             }
         } else {
@@ -360,6 +371,13 @@ impl Sockets {
         t
     }
 
+    /// Forgets the sockets with something open whose process is gone (an
+    /// exit closes its sockets without a `close()` the kernel side sees).
+    pub fn retain_live_open(&mut self, alive: impl Fn(u32) -> bool) {
+        self.netlink.retain(|_, s| (s.tracker.is_idle() && s.last_sent.is_none()) || alive(s.tgid));
+        self.dbus.retain(|_, s| s.conn.outstanding(0).is_empty() || alive(s.tgid));
+    }
+
     /// Forgets the sockets of processes that are gone.
     pub fn retain_live(&mut self, alive: impl Fn(u32) -> bool) {
         self.netlink.retain(|_, s| alive(s.tgid));
@@ -402,6 +420,7 @@ impl Sockets {
                             recv_tid: recv.map(|r| r.0),
                             before_attach: false,
                             in_send: false,
+                            dst_portid: sent.dst,
                         });
                     }
                 }
@@ -427,6 +446,7 @@ impl Sockets {
                 recv_tid: None,
                 before_attach: false,
                 in_send: true,
+                dst_portid: c.nl_dst,
             });
         }
         out
@@ -450,6 +470,7 @@ fn open_of(key: SockKey, s: &NetlinkSocket, r: &Request, recv: Option<(u32, u64)
         recv_tid: recv.map(|r| r.0),
         before_attach: false,
         in_send: false,
+        dst_portid: s.last_sent.as_ref().map(|l| l.dst).unwrap_or(0),
     }
 }
 
@@ -482,6 +503,8 @@ mod tests {
             class: SockClass { kind: SockKind::Netlink as u32, proto: 0 },
             n_nl: msgs.len() as u32,
             captured: 0,
+            nl_dst: 0,
+            _pad: 0,
             comm: *b"terwayd\0\0\0\0\0\0\0\0\0",
             nl,
             data: [0; SOCK_DATA_CAP],
@@ -490,7 +513,7 @@ mod tests {
 
     fn recv_call(start_ns: u64) -> (u32, SockCall) {
         let class = SockClass { kind: SockKind::Netlink as u32, proto: 0 };
-        (8, SockCall { start_ns, buf: 1, buf_len: 4096, tgid: 7, fd: 3, slot: 6, nl_seq: 0, nl_type: 0, nl_flags: 0, _pad: 0, class })
+        (8, SockCall { start_ns, buf: 1, buf_len: 4096, tgid: 7, fd: 3, slot: 6, nl_seq: 0, nl_type: 0, nl_flags: 0, nl_dst: 0, class })
     }
 
     #[test]

@@ -14,8 +14,6 @@
 //! starts its own plegwatch with `--warn 2s` and requires the report within 1 s of the wait
 //! crossing 2 s, and a `resolved` line for the same id once the client is killed.
 //!
-//! `usersock_request_resolves_soon_after_its_sender_dies` (ignored) holds the usersock case
-//! to the same 3.5 s bound for its `resolved` line: it fails today, see its doc.
 
 use std::time::{Duration, Instant};
 
@@ -41,9 +39,6 @@ const EARLY_S: f64 = 0.1;
 /// How late a `resolved` line may be, and how far its `waited_s` may be off, for the
 /// approximate end of a netlink wait (plegwatch notices it at its next scans).
 const RESOLVE_LATE: Duration = Duration::from_millis(3500);
-/// What the requester's death costs today for a request that expects a reply: plegwatch's
-/// 10 s sweep of dead processes' sockets, END_GRACE (2 s) and a scan.
-const USERSOCK_RESOLVE_LATE_TODAY: Duration = Duration::from_millis(13_000);
 /// How long the client stays blocked: past the report, so that the wait is seen going on.
 const HOLD: Duration = Duration::from_secs(4);
 
@@ -275,24 +270,12 @@ fn route_request_without_reply_is_flagged() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A request that expects a reply (ACK) sent to a peer process that never reads: flagged with
+/// the peer as its holder, and resolved within the usual bound once its sender is killed (the
+/// exit closes the socket without a close(2), so plegwatch must notice the death itself).
 #[test]
 fn usersock_request_to_silent_peer_is_flagged() -> anyhow::Result<()> {
-    // The requester's death is noticed only when plegwatch next drops the sockets of dead
-    // processes (every 10 s), then END_GRACE: see the ignored test below.
-    usersock_scenario(USERSOCK_RESOLVE_LATE_TODAY)
-}
-
-/// The contract for the end of a netlink wait (approximate, within ~2.5 s), for a request that
-/// expects a reply whose sender is killed. Fails today: plegwatch keeps the request open until
-/// its periodic sweep of dead processes' sockets, up to 10 s later (the socket is closed by the
-/// exit, not by close(2), so no SockClosed record comes).
-#[test]
-#[ignore = "plegwatch bug: an acked netlink request of a killed process resolves up to ~12 s late"]
-fn usersock_request_resolves_soon_after_its_sender_dies() -> anyhow::Result<()> {
-    usersock_scenario(RESOLVE_LATE)
-}
-
-fn usersock_scenario(resolve_late: Duration) -> anyhow::Result<()> {
+    let resolve_late = RESOLVE_LATE;
     preflight::require();
     let ns = NetNs::new("usersock")?;
     let mut plegwatch = start_plegwatch()?;
@@ -340,9 +323,21 @@ fn usersock_scenario(resolve_late: Duration) -> anyhow::Result<()> {
             flags: "REQUEST|ACK",
             seq: USERSOCK_SEQ,
             reply_expected: true,
-            // plegwatch says "kernel", though the silent party is the peer process.
-            holder: None,
+            holder: Some("netlink_peer"),
         },
+    );
+    assert_eq!(
+        stall.get("/holder/pid"),
+        Some(&json!(peer.pid)),
+        "the holder should be the usersock peer (pid {}) that never answers:\n{}",
+        peer.pid,
+        dump(&events, client.sent)
+    );
+    assert_eq!(
+        stall.get("/holder/portid"),
+        Some(&json!(USERSOCK_PORTID)),
+        "{}",
+        dump(&events, client.sent)
     );
     assert!(
         !events.iter().any(|e| e.is_about("stall", peer.pid)),

@@ -204,7 +204,8 @@ pub struct SockCall {
     pub nl_seq: u32,
     pub nl_type: u16,
     pub nl_flags: u16,
-    pub _pad: u32,
+    /// For a netlink `sendto`/`sendmsg`: the destination port id (0: the kernel).
+    pub nl_dst: u32,
     pub class: SockClass,
 }
 const _: () = assert!(size_of::<SockCall>() == 56);
@@ -248,12 +249,15 @@ pub struct SockIo {
     pub n_nl: u32,
     /// Valid bytes of `data`.
     pub captured: u32,
+    /// For a netlink send: the destination port id (0: the kernel).
+    pub nl_dst: u32,
+    pub _pad: u32,
     pub comm: [u8; COMM_LEN],
     pub nl: [NlSummary; NL_SUMMARIES],
     pub data: [u8; SOCK_DATA_CAP],
 }
 /// Bytes of a [`SockIo`] before `data`.
-pub const SOCK_IO_HEADER_LEN: usize = 80 + NL_SUMMARIES * 16;
+pub const SOCK_IO_HEADER_LEN: usize = 88 + NL_SUMMARIES * 16;
 const _: () = assert!(size_of::<SockIo>() == SOCK_IO_HEADER_LEN + SOCK_DATA_CAP);
 
 /// A tracked socket was closed (or its fd replaced).
