@@ -48,15 +48,6 @@ static OFFCPU_OPEN: Array<u64> = Array::with_max_entries(1, 0);
 #[unsafe(no_mangle)]
 pub(crate) static TASK_PID_OFF: u32 = 0;
 
-#[inline(always)]
-fn open_add(delta: i64) {
-    if let Some(p) = OFFCPU_OPEN.get_ptr_mut(0) {
-        // SAFETY: `p` points at a live map value; BPF_ATOMIC add (Linux >= 5.12).
-        unsafe {
-            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, delta as u64)
-        };
-    }
-}
 
 #[inline(always)]
 fn switch_out<C: StackIdContextExt>(ctx: &C, prev_state: u64) {
@@ -75,22 +66,21 @@ fn switch_out<C: StackIdContextExt>(ctx: &C, prev_state: u64) {
     let start = OffCpuStart { start_ns: unsafe { bpf_ktime_get_ns() }, stack_id, tgid };
     let fresh = OFFCPU_START.get_ptr(&tid).is_none();
     if OFFCPU_START.insert(&tid, &start, 0).is_ok() && fresh {
-        open_add(1);
+        crate::gate::add(&OFFCPU_OPEN, 0, 1);
     }
 }
 
 #[inline(always)]
 fn switch_in(next_tid: u32) {
-    match OFFCPU_OPEN.get(0) {
-        Some(n) if *n != 0 => {}
-        _ => return,
+    if !crate::gate::open(&OFFCPU_OPEN, 0) {
+        return;
     }
     // SAFETY: copied out before removal.
     let Some(start) = (unsafe { OFFCPU_START.get(&next_tid) }).copied() else { return };
     if OFFCPU_START.remove(&next_tid).is_err() {
         return;
     }
-    open_add(-1);
+    crate::gate::add(&OFFCPU_OPEN, 0, -1);
     // SAFETY: a plain helper call.
     let delta = unsafe { bpf_ktime_get_ns() }.saturating_sub(start.start_ns);
     let key = OffCpuKey { tgid: start.tgid, tid: next_tid, stack_id: start.stack_id, _pad: 0 };

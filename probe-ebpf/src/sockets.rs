@@ -69,15 +69,6 @@ fn key(tgid: u32, fd: u32) -> u64 {
     ((tgid as u64) << 32) | fd as u64
 }
 
-#[inline(always)]
-fn calls_open_add(delta: i64) {
-    if let Some(p) = SOCK_CALLS_OPEN.get_ptr_mut(0) {
-        // SAFETY: `p` points at a live map value; BPF_ATOMIC add (Linux >= 5.12).
-        unsafe {
-            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, delta as u64)
-        };
-    }
-}
 
 #[inline(always)]
 fn sock_slot(nr: u32) -> Option<u32> {
@@ -249,7 +240,7 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
         count(Stat::SockCallsFull);
         return Ok(());
     }
-    calls_open_add(1);
+    crate::gate::add(&SOCK_CALLS_OPEN, 0, 1);
     Ok(())
 }
 
@@ -268,9 +259,8 @@ fn first_iovec(iov: u64) -> (u64, u64) {
 /// `syscalls:sys_exit_{write,...,recvmsg}` (the same eight): `long ret` at 16.
 #[tracepoint]
 pub fn sock_exit(ctx: TracePointContext) -> u32 {
-    match SOCK_CALLS_OPEN.get(0) {
-        Some(n) if *n != 0 => {}
-        _ => return 0,
+    if !crate::gate::open(&SOCK_CALLS_OPEN, 0) {
+        return 0;
     }
     let _ = try_sock_exit(&ctx);
     0
@@ -282,7 +272,7 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY: copied out before removal.
     let Some(call) = (unsafe { SOCK_CALLS.get(&tid) }).copied() else { return Ok(()) };
     if SOCK_CALLS.remove(&tid).is_ok() {
-        calls_open_add(-1);
+        crate::gate::add(&SOCK_CALLS_OPEN, 0, -1);
     }
     // SAFETY: offset from the format above.
     let ret: i64 = unsafe { ctx.read_at(OFF_RET) }.map_err(|e| e as i64)?;

@@ -82,27 +82,13 @@ fn slot_of(nr: u32) -> Option<u32> {
 /// for the waits userspace's startup sweep found).
 #[inline(always)]
 fn tail_pending_add(wait_flags: u32, delta: i64) {
-    let slot = if wait_flags & WAIT_BEFORE_ATTACH != 0 {
-        1
-    } else {
-        0
-    };
-    if let Some(p) = TAIL_PENDING.get_ptr_mut(slot) {
-        // SAFETY: `p` points at a live map value; BPF_ATOMIC add (Linux >= 5.12).
-        unsafe {
-            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-                p,
-                delta as u64,
-            )
-        };
-    }
+    let slot = if wait_flags & WAIT_BEFORE_ATTACH != 0 { 1 } else { 0 };
+    crate::gate::add(&TAIL_PENDING, slot, delta);
 }
 
 #[inline(always)]
 fn tails_pending() -> bool {
-    let kernel = TAIL_PENDING.get(0).copied().unwrap_or(0);
-    let swept = TAIL_PENDING.get(1).copied().unwrap_or(0);
-    kernel | swept != 0
+    crate::gate::open(&TAIL_PENDING, 0) || crate::gate::open(&TAIL_PENDING, 1)
 }
 
 /// Closes `wait`: histogram, and a [`WaitEnd`] record if it was long.

@@ -31,7 +31,8 @@ pub struct WaitInfo {
     pub before_attach: bool,
 }
 
-fn cstr(b: &[u8]) -> String {
+/// A NUL-terminated byte field as text.
+pub(crate) fn cstr(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
 }

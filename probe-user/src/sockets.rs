@@ -16,7 +16,7 @@ use crate::{
         calls::{Connection, Side},
         header::MessageKind,
     },
-    inflight::Item,
+    inflight::{Item, cstr},
     netlink::{
         genl::GenlFamilies,
         names,
@@ -227,10 +227,6 @@ pub fn headers_buffer(nl: &[NlSummary]) -> Vec<u8> {
     out
 }
 
-fn cstr(b: &[u8]) -> String {
-    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
 
 impl Sockets {
     /// Learns of a netlink socket that existed before plegwatch started.
