@@ -54,6 +54,18 @@ pub fn ensure() -> Result<()> {
     debian_packages().context("setup: Debian packages")?;
     rust_src().context("setup: nightly rust-src")?;
     bpf_linker().context("setup: bpf-linker")?;
+    cargo_fuzz().context("setup: cargo-fuzz")?;
+    Ok(())
+}
+
+/// cargo-fuzz, for the short fuzz runs of `cargo xtask test`.
+fn cargo_fuzz() -> Result<()> {
+    if let Some(version) = cmd::probe(cmd::cargo().args(["fuzz", "--version"])) {
+        eprintln!("setup: cargo-fuzz: {} found, skipping", version.trim());
+        return Ok(());
+    }
+    eprintln!("setup: cargo-fuzz: installing");
+    cmd::run(cmd::cargo().args(["install", "cargo-fuzz", "--locked"]))?;
     Ok(())
 }
 

@@ -18,6 +18,10 @@ pub const MAX_MESSAGE_LEN: usize = 1 << 27;
 /// The spec's maximum array length (64 MiB), so of the header-fields array.
 pub const MAX_ARRAY_LEN: usize = 1 << 26;
 
+/// Header strings are kept up to this many bytes (bus, interface, member
+/// and error names are at most 255 by the spec; object paths have no limit).
+pub const MAX_KEPT_STRING: usize = 255;
+
 pub const FLAG_NO_REPLY_EXPECTED: u8 = 0x1;
 pub const FLAG_NO_AUTO_START: u8 = 0x2;
 pub const FLAG_ALLOW_INTERACTIVE_AUTHORIZATION: u8 = 0x4;
@@ -130,7 +134,8 @@ pub struct Fixed {
 impl Fixed {
     /// Checks and reads the first 16 bytes of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Fixed, HeaderError> {
-        let b: &[u8; FIXED_LEN] = buf.get(..FIXED_LEN).and_then(|s| s.try_into().ok()).ok_or(HeaderError::Short(buf.len()))?;
+        let b: &[u8; FIXED_LEN] =
+            buf.get(..FIXED_LEN).and_then(|s| s.try_into().ok()).ok_or(HeaderError::Short(buf.len()))?;
         let endian = Endian::from_byte(b[0]).ok_or(HeaderError::Endianness(b[0]))?;
         let kind = MessageKind::from_byte(b[1]).ok_or(HeaderError::Type(b[1]))?;
         if b[3] != 1 {
@@ -166,7 +171,7 @@ impl Fixed {
 }
 
 /// What a message's header says. Strings are kept as sent (lossily decoded
-/// when not UTF-8).
+/// when not UTF-8), cut at [`MAX_KEPT_STRING`] bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Message {
     pub kind: MessageKind,
@@ -304,7 +309,7 @@ impl<'a> Reader<'a> {
     /// A variant's value of single complete type `sig`, if it is a basic
     /// type. `None` for container types (the walk stops) or a cut.
     fn value(&self, sig: &[u8], pos: usize) -> Option<(Value, usize)> {
-        let text = |s: &[u8]| String::from_utf8_lossy(s).into_owned();
+        let text = |s: &[u8]| String::from_utf8_lossy(&s[..s.len().min(MAX_KEPT_STRING)]).into_owned();
         let fixed = |align: usize, size: usize| {
             let p = align_to(pos, align);
             self.bytes(p, size).map(|_| p + size)
@@ -479,7 +484,10 @@ mod tests {
 
             let r = reply(endian, 9, 7, ":1.42").build();
             let m = parse(&r).unwrap();
-            assert_eq!((m.kind, m.reply_serial, m.destination.as_deref()), (MessageKind::MethodReturn, Some(7), Some(":1.42")));
+            assert_eq!(
+                (m.kind, m.reply_serial, m.destination.as_deref()),
+                (MessageKind::MethodReturn, Some(7), Some(":1.42"))
+            );
         }
     }
 
@@ -514,8 +522,21 @@ mod tests {
         let p = parse(&m).unwrap();
         assert_eq!((p.path.as_deref(), p.member.as_deref(), p.fields_complete), (Some("/a"), None, false));
         // A known code with the wrong type is skipped, not taken.
-        let m = Builder::new(Endian::Little, MessageKind::MethodReturn, 5).raw(FIELD_REPLY_SERIAL, "y", vec![9]).build();
+        let m =
+            Builder::new(Endian::Little, MessageKind::MethodReturn, 5).raw(FIELD_REPLY_SERIAL, "y", vec![9]).build();
         assert_eq!(parse(&m).unwrap().reply_serial, None);
+    }
+
+    #[test]
+    fn long_strings_are_cut() {
+        let long = "/a".repeat(1000);
+        let m = Builder::new(Endian::Little, MessageKind::Signal, 1)
+            .str(FIELD_PATH, "o", &long)
+            .str(FIELD_MEMBER, "s", "M")
+            .build();
+        let p = parse(&m).unwrap();
+        assert_eq!(p.path.as_deref(), Some(&long[..MAX_KEPT_STRING]));
+        assert_eq!(p.member.as_deref(), Some("M"));
     }
 
     #[test]

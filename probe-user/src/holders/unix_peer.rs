@@ -358,7 +358,11 @@ mod tests {
         if !sock_diag_available() {
             return;
         }
-        let path = std::env::temp_dir().join(format!("plegwatch-test-{}-{:?}.sock", std::process::id(), std::thread::current().id()));
+        let path = std::env::temp_dir().join(format!(
+            "plegwatch-test-{}-{:?}.sock",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let _ = std::fs::remove_file(&path);
         let _guard = TempSock(path.clone());
         let listener = UnixListener::bind(&path).unwrap();

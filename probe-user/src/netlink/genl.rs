@@ -127,9 +127,8 @@ impl GenlFamilies {
 /// The bytes of a CTRL_CMD_GETFAMILY dump request.
 pub fn getfamily_dump(seq: u32) -> Vec<u8> {
     let len = (header::NLMSG_HDRLEN + header::GENL_HDRLEN) as u32;
-    let mut v = NlHeader { len, msg_type: GENL_ID_CTRL, flags: NLM_F_REQUEST | NLM_F_DUMP, seq, pid: 0 }
-        .to_bytes()
-        .to_vec();
+    let mut v =
+        NlHeader { len, msg_type: GENL_ID_CTRL, flags: NLM_F_REQUEST | NLM_F_DUMP, seq, pid: 0 }.to_bytes().to_vec();
     v.extend_from_slice(&[CTRL_CMD_GETFAMILY, 1, 0, 0]);
     v
 }
@@ -212,6 +211,8 @@ mod tests {
             }
         };
         assert_eq!(f.id("nlctrl"), Some(GENL_ID_CTRL));
-        assert!(f.len() >= 1, "{f:?}");
+        // Every kernel registers a few more (ethtool, devlink, thermal, ...).
+        assert!(f.len() >= 2, "{f:?}");
+        eprintln!("{} generic netlink families: {f:?}", f.len());
     }
 }

@@ -8,9 +8,9 @@
 use super::{
     genl::GenlFamilies,
     header::{
-        NLMSG_DONE, NLMSG_ERROR, NLMSG_MIN_TYPE, NLMSG_NOOP, NLMSG_OVERRUN, NLM_F_ACK, NLM_F_ACK_TLVS,
-        NLM_F_APPEND, NLM_F_ATOMIC, NLM_F_BULK, NLM_F_CAPPED, NLM_F_CREATE, NLM_F_DUMP_FILTERED, NLM_F_DUMP_INTR,
-        NLM_F_ECHO, NLM_F_EXCL, NLM_F_MATCH, NLM_F_MULTI, NLM_F_NONREC, NLM_F_REPLACE, NLM_F_REQUEST, NLM_F_ROOT,
+        NLMSG_DONE, NLMSG_ERROR, NLMSG_MIN_TYPE, NLMSG_NOOP, NLMSG_OVERRUN, NLM_F_ACK, NLM_F_ACK_TLVS, NLM_F_APPEND,
+        NLM_F_ATOMIC, NLM_F_BULK, NLM_F_CAPPED, NLM_F_CREATE, NLM_F_DUMP_FILTERED, NLM_F_DUMP_INTR, NLM_F_ECHO,
+        NLM_F_EXCL, NLM_F_MATCH, NLM_F_MULTI, NLM_F_NONREC, NLM_F_REPLACE, NLM_F_REQUEST, NLM_F_ROOT,
     },
 };
 use std::borrow::Cow;
@@ -253,9 +253,12 @@ pub fn flag_names(flags: u16, ctx: FlagContext) -> String {
         take(bit, name, &mut left, &mut names);
     }
     let upper: &[(u16, &'static str)] = match ctx {
-        FlagContext::Get => {
-            &[(NLM_F_ROOT | NLM_F_MATCH, "DUMP"), (NLM_F_ROOT, "ROOT"), (NLM_F_MATCH, "MATCH"), (NLM_F_ATOMIC, "ATOMIC")]
-        }
+        FlagContext::Get => &[
+            (NLM_F_ROOT | NLM_F_MATCH, "DUMP"),
+            (NLM_F_ROOT, "ROOT"),
+            (NLM_F_MATCH, "MATCH"),
+            (NLM_F_ATOMIC, "ATOMIC"),
+        ],
         FlagContext::New => {
             &[(NLM_F_REPLACE, "REPLACE"), (NLM_F_EXCL, "EXCL"), (NLM_F_CREATE, "CREATE"), (NLM_F_APPEND, "APPEND")]
         }
@@ -335,10 +338,7 @@ mod tests {
         assert_eq!(flag_names(0x301, flag_context(NETLINK_ROUTE, RTM_GETLINK)), "REQUEST|DUMP");
         assert_eq!(flag_names(0x305, FlagContext::Get), "REQUEST|ACK|DUMP");
         assert_eq!(flag_names(0x100 | 1, FlagContext::Get), "REQUEST|ROOT");
-        assert_eq!(
-            flag_names(0x605, flag_context(NETLINK_ROUTE, RTM_NEWADDR)),
-            "REQUEST|ACK|EXCL|CREATE"
-        );
+        assert_eq!(flag_names(0x605, flag_context(NETLINK_ROUTE, RTM_NEWADDR)), "REQUEST|ACK|EXCL|CREATE");
         assert_eq!(flag_names(0x105, flag_context(NETLINK_ROUTE, RTM_DELROUTE)), "REQUEST|ACK|NONREC");
         assert_eq!(flag_names(0x100, flag_context(NETLINK_ROUTE, 2)), "CAPPED");
         assert_eq!(flag_names(0x2, FlagContext::Other), "MULTI");

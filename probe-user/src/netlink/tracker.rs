@@ -544,7 +544,10 @@ mod tests {
         assert_eq!(all.on_send(1, NETLINK_GENERIC, &fam, fam.len(), 6), 0);
         let fam = msg(0x18, NLM_F_REQUEST | NLM_F_ACK, 11, 0, &[1, 1, 0, 0]);
         assert_eq!(all.on_send(1, NETLINK_GENERIC, &fam, fam.len(), 6), 1);
-        assert_eq!(all.outstanding(7)[0].1.request.describe(Some(all.families())), "wireguard cmd 1 REQUEST|ACK seq 11");
+        assert_eq!(
+            all.outstanding(7)[0].1.request.describe(Some(all.families())),
+            "wireguard cmd 1 REQUEST|ACK seq 11"
+        );
     }
 
     #[test]
