@@ -350,7 +350,7 @@ fn walk_netlink(rec: &mut SockIo, buf: u64, len: u64) -> u32 {
             // SAFETY: as above; `struct nlmsgerr` starts with `int error`.
             error = unsafe { bpf_probe_read_user((buf + off + NLMSG_HDRLEN) as *const i32) }.unwrap_or(0);
         }
-        rec.nl[i] = NlSummary { len: msg_len, msg_type, flags: (hdr[1] >> 16) as u16, seq: hdr[2], error };
+        rec.nl[i] = NlSummary { len: msg_len, msg_type, flags: (hdr[1] >> 16) as u16, seq: hdr[2], error, pid: hdr[3] };
         i += 1;
         let step = ((msg_len as u64) + 3) & !3;
         if step < NLMSG_HDRLEN {

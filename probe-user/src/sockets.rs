@@ -219,7 +219,7 @@ pub fn headers_buffer(nl: &[NlSummary]) -> Vec<u8> {
         out.extend_from_slice(&m.msg_type.to_ne_bytes());
         out.extend_from_slice(&m.flags.to_ne_bytes());
         out.extend_from_slice(&m.seq.to_ne_bytes());
-        out.extend_from_slice(&0u32.to_ne_bytes());
+        out.extend_from_slice(&m.pid.to_ne_bytes());
         if is_err {
             out.extend_from_slice(&m.error.to_ne_bytes());
         }
@@ -485,7 +485,7 @@ mod tests {
     fn rec(slot: u32, start_ns: u64, msgs: &[(u16, u16, u32, i32)]) -> SockIo {
         let mut nl = [NlSummary::default(); NL_SUMMARIES];
         for (i, m) in msgs.iter().enumerate() {
-            nl[i] = NlSummary { len: 16, msg_type: m.0, flags: m.1, seq: m.2, error: m.3 };
+            nl[i] = NlSummary { len: 16, msg_type: m.0, flags: m.1, seq: m.2, error: m.3, pid: 0 };
         }
         SockIo {
             header: EventHeader { kind: 2, _pad: 0 },
@@ -556,8 +556,8 @@ mod tests {
     #[test]
     fn headers_buffer_round_trips_through_the_parser() {
         let nl = [
-            NlSummary { len: 100, msg_type: 16, flags: MULTI, seq: 9, error: 0 },
-            NlSummary { len: 36, msg_type: NLMSG_ERROR, flags: 0, seq: 9, error: -17 },
+            NlSummary { len: 100, msg_type: 16, flags: MULTI, seq: 9, error: 0, pid: 0 },
+            NlSummary { len: 36, msg_type: NLMSG_ERROR, flags: 0, seq: 9, error: -17, pid: 0 },
         ];
         let buf = headers_buffer(&nl);
         let parsed = crate::netlink::header::parse(&buf, 0);

@@ -226,8 +226,10 @@ pub struct NlSummary {
     pub seq: u32,
     /// The errno of an NLMSG_ERROR (0 for an ack), else 0.
     pub error: i32,
+    /// `nlmsg_pid`: the port id a reply is addressed to (0 for the kernel).
+    pub pid: u32,
 }
-const _: () = assert!(size_of::<NlSummary>() == 16);
+const _: () = assert!(size_of::<NlSummary>() == 20);
 
 /// A send or receive on a tracked socket. Sent with only the first
 /// `captured` bytes of `data`.
@@ -257,7 +259,7 @@ pub struct SockIo {
     pub data: [u8; SOCK_DATA_CAP],
 }
 /// Bytes of a [`SockIo`] before `data`.
-pub const SOCK_IO_HEADER_LEN: usize = 88 + NL_SUMMARIES * 16;
+pub const SOCK_IO_HEADER_LEN: usize = 88 + NL_SUMMARIES * 20;
 const _: () = assert!(size_of::<SockIo>() == SOCK_IO_HEADER_LEN + SOCK_DATA_CAP);
 
 /// A tracked socket was closed (or its fd replaced).
