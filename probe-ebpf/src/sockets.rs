@@ -341,22 +341,20 @@ fn walk_netlink(rec: &mut SockIo, buf: u64, len: u64) -> u32 {
         if off + NLMSG_HDRLEN > len {
             break;
         }
+        // The header and the first word after it (an NLMSG_ERROR's errno), in
+        // one read with no branch, which keeps the verifier's work small.
         // SAFETY: the helper checks the user pointer.
-        let Ok(hdr) = (unsafe { bpf_probe_read_user((buf + off) as *const [u32; 4]) }) else { break };
-        let msg_len = hdr[0];
-        let msg_type = hdr[1] as u16;
-        let mut error = 0;
-        if msg_type == NLMSG_ERROR && off + NLMSG_HDRLEN + 4 <= len {
-            // SAFETY: as above; `struct nlmsgerr` starts with `int error`.
-            error = unsafe { bpf_probe_read_user((buf + off + NLMSG_HDRLEN) as *const i32) }.unwrap_or(0);
-        }
-        rec.nl[i] = NlSummary { len: msg_len, msg_type, flags: (hdr[1] >> 16) as u16, seq: hdr[2], error, pid: hdr[3] };
+        let Ok(w) = (unsafe { bpf_probe_read_user((buf + off) as *const [u32; 5]) }) else { break };
+        let msg_type = w[1] as u16;
+        let error = if msg_type == NLMSG_ERROR { w[4] as i32 } else { 0 };
+        rec.nl[i] = NlSummary { len: w[0], msg_type, flags: (w[1] >> 16) as u16, seq: w[2], error, pid: w[3] };
         i += 1;
-        let step = ((msg_len as u64) + 3) & !3;
+        let step = ((w[0] as u64) + 3) & !3;
         if step < NLMSG_HDRLEN {
             break;
         }
-        off += step;
+        // Bounded, so that the verifier sees `off` stay small.
+        off = (off + step) & 0xffff_ffff;
     }
     i as u32
 }

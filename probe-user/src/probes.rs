@@ -263,7 +263,7 @@ pub fn attach(ebpf: &mut Ebpf, env: &AttachEnv, probe: &Probe) -> Result<Choice,
                     passed_over,
                 });
             }
-            Err(e) => passed_over.push(format!("{}: {e}", v.describe())),
+            Err(e) => passed_over.push(format!("{}: {}", v.describe(), one_line(&e))),
         }
     }
     // Optional probes end with ProcPoll or Off, which always "attach".
@@ -313,6 +313,19 @@ fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), Stri
     }
 }
 
+/// A kernel refusal as one short line: the verifier's log can run to
+/// megabytes; its first and last lines say what failed.
+fn one_line(e: &str) -> String {
+    const KEEP: usize = 240;
+    let e = e.replace('\n', " | ");
+    if e.len() <= 2 * KEEP {
+        return e;
+    }
+    let head: String = e.chars().take(KEEP).collect();
+    let tail: String = e.chars().rev().take(KEEP).collect::<Vec<_>>().into_iter().rev().collect();
+    format!("{head} … {tail}")
+}
+
 fn already_loaded(e: aya::programs::ProgramError) -> Result<(), aya::programs::ProgramError> {
     match e {
         aya::programs::ProgramError::AlreadyLoaded => Ok(()),
@@ -334,6 +347,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_cut_to_one_line() {
+        let log = format!("load sock_exit: too long. Verifier output: {}BPF program is too large.\n", "0: (bf) r7 = r1\n".repeat(10_000));
+        let l = one_line(&log);
+        assert!(l.len() < 600 && !l.contains('\n'), "{l}");
+        assert!(l.starts_with("load sock_exit") && l.ends_with("too large. | "), "{l}");
+    }
 
     #[test]
     fn table_is_sound() {
