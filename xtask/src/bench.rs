@@ -15,7 +15,7 @@ use crate::{cmd, setup};
 use report::Sample;
 
 /// Loop modes, with their default iteration counts.
-const MODES: &[(&str, u64)] = &[("unix", 200_000), ("fsync", 20_000)];
+const MODES: &[(&str, u64)] = &[("unix", 200_000), ("unixrw", 200_000), ("fsync", 20_000)];
 
 /// Arguments of `cargo xtask bench`.
 #[derive(clap::Args)]

@@ -23,11 +23,14 @@ const BPFTRACE_SETTLE: Duration = Duration::from_secs(1);
 /// How long a tracer may take to exit after SIGINT before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Per-tid enter/exit latency tracking over the loop's syscalls (`send` is `sendto` at the
-/// syscall level), aggregated into one histogram: the same work plegwatch does for them.
+/// Per-tid enter/exit latency tracking over the loops' syscalls (`send` is `sendto` at the
+/// syscall level), aggregated into one histogram: the work a naive tracer of these syscalls
+/// does. plegwatch hooks the same syscalls but does work only for sockets it classified.
 pub const BPFTRACE_SCRIPT: &str = r#"
 tracepoint:syscalls:sys_enter_sendto,
 tracepoint:syscalls:sys_enter_recvfrom,
+tracepoint:syscalls:sys_enter_write,
+tracepoint:syscalls:sys_enter_read,
 tracepoint:syscalls:sys_enter_fsync
 {
     @s[tid] = nsecs;
@@ -35,6 +38,8 @@ tracepoint:syscalls:sys_enter_fsync
 
 tracepoint:syscalls:sys_exit_sendto,
 tracepoint:syscalls:sys_exit_recvfrom,
+tracepoint:syscalls:sys_exit_write,
+tracepoint:syscalls:sys_exit_read,
 tracepoint:syscalls:sys_exit_fsync
 /@s[tid]/
 {
