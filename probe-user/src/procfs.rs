@@ -92,6 +92,18 @@ pub fn state(tid: u32) -> Option<char> {
     parse_stat_state(&fs::read_to_string(format!("/proc/{tid}/stat")).ok()?)
 }
 
+/// The CPU a thread last ran on (field 39 of `/proc/TID/stat`).
+pub fn last_cpu(tid: u32) -> Option<u32> {
+    parse_stat_cpu(&fs::read_to_string(format!("/proc/{tid}/stat")).ok()?)
+}
+
+/// Parses the `processor` field (39th) out of a `stat` line.
+pub fn parse_stat_cpu(text: &str) -> Option<u32> {
+    let after = &text[text.rfind(')')? + 1..];
+    // Field 3 (state) is the first after the comm; field 39 is 36 further.
+    after.split_whitespace().nth(36)?.parse().ok()
+}
+
 /// Parses the state letter out of a `stat` line (the comm may hold spaces and parens).
 pub fn parse_stat_state(text: &str) -> Option<char> {
     let after = &text[text.rfind(')')? + 1..];
@@ -246,6 +258,16 @@ ffff8881012f1000 16  0          00000000 0        0        0     2        0     
         let text = "bash (1, #threads: 1)\n---\nse.exec_start                                :       1335593.631817\nse.vruntime  :  1.0\n";
         assert_eq!(parse_exec_start(text), Some(1335593.631817));
         assert_eq!(parse_exec_start("nothing"), None);
+    }
+
+    #[test]
+    fn last_cpu_of_own_thread() {
+        let me = std::process::id();
+        let cpu = last_cpu(me).expect("processor field");
+        let n = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
+        assert!(cpu < n.max(256), "{cpu}");
+        let line = "1 (a b) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 10 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 3 0 0";
+        assert_eq!(parse_stat_cpu(line), Some(3));
     }
 
     #[test]

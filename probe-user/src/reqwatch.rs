@@ -160,12 +160,7 @@ impl ReqWatch {
             else {
                 continue;
             };
-            // The caller's thread blocked longest has waited at least that long.
-            let (tid, since) = threads_of(caller)
-                .into_iter()
-                .map(|t| (t, clock.blocked_since_ns(t)))
-                .min_by_key(|(_, s)| *s)
-                .unwrap_or((caller, monotonic_ns()));
+            let (tid, since) = clock.process_blocked_since_ns(caller);
             self.swept_dbus.push(DbusOpen {
                 sock: sock_key(conn.tgid, conn.fd),
                 tgid: caller,
@@ -343,13 +338,6 @@ fn netlink_holder(o: &NetlinkOpen, protocol: &str) -> Value {
         return json!({ "kind": "netlink_peer", "portid": o.dst_portid, "why": "no process holds that port id now" });
     }
     json!({ "kind": "kernel", "what": format!("netlink {protocol}: no reply") })
-}
-
-/// The thread ids of process `pid`.
-fn threads_of(pid: u32) -> Vec<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default()
 }
 
 /// How long the bus daemon gets to say who owns a name.

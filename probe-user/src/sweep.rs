@@ -68,28 +68,83 @@ pub fn blocked_threads(self_tgid: u32) -> Vec<Blocked> {
     out
 }
 
-/// Lower bounds of how long threads have been blocked.
+/// Lower bounds of how long threads have been blocked, from the scheduler.
+///
+/// `se.exec_start` in `/proc/TID/sched` is when the thread last started
+/// running, on the task clock of the CPU it ran on. That clock lags
+/// CLOCK_MONOTONIC by the CPU's own irq and steal time, so each CPU has its
+/// own offset; plegwatch measures it once per CPU by running there itself.
 pub struct AgeClock {
     now_ns: u64,
-    /// Our own thread is running, so its exec_start is "now" on the
-    /// scheduler's task clock, which lags CLOCK_MONOTONIC by irq and steal time.
-    clock_now_ms: Option<f64>,
+    /// CLOCK_MONOTONIC ns minus task-clock ns, by CPU.
+    offset_ns: std::collections::HashMap<u32, i128>,
+}
+
+/// Our own `se.exec_start` on `cpu`, and CLOCK_MONOTONIC right then.
+fn sample_cpu(cpu: u32) -> Option<(f64, u64)> {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET bounds-checks `cpu`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    // SAFETY: our own thread, a valid set.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return None;
+    }
+    // SAFETY: no preconditions. Being scheduled anew restamps exec_start.
+    unsafe { libc::sched_yield() };
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    let mono = crate::collector::monotonic_ns();
+    let exec = procfs::exec_start_ms(tid)?;
+    Some((exec, mono))
 }
 
 impl AgeClock {
-    pub fn new(self_tgid: u32, now_ns: u64) -> Self {
-        AgeClock { now_ns, clock_now_ms: procfs::exec_start_ms(self_tgid) }
+    pub fn new(_self_tgid: u32, now_ns: u64) -> Self {
+        let mut offset_ns = std::collections::HashMap::new();
+        // SAFETY: a zeroed cpu_set_t is valid; filled by the kernel.
+        let mut orig: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: our own thread, a valid buffer.
+        if unsafe { libc::sched_getaffinity(0, size, &mut orig) } == 0 {
+            for cpu in 0..libc::CPU_SETSIZE as u32 {
+                // SAFETY: CPU_ISSET bounds-checks `cpu`.
+                if unsafe { libc::CPU_ISSET(cpu as usize, &orig) } {
+                    if let Some((exec_ms, mono)) = sample_cpu(cpu) {
+                        offset_ns.insert(cpu, mono as i128 - (exec_ms * 1e6) as i128);
+                    }
+                }
+            }
+            // SAFETY: restores the set read above.
+            unsafe { libc::sched_setaffinity(0, size, &orig) };
+        }
+        AgeClock { now_ns, offset_ns }
     }
 
-    /// CLOCK_MONOTONIC ns since when `tid` has surely been blocked: since it
-    /// last ran (exact for a thread that slept since it blocked), or now when
+    /// CLOCK_MONOTONIC ns since when `tid` has not run: since it last started
+    /// running (exact for a thread that slept since it blocked), or now when
     /// the kernel doesn't say (no CONFIG_SCHED_DEBUG).
     pub fn blocked_since_ns(&self, tid: u32) -> u64 {
-        let age_ns = match (self.clock_now_ms, procfs::exec_start_ms(tid)) {
-            (Some(now), Some(last_ran)) if now > last_ran => ((now - last_ran) * 1e6) as u64,
-            _ => 0,
-        };
-        self.now_ns.saturating_sub(age_ns).max(1)
+        let since = (|| {
+            let exec_ms = procfs::exec_start_ms(tid)?;
+            let cpu = procfs::last_cpu(tid)?;
+            let off = self.offset_ns.get(&cpu)?;
+            u64::try_from((exec_ms * 1e6) as i128 + off).ok()
+        })();
+        since.unwrap_or(self.now_ns).clamp(1, self.now_ns)
+    }
+
+    /// The best lower bound of how long process `pid` has waited for
+    /// something one of its threads asked for: since its most recently run
+    /// sleeping thread last ran (a thread that ran later could have sent it).
+    pub fn process_blocked_since_ns(&self, pid: u32) -> (u32, u64) {
+        let tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+            .unwrap_or_default();
+        tids.into_iter()
+            .filter(|t| matches!(procfs::state(*t), Some('S' | 'D')))
+            .map(|t| (t, self.blocked_since_ns(t)))
+            .max_by_key(|(_, s)| *s)
+            .unwrap_or((pid, self.now_ns))
     }
 }
 

@@ -10,7 +10,10 @@
 //! - [`WriteThrottle`]: a `blkio.throttle.write_bps_device` rule;
 //! - [`Plegwatch`]: the `plegwatch` process, its parsed stdout and its stderr;
 //! - [`netlink::NetNs`] and [`netlink::Proc`]: a throwaway network namespace, and child
-//!   processes (netlink clients, `ip monitor`) killed by PID.
+//!   processes (netlink clients, `ip monitor`) killed by PID;
+//! - [`dbus::PrivateBus`], [`dbus::FrozenService`], [`dbus::BusMonitor`] and [`dbus::Proc`]: a
+//!   private `dbus-daemon` in a temp dir, a service on it frozen with SIGSTOP, a `dbus-monitor`
+//!   timing every message to and from it, and D-Bus clients, all killed by PID.
 //!
 //! Declare guards in the order they are set up: Rust drops locals in reverse, so the throttle
 //! goes before the umount that would otherwise crawl through it, and plegwatch goes first.
@@ -18,6 +21,7 @@
 //! The tests need root and `PLEGWATCH_BIN` (see [`preflight`]); `cargo xtask test` provides
 //! both and runs them with `--test-threads=1`.
 
+pub mod dbus;
 pub mod dirty;
 pub mod events;
 pub mod loopfs;

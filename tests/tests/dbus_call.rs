@@ -1,0 +1,398 @@
+//! D-Bus method calls to a frozen service, made while plegwatch watches (stall pattern 4:
+//! runc → systemd over D-Bus, never answered).
+//!
+//! A private `dbus-daemon`; `dbus-test-tool echo` owns `com.example.Frozen` and is stopped
+//! with SIGSTOP. Two real clients call it: `dbus-send` (libdbus, one thread, blocks in poll)
+//! and `gdbus call` (GLib, waits on a worker thread). `gdbus call` first asks
+//! `Introspectable.Introspect`, gives up on it after 3 s, then sends `Hello`, so it leaves two
+//! unanswered calls, the second 3 s after the first. A `gdbus monitor` signal listener runs
+//! all along (it blocks in poll forever, by design). `dbus-monitor` times every message to and
+//! from the service: it is the ground truth for when each call went out, with which serial
+//! and from which connection, and when its reply came.
+//!
+//! Each call must be reported within a second of crossing `--warn`, naming the caller, the
+//! call and the frozen service as holder (asked of the bus: `name_owner`); the listener must
+//! not be. After SIGCONT every call must be resolved, and both clients must succeed.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use plegwatch_scenarios::dbus::{
+    assert_dbus_stall, proc_state, resolved_of, rfc3339_secs, stalls_of, tids, BusMonitor, Clocks,
+    ExpectedStall, FrozenService, MsgKind, PrivateBus, Proc, Seen, INTROSPECT, INTROSPECTABLE,
+    MEMBER, OBJECT_PATH, SERVICE, START_TIMEOUT,
+};
+use plegwatch_scenarios::events::dump;
+use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::{preflight, Event, Plegwatch};
+
+const WARN_S: f64 = 2.0;
+/// A report may come this late after its wait crossed `--warn`.
+const SLACK_S: f64 = 1.0;
+/// `dbus-monitor` stamps a call when it reads its copy, a little after the caller wrote it.
+const MONITOR_LAG_S: f64 = 0.1;
+/// `started_at` may differ this much from the monitor's stamp of the call.
+const STARTED_AT_SKEW_S: f64 = 0.5;
+/// The `resolved` line may come this late after the reply (its timing is approximate today:
+/// up to about 2.5 s).
+const RESOLVE_LATE_S: f64 = 3.5;
+/// GLib's own timeout for the introspection `gdbus call` makes first (GLib 2.74).
+const GDBUS_INTROSPECT_TIMEOUT_S: f64 = 3.0;
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[test]
+fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
+    preflight::require();
+    let clocks = Clocks::now();
+    let bus = PrivateBus::start()?;
+    let mut service = FrozenService::start(&bus, SERVICE)?;
+    let mut monitor = BusMonitor::start(&bus, SERVICE)?;
+
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
+
+    let mut listener = Proc::spawn(
+        "gdbus monitor",
+        bus.command("gdbus")
+            .args(["monitor", "--session", "--dest", "org.freedesktop.DBus"]),
+    )?;
+    listener
+        .wait_line(START_TIMEOUT, |l| {
+            l.starts_with("The name org.freedesktop.DBus is owned")
+        })
+        .context("the gdbus monitor listener never said it was listening")?;
+
+    assert_eq!(
+        proc_state(service.pid()),
+        Some('T'),
+        "the service (pid {}) is not stopped before the calls",
+        service.pid()
+    );
+    let called = Instant::now();
+    let mut send = Proc::spawn(
+        "dbus-send",
+        bus.command("dbus-send").args([
+            "--session",
+            &format!("--dest={SERVICE}"),
+            "--print-reply",
+            "--reply-timeout=120000",
+            OBJECT_PATH,
+            &format!("{SERVICE}.{MEMBER}"),
+        ]),
+    )?;
+    let mut gcall = Proc::spawn(
+        "gdbus call",
+        bus.command("gdbus").args([
+            "call",
+            "--session",
+            "--dest",
+            SERVICE,
+            "--object-path",
+            OBJECT_PATH,
+            "--method",
+            &format!("{SERVICE}.{MEMBER}"),
+            "--timeout",
+            "120",
+        ]),
+    )?;
+    let (send_pid, gcall_pid) = (send.pid(), gcall.pid());
+
+    // The three reports, each awaited until well past when it is due.
+    let dbus_call_of = |pid: u32, member: &'static str| {
+        move |e: &Event| {
+            e.is("stall")
+                && e.str("/kind") == Some("dbus_call")
+                && e.u64("/pid") == Some(u64::from(pid))
+                && e.str("/detail/member") == Some(member)
+        }
+    };
+    let due = Duration::from_secs_f64(WARN_S + SLACK_S + 2.0);
+    let send_stall = plegwatch.wait_for(due, dbus_call_of(send_pid, MEMBER));
+    let intro_stall = plegwatch.wait_for(due, dbus_call_of(gcall_pid, INTROSPECT));
+    // gdbus sends its Hello only when GLib gives up on the Introspect: wait for the monitor
+    // to see it go out (GDBUS_INTROSPECT_TIMEOUT_S after the spawn here), then for its report.
+    let intro_sender = intro_stall
+        .as_ref()
+        .and_then(|s| s.str("/detail/sender"))
+        .map(str::to_string);
+    let hello_sent = monitor.wait(
+        Duration::from_secs_f64(GDBUS_INTROSPECT_TIMEOUT_S * 3.0),
+        |m| {
+            m.kind == MsgKind::Call
+                && m.member.as_deref() == Some(MEMBER)
+                && m.sender.is_some()
+                && m.sender == intro_sender
+        },
+    );
+    let hello_stall = match &hello_sent {
+        Some(call) => plegwatch.wait_for(
+            due.saturating_sub(clocks.instant(call.time).elapsed()),
+            dbus_call_of(gcall_pid, MEMBER),
+        ),
+        None => None,
+    };
+    // While the calls are open: the callers' threads, and who the bus says each sender is.
+    let send_tids = tids(send_pid);
+    let gcall_tids = tids(gcall_pid);
+    let senders: Vec<(String, Result<u32, String>)> = [&send_stall, &intro_stall, &hello_stall]
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.str("/detail/sender"))
+        .map(|s| (s.to_string(), bus.pid_of(s).map_err(|e| format!("{e:#}"))))
+        .collect();
+    let still_stopped = proc_state(service.pid());
+
+    let thawed = service.thaw()?;
+    for stall in [&send_stall, &intro_stall, &hello_stall]
+        .into_iter()
+        .flatten()
+    {
+        let id = stall.u64("/id");
+        plegwatch.wait_for(Duration::from_secs_f64(RESOLVE_LATE_S + 2.0), |e| {
+            e.is("resolved") && e.u64("/id") == id
+        });
+    }
+    let send_status = send.wait_exit(EXIT_TIMEOUT)?;
+    let gcall_status = gcall.wait_exit(EXIT_TIMEOUT)?;
+    let listener_running = listener.running();
+    let events = plegwatch.stop()?;
+    let all = || dump(&events, called);
+    eprintln!(
+        "plegwatch ready {:.3}s before the calls; service thawed {:.3}s after them",
+        called.duration_since(ready.at).as_secs_f64(),
+        thawed.duration_since(called).as_secs_f64()
+    );
+
+    assert_eq!(
+        still_stopped,
+        Some('T'),
+        "the service was no longer stopped while the calls were open"
+    );
+    let report = |stall: Option<Event>, what: &str| {
+        stall.unwrap_or_else(|| {
+            panic!(
+                "no dbus_call stall line for {what} within its due time; lines timed from the \
+                 calls:\n{}",
+                all()
+            )
+        })
+    };
+    let send_stall = report(send_stall, "dbus-send's Hello");
+    let intro_stall = report(intro_stall, "gdbus call's Introspect");
+    assert!(
+        hello_sent.is_some(),
+        "dbus-monitor never saw gdbus call's Hello go out (GLib gives up on its Introspect \
+         after {GDBUS_INTROSPECT_TIMEOUT_S}s, then sends it):\n{}",
+        all()
+    );
+    let hello_stall = report(hello_stall, "gdbus call's Hello");
+
+    // Each sender the stalls name is the caller's connection, as the bus itself says.
+    for (sender, pid) in &senders {
+        let pid = pid
+            .as_ref()
+            .unwrap_or_else(|e| panic!("asking the bus for {sender}'s pid: {e}"));
+        assert!(
+            [send_pid, gcall_pid].contains(pid),
+            "the bus says {sender} is pid {pid}, none of the callers"
+        );
+    }
+    let pid_of_sender = |stall: &Event| {
+        let sender = stall.str("/detail/sender").unwrap_or_default();
+        senders
+            .iter()
+            .find(|(s, _)| s == sender)
+            .and_then(|(_, p)| p.as_ref().ok().copied())
+    };
+    assert_eq!(pid_of_sender(&send_stall), Some(send_pid), "{}", all());
+    assert_eq!(pid_of_sender(&intro_stall), Some(gcall_pid), "{}", all());
+    assert_eq!(pid_of_sender(&hello_stall), Some(gcall_pid), "{}", all());
+
+    let cases = [
+        (&send_stall, send_pid, &send_tids[..], "dbus-send", SERVICE),
+        (
+            &intro_stall,
+            gcall_pid,
+            &gcall_tids[..],
+            "gdbus",
+            INTROSPECTABLE,
+        ),
+        (&hello_stall, gcall_pid, &gcall_tids[..], "gdbus", SERVICE),
+    ];
+    for (stall, pid, caller_tids, comm, interface) in cases {
+        let sender = stall.str("/detail/sender").unwrap_or_default();
+        let serial = stall.u64("/detail/serial").unwrap_or(0) as u32;
+        let call: Seen = monitor.call(sender, serial).unwrap_or_else(|| {
+            panic!(
+                "dbus-monitor saw no call {serial} from {sender}, which {} names:\n{}",
+                stall.json,
+                all()
+            )
+        });
+        assert_eq!(call.interface.as_deref(), Some(interface), "{call:?}");
+        assert_eq!(call.path.as_deref(), Some(OBJECT_PATH), "{call:?}");
+        assert_dbus_stall(
+            stall,
+            &ExpectedStall {
+                caller_pid: pid,
+                caller_tids,
+                comm,
+                call: &call,
+                service_pid: service.pid(),
+                holder_kind: "name_owner",
+                before_attach: false,
+            },
+            &all,
+        );
+        if let Some(path) = stall.str("/holder/bus") {
+            assert_eq!(
+                Some(path),
+                bus.socket().to_str(),
+                "holder.bus in {}",
+                stall.json
+            );
+        }
+
+        // On time: within SLACK_S of the call crossing --warn.
+        let sent = clocks.instant(call.time);
+        let arrived = stall.at.duration_since(sent.min(stall.at)).as_secs_f64();
+        let after_spawn = stall.at.duration_since(called).as_secs_f64();
+        let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
+        let skew = rfc3339_secs(stall.str("/started_at").unwrap_or_default()).unwrap_or(f64::NAN)
+            - call.time;
+        eprintln!(
+            "{comm} {}: sent {:.3}s after the spawn; reported {arrived:.3}s after it was sent \
+             ({after_spawn:.3}s after the spawn), waited_s {waited:.3}, started_at {skew:+.3}s \
+             off",
+            call.member.as_deref().unwrap_or("?"),
+            sent.saturating_duration_since(called).as_secs_f64()
+        );
+        assert!(
+            (WARN_S - MONITOR_LAG_S..=WARN_S + SLACK_S).contains(&arrived),
+            "{} reported {arrived:.3}s after it was sent, not within [{WARN_S}, {}]s:\n{}",
+            stall.json,
+            WARN_S + SLACK_S,
+            all()
+        );
+        assert!(
+            (WARN_S..=WARN_S + SLACK_S).contains(&waited),
+            "waited_s {waited} not within [{WARN_S}, {}] in {}:\n{}",
+            WARN_S + SLACK_S,
+            stall.json,
+            all()
+        );
+        assert!(
+            skew.abs() <= STARTED_AT_SKEW_S,
+            "started_at is {skew:+.3}s off the monitor's stamp of the call in {}:\n{}",
+            stall.json,
+            all()
+        );
+
+        // Resolved once the thawed service answers.
+        let reply = monitor
+            .reply(sender, serial, Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("dbus-monitor saw no reply to {call:?}"));
+        let resolved = resolved_of(&events, stall, &all);
+        let real = reply.time - call.time;
+        let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+        let late = resolved
+            .at
+            .saturating_duration_since(clocks.instant(reply.time))
+            .as_secs_f64();
+        eprintln!(
+            "  resolved ({}): line {late:.3}s after the reply; waited_s {total:.3} for a real \
+             {real:.3}s ({:+.3}s)",
+            resolved.str("/timing").unwrap_or("?"),
+            total - real
+        );
+        assert!(
+            late <= RESOLVE_LATE_S,
+            "the resolved line {} came {late:.3}s after the reply:\n{}",
+            resolved.json,
+            all()
+        );
+        assert!(
+            total >= real - 0.25 && total <= real + RESOLVE_LATE_S,
+            "resolved waited_s {total} for a call answered after {real:.3}s:\n{}",
+            all()
+        );
+    }
+    // dbus-send and gdbus's Introspect went out at once; gdbus's Hello only after GLib gave
+    // up on the Introspect.
+    for stall in [&send_stall, &intro_stall] {
+        let after_spawn = stall.at.duration_since(called).as_secs_f64();
+        assert!(
+            after_spawn <= WARN_S + SLACK_S,
+            "{} came {after_spawn:.3}s after the spawn:\n{}",
+            stall.json,
+            all()
+        );
+    }
+
+    // Nothing else about the callers (one report each), and nothing about the listener, the
+    // monitor, the frozen service or the bus daemon.
+    let ids = |pid: u32| {
+        let mut ids: Vec<u64> = stalls_of(&events, pid)
+            .iter()
+            .filter_map(|e| e.u64("/id"))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    };
+    assert_eq!(
+        ids(send_pid),
+        [send_stall.u64("/id").unwrap_or(0)],
+        "{}",
+        all()
+    );
+    let gcall_ids = ids(gcall_pid);
+    let mut want = vec![
+        intro_stall.u64("/id").unwrap_or(0),
+        hello_stall.u64("/id").unwrap_or(0),
+    ];
+    want.sort_unstable();
+    assert_eq!(gcall_ids, want, "{}", all());
+    for (who, pid) in [
+        ("the gdbus monitor listener", listener.pid()),
+        ("dbus-monitor", monitor.pid()),
+        ("the frozen service", service.pid()),
+        ("dbus-daemon", bus.daemon_pid()),
+    ] {
+        let stalls = stalls_of(&events, pid);
+        assert!(
+            stalls.is_empty(),
+            "{who} (pid {pid}) was reported: {stalls:#?}\n{}",
+            all()
+        );
+    }
+    assert!(
+        listener_running,
+        "the listener exited during the test: it should listen forever"
+    );
+    let signals = listener
+        .lines()
+        .iter()
+        .filter(|(_, l)| l.contains("NameOwnerChanged"))
+        .count();
+    assert!(
+        signals > 0,
+        "the listener got no NameOwnerChanged signal: it did not really listen"
+    );
+
+    assert!(send_status.success(), "dbus-send failed: {send_status}");
+    assert!(gcall_status.success(), "gdbus call failed: {gcall_status}");
+    assert!(
+        send.lines()
+            .iter()
+            .any(|(_, l)| l.starts_with("method return")),
+        "dbus-send printed no method return: {:?}",
+        send.lines()
+    );
+    assert!(
+        gcall.lines().iter().any(|(_, l)| l.trim() == "()"),
+        "gdbus call printed no empty reply: {:?}",
+        gcall.lines()
+    );
+    Ok(())
+}
