@@ -141,7 +141,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     tgids.extend(req.tgids());
                     o.refresh(&tgids);
                 }
-                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref() };
+                let mut open_waits = engine.open_by_pid.clone();
+                for (pid, (kind, start)) in req.open_by_pid() {
+                    note_open(&mut open_waits, pid, kind, start);
+                }
+                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &open_waits };
                 engine.scan(&mut sink);
                 req.scan(monotonic_ns(), &mut sink);
                 drops.check(&ebpf);
@@ -156,7 +160,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
             }
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the ring buffer", e))?;
-                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref() };
+                let none = HashMap::new();
+                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &none };
                 engine.drain(guard.get_inner_mut(), &mut sink);
                 guard.clear_ready();
             }
@@ -251,13 +256,34 @@ where
 struct Enrich<'a> {
     inner: &'a mut dyn Sink,
     offcpu: Option<&'a OffCpu>,
+    /// Each process's longest open wait: (kind, start ns).
+    open_waits: &'a HashMap<u32, (&'static str, u64)>,
+}
+
+/// Notes in `longest` each process's earliest-started open wait.
+pub(crate) fn note_open(longest: &mut HashMap<u32, (&'static str, u64)>, tgid: u32, kind: &'static str, start_ns: u64) {
+    let e = longest.entry(tgid).or_insert((kind, start_ns));
+    if start_ns < e.1 {
+        *e = (kind, start_ns);
+    }
 }
 
 impl Sink for Enrich<'_> {
     fn emit(&mut self, event: &Event) {
-        if let (Event::Stall(s), Some(o)) = (event, self.offcpu) {
+        if let Event::Stall(s) = event {
             let now = monotonic_ns();
             let mut s = s.clone();
+            // The holder's own longest open wait, if it has one: the next link.
+            if let Some(Value::Object(h)) = &mut s.holder {
+                let pid = h.get("pid").and_then(Value::as_u64).map(|p| p as u32);
+                if let Some((kind, start)) = pid.and_then(|p| self.open_waits.get(&p)) {
+                    h.insert(
+                        "longest_open_wait".into(),
+                        serde_json::json!({ "kind": kind, "waited_s": now.saturating_sub(*start) as f64 / 1e9 }),
+                    );
+                }
+            }
+            let Some(o) = self.offcpu else { return self.inner.emit(&Event::Stall(s)) };
             if let (Some(v), Value::Object(d)) = (o.for_tid(s.tid, now), &mut s.detail) {
                 d.insert("offcpu".into(), v);
             }
@@ -317,6 +343,8 @@ struct Engine {
     fixed: HashMap<WaitKey, Map<String, Value>>,
     /// Processes with a wait open in the kernel at the last scan.
     open_tgids: Vec<u32>,
+    /// Their earliest open wait: (kind, start ns).
+    open_by_pid: HashMap<u32, (&'static str, u64)>,
     /// Scans in a row that found a tail's thread running outside umount2.
     running_seen: HashMap<WaitKey, u32>,
     ring_records: u64,
@@ -339,6 +367,7 @@ impl Engine {
             poll_tails,
             fixed: HashMap::new(),
             open_tgids: Vec::new(),
+            open_by_pid: HashMap::new(),
             running_seen: HashMap::new(),
             ring_records: 0,
         }
@@ -353,6 +382,11 @@ impl Engine {
             .map(|(_, w)| WaitInfo::from(&w))
             .collect();
         self.open_tgids = open.iter().map(|w| w.tgid).collect();
+        self.open_by_pid.clear();
+        for w in &open {
+            let kind = by_slot(w.slot).map(|s| s.kind.as_str()).unwrap_or("sync");
+            note_open(&mut self.open_by_pid, w.tgid, kind, w.start_ns);
+        }
         let actions = self.registry.scan(open.iter(), now);
         self.act(actions, sink);
         self.check_reported(now, sink);

@@ -48,6 +48,8 @@ pub struct ReqWatch {
     swept_dbus: Vec<DbusOpen>,
     /// Sockets of processes seen dead are dropped at most this often.
     last_gc_ns: u64,
+    /// Each process's earliest open request at the last scan: (kind, start ns).
+    open_by_pid: HashMap<u32, (&'static str, u64)>,
 }
 
 impl ReqWatch {
@@ -56,12 +58,16 @@ impl ReqWatch {
             registry: Registry::new(thresholds, filter.clone()),
             dbus: Registry::new(thresholds, filter),
             holders: DbusHolders::default(),
-            sockets: Sockets::default(),
+            sockets: Sockets::with_families(crate::netlink::genl::GenlFamilies::from_kernel().unwrap_or_else(|e| {
+                tracing::warn!("generic netlink families unknown until seen on the wire: {e}");
+                Default::default()
+            })),
             socks: take_map(ebpf, sock_maps::SOCKS)?,
             calls: take_map(ebpf, sock_maps::SOCK_CALLS)?,
             swept: Vec::new(),
             swept_dbus: Vec::new(),
             last_gc_ns: 0,
+            open_by_pid: HashMap::new(),
         })
     }
 
@@ -211,12 +217,19 @@ impl ReqWatch {
         });
         let mut open = self.sockets.open_netlink(&calls, now_ns);
         open.extend(self.swept.iter().cloned());
+        self.open_by_pid.clear();
+        for o in &open {
+            crate::collector::note_open(&mut self.open_by_pid, o.tgid, "netlink_request", o.start_ns);
+        }
         let actions = self.registry.scan(open.iter(), now_ns);
         self.act(actions, now_ns, sink);
         let replies = self.sockets.take_replies();
         self.swept_dbus.retain(|c| procfs::thread_exists(c.tgid) && !replies.contains(&(c.sock, c.serial)));
         let mut open = self.sockets.open_dbus(now_ns);
         open.extend(self.swept_dbus.iter().cloned());
+        for o in &open {
+            crate::collector::note_open(&mut self.open_by_pid, o.tgid, "dbus_call", o.start_ns);
+        }
         let actions = self.dbus.scan(open.iter(), now_ns);
         self.act_dbus(actions, sink);
         if now_ns.saturating_sub(self.last_gc_ns) > 10_000_000_000 {
@@ -306,6 +319,11 @@ impl ReqWatch {
                 }
             }
         }
+    }
+
+    /// Each process's earliest open request at the last scan: (kind, start ns).
+    pub fn open_by_pid(&self) -> impl Iterator<Item = (u32, (&'static str, u64))> + '_ {
+        self.open_by_pid.iter().map(|(p, v)| (*p, *v))
     }
 
     /// The processes holding tracked netlink or D-Bus sockets.

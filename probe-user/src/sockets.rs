@@ -229,6 +229,11 @@ pub fn headers_buffer(nl: &[NlSummary]) -> Vec<u8> {
 
 
 impl Sockets {
+    /// An empty table that already knows the generic netlink families.
+    pub fn with_families(families: GenlFamilies) -> Self {
+        Sockets { families, ..Default::default() }
+    }
+
     /// Learns of a netlink socket that existed before plegwatch started.
     pub fn seed_netlink(&mut self, tgid: u32, fd: u32, protocol: u32, comm: String) {
         self.netlink.entry(sock_key(tgid, fd)).or_insert_with(|| NetlinkSocket {

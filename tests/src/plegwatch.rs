@@ -114,6 +114,22 @@ impl Plegwatch {
             ready.at.duration_since(self.started).as_secs_f64(),
             ready.get("/probes").unwrap_or(&Value::Null)
         );
+        // Everything in ../shared/machine-notes.md works on this machine kind: a probe that
+        // fell back to "off" means a verifier refusal or a missing kernel feature, which
+        // would make every scenario below test less than it claims.
+        let off: Vec<String> = ready
+            .get("/probes")
+            .and_then(Value::as_array)
+            .map(|ps| {
+                ps.iter()
+                    .filter(|p| p.get("variant").and_then(Value::as_str) == Some("off"))
+                    .map(|p| p.get("probe").and_then(Value::as_str).unwrap_or("?").to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !off.is_empty() {
+            return Err(self.failure(format!("plegwatch attached with probes off: {}", off.join(", "))));
+        }
         Ok(ready)
     }
 
