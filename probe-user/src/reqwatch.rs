@@ -235,6 +235,17 @@ impl ReqWatch {
         if now_ns.saturating_sub(self.last_gc_ns) > 10_000_000_000 {
             self.last_gc_ns = now_ns;
             self.sockets.retain_live(procfs::thread_exists);
+            // An exit closes its sockets without a close() the kernel side
+            // sees: drop the dead processes' entries so SOCKS never fills up.
+            let dead: Vec<u64> = self
+                .socks
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| !procfs::thread_exists((k >> 32) as u32))
+                .collect();
+            for k in dead {
+                let _ = self.socks.remove(&k);
+            }
         }
     }
 
