@@ -24,6 +24,7 @@
 pub mod dbus;
 pub mod dirty;
 pub mod events;
+pub mod gofixture;
 pub mod loopfs;
 pub mod mount;
 pub mod netlink;
