@@ -15,6 +15,8 @@
 #[cfg(target_arch = "bpf")]
 mod doctor;
 #[cfg(target_arch = "bpf")]
+mod ctxread;
+#[cfg(target_arch = "bpf")]
 mod gate;
 #[cfg(target_arch = "bpf")]
 mod locks;

@@ -93,11 +93,11 @@ fn now() -> u64 {
 #[tracepoint]
 pub fn socket_enter(ctx: TracePointContext) -> u32 {
     // SAFETY: offsets from the format above.
-    let family: u64 = unsafe { ctx.read_at(OFF_ARG0) }.unwrap_or(0);
+    let family: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG0) };
     if family != AF_NETLINK {
         return 0;
     }
-    let proto: u64 = unsafe { ctx.read_at(OFF_ARG2) }.unwrap_or(0);
+    let proto: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG2) };
     let tid = bpf_get_current_pid_tgid() as u32;
     let _ = SOCKET_CALLS.insert(&tid, &(proto as u32), 0);
     0
@@ -112,7 +112,7 @@ pub fn socket_exit(ctx: TracePointContext) -> u32 {
     let Some(proto) = (unsafe { SOCKET_CALLS.get(&tid) }).copied() else { return 0 };
     let _ = SOCKET_CALLS.remove(&tid);
     // SAFETY: offset from the format above.
-    let ret: i64 = unsafe { ctx.read_at(OFF_RET) }.unwrap_or(-1);
+    let ret: i64 = unsafe { crate::ctxread::field(&ctx, OFF_RET) };
     if ret < 0 || (pid_tgid >> 32) as u32 == tracer_tgid() {
         return 0;
     }
@@ -133,8 +133,8 @@ pub fn connect_enter(ctx: TracePointContext) -> u32 {
         return 0;
     }
     // SAFETY: offsets from the format above; the helper checks the user pointer.
-    let fd: u64 = unsafe { ctx.read_at(OFF_ARG0) }.unwrap_or(u64::MAX);
-    let addr: u64 = unsafe { ctx.read_at(OFF_ARG1) }.unwrap_or(0);
+    let fd: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG0) };
+    let addr: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG1) };
     let Ok(family) = (unsafe { bpf_probe_read_user(addr as *const u16) }) else { return 0 };
     if family != AF_UNIX {
         return 0;
@@ -152,7 +152,7 @@ pub fn close_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: offset from the format above.
-    let fd: u64 = unsafe { ctx.read_at(OFF_ARG0) }.unwrap_or(u64::MAX);
+    let fd: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG0) };
     let k = key(tgid, fd as u32);
     // SAFETY: read-only peek.
     let Some(class) = (unsafe { SOCKS.get(&k) }).copied() else { return 0 };
@@ -183,16 +183,16 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: offsets from the format above.
-    let fd: u64 = unsafe { ctx.read_at(OFF_ARG0) }.map_err(|e| e as i64)?;
+    let fd: u64 = unsafe { crate::ctxread::field(ctx, OFF_ARG0) };
     // SAFETY: read-only peek; the hot path ends here for untracked fds.
     let Some(class) = (unsafe { SOCKS.get(&key(tgid, fd as u32)) }).copied() else { return Ok(()) };
     if tgid == tracer_tgid() {
         return Ok(());
     }
-    let nr: i32 = unsafe { ctx.read_at(OFF_NR) }.map_err(|e| e as i64)?;
+    let nr: i32 = unsafe { crate::ctxread::field(ctx, OFF_NR) };
     let Some(slot) = sock_slot(nr as u32) else { return Ok(()) };
-    let arg1: u64 = unsafe { ctx.read_at(OFF_ARG1) }.map_err(|e| e as i64)?;
-    let arg2: u64 = unsafe { ctx.read_at(OFF_ARG2) }.unwrap_or(0);
+    let arg1: u64 = unsafe { crate::ctxread::field(ctx, OFF_ARG1) };
+    let arg2: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG2) };
     let (buf, buf_len) = match slot % 4 {
         1 => first_iovec(arg1),
         3 => {
@@ -225,6 +225,7 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
         // `struct sockaddr_nl { sa_family_t; unsigned short pad; __u32 nl_pid; ... }`:
         // sendto's arg4, or sendmsg's `msg_name` (offset 0 of `user_msghdr`).
         let addr: u64 = match slot {
+            // Through a helper: `write`'s record ends before arg4.
             2 => unsafe { ctx.read_at(OFF_ARG4) }.unwrap_or(0),
             // SAFETY: the helper checks the user pointer.
             3 => unsafe { bpf_probe_read_user(arg1 as *const u64) }.unwrap_or(0),
@@ -275,7 +276,7 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
         crate::gate::add(&SOCK_CALLS_OPEN, 0, -1);
     }
     // SAFETY: offset from the format above.
-    let ret: i64 = unsafe { ctx.read_at(OFF_RET) }.map_err(|e| e as i64)?;
+    let ret: i64 = unsafe { crate::ctxread::field(ctx, OFF_RET) };
     if ret <= 0 || call.buf == 0 {
         return Ok(());
     }

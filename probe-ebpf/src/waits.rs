@@ -166,14 +166,18 @@ fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY: a plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: offsets from the tracepoint format above.
-    let nr: i32 = unsafe { ctx.read_at(OFF_NR) }.map_err(|e| e as i64)?;
+    let nr: i32 = unsafe { crate::ctxread::field(ctx, OFF_NR) };
     let Some(slot) = slot_of(nr as u32) else {
         return Ok(());
     };
     // A wait still open here ended unseen (a tail whose sys_enter raced us).
-    close_tail(tid, now, EndReason::Replaced);
+    if tails_pending() {
+        close_tail(tid, now, EndReason::Replaced);
+    }
 
     // SAFETY: as above.
+    // Through a helper, not a direct read: `sys_enter_sync` has no arguments,
+    // and a direct read past its record would make the attach fail.
     let arg0: u64 = unsafe { ctx.read_at(OFF_ARG0) }.unwrap_or(0);
     let arg1: u64 = unsafe { ctx.read_at(OFF_ARG1) }.unwrap_or(0);
     let mut wait = Wait {
@@ -224,7 +228,7 @@ fn try_wait_exit(ctx: &TracePointContext) -> Result<(), i64> {
     // SAFETY: a plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
     // SAFETY: offset from the tracepoint format above.
-    let ret: i64 = unsafe { ctx.read_at(OFF_RET) }.unwrap_or(0);
+    let ret: i64 = unsafe { crate::ctxread::field(&ctx, OFF_RET) };
     // SAFETY: `p` points at this thread's live entry; only this thread writes it.
     let wait = unsafe { &mut *p };
     if wait.sys_exit_ns != 0 {
