@@ -12,6 +12,7 @@ pub mod dbus_sweep;
 pub mod detail;
 pub mod doctor;
 pub mod durations;
+pub mod gosym;
 pub mod holders;
 pub mod inflight;
 pub mod levels;

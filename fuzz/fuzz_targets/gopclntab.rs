@@ -1,0 +1,48 @@
+//! Untrusted ELF files: finding and parsing the Go pclntab and build info,
+//! name lookups and RET decoding must never panic, loop or allocate beyond
+//! what the input holds.
+//!
+//! Input: the bytes of an ELF file (seeds: small synthetic Go-like ELFs in
+//! each pclntab layout and placement, from `gosym::tests::fuzz_seeds`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use plegwatch::gosym::{probe_points_in, ret_addresses_in, GoSymbols};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(syms) = GoSymbols::from_elf(data) else {
+        return;
+    };
+    let _ = syms.version();
+    let _ = syms
+        .build_info()
+        .map(|b| b.module_version("github.com/containerd/containerd"));
+    let _ = syms.elf().tls_segment();
+    let mut last_entry = 0u64;
+    for (i, f) in syms.functions().enumerate() {
+        // Address order and well-formed ranges, as parsing checked.
+        assert!(f.entry >= last_entry && f.end >= f.entry);
+        last_entry = f.entry;
+        // Names that are not UTF-8 are shown lossily (U+FFFD) and cannot be
+        // looked up by that form; every other listed name is found.
+        if i < 256 && !f.name.contains('\u{fffd}') {
+            // Its first holder is at or before it.
+            let first = syms.lookup(&f.name);
+            assert!(first.is_some_and(|g| g.name == f.name && g.entry <= f.entry));
+            assert!(syms.lookup_all(&f.name).contains(&f));
+        }
+        if i < 256 {
+            if f.end > f.entry {
+                // Zero-size functions share their entry with the next one.
+                assert!(syms
+                    .function_at(f.entry)
+                    .is_some_and(|g| g.entry == f.entry));
+            }
+            if let Ok(rets) = ret_addresses_in(syms.elf(), data, &f) {
+                assert!(rets.iter().all(|&r| r >= f.entry && r < f.end));
+            }
+            let _ = probe_points_in(syms.elf(), data, &f);
+        }
+    }
+    assert!(syms.lookup("\u{0}no such function").is_none());
+});
