@@ -29,7 +29,7 @@ fn unit_tests() -> Result<()> {
 }
 
 /// The cargo-fuzz targets in `fuzz/`: parsers of untrusted bytes.
-const FUZZ_TARGETS: &[&str] = &["netlink_parse", "dbus_stream"];
+const FUZZ_TARGETS: &[&str] = &["netlink_parse", "dbus_stream", "gopclntab"];
 /// Seconds each target runs: a smoke run that catches regressions on the
 /// seeds and a little beyond, not a campaign.
 const FUZZ_SECONDS: u32 = 20;
