@@ -19,6 +19,8 @@ mod ctxread;
 #[cfg(target_arch = "bpf")]
 mod gate;
 #[cfg(target_arch = "bpf")]
+mod gofuncs;
+#[cfg(target_arch = "bpf")]
 mod locks;
 #[cfg(target_arch = "bpf")]
 mod offcpu;

@@ -15,6 +15,7 @@ use crate::{
     mounts::{self, SharedMounts},
     output::{Event, Ready, Resolved, Sink, Stall, Summary},
     probes::{self, Choice, ProbeError},
+    gowatch::GoWatch,
     offcpu::OffCpu,
     reqwatch::ReqWatch,
     procfs::{self, SyscallState},
@@ -22,7 +23,7 @@ use crate::{
     syscalls::{WaitKind, by_slot},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
-use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, maps, sock_maps};
+use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, go_maps, maps, sock_maps};
 use serde_json::{Map, Value};
 use std::{
     collections::HashMap,
@@ -100,6 +101,12 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
+    let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
+    go.discover(&mut ebpf);
+    let go_ring: RingBuf<MapData> = take_map(&mut ebpf, go_maps::GO_EVENTS)?;
+    // SAFETY: as for the other ring buffers.
+    let mut go_ring = unsafe { AsyncFd::register(go_ring) }
+        .map_err(|e| WatchError::Io("polling the Go ring buffer", std::io::Error::other(e.to_string())))?;
     let sock_ring: RingBuf<MapData> = take_map(&mut ebpf, sock_maps::SOCK_EVENTS)?;
     // SAFETY: as for the other ring buffer.
     let mut sock_ring = unsafe { AsyncFd::register(sock_ring) }
@@ -148,7 +155,18 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &open_waits };
                 engine.scan(&mut sink);
                 req.scan(monotonic_ns(), &mut sink);
+                go.scan(monotonic_ns(), &mut sink);
+                drop(sink);
+                go.discover(&mut ebpf);
                 drops.check(&ebpf);
+            }
+            guard = go_ring.readable_mut() => {
+                let mut guard = guard.map_err(|e| WatchError::Io("polling the Go ring buffer", e))?;
+                let ring = guard.get_inner_mut();
+                while let Some(item) = ring.next() {
+                    go.on_record(&item, sink);
+                }
+                guard.clear_ready();
             }
             guard = sock_ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the socket ring buffer", e))?;
@@ -175,11 +193,12 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let counters = stats::counters(&ebpf);
     let (stalls, resolved) = engine.registry.counts();
     let (req_stalls, req_resolved, req_open) = req.counts();
+    let (go_stalls, go_resolved, go_open) = go.counts();
     let summary = Summary {
         ran_s: started.elapsed().as_secs_f64(),
-        stalls: stalls + req_stalls,
-        resolved: resolved + req_resolved,
-        still_open: engine.registry.open().count() as u64 + req_open,
+        stalls: stalls + req_stalls + go_stalls,
+        resolved: resolved + req_resolved + go_resolved,
+        still_open: engine.registry.open().count() as u64 + req_open + go_open,
         waits_started: stats::counter(&counters, Stat::WaitsStarted),
         dropped_waits: stats::counter(&counters, Stat::InflightFull),
         dropped_events: stats::counter(&counters, Stat::RingbufFull)

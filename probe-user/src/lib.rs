@@ -13,6 +13,7 @@ pub mod detail;
 pub mod doctor;
 pub mod durations;
 pub mod gosym;
+pub mod gowatch;
 pub mod holders;
 pub mod inflight;
 pub mod levels;

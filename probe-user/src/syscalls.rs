@@ -15,6 +15,8 @@ pub enum WaitKind {
     NetlinkRequest,
     /// A D-Bus method call with no reply yet.
     DbusCall,
+    /// kubelet's PLEG relist still running.
+    PlegRelist,
 }
 
 impl WaitKind {
@@ -24,6 +26,7 @@ impl WaitKind {
             WaitKind::Sync => "sync",
             WaitKind::NetlinkRequest => "netlink_request",
             WaitKind::DbusCall => "dbus_call",
+            WaitKind::PlegRelist => "pleg_relist",
         }
     }
 }

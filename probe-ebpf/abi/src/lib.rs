@@ -82,6 +82,55 @@ pub mod offcpu_maps {
     pub const TASK_PID_OFF: &str = "TASK_PID_OFF";
 }
 
+/// Go function timing (uprobes at the entry and at every RET).
+pub mod go_maps {
+    /// `HashMap<GoCallKey, GoCall>`: Go calls in progress, by goroutine.
+    pub const GO_CALLS: &str = "GO_CALLS";
+    /// `RingBuf` of [`super::GoCallEnd`] records.
+    pub const GO_EVENTS: &str = "GO_EVENTS";
+}
+
+/// A Go call in progress is named by its goroutine (`g`, in R14 under the
+/// register ABI at entry and at return) and the probed function's id (the
+/// uprobe's attach cookie).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GoCallKey {
+    pub g: u64,
+    pub func: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<GoCallKey>() == 16);
+
+/// A Go call in progress.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GoCall {
+    pub start_ns: u64,
+    /// The receiver or first argument (RAX).
+    pub receiver: u64,
+    pub tgid: u32,
+    /// The thread the goroutine ran on at entry.
+    pub tid: u32,
+}
+const _: () = assert!(size_of::<GoCall>() == 24);
+
+/// A Go call that returned.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GoCallEnd {
+    pub header: EventHeader,
+    pub g: u64,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub receiver: u64,
+    pub func: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<GoCallEnd>() == 56);
+
 /// Kernel lock contention (`lock:contention_begin/end`, Linux >= 5.19).
 pub mod lock_maps {
     /// `HashMap<u32 tid, LockWait>`: threads waiting on a contended kernel mutex now.
@@ -330,6 +379,8 @@ pub enum EventKind {
     SockIo = 2,
     /// A [`SockClosed`].
     SockClosed = 3,
+    /// A [`GoCallEnd`].
+    GoCallEnd = 4,
 }
 
 /// Header first in every ring-buffer record.
@@ -463,6 +514,8 @@ mod pod {
     unsafe impl aya::Pod for super::OffCpuKey {}
     unsafe impl aya::Pod for super::OffCpuVal {}
     unsafe impl aya::Pod for super::LockWait {}
+    unsafe impl aya::Pod for super::GoCallKey {}
+    unsafe impl aya::Pod for super::GoCall {}
 }
 
 #[cfg(test)]
