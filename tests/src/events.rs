@@ -39,6 +39,11 @@ impl Event {
         self.get(pointer).and_then(Value::as_f64)
     }
 
+    /// Whether this is a line of `line_type` about process `pid` (any of its threads).
+    pub fn is_about_pid(&self, line_type: &str, pid: u32) -> bool {
+        self.is(line_type) && self.u64("/pid") == Some(u64::from(pid))
+    }
+
     /// Whether this is a line of `line_type` about thread `tid`.
     pub fn is_about(&self, line_type: &str, tid: u32) -> bool {
         self.is(line_type) && self.u64("/tid") == Some(u64::from(tid))

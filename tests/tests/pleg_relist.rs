@@ -1,0 +1,86 @@
+//! kubelet's relist clock, read with uprobes on a stripped Go binary.
+//!
+//! The target is the fake-kubelet FIXTURE (a small Go 1.19 program built here and stripped
+//! with `-s -w`, not kubelet: see `plegwatch_scenarios::gofixture`). It carries kubelet's
+//! symbol `k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist` in `.gopclntab` only,
+//! relists every second, and parks one relist on command. plegwatch must find it by itself,
+//! put uprobes at the function's entry and at every RET (no uretprobe), report the parked
+//! relist as `pleg_relist` once it crosses `--warn`, time its end, and not crash it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use plegwatch_scenarios::events::dump;
+use plegwatch_scenarios::gofixture::{self, FakeKubelet, RELIST_SYMBOL};
+use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::{preflight, Plegwatch};
+
+const WARN_S: f64 = 2.0;
+const SLACK_S: f64 = 1.0;
+const HOLD: Duration = Duration::from_secs(4);
+
+#[test]
+fn a_parked_relist_is_reported_then_timed() -> anyhow::Result<()> {
+    preflight::require();
+    let bin = gofixture::build_fake_kubelet()?;
+    let mut kubelet = FakeKubelet::start(&bin)?;
+    let pid = kubelet.pid();
+    // Let it relist normally first, so a completed relist is seen too.
+    kubelet.wait_relist_start(Duration::from_secs(3)).context("the fixture does not relist")?;
+
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    // Discovery runs at start and every 2 s: give it one pass.
+    std::thread::sleep(Duration::from_millis(2500));
+
+    kubelet.block_next()?;
+    let n = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
+    let parked_at = Instant::now();
+    let stall = plegwatch.wait_for(Duration::from_secs_f64(WARN_S + SLACK_S + 1.0), |e| {
+        e.is_about_pid("stall", pid)
+    });
+    let remaining = HOLD.saturating_sub(parked_at.elapsed());
+    std::thread::sleep(remaining);
+    anyhow::ensure!(kubelet.is_running(), "the fixture (pid {pid}) died while probed");
+    kubelet.release()?;
+    let end = kubelet.wait_relist_end(n, Duration::from_secs(3)).context("the parked relist never ended")?;
+    let start = kubelet.relist(n).map(|r| r.start).context("no start time for the parked relist")?;
+    let held_s = end - start;
+    // It keeps relisting under the probes.
+    let next = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist after the parked one")?;
+    anyhow::ensure!(kubelet.wait_relist_end(next, Duration::from_secs(3)).is_some(), "relist {next} did not end");
+    plegwatch.wait_for(Duration::from_secs(3), |e| e.is_about_pid("resolved", pid));
+    anyhow::ensure!(kubelet.is_running(), "the fixture (pid {pid}) died while probed");
+    let events = plegwatch.stop()?;
+    let status = kubelet.quit()?;
+    assert!(status.success(), "the fixture exited badly under the probes: {status}");
+    let all = || dump(&events, parked_at);
+
+    let stall = stall.unwrap_or_else(|| panic!("no pleg_relist stall for the parked relist of pid {pid}:\n{}", all()));
+    assert_eq!(stall.str("/kind"), Some("pleg_relist"), "{}", all());
+    assert_eq!(stall.str("/level"), Some("warn"), "{}", all());
+    assert_eq!(stall.str("/comm"), Some("fake-kubelet"), "{}", all());
+    assert_eq!(stall.str("/detail/function"), Some(RELIST_SYMBOL), "{}", all());
+    let arrived = stall.at.duration_since(parked_at).as_secs_f64();
+    assert!(arrived <= WARN_S + SLACK_S, "reported {arrived:.3}s after the relist started:\n{}", all());
+    let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
+    assert!((WARN_S..=WARN_S + SLACK_S).contains(&waited), "waited_s {waited}:\n{}", all());
+    let budget = stall.f64("/budget_used").unwrap_or(f64::NAN);
+    assert!((budget - waited / 180.0).abs() < 1e-6, "budget_used {budget}:\n{}", all());
+
+    let resolved = events
+        .iter()
+        .find(|e| e.is("resolved") && e.u64("/id") == stall.u64("/id"))
+        .unwrap_or_else(|| panic!("no resolved line for the parked relist:\n{}", all()));
+    assert_eq!(resolved.str("/timing"), Some("exact"), "{}", all());
+    let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+    assert!(
+        (total - held_s).abs() < 0.1,
+        "resolved waited_s {total} vs the fixture's own relist duration {held_s:.3}s:\n{}",
+        all()
+    );
+    // Exactly one report for that relist, and none for the relists that ran normally.
+    let stalls = events.iter().filter(|e| e.is("stall") && e.u64("/pid") == Some(u64::from(pid))).count();
+    assert_eq!(stalls, 1, "{}", all());
+    Ok(())
+}
