@@ -13,7 +13,7 @@ use crate::{
     levels::{Thresholds, budget_used},
     loader::{self, LoadError, LoadOptions},
     mounts::{self, SharedMounts},
-    output::{Event, Ready, Resolved, Sink, Stall, Summary},
+    output::{Event, Ready, Sink, Stall, Summary},
     probes::{self, Choice, ProbeError},
     gowatch::GoWatch,
     offcpu::OffCpu,
@@ -152,11 +152,12 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 for (pid, (kind, start)) in req.open_by_pid() {
                     note_open(&mut open_waits, pid, kind, start);
                 }
-                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &open_waits };
-                engine.scan(&mut sink);
-                req.scan(monotonic_ns(), &mut sink);
-                go.scan(monotonic_ns(), &mut sink);
-                drop(sink);
+                {
+                    let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &open_waits };
+                    engine.scan(&mut sink);
+                    req.scan(monotonic_ns(), &mut sink);
+                    go.scan(monotonic_ns(), &mut sink);
+                }
                 go.discover(&mut ebpf);
                 drops.check(&ebpf);
             }
@@ -522,23 +523,11 @@ impl Engine {
                     sink.emit(&Event::Stall(stall));
                 }
                 Action::Resolve { key, waited, exact } => {
-                    let Some(t) = self.registry.forget(&key) else {
-                        continue;
-                    };
+                    let Some(t) = self.registry.get(&key) else { continue };
+                    let kind = by_slot(t.info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
                     self.fixed.remove(&key);
                     self.running_seen.remove(&key);
-                    let kind = by_slot(t.info.slot)
-                        .map(|w| w.kind)
-                        .unwrap_or(WaitKind::Sync);
-                    sink.emit(&Event::Resolved(Resolved {
-                        id: t.id,
-                        kind,
-                        pid: t.info.tgid,
-                        tid: t.info.tid,
-                        waited_s: waited.as_secs_f64(),
-                        comm: t.info.comm,
-                        timing: if exact { "exact" } else { "approximate" },
-                    }));
+                    self.registry.resolve(&key, waited, exact, kind, sink);
                 }
             }
         }

@@ -204,7 +204,7 @@ fn try_program_types(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Vec<Check> {
                         format!(
                             "refused: {}",
                             e.to_string()
-                                .trim_end_matches(|c: char| c == ' ' || c == ':')
+                                .trim_end_matches([' ', ':'])
                                 .trim_end_matches(". Verifier output")
                         )
                     })?;

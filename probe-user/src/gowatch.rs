@@ -14,7 +14,7 @@ use crate::{
     gosym::GoBinary,
     inflight::{Action, Filter, Item, Registry},
     levels::{Thresholds, budget_used},
-    output::{Event, Resolved, Sink, Stall},
+    output::{Event, Sink, Stall},
     procfs,
     syscalls::WaitKind,
 };
@@ -265,16 +265,7 @@ impl GoWatch {
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
-                    let Some(t) = self.registry.forget(&key) else { continue };
-                    sink.emit(&Event::Resolved(Resolved {
-                        id: t.id,
-                        kind: WaitKind::PlegRelist,
-                        pid: t.info.tgid,
-                        tid: t.info.tid,
-                        waited_s: waited.as_secs_f64(),
-                        comm: t.info.comm,
-                        timing: if exact { "exact" } else { "approximate" },
-                    }));
+                    self.registry.resolve(&key, waited, exact, WaitKind::PlegRelist, sink);
                 }
             }
         }

@@ -205,6 +205,28 @@ impl<T: Item> Registry<T> {
         self.tracked.values()
     }
 
+    /// Forgets a wait and prints its `resolved` line as `kind`; returns what was tracked.
+    pub fn resolve(
+        &mut self,
+        key: &T::Key,
+        waited: Duration,
+        exact: bool,
+        kind: crate::syscalls::WaitKind,
+        sink: &mut dyn crate::output::Sink,
+    ) -> Option<Tracked<T>> {
+        let t = self.forget(key)?;
+        sink.emit(&crate::output::Event::Resolved(crate::output::Resolved {
+            id: t.id,
+            kind,
+            pid: t.info.tgid(),
+            tid: t.info.tid(),
+            waited_s: waited.as_secs_f64(),
+            comm: t.info.comm().to_string(),
+            timing: if exact { "exact" } else { "approximate" },
+        }));
+        Some(t)
+    }
+
     /// (stall lines decided, resolutions decided).
     pub fn counts(&self) -> (u64, u64) {
         (self.stalls, self.resolved)

@@ -9,7 +9,7 @@ use crate::{
     collector::{WatchError, monotonic_ns, take_map, wall_of},
     inflight::{Action, Filter, Registry},
     levels::{Thresholds, budget_used},
-    output::{Event, Resolved, Sink, Stall},
+    output::{Event, Sink, Stall},
     procfs::{self, SyscallState},
     holders::{
         SocketOwners, UnixPeers,
@@ -276,16 +276,7 @@ impl ReqWatch {
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
-                    let Some(t) = self.registry.forget(&key) else { continue };
-                    sink.emit(&Event::Resolved(Resolved {
-                        id: t.id,
-                        kind: WaitKind::NetlinkRequest,
-                        pid: t.info.tgid,
-                        tid: t.info.recv_tid.unwrap_or(t.info.tid),
-                        waited_s: waited.as_secs_f64(),
-                        comm: t.info.comm,
-                        timing: if exact { "exact" } else { "approximate" },
-                    }));
+                    self.registry.resolve(&key, waited, exact, WaitKind::NetlinkRequest, sink);
                 }
             }
         }
@@ -317,16 +308,7 @@ impl ReqWatch {
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
-                    let Some(t) = self.dbus.forget(&key) else { continue };
-                    sink.emit(&Event::Resolved(Resolved {
-                        id: t.id,
-                        kind: WaitKind::DbusCall,
-                        pid: t.info.tgid,
-                        tid: t.info.tid,
-                        waited_s: waited.as_secs_f64(),
-                        comm: t.info.comm,
-                        timing: if exact { "exact" } else { "approximate" },
-                    }));
+                    self.dbus.resolve(&key, waited, exact, WaitKind::DbusCall, sink);
                 }
             }
         }
