@@ -156,7 +156,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &open_waits };
                     engine.scan(&mut sink);
                     req.scan(monotonic_ns(), &mut sink);
-                    go.scan(monotonic_ns(), &mut sink);
+                    go.scan(monotonic_ns(), &engine.open_by_tid, &mut sink);
                 }
                 go.discover(&mut ebpf);
                 drops.check(&ebpf);
@@ -365,6 +365,8 @@ struct Engine {
     open_tgids: Vec<u32>,
     /// Their earliest open wait: (kind, start ns).
     open_by_pid: HashMap<u32, (&'static str, u64)>,
+    /// Each thread's open kernel wait, as a small JSON object.
+    open_by_tid: HashMap<u32, Value>,
     /// Scans in a row that found a tail's thread running outside umount2.
     running_seen: HashMap<WaitKey, u32>,
     ring_records: u64,
@@ -388,6 +390,7 @@ impl Engine {
             fixed: HashMap::new(),
             open_tgids: Vec::new(),
             open_by_pid: HashMap::new(),
+            open_by_tid: HashMap::new(),
             running_seen: HashMap::new(),
             ring_records: 0,
         }
@@ -403,9 +406,19 @@ impl Engine {
             .collect();
         self.open_tgids = open.iter().map(|w| w.tgid).collect();
         self.open_by_pid.clear();
+        self.open_by_tid.clear();
         for w in &open {
             let kind = by_slot(w.slot).map(|s| s.kind.as_str()).unwrap_or("sync");
             note_open(&mut self.open_by_pid, w.tgid, kind, w.start_ns);
+            self.open_by_tid.insert(
+                w.tid,
+                serde_json::json!({
+                    "kind": kind,
+                    "syscall": by_slot(w.slot).map(|s| s.name),
+                    "phase": if w.sys_exit_ns != 0 { "task_work" } else { "syscall" },
+                    "waited_s": now.saturating_sub(w.start_ns) as f64 / 1e9,
+                }),
+            );
         }
         let actions = self.registry.scan(open.iter(), now);
         self.act(actions, sink);

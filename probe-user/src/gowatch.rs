@@ -48,14 +48,73 @@ pub struct GoFuncSpec {
 pub enum Role {
     /// kubelet's PLEG relist.
     Relist,
+    /// containerd's CRI container `(*statusStorage).Get`: takes the Status
+    /// lock for reading (the receiver is the lock: the RWMutex is at offset 0).
+    StatusGet,
+    /// `(*statusStorage).Update`/`UpdateSync`: holds it for writing.
+    StatusUpdate,
+    /// A CRI handler (ListContainers, UpdateContainerResources, ...).
+    CriHandler,
 }
+
+const fn spec(symbol: &'static str, role: Role) -> GoFuncSpec {
+    GoFuncSpec { symbol, role }
+}
+
+/// A group of names for one function across versions: the first found is probed.
+pub type Group = &'static [GoFuncSpec];
 
 /// kubelet's relist, newest name first: `Relist` from v1.26 (Evented PLEG PR
 /// #111384), `relist` up to v1.25.
-pub const KUBELET: &[GoFuncSpec] = &[
-    GoFuncSpec { symbol: "k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist", role: Role::Relist },
-    GoFuncSpec { symbol: "k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).relist", role: Role::Relist },
+pub const KUBELET: &[Group] = &[&[
+    spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist", Role::Relist),
+    spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).relist", Role::Relist),
+]];
+
+/// containerd's CRI Status store and handlers: 1.6/1.7 (`pkg/cri/server`,
+/// and 1.7's `pkg/cri/sbserver`), 2.x (`v2/internal/cri/server`). Checked on
+/// Debian's containerd 1.6.20 (Go 1.19.8); 1.7 and 2.x names are from the
+/// catalog, not checked on a binary here.
+pub const CONTAINERD: &[Group] = &[
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Get", Role::StatusGet),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Get", Role::StatusGet),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListContainers", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ListContainers", Role::CriHandler),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListPodSandbox", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ListPodSandbox", Role::CriHandler),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ContainerStatus", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ContainerStatus", Role::CriHandler),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).PodSandboxStatus", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).PodSandboxStatus", Role::CriHandler),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).UpdateContainerResources", Role::CriHandler),
+    ],
+    &[spec("github.com/containerd/containerd/pkg/cri/server.handleContainerExit", Role::CriHandler)],
+    &[spec("github.com/containerd/containerd/pkg/cri/sbserver.(*criService).ListContainers", Role::CriHandler)],
+    &[spec("github.com/containerd/containerd/pkg/cri/sbserver.(*criService).UpdateContainerResources", Role::CriHandler)],
 ];
+
+/// Which processes get which probes: (comm test, groups).
+const TARGETS: &[(fn(&str) -> bool, &[Group])] = &[(|c| c.contains("kubelet"), KUBELET), (|c| c == "containerd", CONTAINERD)];
 
 /// How often running processes are checked for new binaries to probe.
 const DISCOVER_EVERY: Duration = Duration::from_secs(2);
@@ -68,7 +127,28 @@ struct ProbedFunc {
     binary: PathBuf,
 }
 
-/// An open Go call: the registry's item for kind `pleg_relist`.
+/// Attaches `program` at file offset `offset` of `target`, for every process
+/// running it, with `cookie` naming the function.
+fn attach_point(ebpf: &mut Ebpf, program: &str, target: &str, offset: u64, cookie: u32) -> Result<(), String> {
+    let prog: &mut UProbe = crate::probes::program_mut(ebpf, program)?;
+    prog.load()
+        .or_else(|e| match e {
+            aya::programs::ProgramError::AlreadyLoaded => Ok(()),
+            e => Err(e),
+        })
+        .map_err(|e| format!("load {program}: {e}"))?;
+    let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(u64::from(cookie)) };
+    prog.attach(point, target, UProbeScope::AllProcesses)
+        .map(|_| ())
+        .map_err(|e| format!("attach {program} at {offset:#x} of {target}: {e}"))
+}
+
+/// `pkg.(*T).Method` without the import path.
+fn short(symbol: &str) -> &str {
+    symbol.rsplit('/').next().unwrap_or(symbol)
+}
+
+/// An open Go call: the registry's item for kinds `pleg_relist`, `go_lock`, `cri_call`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GoOpen {
     pub g: u64,
@@ -77,6 +157,8 @@ pub struct GoOpen {
     pub tid: u32,
     pub comm: String,
     pub start_ns: u64,
+    /// The receiver (RAX at entry): for the Status store, the lock's address.
+    pub receiver: u64,
 }
 
 impl Item for GoOpen {
@@ -108,6 +190,8 @@ pub struct GoWatch {
     last_discover: Option<Instant>,
     /// Per kubelet process: the last relist's duration.
     last_relist: HashMap<u32, Duration>,
+    /// Status `Get`s open now, by lock address: (how many, earliest start).
+    gets: HashMap<u64, (u32, u64)>,
 }
 
 impl GoWatch {
@@ -119,6 +203,7 @@ impl GoWatch {
             seen: HashSet::new(),
             last_discover: None,
             last_relist: HashMap::new(),
+            gets: HashMap::new(),
         })
     }
 
@@ -131,60 +216,60 @@ impl GoWatch {
         let Ok(dir) = std::fs::read_dir("/proc") else { return };
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-            if pid == std::process::id() || !procfs::comm(pid).is_some_and(|c| c.contains("kubelet")) {
+            if pid == std::process::id() {
                 continue;
             }
+            let Some(comm) = procfs::comm(pid) else { continue };
+            let Some((_, groups)) = TARGETS.iter().find(|(wants, _)| wants(&comm)) else { continue };
             let exe = PathBuf::from(format!("/proc/{pid}/exe"));
             let Ok(meta) = std::fs::metadata(&exe) else { continue };
             if !self.seen.insert((meta.dev(), meta.ino())) {
                 continue;
             }
-            match self.attach_binary(ebpf, pid, KUBELET) {
-                Ok((path, symbol, rets)) => tracing::info!(
+            match self.attach_binary(ebpf, pid, groups) {
+                Ok((path, probed)) => tracing::info!(
                     pid,
+                    comm,
                     binary = %path.display(),
-                    symbol,
-                    rets,
-                    "probing kubelet's relist (entry + every RET)"
+                    functions = probed.len(),
+                    "probing Go functions (entry + every RET): {}",
+                    probed.join(", ")
                 ),
-                Err(e) => tracing::warn!(pid, "kubelet binary not probed: {e}"),
+                Err(e) => tracing::warn!(pid, comm, "Go binary not probed: {e}"),
             }
         }
     }
 
-    /// Probes the first function of `specs` that the binary of `pid` has.
-    fn attach_binary(
-        &mut self,
-        ebpf: &mut Ebpf,
-        pid: u32,
-        specs: &'static [GoFuncSpec],
-    ) -> Result<(PathBuf, &'static str, usize), String> {
+    /// Probes, for each group, the first function the binary of `pid` has.
+    /// Returns the binary's path and the functions probed (with their RET
+    /// counts); an error when none is found.
+    fn attach_binary(&mut self, ebpf: &mut Ebpf, pid: u32, groups: &[Group]) -> Result<(PathBuf, Vec<String>), String> {
         let path = std::fs::read_link(format!("/proc/{pid}/exe")).map_err(|e| e.to_string())?;
         // Through /proc, so a binary replaced on disk since it started still opens.
-        let bin = GoBinary::open(format!("/proc/{pid}/exe")).map_err(|e| e.to_string())?;
-        let spec = specs
-            .iter()
-            .find(|s| bin.symbols().lookup(s.symbol).is_some())
-            .ok_or_else(|| format!("{}: none of {:?} in its .gopclntab", path.display(), specs.iter().map(|s| s.symbol).collect::<Vec<_>>()))?;
-        let points = bin.probe_points(spec.symbol).map_err(|e| e.to_string())?;
-        let id = self.funcs.len() as u32 + 1;
         let target = format!("/proc/{pid}/exe");
-        let attach = |ebpf: &mut Ebpf, program: &str, offset: u64| -> Result<(), String> {
-            let prog: &mut UProbe = crate::probes::program_mut(ebpf, program)?;
-            prog.load().or_else(|e| match e {
-                aya::programs::ProgramError::AlreadyLoaded => Ok(()),
-                e => Err(e),
-            })
-            .map_err(|e| format!("load {program}: {e}"))?;
-            let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(u64::from(id)) };
-            prog.attach(point, &target, UProbeScope::AllProcesses).map(|_| ()).map_err(|e| format!("attach {program} at {offset:#x}: {e}"))
-        };
-        attach(ebpf, "go_entry", points.entry_offset)?;
-        for off in &points.ret_offsets {
-            attach(ebpf, "go_ret", *off)?;
+        let bin = GoBinary::open(&target).map_err(|e| e.to_string())?;
+        let mut probed = Vec::new();
+        for group in groups {
+            let Some(spec) = group.iter().find(|s| bin.symbols().lookup(s.symbol).is_some()) else { continue };
+            let points = match bin.probe_points(spec.symbol) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(symbol = spec.symbol, "not probed: {e}");
+                    continue;
+                }
+            };
+            let id = self.funcs.len() as u32 + 1;
+            attach_point(ebpf, "go_entry", &target, points.entry_offset, id)?;
+            for off in &points.ret_offsets {
+                attach_point(ebpf, "go_ret", &target, *off, id)?;
+            }
+            self.funcs.insert(id, ProbedFunc { symbol: spec.symbol, role: spec.role, binary: path.clone() });
+            probed.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
         }
-        self.funcs.insert(id, ProbedFunc { symbol: spec.symbol, role: spec.role, binary: path.clone() });
-        Ok((path, spec.symbol, points.ret_offsets.len()))
+        if probed.is_empty() {
+            return Err(format!("{}: none of the expected functions in its .gopclntab (unknown version?)", path.display()));
+        }
+        Ok((path, probed))
     }
 
     /// Takes one `GO_EVENTS` record.
@@ -208,42 +293,100 @@ impl GoWatch {
             tid: rec.tid,
             comm: procfs::comm(rec.tgid).unwrap_or_default(),
             start_ns: rec.start_ns,
+            receiver: rec.receiver,
         };
+        if self.funcs.get(&rec.func).is_some_and(|f| f.role == Role::StatusGet) {
+            return;
+        }
         let actions = self.registry.end(info, rec.end_ns);
-        self.act(actions, rec.end_ns, sink);
+        self.act(actions, rec.end_ns, &HashMap::new(), sink);
     }
 
-    /// Looks at the Go calls open now.
-    pub fn scan(&mut self, now_ns: u64, sink: &mut dyn Sink) {
-        let open: Vec<GoOpen> = self
-            .calls
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(k, _)| self.funcs.contains_key(&k.func))
-            .map(|(k, c)| GoOpen {
+    /// Looks at the Go calls open now; `thread_waits` are the kernel waits open
+    /// by thread (a goroutine in a syscall stays on its thread, so a lock
+    /// holder's thread's wait is what the lock waits on).
+    pub fn scan(&mut self, now_ns: u64, thread_waits: &HashMap<u32, serde_json::Value>, sink: &mut dyn Sink) {
+        let mut open = Vec::new();
+        self.gets.clear();
+        for (k, c) in self.calls.iter().filter_map(Result::ok) {
+            let Some(f) = self.funcs.get(&k.func) else { continue };
+            if f.role == Role::StatusGet {
+                let e = self.gets.entry(c.receiver).or_insert((0, c.start_ns));
+                e.0 += 1;
+                e.1 = e.1.min(c.start_ns);
+                continue;
+            }
+            open.push(GoOpen {
                 g: k.g,
                 func: k.func,
                 tgid: c.tgid,
                 tid: c.tid,
                 comm: procfs::comm(c.tgid).unwrap_or_default(),
                 start_ns: c.start_ns,
-            })
-            .collect();
+                receiver: c.receiver,
+            });
+        }
         let actions = self.registry.scan(open.iter(), now_ns);
-        self.act(actions, now_ns, sink);
+        self.act(actions, now_ns, thread_waits, sink);
     }
 
-    fn act(&mut self, actions: Vec<Action<(u64, u32)>>, now_ns: u64, sink: &mut dyn Sink) {
+    fn act(
+        &mut self,
+        actions: Vec<Action<(u64, u32)>>,
+        now_ns: u64,
+        thread_waits: &HashMap<u32, serde_json::Value>,
+        sink: &mut dyn Sink,
+    ) {
         for a in actions {
             match a {
                 Action::Report { key, level, waited } => {
                     let Some(t) = self.registry.get(&key) else { continue };
                     let o = &t.info;
                     let f = self.funcs.get(&o.func);
+                    let role = f.map(|f| f.role).unwrap_or(Role::CriHandler);
+                    let (kind, detail) = match role {
+                        Role::Relist => (
+                            WaitKind::PlegRelist,
+                            json!({
+                                "function": f.map(|f| f.symbol),
+                                "binary": f.map(|f| f.binary.display().to_string()),
+                                "goroutine": format!("{:#x}", o.g),
+                                "since_relist_start_s": now_ns.saturating_sub(o.start_ns) as f64 / 1e9,
+                                "last_relist_s": self.last_relist.get(&o.tgid).map(Duration::as_secs_f64),
+                            }),
+                        ),
+                        Role::StatusUpdate | Role::StatusGet => {
+                            let gets = self.gets.get(&o.receiver);
+                            (
+                                WaitKind::GoLock,
+                                json!({
+                                    "lock": format!("{:#x}", o.receiver),
+                                    "lock_type": "sync.RWMutex (CRI container Status)",
+                                    "holder_function": f.map(|f| f.symbol),
+                                    "goroutine": format!("{:#x}", o.g),
+                                    "thread": o.tid,
+                                    "thread_wait": thread_waits.get(&o.tid),
+                                    "waiting_gets": gets.map(|g| g.0).unwrap_or(0),
+                                    "longest_get_wait_s": gets.map(|g| now_ns.saturating_sub(g.1) as f64 / 1e9),
+                                    "binary": f.map(|f| f.binary.display().to_string()),
+                                }),
+                            )
+                        }
+                        Role::CriHandler => (
+                            WaitKind::CriCall,
+                            json!({
+                                "function": f.map(|f| f.symbol),
+                                "goroutine": format!("{:#x}", o.g),
+                                "thread": o.tid,
+                                "thread_wait": thread_waits.get(&o.tid),
+                                "binary": f.map(|f| f.binary.display().to_string()),
+                            }),
+                        ),
+                    };
                     sink.emit(&Event::Stall(Stall {
                         level,
                         id: t.id,
-                        kind: WaitKind::PlegRelist,
+                        kind,
                         pid: o.tgid,
                         tid: o.tid,
                         comm: o.comm.clone(),
@@ -251,13 +394,7 @@ impl GoWatch {
                         started_at: humantime::format_rfc3339_millis(wall_of(o.start_ns)).to_string(),
                         budget_used: budget_used(waited),
                         started_before_attach: false,
-                        detail: json!({
-                            "function": f.map(|f| f.symbol),
-                            "binary": f.map(|f| f.binary.display().to_string()),
-                            "goroutine": format!("{:#x}", o.g),
-                            "since_relist_start_s": now_ns.saturating_sub(o.start_ns) as f64 / 1e9,
-                            "last_relist_s": self.last_relist.get(&o.tgid).map(Duration::as_secs_f64),
-                        }),
+                        detail,
                         holder: None,
                         chain: Vec::new(),
                         kernel_stack: Vec::new(),
@@ -265,7 +402,12 @@ impl GoWatch {
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
-                    self.registry.resolve(&key, waited, exact, WaitKind::PlegRelist, sink);
+                    let kind = match self.registry.get(&key).and_then(|t| self.funcs.get(&t.info.func)).map(|f| f.role) {
+                        Some(Role::Relist) => WaitKind::PlegRelist,
+                        Some(Role::StatusUpdate | Role::StatusGet) => WaitKind::GoLock,
+                        _ => WaitKind::CriCall,
+                    };
+                    self.registry.resolve(&key, waited, exact, kind, sink);
                 }
             }
         }

@@ -17,6 +17,10 @@ pub enum WaitKind {
     DbusCall,
     /// kubelet's PLEG relist still running.
     PlegRelist,
+    /// A Go lock (containerd's CRI Status lock) held too long.
+    GoLock,
+    /// A CRI handler call in containerd still running.
+    CriCall,
 }
 
 impl WaitKind {
@@ -27,6 +31,8 @@ impl WaitKind {
             WaitKind::NetlinkRequest => "netlink_request",
             WaitKind::DbusCall => "dbus_call",
             WaitKind::PlegRelist => "pleg_relist",
+            WaitKind::GoLock => "go_lock",
+            WaitKind::CriCall => "cri_call",
         }
     }
 }
