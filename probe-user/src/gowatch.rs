@@ -113,8 +113,11 @@ pub const CONTAINERD: &[Group] = &[
     &[spec("github.com/containerd/containerd/pkg/cri/sbserver.(*criService).UpdateContainerResources", Role::CriHandler)],
 ];
 
+/// Whether a process (by comm) gets a set of probes.
+type CommTest = fn(&str) -> bool;
+
 /// Which processes get which probes: (comm test, groups).
-const TARGETS: &[(fn(&str) -> bool, &[Group])] = &[(|c| c.contains("kubelet"), KUBELET), (|c| c == "containerd", CONTAINERD)];
+const TARGETS: &[(CommTest, &[Group])] = &[(|c| c.contains("kubelet"), KUBELET), (|c| c == "containerd", CONTAINERD)];
 
 /// How often running processes are checked for new binaries to probe.
 const DISCOVER_EVERY: Duration = Duration::from_secs(2);
