@@ -89,28 +89,14 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let mut tails: Array<MapData, u64> = take_map(&mut ebpf, maps::TAIL_PENDING)?;
     let swept = seed_swept(&mut inflight, &mut tails);
     tracing::info!(swept, "startup sweep: threads already in a watched wait");
-    let ring: RingBuf<MapData> = take_map(&mut ebpf, maps::EVENTS)?;
-    // SAFETY: the RingBuf owns its map fd, which stays open and the same for as
-    // long as the AsyncFd holds it.
-    let mut ring = unsafe { AsyncFd::register(ring) }.map_err(|e| {
-        WatchError::Io(
-            "polling the ring buffer",
-            std::io::Error::other(e.to_string()),
-        )
-    })?;
+    let mut ring = async_ring(&mut ebpf, maps::EVENTS)?;
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     go.discover(&mut ebpf);
-    let go_ring: RingBuf<MapData> = take_map(&mut ebpf, go_maps::GO_EVENTS)?;
-    // SAFETY: as for the other ring buffers.
-    let mut go_ring = unsafe { AsyncFd::register(go_ring) }
-        .map_err(|e| WatchError::Io("polling the Go ring buffer", std::io::Error::other(e.to_string())))?;
-    let sock_ring: RingBuf<MapData> = take_map(&mut ebpf, sock_maps::SOCK_EVENTS)?;
-    // SAFETY: as for the other ring buffer.
-    let mut sock_ring = unsafe { AsyncFd::register(sock_ring) }
-        .map_err(|e| WatchError::Io("polling the socket ring buffer", std::io::Error::other(e.to_string())))?;
+    let mut go_ring = async_ring(&mut ebpf, go_maps::GO_EVENTS)?;
+    let mut sock_ring = async_ring(&mut ebpf, sock_maps::SOCK_EVENTS)?;
     let mut offcpu = match choices.iter().any(|c| c.probe == "offcpu" && !c.is_off()) {
         true => Some(OffCpu::new(&mut ebpf, &cfg.filter.comms)?),
         false => None,
@@ -259,6 +245,14 @@ fn seed_swept(
 fn adjust_swept_tails(tails: &mut Array<MapData, u64>, delta: i64) {
     let cur = tails.get(&1, 0).unwrap_or(0);
     let _ = tails.set(1, cur.wrapping_add(delta as u64), 0);
+}
+
+/// A ring buffer map, registered with the runtime to wake the loop when it has records.
+fn async_ring(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<AsyncFd<RingBuf<MapData>>, WatchError> {
+    let ring: RingBuf<MapData> = take_map(ebpf, name)?;
+    // SAFETY: the RingBuf owns its map fd, which stays open and the same for as
+    // long as the AsyncFd holds it.
+    unsafe { AsyncFd::register(ring) }.map_err(|e| WatchError::Map(name, format!("cannot poll it: {e}")))
 }
 
 pub(crate) fn take_map<T>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, WatchError>
