@@ -13,14 +13,22 @@
 //!   processes (netlink clients, `ip monitor`) killed by PID;
 //! - [`dbus::PrivateBus`], [`dbus::FrozenService`], [`dbus::BusMonitor`] and [`dbus::Proc`]: a
 //!   private `dbus-daemon` in a temp dir, a service on it frozen with SIGSTOP, a `dbus-monitor`
-//!   timing every message to and from it, and D-Bus clients, all killed by PID.
+//!   timing every message to and from it, and D-Bus clients, all killed by PID;
+//! - [`containerd`]: a private containerd 1.6 (Debian's) with runc, locally built busybox
+//!   images, a CRI client and a relist driver standing in for kubelet, and the
+//!   containerd#9770 test bed;
+//! - [`gofixture::FakeKubelet`]: a stripped Go test fixture (not kubelet) that carries
+//!   kubelet's relist symbol.
 //!
 //! Declare guards in the order they are set up: Rust drops locals in reverse, so the throttle
 //! goes before the umount that would otherwise crawl through it, and plegwatch goes first.
 //!
-//! The tests need root and `PLEGWATCH_BIN` (see [`preflight`]); `cargo xtask test` provides
-//! both and runs them with `--test-threads=1`.
+//! The tests need root, and those that run plegwatch need `PLEGWATCH_BIN` (see
+//! [`preflight`]); the containerd baselines check their own needs
+//! (`containerd::require`). `cargo xtask test` provides both and runs them with
+//! `--test-threads=1`.
 
+pub mod containerd;
 pub mod dbus;
 pub mod dirty;
 pub mod events;

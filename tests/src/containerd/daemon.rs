@@ -1,0 +1,613 @@
+//! A private `containerd` (Debian's 1.6.20) with its own config, `root`, `state` and socket.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use super::cri::Cri;
+use super::procs::{self, Shim};
+use super::K8S_NAMESPACE;
+use crate::sys::run;
+
+/// Where the data that the scenarios make slow goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Everything in the daemon's temp dir.
+    TempDir,
+    /// containerd's whole `root` (content store, bbolt metadata, snapshots) in a new dir
+    /// under this one, e.g. a [`crate::LoopFs`] mount point.
+    RootUnder(PathBuf),
+    /// Only the overlayfs snapshotter's `root_path` (the containers' rootfs layers and their
+    /// writable upper dirs) in a new dir under this one.
+    SnapshotsUnder(PathBuf),
+}
+
+/// A running `containerd --config FILE` whose every path is its own: a temp dir holds the
+/// config, `root`, `state`, the gRPC socket, runc's state, the pods' log dirs and the daemon's
+/// log; its containers go into a cgroup parent of its own. Nothing outside is touched except
+/// `/run/containerd/s/`, where containerd 1.6 always puts shim sockets (named by a hash of
+/// the daemon's socket, so they are told apart).
+///
+/// Dropping it stops containerd by PID (SIGTERM, then SIGKILL after
+/// [`Containerd::STOP_TIMEOUT`]) and then undoes what it may have left: containers still
+/// running (`runc delete --force`), its shims (found by their `-address`, killed by PID),
+/// their sockets, the mounts under its dirs (lazily if need be), its cgroups and its dirs.
+/// While the thread is panicking it first prints the end of the daemon's log.
+///
+/// Drop [`crate::containerd::Pod`]s before it (declare them after it) so that they are torn
+/// down through CRI, as kubelet would.
+pub struct Containerd {
+    child: Child,
+    dir: PathBuf,
+    /// The dir made under the [`Placement`] path, if any.
+    placed: Option<PathBuf>,
+    root: PathBuf,
+    state: PathBuf,
+    socket: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    runc_root: PathBuf,
+    cgroup_parent: String,
+    /// Of [`RUN_DIRS`], those that did not exist before this daemon started.
+    new_run_dirs: Vec<&'static str>,
+    started: Instant,
+}
+
+/// Where containerd 1.6 puts shim sockets whatever its config says; removed on drop if this
+/// daemon made them and they are empty.
+const RUN_DIRS: [&str; 2] = ["/run/containerd", "/run/containerd/s"];
+
+impl Containerd {
+    /// How long containerd may take to answer CRI `Version` after it is started.
+    pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+    /// How long containerd may take to exit after SIGTERM.
+    pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const BINARY: &'static str = "containerd";
+    /// The pause image the CRI plugin runs in every pod sandbox.
+    pub const SANDBOX_IMAGE: &'static str = super::image::PAUSE;
+    const POLL: Duration = Duration::from_millis(50);
+
+    /// Writes the config and starts containerd; returns once its CRI service answers.
+    pub fn start(placement: Placement) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("plegwatch-containerd-")
+            .tempdir()
+            .context("create a temp dir for containerd")?
+            .keep();
+        let dir = dir.canonicalize()?;
+        let name = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .context("temp dir name")?
+            .to_string();
+        let placed = match &placement {
+            Placement::TempDir => None,
+            Placement::RootUnder(base) | Placement::SnapshotsUnder(base) => {
+                let placed = base.canonicalize()?.join(&name);
+                if let Err(e) = std::fs::create_dir(&placed) {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e).with_context(|| format!("create {}", placed.display()));
+                }
+                Some(placed)
+            }
+        };
+        let root = match (&placement, &placed) {
+            (Placement::RootUnder(_), Some(placed)) => placed.join("root"),
+            _ => dir.join("root"),
+        };
+        let snapshots = match (&placement, &placed) {
+            (Placement::SnapshotsUnder(_), Some(placed)) => Some(placed.join("snapshots")),
+            _ => None,
+        };
+        let paths = Paths {
+            root,
+            state: dir.join("state"),
+            socket: dir.join("containerd.sock"),
+            runc_root: dir.join("state").join("runc"),
+            snapshots,
+            dir: dir.clone(),
+        };
+        let config = dir.join("config.toml");
+        let log = dir.join("containerd.log");
+        let cgroup_parent = format!("/{name}");
+        let setup = (|| -> Result<File> {
+            for d in ["tmp", "opt", "cni/bin", "cni/conf", "pod-logs"] {
+                std::fs::create_dir_all(dir.join(d))?;
+            }
+            std::fs::write(&config, config_toml(&paths))
+                .with_context(|| format!("write {}", config.display()))?;
+            File::create(&log).with_context(|| format!("create {}", log.display()))
+        })();
+        let log_file = match setup {
+            Ok(f) => f,
+            Err(e) => {
+                remove_dirs(&dir, placed.as_deref());
+                return Err(e);
+            }
+        };
+        let new_run_dirs: Vec<&'static str> = RUN_DIRS
+            .into_iter()
+            .filter(|d| !Path::new(d).exists())
+            .collect();
+        let child = Command::new(Self::BINARY)
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                remove_dirs(&dir, placed.as_deref());
+                return Err(e).context("spawn containerd (Debian package containerd)");
+            }
+        };
+        eprintln!(
+            "started containerd (pid {}) with {} ({placement:?})",
+            child.id(),
+            config.display()
+        );
+        let mut daemon = Self {
+            child,
+            dir,
+            placed,
+            root: paths.root,
+            state: paths.state,
+            socket: paths.socket,
+            config,
+            log,
+            runc_root: paths.runc_root,
+            cgroup_parent,
+            new_run_dirs,
+            started: Instant::now(),
+        };
+        daemon.wait_ready()?;
+        Ok(daemon)
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = self.started + Self::START_TIMEOUT;
+        let mut last_error = String::from("the socket never appeared");
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "containerd exited ({status}) before it answered on {}\n{}",
+                    self.socket.display(),
+                    self.log_tail(40)
+                );
+            }
+            if self.socket.exists() {
+                match Cri::connect(&self.socket)
+                    .map(|c| c.with_timeout(Duration::from_secs(2)))
+                    .and_then(|c| c.version())
+                {
+                    Ok(v) => {
+                        eprintln!(
+                            "containerd answered after {:.2}s: {} {} (CRI {})",
+                            self.started.elapsed().as_secs_f64(),
+                            v.runtime_name,
+                            v.runtime_version,
+                            v.runtime_api_version
+                        );
+                        return Ok(());
+                    }
+                    Err(e) => last_error = format!("{e:#}"),
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "containerd (pid {}) did not answer CRI Version on {} within {:?}: \
+                     {last_error}\n{}",
+                    self.pid(),
+                    self.socket.display(),
+                    Self::START_TIMEOUT,
+                    self.log_tail(40)
+                );
+            }
+            thread::sleep(Self::POLL);
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The gRPC socket (also each shim's `-address`).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn state(&self) -> &Path {
+        &self.state
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The temp dir holding everything but a placed root or snapshots dir.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where pods' log directories go.
+    pub fn pod_log_dir(&self) -> PathBuf {
+        self.dir.join("pod-logs")
+    }
+
+    /// The cgroup parent to give pods (`LinuxPodSandboxConfig.cgroup_parent`), one of this
+    /// daemon's own, removed on drop.
+    pub fn cgroup_parent(&self) -> &str {
+        &self.cgroup_parent
+    }
+
+    /// A CRI client on this daemon's socket.
+    pub fn cri(&self) -> Result<Cri> {
+        Cri::connect(&self.socket)
+    }
+
+    /// `ctr --address SOCKET -n k8s.io`, ready for more arguments.
+    pub fn ctr(&self) -> Command {
+        let mut cmd = Command::new("ctr");
+        cmd.arg("--address")
+            .arg(&self.socket)
+            .args(["--namespace", K8S_NAMESPACE]);
+        cmd
+    }
+
+    /// The shims this daemon started that still run.
+    pub fn shims(&self) -> Vec<Shim> {
+        procs::shims_of(&self.socket)
+    }
+
+    /// The shim serving pod sandbox `sandbox_id` (CRI groups a pod's containers in the
+    /// sandbox's shim).
+    pub fn shim_of_pod(&self, sandbox_id: &str) -> Option<Shim> {
+        self.shims().into_iter().find(|s| s.id == sandbox_id)
+    }
+
+    /// The last `lines` lines of the daemon's log, headed by its path.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let mut text = String::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let _ = f.seek(SeekFrom::Start(len.saturating_sub(64 << 10)));
+            let mut buf = Vec::new();
+            let _ = f.read_to_end(&mut buf);
+            text = String::from_utf8_lossy(&buf).into_owned();
+        }
+        let all: Vec<&str> = text.lines().collect();
+        format!(
+            "--- last {} lines of {} ---\n{}",
+            lines.min(all.len()),
+            self.log.display(),
+            all[all.len().saturating_sub(lines)..].join("\n")
+        )
+    }
+
+    fn stop_daemon(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        // SAFETY: kill(2) on our own child, not yet reaped (try_wait said it runs).
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Self::STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            thread::sleep(Self::POLL);
+        }
+        eprintln!(
+            "cleanup: containerd (pid {}) still runs {:?} after SIGTERM; SIGKILL",
+            self.pid(),
+            Self::STOP_TIMEOUT
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Containers runc still knows in this daemon's runc root, shims still running, their
+    /// sockets: all ended and removed.
+    fn clean_leftovers(&self) {
+        let shims = self.shims();
+        let ns_dir = self.runc_root.join(K8S_NAMESPACE);
+        let leftover: Vec<String> = std::fs::read_dir(&ns_dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for id in &leftover {
+            eprintln!("cleanup: runc delete --force {id}");
+            if let Err(e) = run(Command::new("runc")
+                .arg("--root")
+                .arg(&ns_dir)
+                .args(["delete", "--force", id]))
+            {
+                eprintln!("cleanup: {e:#}");
+            }
+        }
+        for shim in &shims {
+            // Re-read its argv just before each kill: the PID must still be our shim.
+            if procs::shim(shim.pid).as_ref() != Some(shim) {
+                continue;
+            }
+            for pid in procs::descendants(shim.pid) {
+                eprintln!("cleanup: killing pid {pid}, left under shim {}", shim.pid);
+                // SAFETY: kill(2) by PID; the process descends from our own shim.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+            eprintln!("cleanup: killing shim pid {} (-id {})", shim.pid, shim.id);
+            // SAFETY: kill(2) by PID of a shim whose -address is this daemon's socket.
+            unsafe { libc::kill(shim.pid as libc::pid_t, libc::SIGKILL) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while shims.iter().any(|s| procs::alive(s.pid)) && Instant::now() < deadline {
+            thread::sleep(Self::POLL);
+        }
+        for shim in &shims {
+            let socket = shim_socket(&self.socket, &shim.namespace, &shim.id);
+            if std::fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket()) {
+                if let Err(e) = std::fs::remove_file(&socket) {
+                    eprintln!("cleanup: remove {}: {e}", socket.display());
+                }
+            }
+        }
+    }
+
+    fn remove_cgroups(&self) {
+        let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+            return;
+        };
+        let name = self.cgroup_parent.trim_start_matches('/');
+        let mut bases = vec![PathBuf::from("/sys/fs/cgroup")];
+        bases.extend(
+            controllers
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path()),
+        );
+        for base in bases {
+            let dir = base.join(name);
+            if dir.is_dir() {
+                rmdir_tree(&dir);
+            }
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!("{}", self.log_tail(60));
+        }
+        self.stop_daemon();
+        self.clean_leftovers();
+        let mut clean = true;
+        for dir in std::iter::once(&self.dir).chain(self.placed.as_ref()) {
+            clean &= unmount_under(dir);
+        }
+        self.remove_cgroups();
+        for d in self.new_run_dirs.iter().rev() {
+            // Only if empty: another containerd may use it by now.
+            let _ = std::fs::remove_dir(d);
+        }
+        if clean {
+            remove_dirs(&self.dir, self.placed.as_deref());
+        } else {
+            eprintln!(
+                "cleanup: mounts remain under {}; leaving its files in place",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+struct Paths {
+    dir: PathBuf,
+    root: PathBuf,
+    state: PathBuf,
+    socket: PathBuf,
+    runc_root: PathBuf,
+    snapshots: Option<PathBuf>,
+}
+
+/// A TOML basic string (paths here hold no quotes or control characters).
+fn quoted(p: &Path) -> String {
+    format!("{:?}", p.to_string_lossy())
+}
+
+fn config_toml(p: &Paths) -> String {
+    let snapshots = p
+        .snapshots
+        .as_ref()
+        .map(|s| format!("  root_path = {}\n", quoted(s)))
+        .unwrap_or_default();
+    format!(
+        r#"# plegwatch scenario harness: a private containerd; nothing here is the node's.
+version = 2
+root = {root}
+state = {state}
+temp = {tmp}
+oom_score = 0
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+
+[grpc]
+  address = {socket}
+
+[ttrpc]
+  address = ""
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = {opt}
+
+[plugins."io.containerd.snapshotter.v1.overlayfs"]
+{snapshots}
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{sandbox}"
+  # The pause container's oom_score_adj of -998 needs CAP_SYS_RESOURCE, which this machine
+  # kind lacks (runc then fails with "can't get final child's PID from pipe: EOF").
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = {runc_root}
+        SystemdCgroup = false
+
+  # No CNI: the scenarios run host-network pods only.
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = {cni_bin}
+    conf_dir = {cni_conf}
+"#,
+        root = quoted(&p.root),
+        state = quoted(&p.state),
+        tmp = quoted(&p.dir.join("tmp")),
+        socket = quoted(&p.socket),
+        opt = quoted(&p.dir.join("opt")),
+        snapshots = snapshots,
+        sandbox = Containerd::SANDBOX_IMAGE,
+        runc_root = quoted(&p.runc_root),
+        cni_bin = quoted(&p.dir.join("cni/bin")),
+        cni_conf = quoted(&p.dir.join("cni/conf")),
+    )
+}
+
+/// Where containerd 1.6 puts the socket of the shim for (`namespace`, `id`) of the daemon on
+/// `address`: `/run/containerd/s/` + hex(sha256(address/namespace/id)), whatever its state
+/// dir (runtime/v2/shim/util_unix.go, `SocketAddress`).
+pub fn shim_socket(address: &Path, namespace: &str, id: &str) -> PathBuf {
+    let key = address.join(namespace).join(id);
+    let digest = Sha256::digest(key.as_os_str().as_encoded_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    Path::new("/run/containerd/s").join(hex)
+}
+
+/// Unmounts every mount at or under `dir` (deepest first, lazily if a plain umount fails);
+/// whether none is left.
+fn unmount_under(dir: &Path) -> bool {
+    let mut targets = mounts_under(dir);
+    targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
+    for target in &targets {
+        eprintln!("cleanup: unmounting {target}");
+        if let Err(e) = run(Command::new("umount").arg(target)) {
+            eprintln!("cleanup: {e:#}; trying a lazy unmount");
+            if let Err(e) = run(Command::new("umount").arg("-l").arg(target)) {
+                eprintln!("cleanup: {e:#}");
+            }
+        }
+    }
+    mounts_under(dir).is_empty()
+}
+
+/// Mount points at or under `dir`, from `/proc/self/mountinfo` (escapes undone).
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.to_string_lossy().into_owned();
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape)
+        .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
+        .collect()
+}
+
+fn unescape(field: &str) -> String {
+    field
+        .replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Removes a cgroup dir and the cgroups below it (rmdir only, children first).
+fn rmdir_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                rmdir_tree(&e.path());
+            }
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(dir) {
+        eprintln!("cleanup: rmdir {}: {e}", dir.display());
+    }
+}
+
+fn remove_dirs(dir: &Path, placed: Option<&Path>) {
+    for d in std::iter::once(dir).chain(placed) {
+        if let Err(e) = std::fs::remove_dir_all(d) {
+            eprintln!("cleanup: remove {}: {e}", d.display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_names_private_paths() {
+        let p = Paths {
+            dir: "/tmp/x".into(),
+            root: "/tmp/x/root".into(),
+            state: "/tmp/x/state".into(),
+            socket: "/tmp/x/containerd.sock".into(),
+            runc_root: "/tmp/x/state/runc".into(),
+            snapshots: Some("/mnt/y/snapshots".into()),
+        };
+        let toml = config_toml(&p);
+        assert!(toml.contains("root = \"/tmp/x/root\""));
+        assert!(toml.contains("address = \"/tmp/x/containerd.sock\""));
+        assert!(toml.contains("root_path = \"/mnt/y/snapshots\""));
+        assert!(toml.contains("restrict_oom_score_adj = true"));
+        assert!(toml.contains("sandbox_image = \"docker.io/local/pause:1\""));
+        assert!(!toml.contains("/var/lib/containerd"));
+    }
+
+    #[test]
+    fn shim_socket_is_a_hash_under_run_containerd_s() {
+        let s = shim_socket(Path::new("/a.sock"), "k8s.io", "id");
+        assert!(s.starts_with("/run/containerd/s"));
+        assert_eq!(s.file_name().unwrap().len(), 64);
+    }
+}

@@ -1,0 +1,72 @@
+//! A test bed of real Kubernetes node components: Debian's containerd 1.6.20 (stripped, as
+//! release builds are) with runc 1.1.5, driven over CRI the way kubelet drives it, and the
+//! containerd#9770 stall staged on it deterministically.
+//!
+//! - [`Containerd`] ([`daemon`]): a private `containerd` with its own config, `root`, `state`
+//!   and socket in a temp dir (its root or only its overlayfs snapshots optionally on a
+//!   [`crate::LoopFs`]). Dropping it stops it by PID, then cleans up after it: the shims and
+//!   containers it left (found by the shims' `-address` argument), their cgroups, the mounts
+//!   under its dirs, and the dirs.
+//! - [`image`]: OCI image-layout archives built here from `/bin/busybox` (no registry can be
+//!   reached), imported with `ctr images import`: [`image::PAUSE`] and [`image::BUSYBOX`].
+//! - [`Cri`] ([`cri`]): a blocking CRI v1 client over the unix socket (tonic, on a runtime of
+//!   its own), [`Pod`] (a pod sandbox removed on drop) and [`RelistDriver`], which calls
+//!   `ListPodSandbox` + `ListContainers` on a period like kubelet's PLEG relist and times each
+//!   call.
+//! - [`procs`]: the shims of a daemon, their threads, and what `/proc` says about a thread
+//!   (`syscall`, `stack`, `wchan`); [`procs::UmountWatch`] times a shim's umount2 as the
+//!   kernel shows it (syscall 166 stays in `/proc/TID/syscall` through the task_work sync).
+//! - [`issue9770`]: the stall itself: a container writes into its rootfs on a throttled disk
+//!   and exits, the shim's rootfs umount syncs it, and an `UpdateContainerResources` issued
+//!   meanwhile holds the container's status lock, so every `ListContainers` waits.
+//!
+//! Declare guards in the order they are set up (locals drop in reverse): the [`crate::LoopFs`]
+//! first, then the [`Containerd`], the [`Cri`], [`Pod`]s and a [`RelistDriver`], and a
+//! [`crate::WriteThrottle`] last, so that it is lifted before anything is torn down.
+//! [`issue9770::Bed`] holds all of these in that order itself.
+
+pub mod cri;
+pub mod daemon;
+pub mod image;
+pub mod issue9770;
+pub mod procs;
+
+pub use cri::{Cri, Pod, RelistDriver};
+pub use daemon::{Containerd, Placement};
+
+/// The CRI namespace kubelet's containers live in; images must be imported into it.
+pub const K8S_NAMESPACE: &str = "k8s.io";
+
+/// The programs the bed runs (Debian packages containerd, runc and busybox-static).
+pub const TOOLS: &[&str] = &["containerd", "ctr", "containerd-shim-runc-v2", "runc"];
+
+/// Panics unless the test runs as root and every program in [`TOOLS`] and
+/// [`image::BUSYBOX_BIN`] is there. Unlike [`crate::preflight::require`] it does not ask for
+/// `PLEGWATCH_BIN`: the baseline scenarios of this bed run no plegwatch.
+pub fn require() {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "the containerd scenarios need root (euid is {euid}): they run containerd and runc, \
+         attach loop devices and mount filesystems"
+    );
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let missing: Vec<&str> = TOOLS
+        .iter()
+        .copied()
+        .filter(|tool| !std::env::split_paths(&path).any(|d| d.join(tool).is_file()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not found in PATH ({}): {} (Debian packages containerd and runc; `cargo xtask setup` \
+         installs them)",
+        path.to_string_lossy(),
+        missing.join(", ")
+    );
+    assert!(
+        std::path::Path::new(image::BUSYBOX_BIN).is_file(),
+        "{} is missing (Debian package busybox-static)",
+        image::BUSYBOX_BIN
+    );
+}

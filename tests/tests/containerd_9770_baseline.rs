@@ -1,0 +1,159 @@
+//! containerd#9770 on real components, with no plegwatch: proof that the stall the plegwatch
+//! scenarios will point at is real, and how long it lasts.
+//!
+//! A private containerd 1.6.20 keeps its overlayfs snapshots (or its whole root) on a
+//! loop-mounted ext4 whose writes are throttled to 1 MiB/s. In a host-network pod, a busybox
+//! container writes 24 MiB into its rootfs and exits 5 s later. The shim's `Delete` unmounts
+//! the rootfs, which syncs those 24 MiB through the throttle. `UpdateContainerResources`,
+//! sent right then, takes the container's status write lock and keeps it for the whole
+//! umount; every `ListContainers` (the relist driver's, every 200 ms) waits on that lock.
+//!
+//! - Snapshots on the disk: the update waits on the shim's mutex, held by `Delete` across the
+//!   umount, and fails with "cannot update a deleted process" once it gets it (#9770 as
+//!   reported).
+//! - The whole root on the disk: the update first writes the new spec to bbolt, and its
+//!   `fdatasync` waits behind the umount's writeback in a journal commit; the task is gone by
+//!   then, so it returns OK.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use plegwatch_scenarios::containerd;
+use plegwatch_scenarios::containerd::issue9770::{self, OnDisk, Outcome};
+use plegwatch_scenarios::{preflight, WriteThrottle};
+
+/// The least stall that counts: 24 MiB at 1 MiB/s measured 18-24 s here.
+const STALL_MIN: Duration = Duration::from_secs(10);
+/// ListContainers before the stall, on an idle node.
+const QUIET_MEDIAN_MAX: Duration = Duration::from_millis(50);
+/// At least this many ListContainers calls before the update (about 25 at 200 ms).
+const QUIET_CALLS_MIN: usize = 5;
+/// How far the update's end may be from the umount's end when it waits on the shim (the
+/// umount watch polls every 10 ms).
+const SAME_END: Duration = Duration::from_millis(500);
+/// fsync(2) and fdatasync(2) on x86-64.
+const SYS_FSYNC: u32 = 74;
+const SYS_FDATASYNC: u32 = 75;
+
+#[test]
+fn snapshots_on_throttled_disk_update_waits_for_shim_umount() -> Result<()> {
+    let Some((bed, outcome)) = stage(OnDisk::Snapshots)? else {
+        return Ok(());
+    };
+    let context = || format!("{}\n{}", outcome.summary(), bed.containerd().log_tail(40));
+    let umount = outcome.umount.as_ref().expect("checked by stage");
+    // It waited for the shim's Delete, and got the mutex only once the process was deleted.
+    let gap = if outcome.update_ended() > umount.last_seen {
+        outcome.update_ended() - umount.last_seen
+    } else {
+        umount.last_seen - outcome.update_ended()
+    };
+    assert!(
+        gap <= SAME_END,
+        "UpdateContainerResources ended {gap:?} away from the shim's umount\n{}",
+        context()
+    );
+    match &outcome.update_result {
+        Err(e) if e.contains("cannot update a deleted process") => {}
+        other => panic!(
+            "UpdateContainerResources should fail with \"cannot update a deleted process\" \
+             after waiting for the shim's Delete, got {other:?}\n{}",
+            context()
+        ),
+    }
+    Ok(())
+}
+
+#[test]
+fn root_on_throttled_disk_update_waits_in_fdatasync() -> Result<()> {
+    let Some((bed, outcome)) = stage(OnDisk::Root)? else {
+        return Ok(());
+    };
+    let context = || format!("{}\n{}", outcome.summary(), bed.containerd().log_tail(40));
+    // The holder of the status lock waits in the kernel, in a metadata sync.
+    assert!(
+        outcome
+            .containerd_blocked
+            .iter()
+            .any(|t| matches!(t.syscall_nr(), Some(SYS_FSYNC | SYS_FDATASYNC))),
+        "no containerd thread was in fsync/fdatasync {:?} into the update\n{}",
+        issue9770::Bed::PROBE_AFTER,
+        context()
+    );
+    assert!(
+        outcome.update_ended() + SAME_END >= outcome.umount.as_ref().expect("checked").last_seen,
+        "UpdateContainerResources returned before the umount ended\n{}",
+        context()
+    );
+    Ok(())
+}
+
+/// Stages the stall and checks what both variants share; returns the bed (still set up, for
+/// its log) and the outcome, or `None` when there is no blkio throttling (skipped).
+fn stage(on_disk: OnDisk) -> Result<Option<(issue9770::Bed, Outcome)>> {
+    containerd::require();
+    if let Some(why) = WriteThrottle::unavailable() {
+        preflight::skip("containerd_9770_baseline", &why);
+        return Ok(None);
+    }
+    let options = issue9770::Options {
+        on_disk,
+        ..Default::default()
+    };
+    let mut bed = issue9770::Bed::prepare(options)?;
+    let outcome = bed.trigger()?;
+    eprintln!("{}", outcome.summary());
+    let context = || format!("{}\n{}", outcome.summary(), bed.containerd().log_tail(40));
+
+    assert_eq!(
+        outcome.shim.address,
+        bed.containerd().socket().to_string_lossy(),
+        "the shim found is not this daemon's"
+    );
+    assert_eq!(
+        outcome.shim.id,
+        bed.pod().id(),
+        "the shim found does not serve the pod"
+    );
+    let umount = outcome
+        .umount
+        .as_ref()
+        .unwrap_or_else(|| panic!("no shim thread was seen in umount2\n{}", context()));
+    assert!(
+        umount.duration() >= STALL_MIN,
+        "the shim's rootfs umount lasted only {:?}\n{}",
+        umount.duration(),
+        context()
+    );
+    assert!(
+        outcome.update_latency >= STALL_MIN,
+        "UpdateContainerResources blocked only {:?}\n{}",
+        outcome.update_latency,
+        context()
+    );
+    if let Err(e) = &outcome.update_result {
+        assert!(
+            !e.contains("no answer") && !e.contains("DeadlineExceeded"),
+            "UpdateContainerResources hit a deadline instead of waiting: {e}\n{}",
+            context()
+        );
+    }
+    let before = outcome
+        .list_before
+        .unwrap_or_else(|| panic!("no ListContainers before the update\n{}", context()));
+    assert!(
+        before.count >= QUIET_CALLS_MIN && before.failed == 0 && before.median < QUIET_MEDIAN_MAX,
+        "ListContainers before the stall: {before} (want ≥ {QUIET_CALLS_MIN} calls, none \
+         failed, median < {QUIET_MEDIAN_MAX:?})\n{}",
+        context()
+    );
+    let during = outcome
+        .list_during
+        .unwrap_or_else(|| panic!("no ListContainers during the update\n{}", context()));
+    assert!(
+        during.max >= STALL_MIN,
+        "ListContainers during the stall: {during} (want a max ≥ {STALL_MIN:?})\n{}",
+        context()
+    );
+    Ok(Some((bed, outcome)))
+}
