@@ -1,0 +1,149 @@
+//! containerd#9770 on real components, watched by plegwatch.
+//!
+//! The test bed of `containerd_9770_baseline.rs` (Debian's stripped containerd 1.6.20 and
+//! runc, snapshots on a throttled loop ext4, a container that writes 24 MiB and exits,
+//! `UpdateContainerResources` right after, a relist driver calling ListContainers every
+//! 200 ms), with `plegwatch watch --warn 2s` started before the trigger. plegwatch must:
+//! - find containerd by itself and probe its CRI Status store through `.gopclntab` (entry +
+//!   every RET, no uretprobe), and report the Status write lock held by `UpdateSync` as
+//!   `go_lock`, with ListContainers' `Get`s waiting on the same lock, for as long as the
+//!   update really blocked;
+//! - report the blocked CRI handlers (`cri_call`);
+//! - report the shim's rootfs umount in its task_work tail (`umount`);
+//! - leave containerd running and answering.
+//!
+//! Not yet asserted (issue 4 is open): the chain link from the lock holder to the shim's
+//! umount thread.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use plegwatch_scenarios::containerd;
+use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options};
+use plegwatch_scenarios::events::{dump, Event};
+use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::{preflight, Plegwatch, WriteThrottle};
+
+/// How far the lock's reported hold may be from the update's measured block.
+const HOLD_SLACK_S: f64 = 1.5;
+
+#[test]
+fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
+    preflight::require();
+    containerd::require();
+    if let Some(why) = WriteThrottle::unavailable() {
+        preflight::skip("containerd_9770_plegwatch", &why);
+        return Ok(());
+    }
+    let mut bed = Bed::prepare(Options::default())?;
+    let containerd_pid = bed.containerd().pid();
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    let outcome = bed.trigger()?;
+    plegwatch.wait_for(Duration::from_secs(5), |e| {
+        e.is("resolved") && e.str("/kind") == Some("go_lock")
+    });
+    let events = plegwatch.stop()?;
+    let all = || format!("{}\n{}", outcome.summary(), dump(&events, outcome.started));
+    let about = |kind: &str, pid: u32| -> Vec<&Event> {
+        events
+            .iter()
+            .filter(|e| e.is("stall") && e.str("/kind") == Some(kind) && e.u64("/pid") == Some(u64::from(pid)))
+            .collect()
+    };
+
+    // The Status write lock, held by UpdateSync.
+    let locks = about("go_lock", containerd_pid);
+    let lock = locks
+        .iter()
+        .find(|e| e.str("/detail/holder_function").is_some_and(|f| f.ends_with(".(*statusStorage).UpdateSync")))
+        .unwrap_or_else(|| panic!("no go_lock stall held by UpdateSync in containerd (pid {containerd_pid}):\n{}", all()));
+    assert_eq!(lock.str("/level"), Some("warn"), "{}", all());
+    let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
+    assert!(gets >= 1, "no ListContainers Get waiting on the held lock:\n{}", all());
+    let resolved = events
+        .iter()
+        .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
+        .unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", all()));
+    let held = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+    let blocked = outcome.update_latency.as_secs_f64();
+    assert!(
+        (held - blocked).abs() <= HOLD_SLACK_S,
+        "lock held {held:.3}s by plegwatch, UpdateContainerResources blocked {blocked:.3}s:\n{}",
+        all()
+    );
+
+    // The CRI handlers stuck behind it.
+    let calls = about("cri_call", containerd_pid);
+    for handler in [".(*criService).UpdateContainerResources", ".(*criService).ListContainers"] {
+        assert!(
+            calls.iter().any(|e| e.str("/detail/function").is_some_and(|f| f.ends_with(handler))),
+            "no cri_call for {handler}:\n{}",
+            all()
+        );
+    }
+
+    // The shim's rootfs umount, in its task_work tail.
+    let umounts = about("umount", outcome.shim.pid);
+    let umount = umounts.first().unwrap_or_else(|| panic!("no umount stall for the shim (pid {}):\n{}", outcome.shim.pid, all()));
+    assert_eq!(umount.str("/detail/phase"), Some("task_work"), "{}", all());
+
+    // containerd kept running and answering under the probes.
+    assert!(bed.cri().version().is_ok(), "containerd stopped answering CRI after the probes:\n{}", all());
+    eprintln!(
+        "lock held {held:.3}s (update blocked {blocked:.3}s), {gets} Gets waiting, {} cri_call and {} umount stalls",
+        calls.len(),
+        umounts.len()
+    );
+    Ok(())
+}
+
+/// The same with containerd's whole root on the slow disk: `UpdateSync` holds the Status lock
+/// while bbolt's `fdatasync` of the container's metadata waits behind the umount's
+/// writeback (stall-catalog.md pattern 10). plegwatch must report the lock hold and, in the
+/// same process, the `fdatasync` wait.
+#[test]
+fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
+    preflight::require();
+    containerd::require();
+    if let Some(why) = WriteThrottle::unavailable() {
+        preflight::skip("containerd_9770_plegwatch", &why);
+        return Ok(());
+    }
+    let mut bed = Bed::prepare(Options { on_disk: OnDisk::Root, ..Options::default() })?;
+    let containerd_pid = bed.containerd().pid();
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    let outcome = bed.trigger()?;
+    plegwatch.wait_for(Duration::from_secs(5), |e| {
+        e.is("resolved") && e.str("/kind") == Some("go_lock")
+    });
+    let events = plegwatch.stop()?;
+    let all = || format!("{}\n{}", outcome.summary(), dump(&events, outcome.started));
+    let stall_of = |kind: &str| {
+        events
+            .iter()
+            .filter(|e| e.is("stall") && e.str("/kind") == Some(kind) && e.u64("/pid") == Some(u64::from(containerd_pid)))
+            .collect::<Vec<_>>()
+    };
+    let lock = stall_of("go_lock")
+        .into_iter()
+        .find(|e| e.str("/detail/holder_function").is_some_and(|f| f.ends_with(".(*statusStorage).UpdateSync")))
+        .unwrap_or_else(|| panic!("no go_lock stall held by UpdateSync:\n{}", all()));
+    let resolved = events
+        .iter()
+        .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
+        .unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", all()));
+    let held = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+    let blocked = outcome.update_latency.as_secs_f64();
+    assert!((held - blocked).abs() <= HOLD_SLACK_S, "lock held {held:.3}s, update blocked {blocked:.3}s:\n{}", all());
+    let syncs = stall_of("sync");
+    assert!(
+        syncs.iter().any(|e| e.str("/detail/syscall") == Some("fdatasync")),
+        "no fdatasync wait reported in containerd while it held the lock:\n{}",
+        all()
+    );
+    assert!(bed.cri().version().is_ok(), "containerd stopped answering CRI:\n{}", all());
+    eprintln!("lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls", syncs.len());
+    Ok(())
+}
