@@ -142,7 +142,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &open_waits };
                     engine.scan(&mut sink);
                     req.scan(monotonic_ns(), &mut sink);
-                    go.scan(monotonic_ns(), &engine.open_by_tid, &mut sink);
+                    go.scan(monotonic_ns(), &engine.open_by_tid, &open_waits, &mut sink);
                 }
                 go.discover(&mut ebpf);
                 drops.check(&ebpf);

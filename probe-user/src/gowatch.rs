@@ -146,6 +146,41 @@ fn attach_point(ebpf: &mut Ebpf, program: &str, target: &str, offset: u64, cooki
         .map_err(|e| format!("attach {program} at {offset:#x} of {target}: {e}"))
 }
 
+/// The shim a containerd call is likely waiting on: among the processes at
+/// the other end of containerd's unix sockets whose comm is `containerd-shim*`
+/// (containerd is the client of each shim's ttrpc socket), the one with the
+/// oldest open wait (`open_waits`: pid → (kind, start)), else the first found.
+/// A blocked ttrpc call parks its goroutine in the netpoller, so which shim it
+/// waits on is inferred, not read: `why` says so.
+fn shim_holder(containerd: u32, open_waits: &HashMap<u32, (&'static str, u64)>) -> Option<serde_json::Value> {
+    let mut peers = crate::holders::UnixPeers::new();
+    let mut owners = crate::holders::SocketOwners::new();
+    let mut shims: Vec<u32> = Vec::new();
+    for (_, inode) in procfs::socket_fds(containerd) {
+        let Some(peer) = peers.peer_of(inode) else { continue };
+        for pid in owners.pids_of(peer.peer_inode) {
+            if pid != containerd && procfs::comm(pid).is_some_and(|c| c.starts_with("containerd-shim")) && !shims.contains(&pid) {
+                shims.push(pid);
+            }
+        }
+    }
+    let pick = shims
+        .iter()
+        .filter_map(|p| open_waits.get(p).map(|(_, start)| (*p, *start)))
+        .min_by_key(|(_, start)| *start)
+        .map(|(p, _)| p)
+        .or_else(|| shims.first().copied())?;
+    Some(json!({
+        "kind": "shim",
+        "pid": pick,
+        "comm": procfs::comm(pick),
+        "state": procfs::state(pick).map(String::from),
+        "wchan": procfs::wchan(pick),
+        "shims": shims,
+        "why": "containerd waits on a shim's ttrpc reply; of the shims it is connected to, this one has the oldest open wait",
+    }))
+}
+
 /// `pkg.(*T).Method` without the import path.
 fn short(symbol: &str) -> &str {
     symbol.rsplit('/').next().unwrap_or(symbol)
@@ -302,13 +337,19 @@ impl GoWatch {
             return;
         }
         let actions = self.registry.end(info, rec.end_ns);
-        self.act(actions, rec.end_ns, &HashMap::new(), sink);
+        self.act(actions, rec.end_ns, &HashMap::new(), &HashMap::new(), sink);
     }
 
     /// Looks at the Go calls open now; `thread_waits` are the kernel waits open
     /// by thread (a goroutine in a syscall stays on its thread, so a lock
     /// holder's thread's wait is what the lock waits on).
-    pub fn scan(&mut self, now_ns: u64, thread_waits: &HashMap<u32, serde_json::Value>, sink: &mut dyn Sink) {
+    pub fn scan(
+        &mut self,
+        now_ns: u64,
+        thread_waits: &HashMap<u32, serde_json::Value>,
+        open_waits: &HashMap<u32, (&'static str, u64)>,
+        sink: &mut dyn Sink,
+    ) {
         let mut open = Vec::new();
         self.gets.clear();
         for (k, c) in self.calls.iter().filter_map(Result::ok) {
@@ -330,7 +371,7 @@ impl GoWatch {
             });
         }
         let actions = self.registry.scan(open.iter(), now_ns);
-        self.act(actions, now_ns, thread_waits, sink);
+        self.act(actions, now_ns, thread_waits, open_waits, sink);
     }
 
     fn act(
@@ -338,6 +379,7 @@ impl GoWatch {
         actions: Vec<Action<(u64, u32)>>,
         now_ns: u64,
         thread_waits: &HashMap<u32, serde_json::Value>,
+        open_waits: &HashMap<u32, (&'static str, u64)>,
         sink: &mut dyn Sink,
     ) {
         for a in actions {
@@ -347,6 +389,10 @@ impl GoWatch {
                     let o = &t.info;
                     let f = self.funcs.get(&o.func);
                     let role = f.map(|f| f.role).unwrap_or(Role::CriHandler);
+                    let holder = match role {
+                        Role::StatusUpdate => shim_holder(o.tgid, open_waits),
+                        _ => None,
+                    };
                     let (kind, detail) = match role {
                         Role::Relist => (
                             WaitKind::PlegRelist,
@@ -398,7 +444,7 @@ impl GoWatch {
                         budget_used: budget_used(waited),
                         started_before_attach: false,
                         detail,
-                        holder: None,
+                        holder,
                         chain: Vec::new(),
                         kernel_stack: Vec::new(),
                         user_stack: Vec::new(),

@@ -12,8 +12,8 @@
 //! - report the shim's rootfs umount in its task_work tail (`umount`);
 //! - leave containerd running and answering.
 //!
-//! Not yet asserted (issue 4 is open): the chain link from the lock holder to the shim's
-//! umount thread.
+//! The lock's holder is the shim (inferred: of the shims containerd is connected to, the one
+//! with an open wait), and the shim's own longest open wait is its umount: the next link.
 
 use std::time::Duration;
 
@@ -61,6 +61,10 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
     assert_eq!(lock.str("/level"), Some("warn"), "{}", all());
     let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
     assert!(gets >= 1, "no ListContainers Get waiting on the held lock:\n{}", all());
+    // The next link: the lock's holder waits on the shim, whose own open wait is the umount.
+    assert_eq!(lock.str("/holder/kind"), Some("shim"), "{}", all());
+    assert_eq!(lock.u64("/holder/pid"), Some(u64::from(outcome.shim.pid)), "the holder should be the container's shim:\n{}", all());
+    assert_eq!(lock.str("/holder/longest_open_wait/kind"), Some("umount"), "the shim's own wait should be its umount:\n{}", all());
     let resolved = events
         .iter()
         .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
