@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use plegwatch_scenarios::containerd;
-use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options};
+use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options, Outcome};
 use plegwatch_scenarios::events::{dump, Event};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::{preflight, Plegwatch, WriteThrottle};
@@ -27,58 +27,100 @@ use plegwatch_scenarios::{preflight, Plegwatch, WriteThrottle};
 /// How far the lock's reported hold may be from the update's measured block.
 const HOLD_SLACK_S: f64 = 1.5;
 
-#[test]
-fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
-    preflight::require();
-    containerd::require();
-    if let Some(why) = WriteThrottle::unavailable() {
-        preflight::skip("containerd_9770_plegwatch", &why);
-        return Ok(());
+/// One staging of #9770 with plegwatch watching: the bed (still up, to ask containerd
+/// afterwards), what the bed measured, and every line plegwatch printed.
+struct Watched {
+    bed: Bed,
+    outcome: Outcome,
+    events: Vec<Event>,
+    containerd_pid: u32,
+}
+
+impl Watched {
+    /// Prepares the bed, starts `plegwatch watch --warn 2s`, triggers the stall and stops
+    /// plegwatch once the lock hold resolved; `None` (with the reason printed) when blkio
+    /// throttling is missing.
+    fn run(on_disk: OnDisk) -> Result<Option<Self>> {
+        preflight::require();
+        containerd::require();
+        if let Some(why) = WriteThrottle::unavailable() {
+            preflight::skip("containerd_9770_plegwatch", &why);
+            return Ok(None);
+        }
+        let mut bed = Bed::prepare(Options { on_disk, ..Options::default() })?;
+        let containerd_pid = bed.containerd().pid();
+        let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+        plegwatch.wait_ready(READY_TIMEOUT)?;
+        let outcome = bed.trigger()?;
+        plegwatch.wait_for(Duration::from_secs(5), |e| {
+            e.is("resolved") && e.str("/kind") == Some("go_lock")
+        });
+        let events = plegwatch.stop()?;
+        Ok(Some(Self { bed, outcome, events, containerd_pid }))
     }
-    let mut bed = Bed::prepare(Options::default())?;
-    let containerd_pid = bed.containerd().pid();
-    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
-    plegwatch.wait_ready(READY_TIMEOUT)?;
-    let outcome = bed.trigger()?;
-    plegwatch.wait_for(Duration::from_secs(5), |e| {
-        e.is("resolved") && e.str("/kind") == Some("go_lock")
-    });
-    let events = plegwatch.stop()?;
-    let all = || format!("{}\n{}", outcome.summary(), dump(&events, outcome.started));
-    let about = |kind: &str, pid: u32| -> Vec<&Event> {
-        events
+
+    /// The bed's summary and plegwatch's lines, for failure messages.
+    fn all(&self) -> String {
+        format!("{}\n{}", self.outcome.summary(), dump(&self.events, self.outcome.started))
+    }
+
+    /// The stall lines of `kind` about process `pid`.
+    fn stalls(&self, kind: &str, pid: u32) -> Vec<&Event> {
+        self.events
             .iter()
             .filter(|e| e.is("stall") && e.str("/kind") == Some(kind) && e.u64("/pid") == Some(u64::from(pid)))
             .collect()
-    };
+    }
 
-    // The Status write lock, held by UpdateSync.
-    let locks = about("go_lock", containerd_pid);
-    let lock = locks
-        .iter()
-        .find(|e| e.str("/detail/holder_function").is_some_and(|f| f.ends_with(".(*statusStorage).UpdateSync")))
-        .unwrap_or_else(|| panic!("no go_lock stall held by UpdateSync in containerd (pid {containerd_pid}):\n{}", all()));
+    /// The go_lock stall held by `UpdateSync` in containerd, after checking that its
+    /// resolved hold matches how long UpdateContainerResources really blocked. Returns the
+    /// stall and (held, blocked) in seconds.
+    fn update_sync_lock(&self) -> (&Event, f64, f64) {
+        let lock = self
+            .stalls("go_lock", self.containerd_pid)
+            .into_iter()
+            .find(|e| e.str("/detail/holder_function").is_some_and(|f| f.ends_with(".(*statusStorage).UpdateSync")))
+            .unwrap_or_else(|| {
+                panic!("no go_lock stall held by UpdateSync in containerd (pid {}):\n{}", self.containerd_pid, self.all())
+            });
+        let resolved = self
+            .events
+            .iter()
+            .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
+            .unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", self.all()));
+        let held = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+        let blocked = self.outcome.update_latency.as_secs_f64();
+        assert!(
+            (held - blocked).abs() <= HOLD_SLACK_S,
+            "lock held {held:.3}s by plegwatch, UpdateContainerResources blocked {blocked:.3}s:\n{}",
+            self.all()
+        );
+        (lock, held, blocked)
+    }
+
+    /// containerd kept running and answering under the probes.
+    fn assert_containerd_answers(&self) {
+        assert!(self.bed.cri().version().is_ok(), "containerd stopped answering CRI after the probes:\n{}", self.all());
+    }
+}
+
+#[test]
+fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
+    let Some(w) = Watched::run(OnDisk::Snapshots)? else { return Ok(()) };
+    let all = || w.all();
+
+    // The Status write lock, held by UpdateSync for as long as the update blocked.
+    let (lock, held, blocked) = w.update_sync_lock();
     assert_eq!(lock.str("/level"), Some("warn"), "{}", all());
     let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
     assert!(gets >= 1, "no ListContainers Get waiting on the held lock:\n{}", all());
     // The next link: the lock's holder waits on the shim, whose own open wait is the umount.
     assert_eq!(lock.str("/holder/kind"), Some("shim"), "{}", all());
-    assert_eq!(lock.u64("/holder/pid"), Some(u64::from(outcome.shim.pid)), "the holder should be the container's shim:\n{}", all());
+    assert_eq!(lock.u64("/holder/pid"), Some(u64::from(w.outcome.shim.pid)), "the holder should be the container's shim:\n{}", all());
     assert_eq!(lock.str("/holder/longest_open_wait/kind"), Some("umount"), "the shim's own wait should be its umount:\n{}", all());
-    let resolved = events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
-        .unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", all()));
-    let held = resolved.f64("/waited_s").unwrap_or(f64::NAN);
-    let blocked = outcome.update_latency.as_secs_f64();
-    assert!(
-        (held - blocked).abs() <= HOLD_SLACK_S,
-        "lock held {held:.3}s by plegwatch, UpdateContainerResources blocked {blocked:.3}s:\n{}",
-        all()
-    );
 
     // The CRI handlers stuck behind it.
-    let calls = about("cri_call", containerd_pid);
+    let calls = w.stalls("cri_call", w.containerd_pid);
     for handler in [".(*criService).UpdateContainerResources", ".(*criService).ListContainers"] {
         assert!(
             calls.iter().any(|e| e.str("/detail/function").is_some_and(|f| f.ends_with(handler))),
@@ -88,12 +130,13 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
     }
 
     // The shim's rootfs umount, in its task_work tail.
-    let umounts = about("umount", outcome.shim.pid);
-    let umount = umounts.first().unwrap_or_else(|| panic!("no umount stall for the shim (pid {}):\n{}", outcome.shim.pid, all()));
+    let umounts = w.stalls("umount", w.outcome.shim.pid);
+    let umount = umounts
+        .first()
+        .unwrap_or_else(|| panic!("no umount stall for the shim (pid {}):\n{}", w.outcome.shim.pid, all()));
     assert_eq!(umount.str("/detail/phase"), Some("task_work"), "{}", all());
 
-    // containerd kept running and answering under the probes.
-    assert!(bed.cri().version().is_ok(), "containerd stopped answering CRI after the probes:\n{}", all());
+    w.assert_containerd_answers();
     eprintln!(
         "lock held {held:.3}s (update blocked {blocked:.3}s), {gets} Gets waiting, {} cri_call and {} umount stalls",
         calls.len(),
@@ -108,46 +151,15 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
 /// same process, the `fdatasync` wait.
 #[test]
 fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
-    preflight::require();
-    containerd::require();
-    if let Some(why) = WriteThrottle::unavailable() {
-        preflight::skip("containerd_9770_plegwatch", &why);
-        return Ok(());
-    }
-    let mut bed = Bed::prepare(Options { on_disk: OnDisk::Root, ..Options::default() })?;
-    let containerd_pid = bed.containerd().pid();
-    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
-    plegwatch.wait_ready(READY_TIMEOUT)?;
-    let outcome = bed.trigger()?;
-    plegwatch.wait_for(Duration::from_secs(5), |e| {
-        e.is("resolved") && e.str("/kind") == Some("go_lock")
-    });
-    let events = plegwatch.stop()?;
-    let all = || format!("{}\n{}", outcome.summary(), dump(&events, outcome.started));
-    let stall_of = |kind: &str| {
-        events
-            .iter()
-            .filter(|e| e.is("stall") && e.str("/kind") == Some(kind) && e.u64("/pid") == Some(u64::from(containerd_pid)))
-            .collect::<Vec<_>>()
-    };
-    let lock = stall_of("go_lock")
-        .into_iter()
-        .find(|e| e.str("/detail/holder_function").is_some_and(|f| f.ends_with(".(*statusStorage).UpdateSync")))
-        .unwrap_or_else(|| panic!("no go_lock stall held by UpdateSync:\n{}", all()));
-    let resolved = events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
-        .unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", all()));
-    let held = resolved.f64("/waited_s").unwrap_or(f64::NAN);
-    let blocked = outcome.update_latency.as_secs_f64();
-    assert!((held - blocked).abs() <= HOLD_SLACK_S, "lock held {held:.3}s, update blocked {blocked:.3}s:\n{}", all());
-    let syncs = stall_of("sync");
+    let Some(w) = Watched::run(OnDisk::Root)? else { return Ok(()) };
+    let (_, held, blocked) = w.update_sync_lock();
+    let syncs = w.stalls("sync", w.containerd_pid);
     assert!(
         syncs.iter().any(|e| e.str("/detail/syscall") == Some("fdatasync")),
         "no fdatasync wait reported in containerd while it held the lock:\n{}",
-        all()
+        w.all()
     );
-    assert!(bed.cri().version().is_ok(), "containerd stopped answering CRI:\n{}", all());
+    w.assert_containerd_answers();
     eprintln!("lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls", syncs.len());
     Ok(())
 }
