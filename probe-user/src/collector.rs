@@ -363,7 +363,6 @@ struct Engine {
     open_by_tid: HashMap<u32, Value>,
     /// Scans in a row that found a tail's thread running outside umount2.
     running_seen: HashMap<WaitKey, u32>,
-    ring_records: u64,
 }
 
 impl Engine {
@@ -386,7 +385,6 @@ impl Engine {
             open_by_pid: HashMap::new(),
             open_by_tid: HashMap::new(),
             running_seen: HashMap::new(),
-            ring_records: 0,
         }
     }
 
@@ -471,7 +469,6 @@ impl Engine {
 
     fn drain(&mut self, ring: &mut RingBuf<MapData>, sink: &mut dyn Sink) {
         while let Some(item) = ring.next() {
-            self.ring_records += 1;
             let bytes: &[u8] = &item;
             if bytes.len() < std::mem::size_of::<WaitEnd>() {
                 tracing::warn!(len = bytes.len(), "short ring buffer record skipped");

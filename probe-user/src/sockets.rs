@@ -204,8 +204,6 @@ pub struct Sockets {
     /// Replies read on D-Bus connections since last taken: (socket, reply_serial).
     replies: Vec<(SockKey, u32)>,
     pub families: GenlFamilies,
-    /// Requests sent while the socket was unknown, and other oddities.
-    pub records: u64,
 }
 
 /// The bytes of netlink headers the kernel walked, rebuilt as a buffer the
@@ -249,7 +247,6 @@ impl Sockets {
 
     /// Takes one send or receive record.
     pub fn on_io(&mut self, rec: &SockIo) {
-        self.records += 1;
         if rec.class.kind == SockKind::Dbus as u32 {
             self.on_dbus_io(rec);
             return;
