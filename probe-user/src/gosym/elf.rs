@@ -205,6 +205,12 @@ impl Elf {
             elf::EM_ARM => elf::R_ARM_RELATIVE,
             _ => return None,
         };
+        self.reloc_addend(data, va, relative)
+    }
+
+    /// The addend of the first `SHT_RELA` relocation of type `r_type` that
+    /// patches `va`.
+    pub fn reloc_addend(&self, data: &[u8], va: u64, r_type: u32) -> Option<u64> {
         // Elf64_Rela is three 8-byte words, Elf32_Rela three 4-byte words.
         let w: u8 = if self.is_64 { 8 } else { 4 };
         let entsize = 3 * u64::from(w);
@@ -223,12 +229,12 @@ impl Elf {
                     continue;
                 }
                 let r_info = read_uint(bytes, base + usize::from(w), w, self.big_endian)?;
-                let r_type = if self.is_64 {
+                let ty = if self.is_64 {
                     (r_info & 0xffff_ffff) as u32
                 } else {
                     (r_info & 0xff) as u32
                 };
-                if r_type == relative {
+                if ty == r_type {
                     return read_uint(bytes, base + 2 * usize::from(w), w, self.big_endian);
                 }
             }

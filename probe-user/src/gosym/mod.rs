@@ -26,6 +26,7 @@
 pub mod elf;
 pub mod pclntab;
 pub mod rets;
+pub mod tls;
 pub mod version;
 
 #[cfg(test)]
@@ -38,6 +39,7 @@ use std::path::Path;
 pub use elf::{file_offset, Elf};
 pub use pclntab::{PclnVersion, Pclntab, TableSource};
 pub use rets::{probe_points, probe_points_in, ret_addresses, ret_addresses_in, ProbePoints};
+pub use tls::{g_tls_offset, GTls, TlsSource};
 pub use version::{BuildInfo, Module};
 
 /// How a binary given only as bytes is named in errors.
@@ -96,6 +98,9 @@ pub enum GoSymError {
     /// No function has that exact name.
     #[error("{binary}: function {function} not found in the pclntab")]
     FunctionNotFound { binary: String, function: String },
+    /// No code that loads `g` from thread-local storage was recognised.
+    #[error("{binary}: cannot tell where g sits in thread-local storage (runtime.stackcheck not recognised)")]
+    NoGTls { binary: String },
     /// An address of the function is not backed by the file (or not in an
     /// executable segment).
     #[error(
@@ -289,5 +294,10 @@ impl GoBinary {
     /// Uprobe points of the function `name`.
     pub fn probe_points(&self, name: &str) -> Result<ProbePoints, GoSymError> {
         self.symbols.probe_points(&self.data, name)
+    }
+
+    /// Where `g` sits in thread-local storage (see [`tls`]).
+    pub fn g_tls(&self) -> Result<GTls, GoSymError> {
+        g_tls_offset(&self.symbols, &self.data)
     }
 }

@@ -928,11 +928,33 @@ fn go_built_binaries() {
             let want_rel: Vec<u64> = want_rets.iter().map(|r| r - want_entry).collect();
             assert_eq!(rel, want_rel, "{name}");
         }
+        let tls = crate::gosym::g_tls_offset(&syms, &data).unwrap();
+        println!("{name}: g at fsbase{:+} ({:?})", tls.offset, tls.source);
+        assert!(tls.offset < 0 && tls.offset % 8 == 0, "{name}: {tls:?}");
+        if name != "pie_external" {
+            // Internally linked: the Go linker's fixed slot.
+            assert_eq!(tls.offset, -8, "{name}");
+        }
         if name == "pie_external" {
             assert!(
                 src.scanned && src.region.starts_with(".data.rel.ro"),
                 "{src:?}"
             );
         }
+    }
+}
+
+/// Debian's containerd, shim and runc are externally linked (cgo): the system
+/// linker relaxed the TLS access of `runtime.tlsg` to `fs:[-8]`.
+#[test]
+fn real_binaries_g_tls() {
+    for path in ["/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/sbin/runc"] {
+        let Some(data) = read_or_skip(path) else {
+            continue;
+        };
+        let syms = GoSymbols::from_elf_named(&data, path).unwrap();
+        assert!(syms.elf().tls_segment().is_some(), "{path}: externally linked, has PT_TLS");
+        let tls = crate::gosym::g_tls_offset(&syms, &data).unwrap();
+        assert_eq!(tls, crate::gosym::GTls { offset: -8, source: crate::gosym::TlsSource::LocalExec }, "{path}");
     }
 }
