@@ -15,8 +15,9 @@
 //!   private `dbus-daemon` in a temp dir, a service on it frozen with SIGSTOP, a `dbus-monitor`
 //!   timing every message to and from it, and D-Bus clients, all killed by PID;
 //! - [`containerd`]: a private containerd 1.6 (Debian's) with runc, locally built busybox
-//!   images, a CRI client and a relist driver standing in for kubelet, and the
-//!   containerd#9770 test bed;
+//!   images, a CRI client and a relist driver standing in for kubelet, the
+//!   containerd#9770 test bed, and a `runc update` frozen with SIGSTOP under
+//!   `UpdateContainerResources`;
 //! - [`gofixture::FakeKubelet`]: a stripped Go test fixture (not kubelet) that carries
 //!   kubelet's relist symbol.
 //!

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -27,6 +27,21 @@ pub enum Placement {
     /// Only the overlayfs snapshotter's `root_path` (the containers' rootfs layers and their
     /// writable upper dirs) in a new dir under this one.
     SnapshotsUnder(PathBuf),
+}
+
+/// What the daemon's shims run as `runc` (the runc runtime's `BinaryName` option).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Runc {
+    /// The `runc` in `PATH`.
+    #[default]
+    Real,
+    /// A shell script named `runc` (so its comm is `runc`) in a dir of the daemon's own,
+    /// which stops itself with SIGSTOP before it runs the real runc for this subcommand
+    /// (e.g. `"update"`), and runs it at once for every other. The stopped process is a
+    /// child of the shim, in state `T`, with the runc command line it was given; SIGCONT
+    /// lets it `exec` the real runc with those arguments. [`Containerd::continue_stopped_runc`]
+    /// does that for all of them, and so does dropping the daemon.
+    StopBefore(&'static str),
 }
 
 /// A running `containerd --config FILE` whose every path is its own: a temp dir holds the
@@ -55,6 +70,8 @@ pub struct Containerd {
     log: PathBuf,
     runc_root: PathBuf,
     cgroup_parent: String,
+    /// The `runc` wrapper of [`Runc::StopBefore`], if any.
+    runc_wrapper: Option<PathBuf>,
     /// Of [`RUN_DIRS`], those that did not exist before this daemon started.
     new_run_dirs: Vec<&'static str>,
     started: Instant,
@@ -74,8 +91,14 @@ impl Containerd {
     pub const SANDBOX_IMAGE: &'static str = super::image::PAUSE;
     const POLL: Duration = Duration::from_millis(50);
 
-    /// Writes the config and starts containerd; returns once its CRI service answers.
+    /// Writes the config and starts containerd with the real runc; returns once its CRI
+    /// service answers.
     pub fn start(placement: Placement) -> Result<Self> {
+        Self::start_with(placement, Runc::Real)
+    }
+
+    /// [`Containerd::start`], with its shims running `runc` as `runc` says.
+    pub fn start_with(placement: Placement, runc: Runc) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("plegwatch-containerd-")
             .tempdir()
@@ -106,7 +129,12 @@ impl Containerd {
             (Placement::SnapshotsUnder(_), Some(placed)) => Some(placed.join("snapshots")),
             _ => None,
         };
+        let runc_wrapper = match runc {
+            Runc::Real => None,
+            Runc::StopBefore(_) => Some(dir.join("runc-wrapper").join("runc")),
+        };
         let paths = Paths {
+            runc_binary: runc_wrapper.clone(),
             root,
             state: dir.join("state"),
             socket: dir.join("containerd.sock"),
@@ -120,6 +148,9 @@ impl Containerd {
         let setup = (|| -> Result<File> {
             for d in ["tmp", "opt", "cni/bin", "cni/conf", "pod-logs"] {
                 std::fs::create_dir_all(dir.join(d))?;
+            }
+            if let (Runc::StopBefore(subcommand), Some(wrapper)) = (runc, &runc_wrapper) {
+                write_runc_wrapper(wrapper, subcommand)?;
             }
             std::fs::write(&config, config_toml(&paths))
                 .with_context(|| format!("write {}", config.display()))?;
@@ -166,6 +197,7 @@ impl Containerd {
             log,
             runc_root: paths.runc_root,
             cgroup_parent,
+            runc_wrapper,
             new_run_dirs,
             started: Instant::now(),
         };
@@ -269,6 +301,26 @@ impl Containerd {
             .arg(&self.socket)
             .args(["--namespace", K8S_NAMESPACE]);
         cmd
+    }
+
+    /// The `runc` wrapper its shims run ([`Runc::StopBefore`]), if any.
+    pub fn runc_wrapper(&self) -> Option<&Path> {
+        self.runc_wrapper.as_deref()
+    }
+
+    /// Sends SIGCONT to every `runc` stopped under this daemon's shims (a
+    /// [`Runc::StopBefore`] wrapper waiting to run); returns their PIDs.
+    pub fn continue_stopped_runc(&self) -> Vec<u32> {
+        let mut continued = Vec::new();
+        for shim in self.shims() {
+            for pid in procs::stopped_children(shim.pid, "runc") {
+                eprintln!("continuing runc pid {pid}, stopped under shim {}", shim.pid);
+                if procs::signal_child(pid, shim.pid, "runc", libc::SIGCONT) {
+                    continued.push(pid);
+                }
+            }
+        }
+        continued
     }
 
     /// The shims this daemon started that still run.
@@ -398,6 +450,10 @@ impl Drop for Containerd {
         if thread::panicking() {
             eprintln!("{}", self.log_tail(60));
         }
+        if self.runc_wrapper.is_some() {
+            // A call waiting on a stopped runc would hold up containerd's shutdown.
+            self.continue_stopped_runc();
+        }
         self.stop_daemon();
         self.clean_leftovers();
         let mut clean = true;
@@ -422,6 +478,8 @@ impl Drop for Containerd {
 
 struct Paths {
     dir: PathBuf,
+    /// The runc runtime's `BinaryName`, if not the `runc` in PATH.
+    runc_binary: Option<PathBuf>,
     root: PathBuf,
     state: PathBuf,
     socket: PathBuf,
@@ -439,6 +497,11 @@ fn config_toml(p: &Paths) -> String {
         .snapshots
         .as_ref()
         .map(|s| format!("  root_path = {}\n", quoted(s)))
+        .unwrap_or_default();
+    let binary_name = p
+        .runc_binary
+        .as_ref()
+        .map(|b| format!("        BinaryName = {}\n", quoted(b)))
         .unwrap_or_default();
     format!(
         r#"# plegwatch scenario harness: a private containerd; nothing here is the node's.
@@ -492,7 +555,7 @@ disabled_plugins = [
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         Root = {runc_root}
         SystemdCgroup = false
-
+{binary_name}
   # No CNI: the scenarios run host-network pods only.
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = {cni_bin}
@@ -506,9 +569,60 @@ disabled_plugins = [
         snapshots = snapshots,
         sandbox = Containerd::SANDBOX_IMAGE,
         runc_root = quoted(&p.runc_root),
+        binary_name = binary_name,
         cni_bin = quoted(&p.dir.join("cni/bin")),
         cni_conf = quoted(&p.dir.join("cni/conf")),
     )
+}
+
+/// The script of [`Runc::StopBefore`]: runs `real` with the same arguments, after stopping
+/// itself (SIGSTOP) when the subcommand is `stop_before`. go-runc puts runc's global options
+/// (`--root DIR`, `--log FILE`, `--log-format json`, `--systemd-cgroup`, `--rootless=...`)
+/// before the subcommand; the subcommand is the first word that is neither an option nor
+/// the value of one of runc's global options that take a value.
+fn runc_wrapper_script(real: &Path, stop_before: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+# plegwatch scenario harness: runc for a private containerd's shims. Stops itself (SIGSTOP)
+# before `runc {stop_before}`, so that the shim's call waits until the test sends SIGCONT.
+sub=
+takes_value=
+for arg in "$@"; do
+    if [ -n "$takes_value" ]; then takes_value=; continue; fi
+    case "$arg" in
+        --root|--log|--log-format|--criu|--rootless) takes_value=1 ;;
+        -*) ;;
+        *) sub=$arg; break ;;
+    esac
+done
+if [ "$sub" = '{stop_before}' ]; then
+    kill -STOP $$
+fi
+exec '{real}' "$@"
+"#,
+        real = real.display(),
+    )
+}
+
+/// Writes the [`Runc::StopBefore`] wrapper at `path` (mode 0755), running the `runc` found
+/// in PATH.
+fn write_runc_wrapper(path: &Path, stop_before: &str) -> Result<()> {
+    let real = which("runc").context("runc is not in PATH (Debian package runc)")?;
+    let dir = path.parent().context("the runc wrapper's dir")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    std::fs::write(path, runc_wrapper_script(&real, stop_before))
+        .with_context(|| format!("write {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("chmod {}", path.display()))
+}
+
+/// The absolute, canonical path of `program` in PATH.
+fn which(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .and_then(|p| p.canonicalize().ok())
 }
 
 /// Where containerd 1.6 puts the socket of the shim for (`namespace`, `id`) of the daemon on
@@ -594,6 +708,7 @@ mod tests {
             socket: "/tmp/x/containerd.sock".into(),
             runc_root: "/tmp/x/state/runc".into(),
             snapshots: Some("/mnt/y/snapshots".into()),
+            runc_binary: None,
         };
         let toml = config_toml(&p);
         assert!(toml.contains("root = \"/tmp/x/root\""));
@@ -602,6 +717,79 @@ mod tests {
         assert!(toml.contains("restrict_oom_score_adj = true"));
         assert!(toml.contains("sandbox_image = \"docker.io/local/pause:1\""));
         assert!(!toml.contains("/var/lib/containerd"));
+        assert!(!toml.contains("BinaryName"));
+        let wrapped = config_toml(&Paths {
+            runc_binary: Some("/tmp/x/runc-wrapper/runc".into()),
+            ..p
+        });
+        assert!(wrapped.contains(
+            "        SystemdCgroup = false\n        BinaryName = \"/tmp/x/runc-wrapper/runc\"\n"
+        ));
+    }
+
+    /// Runs the wrapper script with `args` and `/bin/echo` for the real runc; returns whether
+    /// it stopped itself (continuing it then), and what it printed.
+    fn run_wrapper(args: &[&str]) -> (bool, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let wrapper = dir.path().join("runc");
+        std::fs::write(
+            &wrapper,
+            runc_wrapper_script(Path::new("/bin/echo"), "update"),
+        )
+        .unwrap();
+        // Run by sh rather than exec'd: a file just written may be ETXTBSY for a while when
+        // other test threads fork.
+        let child = Command::new("/bin/sh")
+            .arg(&wrapper)
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut stopped = false;
+        while procs::alive(pid) && Instant::now() < deadline {
+            if procs::state(pid) == Some('T') {
+                stopped = true;
+                assert!(procs::signal_child(
+                    pid,
+                    std::process::id(),
+                    "sh",
+                    libc::SIGCONT
+                ));
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", out.status);
+        (
+            stopped,
+            String::from_utf8_lossy(&out.stdout).trim_end().to_string(),
+        )
+    }
+
+    #[test]
+    fn runc_wrapper_stops_only_before_its_subcommand() {
+        // As the shim runs it: go-runc's global options, then the subcommand.
+        let update = [
+            "--root",
+            "/run/runc/k8s.io",
+            "--log",
+            "/run/b/log.json",
+            "--log-format",
+            "json",
+            "--systemd-cgroup",
+            "update",
+            "--resources",
+            "-",
+            "abc",
+        ];
+        assert_eq!(run_wrapper(&update), (true, update.join(" ")));
+        // A value that reads "update" is not the subcommand.
+        let state = ["--root", "update", "--log-format=json", "state", "update"];
+        assert_eq!(run_wrapper(&state), (false, state.join(" ")));
+        assert!(!run_wrapper(&["--rootless=false", "kill", "abc", "9"]).0);
     }
 
     #[test]

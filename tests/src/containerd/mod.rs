@@ -4,9 +4,10 @@
 //!
 //! - [`Containerd`] ([`daemon`]): a private `containerd` with its own config, `root`, `state`
 //!   and socket in a temp dir (its root or only its overlayfs snapshots optionally on a
-//!   [`crate::LoopFs`]). Dropping it stops it by PID, then cleans up after it: the shims and
-//!   containers it left (found by the shims' `-address` argument), their cgroups, the mounts
-//!   under its dirs, and the dirs.
+//!   [`crate::LoopFs`]), its shims running the real runc or a [`Runc::StopBefore`] wrapper
+//!   that freezes one runc subcommand with SIGSTOP. Dropping it stops it by PID, then cleans
+//!   up after it: the shims and containers it left (found by the shims' `-address`
+//!   argument), their cgroups, the mounts under its dirs, and the dirs.
 //! - [`image`]: OCI image-layout archives built here from `/bin/busybox` (no registry can be
 //!   reached), imported with `ctr images import`: [`image::PAUSE`] and [`image::BUSYBOX`].
 //! - [`Cri`] ([`cri`]): a blocking CRI v1 client over the unix socket (tonic, on a runtime of
@@ -19,6 +20,9 @@
 //! - [`issue9770`]: the stall itself: a container writes into its rootfs on a throttled disk
 //!   and exits, the shim's rootfs umount syncs it, and an `UpdateContainerResources` issued
 //!   meanwhile holds the container's status lock, so every `ListContainers` waits.
+//! - [`runc_stopped`]: the same lock held by `UpdateContainerResources` while the
+//!   `runc update` it starts under the shim is stopped (SIGSTOP), for as long as the test
+//!   keeps it so.
 //!
 //! Declare guards in the order they are set up (locals drop in reverse): the [`crate::LoopFs`]
 //! first, then the [`Containerd`], the [`Cri`], [`Pod`]s and a [`RelistDriver`], and a
@@ -30,9 +34,10 @@ pub mod daemon;
 pub mod image;
 pub mod issue9770;
 pub mod procs;
+pub mod runc_stopped;
 
 pub use cri::{Cri, Pod, RelistDriver};
-pub use daemon::{Containerd, Placement};
+pub use daemon::{Containerd, Placement, Runc};
 
 /// The CRI namespace kubelet's containers live in; images must be imported into it.
 pub const K8S_NAMESPACE: &str = "k8s.io";

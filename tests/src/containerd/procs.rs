@@ -93,6 +93,33 @@ pub fn state(pid: u32) -> Option<char> {
     stat_fields(pid)?.first()?.chars().next()
 }
 
+/// A process's comm (`/proc/PID/comm`): for a script run through its `#!` line, the
+/// script's file name.
+pub fn comm(pid: u32) -> Option<String> {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    Some(comm.trim_end_matches('\n').to_string())
+}
+
+/// The children of `parent` named `comm` that are stopped (state `T`), e.g. a `runc` frozen
+/// with SIGSTOP under a shim.
+pub fn stopped_children(parent: u32, comm_is: &str) -> Vec<u32> {
+    pids()
+        .into_iter()
+        .filter(|&p| ppid(p) == Some(parent) && state(p) == Some('T'))
+        .filter(|&p| comm(p).as_deref() == Some(comm_is))
+        .collect()
+}
+
+/// Sends `signal` to `pid` if it is still a child of `parent` named `comm` (checked just
+/// before, so that a reused PID is left alone); whether it was sent.
+pub fn signal_child(pid: u32, parent: u32, comm_is: &str, signal: libc::c_int) -> bool {
+    if ppid(pid) != Some(parent) || comm(pid).as_deref() != Some(comm_is) {
+        return false;
+    }
+    // SAFETY: kill(2) by PID, of a process just checked to be `parent`'s child named `comm`.
+    unsafe { libc::kill(pid as libc::pid_t, signal) == 0 }
+}
+
 /// Whether `pid` still runs: it exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     matches!(state(pid), Some(s) if s != 'Z' && s != 'X')
@@ -419,5 +446,34 @@ mod tests {
         assert!(threads(me).contains(&crate::gettid()));
         assert!(alive(me));
         assert_eq!(ppid(me), Some(std::os::unix::process::parent_id()));
+    }
+
+    #[test]
+    fn a_stopped_child_is_found_and_continued() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let me = std::process::id();
+        assert!(signal_child(pid, me, "sleep", libc::SIGSTOP));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stopped_children(me, "sleep").contains(&pid) && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(comm(pid).as_deref(), Some("sleep"));
+        assert!(stopped_children(me, "sleep").contains(&pid));
+        assert!(stopped_children(me, "runc").is_empty());
+        assert!(
+            !signal_child(pid, me, "runc", libc::SIGCONT),
+            "wrong comm: not signalled"
+        );
+        assert!(signal_child(pid, me, "sleep", libc::SIGCONT));
+        while state(pid) == Some('T') && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(10));
+        }
+        assert_ne!(state(pid), Some('T'));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
