@@ -8,12 +8,18 @@
 
 use aya_ebpf::{
     EbpfContext as _,
-    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, generated::bpf_get_attach_cookie},
-    macros::{map, uprobe},
-    maps::{HashMap, RingBuf},
-    programs::ProbeContext,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_probe_read_user, generated::bpf_get_attach_cookie,
+    },
+    macros::{map, tracepoint, uprobe},
+    maps::{Array, HashMap, RingBuf},
+    programs::{ProbeContext, TracePointContext},
 };
-use plegwatch_abi::{EventHeader, EventKind, GoCall, GoCallEnd, GoCallKey, Stat};
+use plegwatch_abi::{
+    COMM_LEN, EventHeader, EventKind, ExecEvent, GO_ARG_LEN, GO_FUNCS_MAX, GoArgSpec, GoCall, GoCallEnd, GoCallKey,
+    GoProc, Stat,
+};
 
 use crate::waits::{count, tracer_tgid};
 
@@ -21,6 +27,75 @@ use crate::waits::{count, tracer_tgid};
 static GO_CALLS: HashMap<GoCallKey, GoCall> = HashMap::with_max_entries(16_384, 0);
 #[map]
 static GO_EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+#[map]
+static GO_PROCS: HashMap<u32, GoProc> = HashMap::with_max_entries(1024, 0);
+#[map]
+static GO_ARGS: Array<GoArgSpec> = Array::with_max_entries(GO_FUNCS_MAX, 0);
+
+#[unsafe(no_mangle)]
+static TASK_FSBASE_OFF: u32 = u32::MAX;
+
+/// The goroutine running on the current thread, read from its thread-local
+/// storage (`*(fsbase + g_tls_off)`) if `tgid` runs a probed Go binary, else
+/// 0. Valid anywhere the thread runs (a syscall tracepoint, a sleep): unlike
+/// R14, which holds `g` only inside Go code. x86-64 only.
+#[inline(always)]
+pub(crate) fn current_g(tgid: u32) -> u64 {
+    // SAFETY: copied out at once.
+    let Some(proc) = (unsafe { GO_PROCS.get(&tgid) }).copied() else { return 0 };
+    // SAFETY: a read-only global patched by the loader.
+    let off = unsafe { core::ptr::read_volatile(&TASK_FSBASE_OFF) };
+    if off == u32::MAX {
+        return 0;
+    }
+    // SAFETY: a plain helper call; the task is only read through probe_read.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    // SAFETY: bounds and faults are checked by the helper.
+    let Ok(fsbase) = (unsafe { bpf_probe_read_kernel(task.wrapping_add(off as usize) as *const u64) }) else {
+        return 0;
+    };
+    if fsbase == 0 {
+        return 0;
+    }
+    let slot = (fsbase as i64).wrapping_add(proc.g_tls_off) as u64;
+    // SAFETY: as above, for user memory of the current task.
+    unsafe { bpf_probe_read_user(slot as *const u64) }.unwrap_or(0)
+}
+
+/// Copies the string argument `GO_ARGS[func]` names into `call`.
+#[inline(always)]
+fn capture_arg(ctx: &ProbeContext, func: u32, call: &mut GoCall) {
+    let Some(spec) = GO_ARGS.get(func) else { return };
+    // SAFETY: `regs` is the probed task's saved registers. Each is read at a
+    // constant offset: the verifier refuses a ctx pointer moved by a variable.
+    let regs = unsafe { &*ctx.regs };
+    let all = [regs.rax, regs.rbx, regs.rcx, regs.rdi, regs.rsi, regs.r8, regs.r9, regs.r10, regs.r11];
+    let Some(&base) = all.get(spec.reg as usize) else { return };
+    if base == 0 {
+        return;
+    }
+    // A Go string header: data pointer, then length.
+    let hdr = base.wrapping_add(u64::from(spec.off)) as *const [u64; 2];
+    // SAFETY: the helper checks the user pointer.
+    let Ok([data, len]) = (unsafe { bpf_probe_read_user(hdr) }) else { return };
+    if len == 0 || data == 0 {
+        return;
+    }
+    let capped = if len > GO_ARG_LEN as u64 { GO_ARG_LEN as u64 } else { len };
+    // In 1..=GO_ARG_LEN in a form the verifier can bound (a mask).
+    let n = (((capped - 1) as u32) & (GO_ARG_LEN as u32 - 1)) + 1;
+    // SAFETY: `n` is in 1..=GO_ARG_LEN, the size of `call.arg`; the helper checks `data`.
+    let rc = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            call.arg.as_mut_ptr().cast(),
+            n,
+            data as *const core::ffi::c_void,
+        )
+    };
+    if rc == 0 {
+        call.arg_len = n;
+    }
+}
 
 #[inline(always)]
 fn key(ctx: &ProbeContext) -> GoCallKey {
@@ -44,8 +119,17 @@ pub fn go_entry(ctx: ProbeContext) -> u32 {
     let k = key(&ctx);
     // SAFETY: as above.
     let receiver = unsafe { (*ctx.regs).rax };
-    // SAFETY: a plain helper call.
-    let call = GoCall { start_ns: unsafe { bpf_ktime_get_ns() }, receiver, tgid, tid: pid_tgid as u32 };
+    let mut call = GoCall {
+        // SAFETY: a plain helper call.
+        start_ns: unsafe { bpf_ktime_get_ns() },
+        receiver,
+        tgid,
+        tid: pid_tgid as u32,
+        arg_len: 0,
+        _pad: 0,
+        arg: [0u8; GO_ARG_LEN],
+    };
+    capture_arg(&ctx, k.func, &mut call);
     if GO_CALLS.insert(&k, &call, 0).is_err() {
         count(Stat::InflightFull);
     }
@@ -69,9 +153,30 @@ pub fn go_ret(ctx: ProbeContext) -> u32 {
         func: k.func,
         tgid: call.tgid,
         tid: bpf_get_current_pid_tgid() as u32,
-        _pad: 0,
+        arg_len: call.arg_len,
+        arg: call.arg,
     };
     if GO_EVENTS.output::<GoCallEnd>(&rec, 0).is_err() {
+        count(Stat::RingbufFull);
+    }
+    0
+}
+
+/// `sched:sched_process_exec` (format on Linux 6.18: `__data_loc char[]
+/// filename` at 8, `pid_t pid` at 12, `pid_t old_pid` at 16; only the current
+/// task's ids and new comm are used). Tells userspace at once that a process
+/// runs a new binary, so a restarted or upgraded containerd or kubelet is
+/// probed again without waiting for the next poll.
+#[tracepoint]
+pub fn proc_exec(_ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let rec = ExecEvent {
+        header: EventHeader { kind: EventKind::Exec as u32, _pad: 0 },
+        tgid,
+        _pad: 0,
+        comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
+    };
+    if GO_EVENTS.output::<ExecEvent>(&rec, 0).is_err() {
         count(Stat::RingbufFull);
     }
     0

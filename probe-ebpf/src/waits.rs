@@ -192,6 +192,7 @@ fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
         slot,
         flags: 0,
         _pad: 0,
+        g: crate::gofuncs::current_g(tgid),
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
         path: [0u8; PATH_LEN],
     };

@@ -15,7 +15,7 @@ use crate::{
     mounts::{self, SharedMounts},
     output::{Event, Ready, Sink, Stall, Summary},
     probes::{self, Choice, ProbeError},
-    gowatch::GoWatch,
+    gowatch::{GoWatch, chain::KernelWaits},
     offcpu::OffCpu,
     reqwatch::ReqWatch,
     procfs::{self, SyscallState},
@@ -41,6 +41,8 @@ pub struct WatchConfig {
     pub interval: Duration,
     /// Stop after this long.
     pub duration: Option<Duration>,
+    /// Go binaries to probe by path (`--containerd`, `--kubelet`), as (target, path).
+    pub go_paths: Vec<(&'static str, std::path::PathBuf)>,
 }
 
 #[derive(Debug, Error)]
@@ -53,6 +55,8 @@ pub enum WatchError {
     Map(&'static str, String),
     #[error("{0}: {1}")]
     Io(&'static str, std::io::Error),
+    #[error("Go target: {0}")]
+    Target(String),
 }
 
 /// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
@@ -94,7 +98,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
-    go.discover(&mut ebpf);
+    let go_paths: Vec<(&str, std::path::PathBuf)> = cfg.go_paths.iter().map(|(t, p)| (*t, p.clone())).collect();
+    go.start(&mut ebpf, &go_paths, sink)?;
     let mut go_ring = async_ring(&mut ebpf, go_maps::GO_EVENTS)?;
     let mut sock_ring = async_ring(&mut ebpf, sock_maps::SOCK_EVENTS)?;
     let mut offcpu = match choices.iter().any(|c| c.probe == "offcpu" && !c.is_off()) {
@@ -142,16 +147,17 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &open_waits };
                     engine.scan(&mut sink);
                     req.scan(monotonic_ns(), &mut sink);
-                    go.scan(monotonic_ns(), &engine.open_by_tid, &open_waits, &mut sink);
+                    let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
+                    go.scan(monotonic_ns(), &waits, &mut sink);
                 }
-                go.discover(&mut ebpf);
+                go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
             }
             guard = go_ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the Go ring buffer", e))?;
                 let ring = guard.get_inner_mut();
                 while let Some(item) = ring.next() {
-                    go.on_record(&item, sink);
+                    go.on_record(&mut ebpf, &item, sink);
                 }
                 guard.clear_ready();
             }
@@ -192,6 +198,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
             + stats::counter(&counters, Stat::SockEventsFull),
         syscalls: stats::latency(&ebpf),
         offcpu_top: offcpu.as_ref().map(|o| o.top(10)).unwrap_or_default(),
+        go_latency: go.latency(),
+        relists: go.relists(monotonic_ns()),
     };
     if summary.dropped_waits + summary.dropped_events > 0 {
         tracing::warn!(
@@ -361,6 +369,8 @@ struct Engine {
     open_by_pid: HashMap<u32, (&'static str, u64)>,
     /// Each thread's open kernel wait, as a small JSON object.
     open_by_tid: HashMap<u32, Value>,
+    /// The same by (process, goroutine), for waits made by Go targets: (tid, object).
+    open_by_g: HashMap<(u32, u64), (u32, Value)>,
     /// Scans in a row that found a tail's thread running outside umount2.
     running_seen: HashMap<WaitKey, u32>,
 }
@@ -384,6 +394,7 @@ impl Engine {
             open_tgids: Vec::new(),
             open_by_pid: HashMap::new(),
             open_by_tid: HashMap::new(),
+            open_by_g: HashMap::new(),
             running_seen: HashMap::new(),
         }
     }
@@ -399,18 +410,20 @@ impl Engine {
         self.open_tgids = open.iter().map(|w| w.tgid).collect();
         self.open_by_pid.clear();
         self.open_by_tid.clear();
+        self.open_by_g.clear();
         for w in &open {
             let kind = by_slot(w.slot).map(|s| s.kind.as_str()).unwrap_or("sync");
             note_open(&mut self.open_by_pid, w.tgid, kind, w.start_ns);
-            self.open_by_tid.insert(
-                w.tid,
-                serde_json::json!({
-                    "kind": kind,
-                    "syscall": by_slot(w.slot).map(|s| s.name),
-                    "phase": if w.sys_exit_ns != 0 { "task_work" } else { "syscall" },
-                    "waited_s": now.saturating_sub(w.start_ns) as f64 / 1e9,
-                }),
-            );
+            let v = serde_json::json!({
+                "kind": kind,
+                "syscall": by_slot(w.slot).map(|s| s.name),
+                "phase": if w.sys_exit_ns != 0 { "task_work" } else { "syscall" },
+                "waited_s": now.saturating_sub(w.start_ns) as f64 / 1e9,
+            });
+            if w.g != 0 {
+                self.open_by_g.insert((w.tgid, w.g), (w.tid, v.clone()));
+            }
+            self.open_by_tid.insert(w.tid, v);
         }
         let actions = self.registry.scan(open.iter(), now);
         self.act(actions, sink);
@@ -520,6 +533,7 @@ impl Engine {
                         started_before_attach: info.before_attach,
                         detail: detail::now(&fixed, &info),
                         holder: None,
+                        cause: None,
                         chain: Vec::new(),
                         kernel_stack: procfs::kernel_stack(info.tid).unwrap_or_default(),
                         user_stack: Vec::new(),

@@ -108,6 +108,7 @@ mod tests {
             arg0,
             path: path.into(),
             before_attach: false,
+            g: 0,
         }
     }
 

@@ -29,6 +29,8 @@ pub struct WaitInfo {
     pub path: String,
     /// Found by the startup sweep: `start_ns` is a lower bound of its age.
     pub before_attach: bool,
+    /// The goroutine that made it (Go targets only; 0 when unknown).
+    pub g: u64,
 }
 
 /// A NUL-terminated byte field as text.
@@ -50,6 +52,7 @@ impl From<&Wait> for WaitInfo {
             arg0: w.arg0,
             path: cstr(&w.path),
             before_attach: w.flags & WAIT_BEFORE_ATTACH != 0,
+            g: w.g,
         }
     }
 }
@@ -67,6 +70,7 @@ impl From<&WaitEnd> for WaitInfo {
             arg0: 0,
             path: String::new(),
             before_attach: e.flags & WAIT_BEFORE_ATTACH != 0,
+            g: 0,
         }
     }
 }
@@ -370,6 +374,7 @@ mod tests {
             arg0: 0,
             path: "/mnt".into(),
             before_attach: false,
+            g: 0,
         }
     }
 
@@ -537,6 +542,8 @@ mod tests {
             slot: 0,
             flags: WAIT_BEFORE_ATTACH,
             _pad: 0,
+            // No fsbase from /proc: swept waits carry no goroutine.
+            g: 0,
             comm: [0; 16],
             path: [0; plegwatch_abi::PATH_LEN],
         };

@@ -16,6 +16,7 @@ pub mod gosym;
 pub mod gowatch;
 pub mod holders;
 pub mod inflight;
+pub mod latency;
 pub mod levels;
 pub mod loader;
 pub mod logging;

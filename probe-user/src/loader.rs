@@ -122,6 +122,7 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
         tracing::debug!(field = %f, "kernel struct offset not found in BTF");
     }
     let task_pid_off = offsets.task_pid.offset().unwrap_or(0);
+    let task_fsbase_off = offsets.task_fsbase.offset().unwrap_or(u32::MAX);
     let ebpf = EbpfLoader::new()
         .override_global(globals::TRACER_TGID, &tgid, true)
         .override_global(globals::REPORT_MIN_NS, &report_min, true)
@@ -129,6 +130,7 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
         .override_global(globals::SOCK_NR, &sock_nr, true)
         .override_global(plegwatch_abi::offcpu_maps::TASK_PID_OFF, &task_pid_off, true)
         .override_global(plegwatch_abi::lock_maps::MUTEX_OWNER_OFF, &mutex_owner_off, true)
+        .override_global(plegwatch_abi::go_maps::TASK_FSBASE_OFF, &task_fsbase_off, true)
         .load(PROBES_OBJ)?;
     Ok((ebpf, offsets))
 }

@@ -28,6 +28,10 @@ pub struct Stall {
     pub started_before_attach: bool,
     pub detail: Value,
     pub holder: Option<Value>,
+    /// The root wait the chain leads to (e.g. a shim's umount, a stopped
+    /// runc), when plegwatch could follow it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Value>,
     pub chain: Vec<Value>,
     pub kernel_stack: Vec<String>,
     pub user_stack: Vec<String>,
@@ -91,6 +95,35 @@ pub struct Summary {
     /// The (process, kernel stack) pairs with the most D-state time, for the
     /// processes that matter.
     pub offcpu_top: Vec<Value>,
+    /// Probed Go functions' call latencies (hdrhistogram), by target and function.
+    pub go_latency: Vec<crate::latency::LatencyRow>,
+    /// kubelet relist clocks, one per kubelet process seen.
+    pub relists: Vec<Value>,
+}
+
+/// A Go binary plegwatch looked at: probed, or left alone and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    /// `containerd`, `containerd-shim`, `kubelet`, `runc`.
+    pub target: String,
+    /// `probed` (uprobes attached to this binary now), `traced` (a new
+    /// process of a binary already probed), `unmatched` (none of the
+    /// expected functions: left alone), `failed` (could not be read or attached).
+    pub status: &'static str,
+    /// The process that led to it (0 for a binary given by path).
+    pub pid: u32,
+    pub binary: String,
+    /// What brought it up: `startup`, `exec`, `poll` or `flag`.
+    pub found_by: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go_version: Option<String>,
+    /// The probed functions, with their RET counts.
+    pub functions: Vec<String>,
+    /// Where `g` sits from fsbase (for goroutine ids at kernel probes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub g_tls_offset: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// Anything plegwatch prints on stdout.
@@ -98,6 +131,7 @@ pub struct Summary {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     Ready(Ready),
+    Target(Target),
     Stall(Stall),
     Resolved(Resolved),
     Summary(Summary),
@@ -175,6 +209,14 @@ pub fn render_text(event: &Event) -> String {
                 s.budget_used * 100.0,
                 detail_text(&s.detail)
             );
+            if let Some(h) = &s.holder {
+                out.push_str("\n    holder: ");
+                out.push_str(&detail_text(h));
+            }
+            if let Some(c) = &s.cause {
+                out.push_str("\n    cause: ");
+                out.push_str(&detail_text(c));
+            }
             if !s.kernel_stack.is_empty() {
                 out.push_str("\n    kernel: ");
                 out.push_str(&s.kernel_stack.join(" < "));
@@ -212,8 +254,26 @@ pub fn render_text(event: &Event) -> String {
                     c.syscall, c.count, c.p99_le_s, c.max_le_s
                 ));
             }
+            if !s.go_latency.is_empty() {
+                out.push('\n');
+                out.push_str(&crate::latency::render_table(&s.go_latency));
+            }
+            for r in &s.relists {
+                out.push_str("\n    relist: ");
+                out.push_str(&detail_text(r));
+            }
             out
         }
+        Event::Target(t) => format!(
+            "{clock} target {} {} pid={} {} ({}){}{}",
+            t.target,
+            t.status,
+            t.pid,
+            t.binary,
+            t.go_version.as_deref().unwrap_or("go version unknown"),
+            if t.functions.is_empty() { String::new() } else { format!(": {}", t.functions.join(", ")) },
+            t.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
+        ),
     }
 }
 
@@ -236,6 +296,7 @@ mod tests {
             started_before_attach: false,
             detail: json!({"syscall": "umount2", "target": "/mnt/x", "phase": "task_work"}),
             holder: None,
+            cause: None,
             chain: vec![],
             kernel_stack: vec!["folio_wait_bit".into(), "sync_filesystem".into()],
             user_stack: vec![],

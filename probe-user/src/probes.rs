@@ -178,6 +178,15 @@ pub const PROBES: &[Probe] = &[
         ],
     },
     Probe {
+        name: "proc_exec",
+        about: "looks at each new binary at exec, so a restarted containerd or kubelet is probed again at once",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[tp("proc_exec", "sched", Names::One("sched_process_exec"))]),
+            Variant::ProcPoll,
+        ],
+    },
+    Probe {
         name: "offcpu",
         about: "D-state sleeps by kernel stack for the processes that matter (sched_switch)",
         required: false,

@@ -104,6 +104,24 @@ pub fn parse_stat_cpu(text: &str) -> Option<u32> {
     after.split_whitespace().nth(36)?.parse().ok()
 }
 
+/// The processes whose parent is `pid` (by `/proc/*/stat`; this kernel has
+/// no `/proc/PID/task/TID/children`).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&c| {
+            fs::read_to_string(format!("/proc/{c}/stat")).ok().and_then(|t| parse_stat_ppid(&t)) == Some(pid)
+        })
+        .collect()
+}
+
+/// Parses the parent pid (4th field) out of a `stat` line.
+pub fn parse_stat_ppid(text: &str) -> Option<u32> {
+    let after = &text[text.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Parses the state letter out of a `stat` line (the comm may hold spaces and parens).
 pub fn parse_stat_state(text: &str) -> Option<char> {
     let after = &text[text.rfind(')')? + 1..];
@@ -275,6 +293,8 @@ ffff8881012f1000 16  0          00000000 0        0        0     2        0     
         assert_eq!(parse_stat_state("1234 (umount) D 1 2 3"), Some('D'));
         assert_eq!(parse_stat_state("1234 (a) b) (c) S 1 2 3"), Some('S'));
         assert_eq!(parse_stat_state("nonsense"), None);
+        assert_eq!(parse_stat_ppid("1234 (a) b) (c) T 77 2 3"), Some(77));
+        assert_eq!(parse_stat_ppid("1234 (x) S"), None);
     }
 
     #[test]

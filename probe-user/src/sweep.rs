@@ -180,6 +180,8 @@ fn check_thread(b: &Blocked, clock: &AgeClock) -> Option<Swept> {
             slot: slot as u32,
             flags: WAIT_BEFORE_ATTACH,
             _pad: 0,
+            // No fsbase from /proc: swept waits carry no goroutine.
+            g: 0,
             comm,
             path,
         },

@@ -21,6 +21,8 @@ pub enum WaitKind {
     GoLock,
     /// A CRI handler call in containerd still running.
     CriCall,
+    /// Another probed Go call still running (a shim task call, runc's systemd calls).
+    GoCall,
 }
 
 impl WaitKind {
@@ -33,6 +35,7 @@ impl WaitKind {
             WaitKind::PlegRelist => "pleg_relist",
             WaitKind::GoLock => "go_lock",
             WaitKind::CriCall => "cri_call",
+            WaitKind::GoCall => "go_call",
         }
     }
 }

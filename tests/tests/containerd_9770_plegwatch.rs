@@ -114,10 +114,20 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
     assert_eq!(lock.str("/level"), Some("warn"), "{}", all());
     let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
     assert!(gets >= 1, "no ListContainers Get waiting on the held lock:\n{}", all());
-    // The next link: the lock's holder waits on the shim, whose own open wait is the umount.
+    // The next link: the lock's holder waits on the shim, matched exactly by the container
+    // its UpdateContainerResources request names and the shim's open task call for it.
+    assert_eq!(lock.str("/detail/container"), Some(w.outcome.container_id.as_str()), "{}", all());
     assert_eq!(lock.str("/holder/kind"), Some("shim"), "{}", all());
     assert_eq!(lock.u64("/holder/pid"), Some(u64::from(w.outcome.shim.pid)), "the holder should be the container's shim:\n{}", all());
+    assert_eq!(lock.get("/holder/exact").and_then(|v| v.as_bool()), Some(true), "{}", all());
     assert_eq!(lock.str("/holder/longest_open_wait/kind"), Some("umount"), "the shim's own wait should be its umount:\n{}", all());
+    // The cause: the shim's Delete goroutine (joined by the goroutine read from TLS at
+    // sys_enter) in the umount's task_work sync.
+    assert_eq!(lock.str("/cause/kind"), Some("umount"), "{}", all());
+    assert_eq!(lock.str("/cause/phase"), Some("task_work"), "{}", all());
+    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(w.outcome.shim.pid)), "{}", all());
+    assert!(lock.str("/cause/via").is_some_and(|f| f.ends_with("(*service).Delete")), "{}", all());
+    assert_eq!(lock.get("/cause/exact").and_then(|v| v.as_bool()), Some(true), "{}", all());
 
     // The CRI handlers stuck behind it.
     let calls = w.stalls("cri_call", w.containerd_pid);
@@ -152,7 +162,11 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
 #[test]
 fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
     let Some(w) = Watched::run(OnDisk::Root)? else { return Ok(()) };
-    let (_, held, blocked) = w.update_sync_lock();
+    let (lock, held, blocked) = w.update_sync_lock();
+    // The cause is the holder goroutine's own fdatasync (goroutine read from TLS at sys_enter).
+    assert_eq!(lock.str("/cause/syscall"), Some("fdatasync"), "{}", w.all());
+    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(w.containerd_pid)), "{}", w.all());
+    assert_eq!(lock.get("/cause/exact").and_then(|v| v.as_bool()), Some(true), "{}", w.all());
     let syncs = w.stalls("sync", w.containerd_pid);
     assert!(
         syncs.iter().any(|e| e.str("/detail/syscall") == Some("fdatasync")),

@@ -86,9 +86,62 @@ pub mod offcpu_maps {
 pub mod go_maps {
     /// `HashMap<GoCallKey, GoCall>`: Go calls in progress, by goroutine.
     pub const GO_CALLS: &str = "GO_CALLS";
-    /// `RingBuf` of [`super::GoCallEnd`] records.
+    /// `RingBuf` of [`super::GoCallEnd`] and [`super::ExecEvent`] records.
     pub const GO_EVENTS: &str = "GO_EVENTS";
+    /// `HashMap<u32 tgid, GoProc>`: processes running a probed Go binary, whose
+    /// kernel waits carry the goroutine read from thread-local storage.
+    pub const GO_PROCS: &str = "GO_PROCS";
+    /// `Array<GoArgSpec>` indexed by function id (the attach cookie): which
+    /// string argument [`super::GoCall::arg`] captures at entry.
+    pub const GO_ARGS: &str = "GO_ARGS";
+    /// `u32` global: offset of `thread.fsbase` in `struct task_struct` (from
+    /// BTF), or `u32::MAX` when unknown (then no goroutine is read from TLS).
+    pub const TASK_FSBASE_OFF: &str = "TASK_FSBASE_OFF";
 }
+
+/// Most function ids (attach cookies) [`go_maps::GO_ARGS`] holds.
+pub const GO_FUNCS_MAX: u32 = 256;
+/// Bytes kept of a Go string argument (a container id is 64 hex digits).
+pub const GO_ARG_LEN: usize = 64;
+const _: () = assert!(GO_ARG_LEN.is_power_of_two());
+/// [`GoArgSpec::reg`] for "capture nothing".
+pub const GO_ARG_NONE: u32 = u32::MAX;
+
+/// A process running a probed Go binary.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoProc {
+    /// Where `g` sits relative to the thread pointer (`fsbase`): −8 for
+    /// internally linked binaries, read from the code for the others.
+    pub g_tls_off: i64,
+}
+const _: () = assert!(size_of::<GoProc>() == 8);
+
+/// Which string a probed function's entry captures: the Go `string` header
+/// (pointer, length) at `off` bytes into the struct that integer argument
+/// register `reg` points to (Go register ABI order: 0 RAX, 1 RBX, 2 RCX,
+/// 3 RDI, 4 RSI, 5 R8, 6 R9, 7 R10, 8 R11), e.g. a CRI request's ContainerId.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoArgSpec {
+    /// A register index, or [`GO_ARG_NONE`].
+    pub reg: u32,
+    pub off: u32,
+}
+const _: () = assert!(size_of::<GoArgSpec>() == 8);
+
+/// A process called `execve`: userspace looks at its binary at once, so a
+/// restarted or upgraded target is probed again without waiting for a poll.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExecEvent {
+    pub header: EventHeader,
+    pub tgid: u32,
+    pub _pad: u32,
+    /// The new comm.
+    pub comm: [u8; COMM_LEN],
+}
+const _: () = assert!(size_of::<ExecEvent>() == 32);
 
 /// A Go call in progress is named by its goroutine (`g`, in R14 under the
 /// register ABI at entry and at return) and the probed function's id (the
@@ -112,8 +165,13 @@ pub struct GoCall {
     pub tgid: u32,
     /// The thread the goroutine ran on at entry.
     pub tid: u32,
+    /// Bytes used in `arg`.
+    pub arg_len: u32,
+    pub _pad: u32,
+    /// The string argument [`GoArgSpec`] names (not NUL-terminated).
+    pub arg: [u8; GO_ARG_LEN],
 }
-const _: () = assert!(size_of::<GoCall>() == 24);
+const _: () = assert!(size_of::<GoCall>() == 96);
 
 /// A Go call that returned.
 #[repr(C)]
@@ -127,9 +185,12 @@ pub struct GoCallEnd {
     pub func: u32,
     pub tgid: u32,
     pub tid: u32,
-    pub _pad: u32,
+    /// Bytes used in `arg`.
+    pub arg_len: u32,
+    /// The call's captured string argument.
+    pub arg: [u8; GO_ARG_LEN],
 }
-const _: () = assert!(size_of::<GoCallEnd>() == 56);
+const _: () = assert!(size_of::<GoCallEnd>() == 120);
 
 /// Kernel lock contention (`lock:contention_begin/end`, Linux >= 5.19).
 pub mod lock_maps {
@@ -357,12 +418,15 @@ pub struct Wait {
     /// `WAIT_*` flags.
     pub flags: u32,
     pub _pad: u32,
+    /// The goroutine (`g`) running on the thread, read from thread-local
+    /// storage at `sys_enter` in processes of [`go_maps::GO_PROCS`]; 0 elsewhere.
+    pub g: u64,
     /// The task's comm at `sys_enter`.
     pub comm: [u8; COMM_LEN],
     /// umount2's target path (NUL-terminated), empty for other syscalls.
     pub path: [u8; PATH_LEN],
 }
-const _: () = assert!(size_of::<Wait>() == 208);
+const _: () = assert!(size_of::<Wait>() == 216);
 
 /// [`Wait::flags`]: the wait was found by plegwatch's startup sweep of `/proc`,
 /// so it began before the probes were attached and `start_ns` is a lower bound
@@ -381,6 +445,8 @@ pub enum EventKind {
     SockClosed = 3,
     /// A [`GoCallEnd`].
     GoCallEnd = 4,
+    /// An [`ExecEvent`].
+    Exec = 5,
 }
 
 /// Header first in every ring-buffer record.
@@ -516,6 +582,8 @@ mod pod {
     unsafe impl aya::Pod for super::LockWait {}
     unsafe impl aya::Pod for super::GoCallKey {}
     unsafe impl aya::Pod for super::GoCall {}
+    unsafe impl aya::Pod for super::GoProc {}
+    unsafe impl aya::Pod for super::GoArgSpec {}
 }
 
 #[cfg(test)]

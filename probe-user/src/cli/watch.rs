@@ -35,6 +35,12 @@ pub struct WatchArgs {
     /// Only waits of tasks with this comm; a trailing `*` matches a prefix (repeatable).
     #[arg(long = "comm", value_name = "COMM")]
     pub comms: Vec<String>,
+    /// Probe this containerd binary (default: found by itself through /proc/*/exe).
+    #[arg(long, value_name = "PATH")]
+    pub containerd: Option<std::path::PathBuf>,
+    /// Probe this kubelet binary, even before a kubelet runs it.
+    #[arg(long, value_name = "PATH")]
+    pub kubelet: Option<std::path::PathBuf>,
     /// Stop after this long, with a summary.
     #[arg(long, value_parser = durations::parse)]
     pub duration: Option<Duration>,
@@ -58,7 +64,22 @@ impl WatchArgs {
             },
             interval: self.interval,
             duration: self.duration,
+            go_paths: self.go_paths()?,
         })
+    }
+
+    /// `--containerd`/`--kubelet`, checked to be files.
+    fn go_paths(&self) -> Result<Vec<(&'static str, std::path::PathBuf)>, String> {
+        let given = [("containerd", &self.containerd), ("kubelet", &self.kubelet)];
+        let mut out = Vec::new();
+        for (target, path) in given {
+            let Some(path) = path else { continue };
+            if !path.is_file() {
+                return Err(format!("--{target} {}: no such file", path.display()));
+            }
+            out.push((target, path.clone()));
+        }
+        Ok(out)
     }
 }
 
@@ -131,5 +152,10 @@ mod tests {
         };
         let e = w.config().unwrap_err();
         assert!(e.contains("--critical") && !e.contains('\n'), "{e}");
+        let Command::Watch(w) = parse(&["watch", "--containerd", "/nonexistent/containerd"]).unwrap().command else {
+            panic!()
+        };
+        let e = w.config().unwrap_err();
+        assert!(e.contains("--containerd /nonexistent/containerd") && !e.contains('\n'), "{e}");
     }
 }

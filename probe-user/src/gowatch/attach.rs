@@ -1,0 +1,278 @@
+//! Finding Go targets and putting the probes on them.
+//!
+//! Processes are matched to a [`Target`] by comm, at startup, at every
+//! `execve` (the `proc_exec` tracepoint: a restarted or upgraded containerd
+//! is probed again at once), and by a poll every [`POLL_EVERY`] as a safety
+//! net; binaries can also be named by path (`--containerd`, `--kubelet`).
+//! Each binary is attached once per (device, inode): uprobes live on the
+//! file, so every process running it, now or later, is covered. Each process
+//! of a probed binary also goes into `GO_PROCS` with `g`'s TLS offset, so
+//! that its kernel waits carry the goroutine that made them.
+
+use super::targets::{Arg, GoFuncSpec, Role, Target, short, target_named, target_of};
+use crate::{collector::take_map, collector::WatchError, gosym::GoBinary, output::Event, output::Sink, procfs};
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap as BpfHashMap, MapData},
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
+};
+use plegwatch_abi::{GO_FUNCS_MAX, GoArgSpec, GoProc, go_maps};
+use std::{
+    collections::{HashMap, HashSet},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+/// How often running processes are checked for binaries the exec events missed.
+pub const POLL_EVERY: Duration = Duration::from_secs(2);
+
+/// A probed function, by attach cookie.
+#[derive(Clone, Debug)]
+pub struct ProbedFunc {
+    pub symbol: &'static str,
+    pub role: Role,
+    pub arg: Option<Arg>,
+    pub target: &'static str,
+    pub binary: PathBuf,
+}
+
+/// What became of a binary.
+#[derive(Clone, Debug)]
+enum Binary {
+    /// Probed; processes running it get `g_tls` in `GO_PROCS`.
+    Probed { target: &'static Target, g_tls: Option<i64> },
+    /// Looked at and left alone.
+    Skipped,
+}
+
+/// A binary inspected without attaching anything (for `doctor`, and before attaching).
+#[derive(Clone, Debug)]
+pub struct Inspection {
+    pub go_version: Option<String>,
+    /// The function chosen for each group the binary has, with its probe points.
+    pub found: Vec<(GoFuncSpec, crate::gosym::ProbePoints)>,
+    /// Groups with no match, by their first name.
+    pub missing: Vec<&'static str>,
+    pub g_tls: Result<i64, String>,
+}
+
+/// Reads `path` and picks, for each of `target`'s groups, the first function it has.
+pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, String> {
+    let bin = GoBinary::open(path).map_err(|e| e.to_string())?;
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for group in target.groups {
+        let Some(spec) = group.iter().find(|s| bin.symbols().lookup(s.symbol).is_some()) else {
+            missing.push(group[0].symbol);
+            continue;
+        };
+        match bin.probe_points(spec.symbol) {
+            Ok(p) => found.push((*spec, p)),
+            Err(e) => {
+                tracing::warn!(symbol = spec.symbol, "not probed: {e}");
+                missing.push(spec.symbol);
+            }
+        }
+    }
+    Ok(Inspection {
+        go_version: bin.symbols().version(),
+        found,
+        missing,
+        g_tls: bin.g_tls().map(|t| t.offset).map_err(|e| e.to_string()),
+    })
+}
+
+/// Attaches `program` at file offset `offset` of `target`, for every process
+/// running it, with `cookie` naming the function.
+fn attach_point(ebpf: &mut Ebpf, program: &str, target: &Path, offset: u64, cookie: u32) -> Result<(), String> {
+    let prog: &mut UProbe = crate::probes::program_mut(ebpf, program)?;
+    prog.load()
+        .or_else(|e| match e {
+            aya::programs::ProgramError::AlreadyLoaded => Ok(()),
+            e => Err(e),
+        })
+        .map_err(|e| format!("load {program}: {e}"))?;
+    let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(u64::from(cookie)) };
+    prog.attach(point, target, UProbeScope::AllProcesses)
+        .map(|_| ())
+        .map_err(|e| format!("attach {program} at {offset:#x} of {}: {e}", target.display()))
+}
+
+pub struct Attacher {
+    pub funcs: HashMap<u32, ProbedFunc>,
+    binaries: HashMap<(u64, u64), Binary>,
+    procs: BpfHashMap<MapData, u32, GoProc>,
+    args: Array<MapData, GoArgSpec>,
+    /// Processes in `GO_PROCS`.
+    known: HashSet<u32>,
+    last_poll: Option<Instant>,
+}
+
+impl Attacher {
+    pub fn new(ebpf: &mut Ebpf) -> Result<Self, WatchError> {
+        Ok(Attacher {
+            funcs: HashMap::new(),
+            binaries: HashMap::new(),
+            procs: take_map(ebpf, go_maps::GO_PROCS)?,
+            args: take_map(ebpf, go_maps::GO_ARGS)?,
+            known: HashSet::new(),
+            last_poll: None,
+        })
+    }
+
+    /// Probes a binary named on the command line, whether or not it runs now.
+    pub fn attach_path(&mut self, ebpf: &mut Ebpf, target: &str, path: &Path, sink: &mut dyn Sink) -> Result<(), String> {
+        let t = target_named(target).ok_or_else(|| format!("unknown target {target}"))?;
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.probe_binary(ebpf, t, (meta.dev(), meta.ino()), path, path, 0, "flag", sink);
+        match self.binaries.get(&(meta.dev(), meta.ino())) {
+            Some(Binary::Probed { .. }) => Ok(()),
+            _ => Err(format!("{}: not probed (see the target line)", path.display())),
+        }
+    }
+
+    /// Polls `/proc` for target processes, at most every [`POLL_EVERY`].
+    pub fn poll(&mut self, ebpf: &mut Ebpf, found_by: &'static str, sink: &mut dyn Sink) {
+        if self.last_poll.is_some_and(|t| t.elapsed() < POLL_EVERY) {
+            return;
+        }
+        self.last_poll = Some(Instant::now());
+        let Ok(dir) = std::fs::read_dir("/proc") else { return };
+        let mut alive = HashSet::new();
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            alive.insert(pid);
+            self.look_at(ebpf, pid, found_by, sink);
+        }
+        // Forget processes that are gone, so a reused pid is not read as Go.
+        let gone: Vec<u32> = self.known.iter().copied().filter(|p| !alive.contains(p)).collect();
+        for pid in gone {
+            let _ = self.procs.remove(&pid);
+            self.known.remove(&pid);
+        }
+    }
+
+    /// A process called `execve` (from the kernel's `proc_exec` record).
+    pub fn on_exec(&mut self, ebpf: &mut Ebpf, pid: u32, sink: &mut dyn Sink) {
+        // Its previous image may have been a Go target; the new one decides.
+        if self.known.remove(&pid) {
+            let _ = self.procs.remove(&pid);
+        }
+        self.look_at(ebpf, pid, "exec", sink);
+    }
+
+    /// Probes the binary of `pid` if it is a target not seen yet, and
+    /// registers the process for goroutine ids at kernel probes.
+    fn look_at(&mut self, ebpf: &mut Ebpf, pid: u32, found_by: &'static str, sink: &mut dyn Sink) {
+        if pid == std::process::id() || self.known.contains(&pid) {
+            return;
+        }
+        let Some(comm) = procfs::comm(pid) else { return };
+        let Some(target) = target_of(&comm) else { return };
+        let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+        let Ok(meta) = std::fs::metadata(&exe) else { return };
+        let key = (meta.dev(), meta.ino());
+        let path = std::fs::read_link(&exe).unwrap_or_else(|_| exe.clone());
+        if !self.binaries.contains_key(&key) {
+            // Through /proc, so a binary replaced on disk since it started still opens.
+            self.probe_binary(ebpf, target, key, &exe, &path, pid, found_by, sink);
+        } else if let Some(Binary::Probed { target, .. }) = self.binaries.get(&key) {
+            if target.name != "runc" {
+                sink.emit(&Event::Target(crate::output::Target {
+                    target: target.name.to_string(),
+                    status: "traced",
+                    pid,
+                    binary: path.display().to_string(),
+                    found_by,
+                    go_version: None,
+                    functions: Vec::new(),
+                    g_tls_offset: None,
+                    why: None,
+                }));
+            }
+        }
+        if let Some(Binary::Probed { g_tls: Some(off), .. }) = self.binaries.get(&key) {
+            if self.procs.insert(pid, GoProc { g_tls_off: *off }, 0).is_ok() {
+                self.known.insert(pid);
+            }
+        }
+    }
+
+    /// Inspects and attaches one binary; reports it with a `target` line.
+    #[allow(clippy::too_many_arguments)]
+    fn probe_binary(
+        &mut self,
+        ebpf: &mut Ebpf,
+        target: &'static Target,
+        key: (u64, u64),
+        open_path: &Path,
+        path: &Path,
+        pid: u32,
+        found_by: &'static str,
+        sink: &mut dyn Sink,
+    ) {
+        let mut line = crate::output::Target {
+            target: target.name.to_string(),
+            status: "probed",
+            pid,
+            binary: path.display().to_string(),
+            found_by,
+            go_version: None,
+            functions: Vec::new(),
+            g_tls_offset: None,
+            why: None,
+        };
+        let outcome = inspect(open_path, target).and_then(|i| {
+            line.go_version = i.go_version.clone();
+            if i.found.is_empty() {
+                line.status = "unmatched";
+                return Err(format!(
+                    "none of the expected functions in its .gopclntab (unknown {} version?); looked for {}",
+                    target.name,
+                    i.missing.iter().map(|s| short(s)).collect::<Vec<_>>().join(", ")
+                ));
+            }
+            let g_tls = i.g_tls.as_ref().ok().copied();
+            if let Err(e) = &i.g_tls {
+                tracing::warn!(binary = %path.display(), "no goroutine ids at kernel probes: {e}");
+            }
+            for (spec, points) in &i.found {
+                let id = self.funcs.len() as u32 + 1;
+                if id >= GO_FUNCS_MAX {
+                    return Err(format!("more than {GO_FUNCS_MAX} probed functions"));
+                }
+                let _ = self.args.set(id, Arg::spec(spec.arg), 0);
+                attach_point(ebpf, "go_entry", open_path, points.entry_offset, id)?;
+                for off in &points.ret_offsets {
+                    attach_point(ebpf, "go_ret", open_path, *off, id)?;
+                }
+                self.funcs.insert(
+                    id,
+                    ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() },
+                );
+                line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
+            }
+            line.g_tls_offset = g_tls;
+            Ok(g_tls)
+        });
+        match outcome {
+            Ok(g_tls) => {
+                tracing::info!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", line.functions.join(", "));
+                self.binaries.insert(key, Binary::Probed { target, g_tls });
+            }
+            Err(why) => {
+                if line.status == "probed" {
+                    line.status = "failed";
+                }
+                tracing::warn!(pid, target = target.name, binary = %path.display(), "Go binary not probed: {why}");
+                line.why = Some(why);
+                self.binaries.insert(key, Binary::Skipped);
+            }
+        }
+        sink.emit(&Event::Target(line));
+    }
+}

@@ -1,0 +1,221 @@
+//! Following a held Go lock down to what its holder waits on.
+//!
+//! The links, each one exact where the probes allow it:
+//! 1. the holder goroutine's own kernel wait: kernel waits carry the
+//!    goroutine read from TLS at `sys_enter`, so "goroutine g holds the lock"
+//!    joins "goroutine g is in fdatasync" without guessing (a goroutine stays
+//!    on its thread for the whole syscall);
+//! 2. otherwise the shim: containerd's CRI handler on the same goroutine
+//!    names the container (its request's id), and the shim with an open task
+//!    call (`(*service).Update`, `Delete`) for that container is the one
+//!    containerd waits on;
+//! 3. in that shim, a task call whose goroutine is in a kernel wait (the
+//!    rootfs umount's task_work sync), or a child process it waits for that
+//!    is stopped or in D state (runc);
+//! 4. failing all that, the shim with the oldest open wait among those
+//!    containerd is connected to, marked `exact: false`.
+
+use super::{GoOpen, attach::ProbedFunc, targets::{Role, short}};
+use crate::procfs;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+
+/// The kernel waits open at the last scan.
+pub struct KernelWaits<'a> {
+    /// By thread: a small JSON object (kind, syscall, phase, waited_s).
+    pub by_tid: &'a HashMap<u32, Value>,
+    /// By (process, goroutine) for processes of probed Go binaries: (tid, the same object).
+    pub by_g: &'a HashMap<(u32, u64), (u32, Value)>,
+    /// Each process's longest open wait: (kind, start ns).
+    pub longest_by_pid: &'a HashMap<u32, (&'static str, u64)>,
+}
+
+/// What a lock's holder waits on.
+#[derive(Debug, Default)]
+pub struct Blame {
+    pub holder: Option<Value>,
+    pub cause: Option<Value>,
+    pub chain: Vec<Value>,
+    /// The container the holder works on, from its CRI handler's request.
+    pub container: Option<String>,
+}
+
+/// Everything the chain is built from.
+pub struct Calls<'a> {
+    pub open: &'a [GoOpen],
+    pub funcs: &'a HashMap<u32, ProbedFunc>,
+    pub now_ns: u64,
+}
+
+impl Calls<'_> {
+    fn func(&self, o: &GoOpen) -> Option<&ProbedFunc> {
+        self.funcs.get(&o.func)
+    }
+
+    fn link(&self, o: &GoOpen) -> Value {
+        json!({
+            "pid": o.tgid,
+            "comm": o.comm,
+            "goroutine": format!("{:#x}", o.g),
+            "function": self.func(o).map(|f| short(f.symbol)),
+            "container": o.arg,
+            "open_s": self.now_ns.saturating_sub(o.start_ns) as f64 / 1e9,
+        })
+    }
+}
+
+/// The blame for a Status lock held by the call `o`.
+pub fn lock_blame(o: &GoOpen, calls: &Calls<'_>, waits: &KernelWaits<'_>) -> Blame {
+    let mut b = Blame::default();
+    // The CRI handler running on the same goroutine names the container.
+    b.container = calls
+        .open
+        .iter()
+        .filter(|c| c.tgid == o.tgid && c.g == o.g && c.arg.is_some())
+        .find(|c| calls.func(c).is_some_and(|f| f.role == Role::CriHandler))
+        .and_then(|c| c.arg.clone());
+    b.chain.push(calls.link(o));
+    if let Some((tid, w)) = waits.by_g.get(&(o.tgid, o.g)) {
+        b.cause = Some(wait_cause(o.tgid, *tid, w, calls.func(o).map(|f| short(f.symbol)), "the lock holder's own syscall"));
+        b.chain.extend(b.cause.clone());
+        return b;
+    }
+    let shims = connected_shims(o.tgid);
+    let shim_calls: Vec<&GoOpen> = calls
+        .open
+        .iter()
+        .filter(|c| shims.contains(&c.tgid) && calls.func(c).is_some_and(|f| f.role == Role::ShimTask))
+        .filter(|c| b.container.is_none() || c.arg == b.container)
+        .filter(|c| c.start_ns >= o.start_ns || b.container.is_some())
+        .collect();
+    let Some(shim) = shim_calls.iter().min_by_key(|c| c.start_ns).map(|c| c.tgid) else {
+        b.holder = inferred_shim(&shims, waits);
+        let pid = b.holder.as_ref().and_then(|h| h.get("pid")).and_then(Value::as_u64);
+        b.cause = pid.and_then(|p| longest_cause(p as u32, waits, calls.now_ns));
+        b.chain.extend(b.cause.clone());
+        return b;
+    };
+    let mine: Vec<&GoOpen> = shim_calls.iter().copied().filter(|c| c.tgid == shim).collect();
+    b.chain.extend(mine.iter().map(|c| calls.link(c)));
+    let described: Vec<Value> = mine
+        .iter()
+        .map(|c| {
+            let mut l = calls.link(c);
+            l["thread_wait"] = waits.by_g.get(&(c.tgid, c.g)).map(|(_, w)| w.clone()).unwrap_or(Value::Null);
+            l
+        })
+        .collect();
+    b.holder = Some(json!({
+        "kind": "shim",
+        "pid": shim,
+        "comm": procfs::comm(shim),
+        "state": procfs::state(shim).map(String::from),
+        "exact": true,
+        "calls": described,
+        "why": "containerd waits on this shim's reply to its task call for the same container",
+    }));
+    // In the shim: a task call's goroutine in a kernel wait, the longest first.
+    let in_kernel = mine
+        .iter()
+        .filter_map(|c| waits.by_g.get(&(c.tgid, c.g)).map(|(tid, w)| (c, *tid, w)))
+        .max_by(|a, b| waited(a.2).total_cmp(&waited(b.2)));
+    b.cause = match in_kernel {
+        Some((c, tid, w)) => Some(wait_cause(shim, tid, w, calls.func(c).map(|f| short(f.symbol)), "a shim task call's syscall")),
+        None => child_cause(shim).or_else(|| longest_cause(shim, waits, calls.now_ns)),
+    };
+    b.chain.extend(b.cause.clone());
+    b
+}
+
+/// Process `pid`'s longest open kernel wait, as an inexact cause.
+fn longest_cause(pid: u32, waits: &KernelWaits<'_>, now_ns: u64) -> Option<Value> {
+    let (kind, start) = waits.longest_by_pid.get(&pid)?;
+    Some(json!({
+        "kind": kind,
+        "pid": pid,
+        "comm": procfs::comm(pid),
+        "waited_s": now_ns.saturating_sub(*start) as f64 / 1e9,
+        "exact": false,
+        "why": "the process's longest open kernel wait",
+    }))
+}
+
+fn waited(w: &Value) -> f64 {
+    w.get("waited_s").and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+/// A cause that is a kernel wait of thread `tid` in process `pid`.
+fn wait_cause(pid: u32, tid: u32, w: &Value, via: Option<&str>, why: &str) -> Value {
+    let mut c = w.clone();
+    c["pid"] = json!(pid);
+    c["tid"] = json!(tid);
+    c["comm"] = json!(procfs::comm(tid));
+    c["via"] = json!(via);
+    c["exact"] = json!(true);
+    c["why"] = json!(why);
+    c
+}
+
+/// A child of `pid` that is stopped or blocked (a runc the shim waits for).
+fn child_cause(pid: u32) -> Option<Value> {
+    let kids: Vec<(u32, char)> = procfs::children(pid).into_iter().filter_map(|c| Some((c, procfs::state(c)?))).collect();
+    let pick = kids
+        .iter()
+        .find(|(_, s)| *s == 'T' || *s == 't')
+        .or_else(|| kids.iter().find(|(_, s)| *s == 'D'))
+        .or_else(|| kids.first())?;
+    let (child, state) = *pick;
+    let kind = match state {
+        'T' | 't' => "process_stopped",
+        'D' => "process_blocked",
+        _ => "child_process",
+    };
+    Some(json!({
+        "kind": kind,
+        "pid": child,
+        "comm": procfs::comm(child),
+        "state": state.to_string(),
+        "wchan": procfs::wchan(child),
+        "parent": pid,
+        "exact": true,
+        "why": "the shim waits for this child process to finish",
+    }))
+}
+
+/// The processes whose comm is `containerd-shim*` at the other end of
+/// `containerd`'s unix sockets (containerd is the client of each shim's ttrpc socket).
+fn connected_shims(containerd: u32) -> Vec<u32> {
+    let mut peers = crate::holders::UnixPeers::new();
+    let mut owners = crate::holders::SocketOwners::new();
+    let mut shims: Vec<u32> = Vec::new();
+    for (_, inode) in procfs::socket_fds(containerd) {
+        let Some(peer) = peers.peer_of(inode) else { continue };
+        for pid in owners.pids_of(peer.peer_inode) {
+            if pid != containerd && procfs::comm(pid).is_some_and(|c| c.starts_with("containerd-shim")) && !shims.contains(&pid) {
+                shims.push(pid);
+            }
+        }
+    }
+    shims
+}
+
+/// Of `shims`, the one with the oldest open wait, else the first: used when
+/// no shim task call is seen (the shim binary is not probed).
+fn inferred_shim(shims: &[u32], waits: &KernelWaits<'_>) -> Option<Value> {
+    let pick = shims
+        .iter()
+        .filter_map(|p| waits.longest_by_pid.get(p).map(|(_, start)| (*p, *start)))
+        .min_by_key(|(_, start)| *start)
+        .map(|(p, _)| p)
+        .or_else(|| shims.first().copied())?;
+    Some(json!({
+        "kind": "shim",
+        "pid": pick,
+        "comm": procfs::comm(pick),
+        "state": procfs::state(pick).map(String::from),
+        "wchan": procfs::wchan(pick),
+        "shims": shims,
+        "exact": false,
+        "why": "containerd waits on a shim's ttrpc reply; no shim task call was seen, so of the shims it is connected to, this one has the oldest open wait",
+    }))
+}

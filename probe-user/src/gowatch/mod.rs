@@ -1,0 +1,382 @@
+//! Go function timing on stripped binaries: kubelet's relist clock,
+//! containerd's CRI Status lock and handlers, the shim's task calls.
+//!
+//! [`attach`] finds the binaries and puts a uprobe at the entry and at every
+//! RET of each function in [`targets`] (see `probe-ebpf/src/gofuncs.rs`);
+//! calls are keyed by goroutine. Calls still open past the thresholds are
+//! stalls:
+//! - `pleg_relist`: a relist still running; its wait is the time since that
+//!   relist started, kubelet's own clock (`relistTime` is stamped at the start);
+//! - `go_lock`: containerd's Status write lock held by `Update`/`UpdateSync`,
+//!   with the `Get`s waiting on it and what the holder waits on ([`chain`]);
+//! - `cri_call`: a CRI handler still running (with the lock it waits on);
+//! - `go_call`: a shim task call or a runc systemd call still running.
+//!
+//! Every call that returns goes into the latency tables.
+
+pub mod attach;
+pub mod chain;
+pub mod targets;
+
+use crate::{
+    collector::{WatchError, take_map, wall_of},
+    inflight::{Action, Filter, Item, Registry},
+    latency::{LatencyRow, LatencyTables},
+    levels::{Thresholds, budget_used},
+    output::{Event, Sink, Stall},
+    procfs,
+    syscalls::WaitKind,
+};
+use attach::Attacher;
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, MapData},
+};
+use chain::{Blame, Calls, KernelWaits};
+use plegwatch_abi::{EventHeader, EventKind, ExecEvent, GoCall, GoCallEnd, GoCallKey, go_maps};
+use serde_json::{Value, json};
+use std::{collections::HashMap, path::PathBuf, time::Duration};
+use targets::{Role, arg_text, short};
+
+/// An open Go call: the registry's item for kinds `pleg_relist`, `go_lock`,
+/// `cri_call` and `go_call`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GoOpen {
+    pub g: u64,
+    pub func: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub start_ns: u64,
+    /// The receiver (RAX at entry): for the Status store, the lock's address.
+    pub receiver: u64,
+    /// The captured string argument (a container id), if it looked like one.
+    pub arg: Option<String>,
+}
+
+impl GoOpen {
+    fn new(g: u64, func: u32, call: &GoCall) -> Self {
+        GoOpen {
+            g,
+            func,
+            tgid: call.tgid,
+            tid: call.tid,
+            comm: procfs::comm(call.tgid).unwrap_or_default(),
+            start_ns: call.start_ns,
+            receiver: call.receiver,
+            arg: captured(&call.arg, call.arg_len),
+        }
+    }
+}
+
+fn captured(arg: &[u8], len: u32) -> Option<String> {
+    arg.get(..len as usize).and_then(arg_text)
+}
+
+impl Item for GoOpen {
+    type Key = (u64, u32);
+    fn key(&self) -> Self::Key {
+        (self.g, self.func)
+    }
+    fn tgid(&self) -> u32 {
+        self.tgid
+    }
+    fn tid(&self) -> u32 {
+        self.tid
+    }
+    fn comm(&self) -> &str {
+        &self.comm
+    }
+    fn start_ns(&self) -> u64 {
+        self.start_ns
+    }
+    fn refresh(&mut self, _newer: &Self) {}
+}
+
+/// A kubelet's relist clock.
+#[derive(Clone, Copy, Debug, Default)]
+struct RelistClock {
+    count: u64,
+    last_start_ns: u64,
+    last_end_ns: u64,
+    last_took: Duration,
+}
+
+pub struct GoWatch {
+    registry: Registry<GoOpen>,
+    calls: BpfHashMap<MapData, GoCallKey, GoCall>,
+    attacher: Attacher,
+    relists: HashMap<u32, RelistClock>,
+    /// Status `Get`s open now, by lock address: (how many, earliest start).
+    gets: HashMap<u64, (u32, u64)>,
+    /// The lock each goroutine's open `Get` waits on, by (process, goroutine).
+    get_by_g: HashMap<(u32, u64), u64>,
+    /// Every Go call open at the last scan (Gets excluded).
+    open: Vec<GoOpen>,
+    latency: LatencyTables,
+}
+
+impl GoWatch {
+    pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter) -> Result<Self, WatchError> {
+        Ok(GoWatch {
+            registry: Registry::new(thresholds, filter),
+            calls: take_map(ebpf, go_maps::GO_CALLS)?,
+            attacher: Attacher::new(ebpf)?,
+            relists: HashMap::new(),
+            gets: HashMap::new(),
+            get_by_g: HashMap::new(),
+            open: Vec::new(),
+            latency: LatencyTables::default(),
+        })
+    }
+
+    /// Probes the binaries named on the command line (`(target, path)`), then
+    /// every target running now. A named binary that can't be probed is an error.
+    pub fn start(&mut self, ebpf: &mut Ebpf, paths: &[(&str, PathBuf)], sink: &mut dyn Sink) -> Result<(), WatchError> {
+        for (target, path) in paths {
+            self.attacher.attach_path(ebpf, target, path, sink).map_err(WatchError::Target)?;
+        }
+        self.attacher.poll(ebpf, "startup", sink);
+        Ok(())
+    }
+
+    /// Looks for target processes the exec records missed.
+    pub fn poll(&mut self, ebpf: &mut Ebpf, sink: &mut dyn Sink) {
+        self.attacher.poll(ebpf, "poll", sink);
+    }
+
+    /// Takes one `GO_EVENTS` record.
+    pub fn on_record(&mut self, ebpf: &mut Ebpf, bytes: &[u8], sink: &mut dyn Sink) {
+        if bytes.len() < std::mem::size_of::<EventHeader>() {
+            return;
+        }
+        // SAFETY: length checked; plain old data; read_unaligned copies.
+        let header: EventHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        if header.kind == EventKind::Exec as u32 && bytes.len() >= std::mem::size_of::<ExecEvent>() {
+            // SAFETY: as above.
+            let rec: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            self.attacher.on_exec(ebpf, rec.tgid, sink);
+            return;
+        }
+        if header.kind != EventKind::GoCallEnd as u32 || bytes.len() < std::mem::size_of::<GoCallEnd>() {
+            return;
+        }
+        // SAFETY: as above.
+        let rec: GoCallEnd = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        self.on_end(&rec, sink);
+    }
+
+    fn on_end(&mut self, rec: &GoCallEnd, sink: &mut dyn Sink) {
+        let took = Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns));
+        let Some(f) = self.attacher.funcs.get(&rec.func) else { return };
+        let (role, target, symbol) = (f.role, f.target, f.symbol);
+        self.latency.record(target, short(symbol), took);
+        if role == Role::Relist {
+            let c = self.relists.entry(rec.tgid).or_default();
+            c.count += 1;
+            c.last_start_ns = c.last_start_ns.max(rec.start_ns);
+            c.last_end_ns = rec.end_ns;
+            c.last_took = took;
+        }
+        if role == Role::StatusGet {
+            return;
+        }
+        let info = GoOpen {
+            g: rec.g,
+            func: rec.func,
+            tgid: rec.tgid,
+            tid: rec.tid,
+            comm: procfs::comm(rec.tgid).unwrap_or_default(),
+            start_ns: rec.start_ns,
+            receiver: rec.receiver,
+            arg: captured(&rec.arg, rec.arg_len),
+        };
+        let actions = self.registry.end(info, rec.end_ns);
+        let none = HashMap::new();
+        let no_g = HashMap::new();
+        let waits = KernelWaits { by_tid: &none, by_g: &no_g, longest_by_pid: &HashMap::new() };
+        self.act(actions, rec.end_ns, &waits, sink);
+    }
+
+    /// Looks at the Go calls open now, with the kernel waits open now.
+    pub fn scan(&mut self, now_ns: u64, waits: &KernelWaits<'_>, sink: &mut dyn Sink) {
+        self.open.clear();
+        self.gets.clear();
+        self.get_by_g.clear();
+        let mut dead = Vec::new();
+        for (k, c) in self.calls.iter().filter_map(Result::ok) {
+            let Some(f) = self.attacher.funcs.get(&k.func) else { continue };
+            // A process that died (or restarted) inside a call never returns from it.
+            if !procfs::thread_exists(c.tgid) {
+                dead.push(k);
+                continue;
+            }
+            if f.role == Role::Relist {
+                let clock = self.relists.entry(c.tgid).or_default();
+                clock.last_start_ns = clock.last_start_ns.max(c.start_ns);
+            }
+            if f.role == Role::StatusGet {
+                let e = self.gets.entry(c.receiver).or_insert((0, c.start_ns));
+                e.0 += 1;
+                e.1 = e.1.min(c.start_ns);
+                self.get_by_g.insert((c.tgid, k.g), c.receiver);
+                continue;
+            }
+            self.open.push(GoOpen::new(k.g, k.func, &c));
+        }
+        for k in dead {
+            let _ = self.calls.remove(&k);
+        }
+        let open = std::mem::take(&mut self.open);
+        let actions = self.registry.scan(open.iter(), now_ns);
+        self.open = open;
+        self.act(actions, now_ns, waits, sink);
+    }
+
+    /// The Status lock holder of `lock`, among the open calls.
+    fn lock_holder(&self, tgid: u32, lock: u64) -> Option<&GoOpen> {
+        self.open.iter().find(|o| {
+            o.tgid == tgid && o.receiver == lock && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::StatusUpdate)
+        })
+    }
+
+    fn act(&mut self, actions: Vec<Action<(u64, u32)>>, now_ns: u64, waits: &KernelWaits<'_>, sink: &mut dyn Sink) {
+        for a in actions {
+            match a {
+                Action::Report { key, level, waited } => {
+                    let Some(t) = self.registry.get(&key) else { continue };
+                    let o = t.info.clone();
+                    let id = t.id;
+                    let Some(f) = self.attacher.funcs.get(&o.func).cloned() else { continue };
+                    let calls = Calls { open: &self.open, funcs: &self.attacher.funcs, now_ns };
+                    let thread_wait = waits.by_g.get(&(o.tgid, o.g)).map(|(_, w)| w).or_else(|| waits.by_tid.get(&o.tid));
+                    let common = json!({
+                        "function": f.symbol,
+                        "goroutine": format!("{:#x}", o.g),
+                        "thread": o.tid,
+                        "thread_wait": thread_wait,
+                        "binary": f.binary.display().to_string(),
+                    });
+                    let (kind, extra, blame) = match f.role {
+                        Role::Relist => {
+                            let last = self.relists.get(&o.tgid);
+                            (
+                                WaitKind::PlegRelist,
+                                json!({
+                                    "since_relist_start_s": now_ns.saturating_sub(o.start_ns) as f64 / 1e9,
+                                    "last_relist_s": last.filter(|c| c.count > 0).map(|c| c.last_took.as_secs_f64()),
+                                    "relists_seen": last.map(|c| c.count).unwrap_or(0),
+                                }),
+                                Blame::default(),
+                            )
+                        }
+                        Role::StatusUpdate | Role::StatusGet => {
+                            let gets = self.gets.get(&o.receiver);
+                            let blame = chain::lock_blame(&o, &calls, waits);
+                            (
+                                WaitKind::GoLock,
+                                json!({
+                                    "lock": format!("{:#x}", o.receiver),
+                                    "lock_type": "sync.RWMutex (CRI container Status)",
+                                    "holder_function": f.symbol,
+                                    "container": blame.container,
+                                    "waiting_gets": gets.map(|g| g.0).unwrap_or(0),
+                                    "longest_get_wait_s": gets.map(|g| now_ns.saturating_sub(g.1) as f64 / 1e9),
+                                }),
+                                blame,
+                            )
+                        }
+                        Role::CriHandler => {
+                            // Waiting on a Status lock someone holds: the same blame.
+                            let lock = self.get_by_g.get(&(o.tgid, o.g)).copied();
+                            let blame = lock
+                                .and_then(|l| self.lock_holder(o.tgid, l))
+                                .map(|h| chain::lock_blame(h, &calls, waits))
+                                .unwrap_or_default();
+                            (
+                                WaitKind::CriCall,
+                                json!({
+                                    "container": o.arg,
+                                    "waiting_on_lock": lock.map(|l| format!("{l:#x}")),
+                                }),
+                                blame,
+                            )
+                        }
+                        Role::ShimTask | Role::RuncSystemd => {
+                            (WaitKind::GoCall, json!({ "container": o.arg, "target": f.target }), Blame::default())
+                        }
+                    };
+                    let mut detail = common;
+                    if let (Value::Object(d), Value::Object(e)) = (&mut detail, extra) {
+                        d.extend(e);
+                    }
+                    sink.emit(&Event::Stall(Stall {
+                        level,
+                        id,
+                        kind,
+                        pid: o.tgid,
+                        tid: o.tid,
+                        comm: o.comm.clone(),
+                        waited_s: waited.as_secs_f64(),
+                        started_at: humantime::format_rfc3339_millis(wall_of(o.start_ns)).to_string(),
+                        budget_used: budget_used(waited),
+                        started_before_attach: false,
+                        detail,
+                        holder: blame.holder,
+                        cause: blame.cause,
+                        chain: blame.chain,
+                        kernel_stack: Vec::new(),
+                        user_stack: Vec::new(),
+                    }));
+                }
+                Action::Resolve { key, waited, exact } => {
+                    let role = self.registry.get(&key).and_then(|t| self.attacher.funcs.get(&t.info.func)).map(|f| f.role);
+                    let kind = match role {
+                        Some(Role::Relist) => WaitKind::PlegRelist,
+                        Some(Role::StatusUpdate | Role::StatusGet) => WaitKind::GoLock,
+                        Some(Role::ShimTask | Role::RuncSystemd) => WaitKind::GoCall,
+                        _ => WaitKind::CriCall,
+                    };
+                    self.registry.resolve(&key, waited, exact, kind, sink);
+                }
+            }
+        }
+    }
+
+    /// (stall lines, resolutions, still open).
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let (s, r) = self.registry.counts();
+        (s, r, self.registry.open().count() as u64)
+    }
+
+    /// The latency tables, for the summary.
+    pub fn latency(&self) -> Vec<LatencyRow> {
+        self.latency.rows()
+    }
+
+    /// Each kubelet's relist clock, for the summary: relists seen, when the
+    /// last one started and ended, how long it took, and whether one is open.
+    pub fn relists(&self, now_ns: u64) -> Vec<Value> {
+        let mut out: Vec<Value> = self
+            .relists
+            .iter()
+            .map(|(pid, c)| {
+                let open = self.open.iter().any(|o| {
+                    o.tgid == *pid && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::Relist)
+                });
+                let at = |ns: u64| (ns != 0).then(|| humantime::format_rfc3339_millis(wall_of(ns)).to_string());
+                json!({
+                    "pid": pid,
+                    "relists": c.count,
+                    "last_start": at(c.last_start_ns),
+                    "last_end": at(c.last_end_ns),
+                    "last_took_s": (c.count > 0).then(|| c.last_took.as_secs_f64()),
+                    "since_last_start_s": (c.last_start_ns != 0).then(|| now_ns.saturating_sub(c.last_start_ns) as f64 / 1e9),
+                    "open_now": open,
+                })
+            })
+            .collect();
+        out.sort_by_key(|v| v["pid"].as_u64());
+        out
+    }
+}

@@ -1,0 +1,253 @@
+//! Which Go functions plegwatch probes, in which binaries, and what each means.
+//!
+//! Every symbol is a function with a stable name in `.gopclntab` (never an
+//! inlined helper). Names move between releases, so each probed function is
+//! a [`Group`] of alternatives: the first one the binary has is probed. A
+//! binary with none of its target's groups is reported (doctor, a warning)
+//! and left alone; the other probes go on.
+//!
+//! Checked on binaries here: Debian's containerd 1.6.20, its
+//! containerd-shim-runc-v2 and runc 1.1.5 (all Go 1.19.8), and the
+//! fake-kubelet fixture (Go 1.19). The containerd 1.7 (`sbserver`) and 2.x
+//! (`v2/...`) names come from their sources (stall-catalog.md §4), unchecked
+//! on a binary; kubelet's `relist`/`Relist` likewise.
+
+use plegwatch_abi::{GO_ARG_NONE, GoArgSpec};
+
+/// What a probed function means for the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// kubelet's PLEG relist.
+    Relist,
+    /// containerd's CRI container `(*statusStorage).Get`: takes the Status
+    /// lock for reading (the receiver is the lock: the RWMutex is at offset 0).
+    StatusGet,
+    /// `(*statusStorage).Update`/`UpdateSync`: holds it for writing.
+    StatusUpdate,
+    /// A CRI handler (ListContainers, UpdateContainerResources, ...).
+    CriHandler,
+    /// A shim's task service method (containerd's ttrpc request to the shim).
+    ShimTask,
+    /// runc's systemd calls (its D-Bus requests to systemd).
+    RuncSystemd,
+}
+
+/// The string argument captured at a function's entry (see [`GoArgSpec`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arg {
+    /// What it is, for the output (`container`, `sandbox`).
+    pub name: &'static str,
+    /// Go register ABI integer register index (0 RAX, 1 RBX, 2 RCX, 3 RDI, ...).
+    pub reg: u32,
+    /// Offset of the `string` header in the struct that register points to.
+    pub off: u32,
+}
+
+impl Arg {
+    pub fn spec(arg: Option<Arg>) -> GoArgSpec {
+        arg.map_or(GoArgSpec { reg: GO_ARG_NONE, off: 0 }, |a| GoArgSpec { reg: a.reg, off: a.off })
+    }
+}
+
+/// A Go function plegwatch probes.
+#[derive(Clone, Copy, Debug)]
+pub struct GoFuncSpec {
+    /// The exact name in `.gopclntab`.
+    pub symbol: &'static str,
+    pub role: Role,
+    pub arg: Option<Arg>,
+}
+
+const fn spec(symbol: &'static str, role: Role) -> GoFuncSpec {
+    GoFuncSpec { symbol, role, arg: None }
+}
+
+const fn with_arg(symbol: &'static str, role: Role, arg: Arg) -> GoFuncSpec {
+    GoFuncSpec { symbol, role, arg: Some(arg) }
+}
+
+/// `(c *criService) M(ctx context.Context, r *runtime.MRequest)`: RAX = c,
+/// RBX:RCX = ctx, RDI = r. In containerd 1.6/1.7 the CRI requests are gogo
+/// protobuf structs whose first field is the id (`ContainerId`,
+/// `PodSandboxId`). 2.x's google.golang.org/protobuf structs start with
+/// internal state, so no argument is captured there.
+const CRI_CONTAINER: Arg = Arg { name: "container", reg: 3, off: 0 };
+const CRI_SANDBOX: Arg = Arg { name: "sandbox", reg: 3, off: 0 };
+/// `handleContainerExit(ctx context.Context, e *eventtypes.TaskExit, cntr
+/// containerstore.Container)`: RAX:RBX = ctx, RCX = e; `TaskExit.ContainerID`
+/// is its first field (containerd 1.6).
+const EXIT_CONTAINER: Arg = Arg { name: "container", reg: 2, off: 0 };
+/// `(s *service) M(ctx context.Context, r *taskAPI.MRequest)` in the runc v2
+/// shim: RDI = r, whose first field is the container `ID` (gogo, 1.6/1.7).
+const SHIM_CONTAINER: Arg = Arg { name: "container", reg: 3, off: 0 };
+
+/// A group of names for one function across versions: the first found is probed.
+pub type Group = &'static [GoFuncSpec];
+
+/// kubelet's relist, newest name first: `Relist` from v1.26 (Evented PLEG PR
+/// #111384), `relist` up to v1.25.
+pub const KUBELET: &[Group] = &[&[
+    spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist", Role::Relist),
+    spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).relist", Role::Relist),
+]];
+
+/// containerd's CRI Status store and handlers: 1.6/1.7 (`pkg/cri/server`,
+/// and 1.7's `pkg/cri/sbserver`), 2.x (`v2/internal/cri/server`).
+pub const CONTAINERD: &[Group] = &[
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Get", Role::StatusGet),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Get", Role::StatusGet),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
+        spec(
+            "github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).UpdateSync",
+            Role::StatusUpdate,
+        ),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListContainers", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ListContainers", Role::CriHandler),
+    ],
+    &[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListPodSandbox", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ListPodSandbox", Role::CriHandler),
+    ],
+    &[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).ContainerStatus", Role::CriHandler, CRI_CONTAINER),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ContainerStatus", Role::CriHandler),
+    ],
+    &[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).PodSandboxStatus", Role::CriHandler, CRI_SANDBOX),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).PodSandboxStatus", Role::CriHandler),
+    ],
+    &[
+        with_arg(
+            "github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources",
+            Role::CriHandler,
+            CRI_CONTAINER,
+        ),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).UpdateContainerResources", Role::CriHandler),
+    ],
+    &[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.handleContainerExit", Role::CriHandler, EXIT_CONTAINER),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).handleContainerExit", Role::CriHandler),
+    ],
+    &[spec("github.com/containerd/containerd/pkg/cri/sbserver.(*criService).ListContainers", Role::CriHandler)],
+    &[with_arg(
+        "github.com/containerd/containerd/pkg/cri/sbserver.(*criService).UpdateContainerResources",
+        Role::CriHandler,
+        CRI_CONTAINER,
+    )],
+];
+
+/// containerd-shim-runc-v2's task service: the other end of containerd's
+/// ttrpc calls (1.6/1.7 `runtime/v2/runc/task`, 2.x `cmd/containerd-shim-runc-v2/task`).
+pub const SHIM: &[Group] = &[
+    &[
+        with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Update", Role::ShimTask, SHIM_CONTAINER),
+        spec("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Update", Role::ShimTask),
+    ],
+    &[
+        with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Delete", Role::ShimTask, SHIM_CONTAINER),
+        spec("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Delete", Role::ShimTask),
+    ],
+];
+
+/// runc's cgroup calls to systemd over D-Bus: `libcontainer/cgroups/systemd`
+/// up to 1.2, `github.com/opencontainers/cgroups/systemd` from 1.3.
+pub const RUNC: &[Group] = &[
+    &[
+        spec("github.com/opencontainers/runc/libcontainer/cgroups/systemd.startUnit", Role::RuncSystemd),
+        spec("github.com/opencontainers/cgroups/systemd.startUnit", Role::RuncSystemd),
+    ],
+    &[
+        spec("github.com/opencontainers/runc/libcontainer/cgroups/systemd.setUnitProperties", Role::RuncSystemd),
+        spec("github.com/opencontainers/cgroups/systemd.setUnitProperties", Role::RuncSystemd),
+    ],
+];
+
+/// A kind of binary plegwatch probes.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    /// What it is (`containerd`, `kubelet`, ...), for the output.
+    pub name: &'static str,
+    /// Whether a process with this comm runs it.
+    pub by_comm: fn(&str) -> bool,
+    pub groups: &'static [Group],
+}
+
+/// Every target, matched by comm (15 bytes at most: `containerd-shim-runc-v2`
+/// shows as `containerd-shim`).
+pub const TARGETS: &[Target] = &[
+    Target { name: "kubelet", by_comm: |c| c.contains("kubelet"), groups: KUBELET },
+    Target { name: "containerd", by_comm: |c| c == "containerd", groups: CONTAINERD },
+    Target { name: "containerd-shim", by_comm: |c| c.starts_with("containerd-shim"), groups: SHIM },
+    Target { name: "runc", by_comm: |c| c == "runc", groups: RUNC },
+];
+
+/// The target a process with `comm` runs, if any.
+pub fn target_of(comm: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| (t.by_comm)(comm))
+}
+
+/// The target called `name`.
+pub fn target_named(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.name == name)
+}
+
+/// A captured argument as text, if it looks like an id (printable ASCII
+/// without spaces); anything else means the layout did not match.
+pub fn arg_text(bytes: &[u8]) -> Option<String> {
+    let ok = !bytes.is_empty() && bytes.iter().all(|b| b.is_ascii_graphic());
+    ok.then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// `pkg.(*T).Method` without the import path.
+pub fn short(symbol: &str) -> &str {
+    symbol.rsplit('/').next().unwrap_or(symbol)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comms_pick_targets() {
+        assert_eq!(target_of("containerd").map(|t| t.name), Some("containerd"));
+        assert_eq!(target_of("containerd-shim").map(|t| t.name), Some("containerd-shim"));
+        assert_eq!(target_of("kubelet").map(|t| t.name), Some("kubelet"));
+        assert_eq!(target_of("fake-kubelet").map(|t| t.name), Some("kubelet"));
+        assert_eq!(target_of("runc").map(|t| t.name), Some("runc"));
+        assert!(target_of("containerd-stres").is_none());
+        assert!(target_of("bash").is_none());
+    }
+
+    #[test]
+    fn args_must_look_like_ids() {
+        assert_eq!(arg_text(b"0123abcd"), Some("0123abcd".into()));
+        assert_eq!(arg_text(b""), None);
+        assert_eq!(arg_text(b"a b"), None);
+        assert_eq!(arg_text(&[0x41, 0xff]), None);
+    }
+
+    #[test]
+    fn every_group_has_one_role() {
+        for t in TARGETS {
+            for g in t.groups {
+                assert!(!g.is_empty());
+                assert!(g.iter().all(|s| s.role == g[0].role), "{:?}", g[0].symbol);
+            }
+        }
+    }
+
+    #[test]
+    fn short_names() {
+        assert_eq!(short("github.com/containerd/containerd/pkg/cri/server.handleContainerExit"), "server.handleContainerExit");
+        assert_eq!(short("main.main"), "main.main");
+    }
+}
