@@ -43,8 +43,66 @@ pub struct Report {
     pub checks: Vec<Check>,
     pub program_types: Vec<Check>,
     pub probes: Vec<ProbeReport>,
+    /// The Go binaries plegwatch would probe (running now, or at their usual
+    /// paths), and whether their version is one it knows. Never fatal: an
+    /// unknown binary is left alone and the other probes go on.
+    pub go_targets: Vec<GoTargetReport>,
     /// `None` when ready; else the first required thing missing.
     pub problem: Option<String>,
+}
+
+/// A Go binary plegwatch would probe.
+#[derive(Clone, Debug, Serialize)]
+pub struct GoTargetReport {
+    pub target: String,
+    pub binary: String,
+    /// Processes running it now.
+    pub pids: Vec<u32>,
+    /// `supported` (every expected function found), `partial`, `unmatched`
+    /// (none: not probed) or `unreadable`.
+    pub status: &'static str,
+    pub go_version: Option<String>,
+    pub functions: Vec<String>,
+    pub missing: Vec<String>,
+    pub g_tls_offset: Option<i64>,
+    pub detail: Option<String>,
+}
+
+/// Looks at every target binary without attaching anything.
+pub fn go_targets() -> Vec<GoTargetReport> {
+    use crate::gowatch::{attach, targets::short};
+    attach::survey()
+        .into_iter()
+        .map(|f| {
+            let mut r = GoTargetReport {
+                target: f.target.name.into(),
+                binary: f.path.display().to_string(),
+                pids: f.pids.clone(),
+                status: "unreadable",
+                go_version: None,
+                functions: Vec::new(),
+                missing: Vec::new(),
+                g_tls_offset: None,
+                detail: None,
+            };
+            match attach::inspect(&f.path, f.target) {
+                Ok(i) => {
+                    r.status = match (i.found.len(), i.missing.len()) {
+                        (0, _) => "unmatched",
+                        (_, 0) => "supported",
+                        _ => "partial",
+                    };
+                    r.go_version = i.go_version;
+                    r.functions = i.found.iter().map(|(s, p)| format!("{} ({} RETs)", short(s.symbol), p.ret_offsets.len())).collect();
+                    r.missing = i.missing.iter().map(|s| short(s).to_string()).collect();
+                    r.g_tls_offset = i.g_tls.as_ref().ok().copied();
+                    r.detail = i.g_tls.err().map(|e| format!("no goroutine ids at kernel probes: {e}"));
+                }
+                Err(e) => r.detail = Some(e),
+            }
+            r
+        })
+        .collect()
 }
 
 fn check(name: &str, required: bool, r: Result<String, String>) -> Check {
@@ -152,6 +210,7 @@ pub fn run() -> Report {
         checks,
         program_types,
         probes: probes_out,
+        go_targets: go_targets(),
         problem,
     }
 }
@@ -300,6 +359,26 @@ pub fn render(r: &Report) -> String {
             ));
             for why in &p.passed_over {
                 out.push_str(&format!("      passed over: {why}\n"));
+            }
+        }
+    }
+    if !r.go_targets.is_empty() {
+        out.push_str("  Go targets (entry + RET uprobes from .gopclntab)\n");
+        for t in &r.go_targets {
+            let pids = if t.pids.is_empty() { "not running".to_string() } else { format!("pids {:?}", t.pids) };
+            out.push_str(&format!(
+                "    {:<16} {:<10} {} ({}, {})\n",
+                t.target,
+                t.status,
+                t.binary,
+                t.go_version.as_deref().unwrap_or("go version unknown"),
+                pids
+            ));
+            if !t.missing.is_empty() {
+                out.push_str(&format!("      not found: {}\n", t.missing.join(", ")));
+            }
+            if let Some(d) = &t.detail {
+                out.push_str(&format!("      {d}\n"));
             }
         }
     }

@@ -66,8 +66,10 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, String> {
     let mut found = Vec::new();
     let mut missing = Vec::new();
     for group in target.groups {
-        let Some(spec) = group.iter().find(|s| bin.symbols().lookup(s.symbol).is_some()) else {
-            missing.push(group[0].symbol);
+        let Some(spec) = group.funcs.iter().find(|s| bin.symbols().lookup(s.symbol).is_some()) else {
+            if !group.optional {
+                missing.push(group.funcs[0].symbol);
+            }
             continue;
         };
         match bin.probe_points(spec.symbol) {
@@ -275,4 +277,48 @@ impl Attacher {
         }
         sink.emit(&Event::Target(line));
     }
+}
+
+/// Where the targets' binaries usually live, looked at by `doctor` even when
+/// no process runs them.
+const USUAL_PATHS: &[(&str, &str)] = &[
+    ("containerd", "/usr/bin/containerd"),
+    ("containerd", "/usr/local/bin/containerd"),
+    ("containerd-shim", "/usr/bin/containerd-shim-runc-v2"),
+    ("containerd-shim", "/usr/local/bin/containerd-shim-runc-v2"),
+    ("kubelet", "/usr/bin/kubelet"),
+    ("kubelet", "/usr/local/bin/kubelet"),
+    ("runc", "/usr/sbin/runc"),
+    ("runc", "/usr/bin/runc"),
+    ("runc", "/usr/local/sbin/runc"),
+];
+
+/// A target binary on this node: where it is and which processes run it.
+#[derive(Clone, Debug)]
+pub struct Found {
+    pub target: &'static Target,
+    pub path: PathBuf,
+    pub pids: Vec<u32>,
+}
+
+/// Every target binary running now (by comm, one entry per inode) or at a usual path.
+pub fn survey() -> Vec<Found> {
+    let mut by_inode: HashMap<(u64, u64), Found> = HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let Some(target) = procfs::comm(pid).and_then(|c| target_of(&c)) else { continue };
+            let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+            let Ok(meta) = std::fs::metadata(&exe) else { continue };
+            let path = std::fs::read_link(&exe).unwrap_or(exe);
+            by_inode.entry((meta.dev(), meta.ino())).or_insert(Found { target, path, pids: Vec::new() }).pids.push(pid);
+        }
+    }
+    for (name, path) in USUAL_PATHS {
+        let (Some(target), Ok(meta)) = (target_named(name), std::fs::metadata(path)) else { continue };
+        by_inode.entry((meta.dev(), meta.ino())).or_insert(Found { target, path: PathBuf::from(path), pids: Vec::new() });
+    }
+    let mut out: Vec<Found> = by_inode.into_values().collect();
+    out.sort_by(|a, b| (a.target.name, &a.path).cmp(&(b.target.name, &b.path)));
+    out
 }

@@ -82,93 +82,106 @@ const EXIT_CONTAINER: Arg = Arg { name: "container", reg: 2, off: 0 };
 const SHIM_CONTAINER: Arg = Arg { name: "container", reg: 3, off: 0 };
 
 /// A group of names for one function across versions: the first found is probed.
-pub type Group = &'static [GoFuncSpec];
+#[derive(Clone, Copy, Debug)]
+pub struct Group {
+    pub funcs: &'static [GoFuncSpec],
+    /// Only some versions have it at all (1.7's `sbserver`): not missing when absent.
+    pub optional: bool,
+}
+
+const fn need(funcs: &'static [GoFuncSpec]) -> Group {
+    Group { funcs, optional: false }
+}
+
+const fn opt(funcs: &'static [GoFuncSpec]) -> Group {
+    Group { funcs, optional: true }
+}
 
 /// kubelet's relist, newest name first: `Relist` from v1.26 (Evented PLEG PR
 /// #111384), `relist` up to v1.25.
-pub const KUBELET: &[Group] = &[&[
+pub const KUBELET: &[Group] = &[need(&[
     spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist", Role::Relist),
     spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).relist", Role::Relist),
-]];
+])];
 
 /// containerd's CRI Status store and handlers: 1.6/1.7 (`pkg/cri/server`,
 /// and 1.7's `pkg/cri/sbserver`), 2.x (`v2/internal/cri/server`).
 pub const CONTAINERD: &[Group] = &[
-    &[
+    need(&[
         spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Get", Role::StatusGet),
         spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Get", Role::StatusGet),
-    ],
-    &[
+    ]),
+    need(&[
         spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
         spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
-    ],
-    &[
+    ]),
+    need(&[
         spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
         spec(
             "github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).UpdateSync",
             Role::StatusUpdate,
         ),
-    ],
-    &[
+    ]),
+    need(&[
         spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListContainers", Role::CriHandler),
         spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ListContainers", Role::CriHandler),
-    ],
-    &[
+    ]),
+    need(&[
         spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListPodSandbox", Role::CriHandler),
         spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ListPodSandbox", Role::CriHandler),
-    ],
-    &[
+    ]),
+    need(&[
         with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).ContainerStatus", Role::CriHandler, CRI_CONTAINER),
         spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ContainerStatus", Role::CriHandler),
-    ],
-    &[
+    ]),
+    need(&[
         with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).PodSandboxStatus", Role::CriHandler, CRI_SANDBOX),
         spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).PodSandboxStatus", Role::CriHandler),
-    ],
-    &[
+    ]),
+    need(&[
         with_arg(
             "github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources",
             Role::CriHandler,
             CRI_CONTAINER,
         ),
         spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).UpdateContainerResources", Role::CriHandler),
-    ],
-    &[
+    ]),
+    need(&[
         with_arg("github.com/containerd/containerd/pkg/cri/server.handleContainerExit", Role::CriHandler, EXIT_CONTAINER),
         spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).handleContainerExit", Role::CriHandler),
-    ],
-    &[spec("github.com/containerd/containerd/pkg/cri/sbserver.(*criService).ListContainers", Role::CriHandler)],
-    &[with_arg(
+    ]),
+    opt(&[spec("github.com/containerd/containerd/pkg/cri/sbserver.(*criService).ListContainers", Role::CriHandler)]),
+    opt(&[with_arg(
         "github.com/containerd/containerd/pkg/cri/sbserver.(*criService).UpdateContainerResources",
         Role::CriHandler,
         CRI_CONTAINER,
-    )],
+    )]),
 ];
 
 /// containerd-shim-runc-v2's task service: the other end of containerd's
 /// ttrpc calls (1.6/1.7 `runtime/v2/runc/task`, 2.x `cmd/containerd-shim-runc-v2/task`).
 pub const SHIM: &[Group] = &[
-    &[
+    need(&[
         with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Update", Role::ShimTask, SHIM_CONTAINER),
         spec("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Update", Role::ShimTask),
-    ],
-    &[
+    ]),
+    need(&[
         with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Delete", Role::ShimTask, SHIM_CONTAINER),
         spec("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Delete", Role::ShimTask),
-    ],
+    ]),
 ];
 
 /// runc's cgroup calls to systemd over D-Bus: `libcontainer/cgroups/systemd`
 /// up to 1.2, `github.com/opencontainers/cgroups/systemd` from 1.3.
 pub const RUNC: &[Group] = &[
-    &[
+    need(&[
         spec("github.com/opencontainers/runc/libcontainer/cgroups/systemd.startUnit", Role::RuncSystemd),
         spec("github.com/opencontainers/cgroups/systemd.startUnit", Role::RuncSystemd),
-    ],
-    &[
+    ]),
+    need(&[
         spec("github.com/opencontainers/runc/libcontainer/cgroups/systemd.setUnitProperties", Role::RuncSystemd),
         spec("github.com/opencontainers/cgroups/systemd.setUnitProperties", Role::RuncSystemd),
-    ],
+    ]),
 ];
 
 /// A kind of binary plegwatch probes.
@@ -239,8 +252,9 @@ mod tests {
     fn every_group_has_one_role() {
         for t in TARGETS {
             for g in t.groups {
-                assert!(!g.is_empty());
-                assert!(g.iter().all(|s| s.role == g[0].role), "{:?}", g[0].symbol);
+                assert!(!g.funcs.is_empty());
+                assert!(g.funcs.iter().all(|s| s.role == g.funcs[0].role), "{:?}", g.funcs[0].symbol);
+                assert_eq!(g.optional, g.funcs[0].symbol.contains("/sbserver."), "{:?}", g.funcs[0].symbol);
             }
         }
     }
