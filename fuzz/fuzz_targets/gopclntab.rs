@@ -18,6 +18,10 @@ fuzz_target!(|data: &[u8]| {
         .build_info()
         .map(|b| b.module_version("github.com/containerd/containerd"));
     let _ = syms.elf().tls_segment();
+    // The code that loads g from TLS, decoded from whatever runtime.stackcheck holds.
+    if let Ok(t) = plegwatch::gosym::g_tls_offset(&syms, data) {
+        let _ = t.offset;
+    }
     let mut last_entry = 0u64;
     for (i, f) in syms.functions().enumerate() {
         // Address order and well-formed ranges, as parsing checked.
