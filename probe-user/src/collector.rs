@@ -200,6 +200,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         offcpu_top: offcpu.as_ref().map(|o| o.top(10)).unwrap_or_default(),
         go_latency: go.latency(),
         relists: go.relists(monotonic_ns()),
+        go_locks: go.locks(10),
     };
     if summary.dropped_waits + summary.dropped_events > 0 {
         tracing::warn!(

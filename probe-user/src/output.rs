@@ -99,6 +99,9 @@ pub struct Summary {
     pub go_latency: Vec<crate::latency::LatencyRow>,
     /// kubelet relist clocks, one per kubelet process seen.
     pub relists: Vec<Value>,
+    /// containerd's CRI Status locks held longest (write holds, and the
+    /// longest read wait on each).
+    pub go_locks: Vec<Value>,
 }
 
 /// A Go binary plegwatch looked at: probed, or left alone and why.
@@ -261,6 +264,10 @@ pub fn render_text(event: &Event) -> String {
             for r in &s.relists {
                 out.push_str("\n    relist: ");
                 out.push_str(&detail_text(r));
+            }
+            for l in &s.go_locks {
+                out.push_str("\n    status lock: ");
+                out.push_str(&detail_text(l));
             }
             out
         }

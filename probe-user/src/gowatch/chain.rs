@@ -66,14 +66,14 @@ impl Calls<'_> {
 
 /// The blame for a Status lock held by the call `o`.
 pub fn lock_blame(o: &GoOpen, calls: &Calls<'_>, waits: &KernelWaits<'_>) -> Blame {
-    let mut b = Blame::default();
     // The CRI handler running on the same goroutine names the container.
-    b.container = calls
+    let container = calls
         .open
         .iter()
         .filter(|c| c.tgid == o.tgid && c.g == o.g && c.arg.is_some())
         .find(|c| calls.func(c).is_some_and(|f| f.role == Role::CriHandler))
         .and_then(|c| c.arg.clone());
+    let mut b = Blame { container, ..Blame::default() };
     b.chain.push(calls.link(o));
     if let Some((tid, w)) = waits.by_g.get(&(o.tgid, o.g)) {
         b.cause = Some(wait_cause(o.tgid, *tid, w, calls.func(o).map(|f| short(f.symbol)), "the lock holder's own syscall"));
@@ -218,4 +218,75 @@ fn inferred_shim(shims: &[u32], waits: &KernelWaits<'_>) -> Option<Value> {
         "exact": false,
         "why": "containerd waits on a shim's ttrpc reply; no shim task call was seen, so of the shims it is connected to, this one has the oldest open wait",
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gowatch::{attach::ProbedFunc, targets::{Arg, Role}};
+    use std::path::PathBuf;
+
+    /// A pid no process has, so /proc lookups find nothing.
+    const NO_PID: u32 = u32::MAX - 7;
+
+    fn funcs() -> HashMap<u32, ProbedFunc> {
+        let f = |symbol, role, arg| ProbedFunc { symbol, role, arg, target: "containerd", binary: PathBuf::from("/usr/bin/containerd") };
+        let container = Some(Arg { name: "container", reg: 3, off: 0 });
+        HashMap::from([
+            (1, f("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate, None)),
+            (2, f("github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources", Role::CriHandler, container)),
+        ])
+    }
+
+    fn call(g: u64, func: u32, start_ns: u64, arg: Option<&str>) -> GoOpen {
+        GoOpen { g, func, tgid: NO_PID, tid: NO_PID, comm: "containerd".into(), start_ns, receiver: 0xc000, arg: arg.map(String::from) }
+    }
+
+    #[test]
+    fn the_holders_own_syscall_is_the_cause() {
+        let funcs = funcs();
+        let open = vec![call(0x10, 2, 1_000, Some("abc123")), call(0x10, 1, 2_000, None), call(0x20, 2, 3_000, Some("other"))];
+        let by_tid = HashMap::new();
+        let fdatasync = json!({"kind": "sync", "syscall": "fdatasync", "phase": "syscall", "waited_s": 3.5});
+        let by_g = HashMap::from([((NO_PID, 0x10), (4242, fdatasync))]);
+        let longest = HashMap::new();
+        let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000_000_000 };
+        let b = lock_blame(&open[1], &calls, &waits);
+        assert_eq!(b.container.as_deref(), Some("abc123"), "the CRI call on the same goroutine names it");
+        let cause = b.cause.expect("a cause");
+        assert_eq!(cause["syscall"], "fdatasync");
+        assert_eq!(cause["tid"], 4242);
+        assert_eq!(cause["exact"], true);
+        assert_eq!(cause["via"], "container.(*statusStorage).UpdateSync");
+        assert_eq!(b.chain.len(), 2, "holder, then its syscall: {:?}", b.chain);
+        assert_eq!(b.chain[0]["function"], "container.(*statusStorage).UpdateSync");
+    }
+
+    #[test]
+    fn another_goroutines_wait_is_not_blamed() {
+        let funcs = funcs();
+        let open = vec![call(0x10, 1, 2_000, None)];
+        let by_tid = HashMap::new();
+        // A wait by a different goroutine of the same process: no join.
+        let by_g = HashMap::from([((NO_PID, 0x99), (1, json!({"kind": "sync", "waited_s": 9.0})))]);
+        let longest = HashMap::new();
+        let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000 };
+        let b = lock_blame(&open[0], &calls, &waits);
+        assert!(b.cause.is_none() && b.holder.is_none() && b.container.is_none(), "{b:?}");
+    }
+
+    #[test]
+    fn a_process_wait_cause_is_marked_inexact() {
+        let by_tid = HashMap::new();
+        let by_g = HashMap::new();
+        let longest = HashMap::from([(NO_PID, ("umount", 1_000_000_000))]);
+        let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
+        let c = longest_cause(NO_PID, &waits, 3_500_000_000).expect("a cause");
+        assert_eq!(c["kind"], "umount");
+        assert_eq!(c["exact"], false);
+        assert!((c["waited_s"].as_f64().unwrap_or(0.0) - 2.5).abs() < 1e-9);
+        assert!(longest_cause(1, &waits, 0).is_none());
+    }
 }

@@ -93,6 +93,17 @@ impl Item for GoOpen {
     fn refresh(&mut self, _newer: &Self) {}
 }
 
+/// One Status lock's history: write holds and read waits.
+#[derive(Clone, Debug, Default)]
+struct LockStats {
+    holds: u64,
+    max_hold: Duration,
+    gets: u64,
+    max_get_wait: Duration,
+    /// The container the last long hold was for.
+    container: Option<String>,
+}
+
 /// A kubelet's relist clock.
 #[derive(Clone, Copy, Debug, Default)]
 struct RelistClock {
@@ -114,6 +125,8 @@ pub struct GoWatch {
     /// Every Go call open at the last scan (Gets excluded).
     open: Vec<GoOpen>,
     latency: LatencyTables,
+    /// Per Status lock, by (process, lock address).
+    locks: HashMap<(u32, u64), LockStats>,
 }
 
 impl GoWatch {
@@ -127,6 +140,7 @@ impl GoWatch {
             get_by_g: HashMap::new(),
             open: Vec::new(),
             latency: LatencyTables::default(),
+            locks: HashMap::new(),
         })
     }
 
@@ -178,8 +192,20 @@ impl GoWatch {
             c.last_end_ns = rec.end_ns;
             c.last_took = took;
         }
-        if role == Role::StatusGet {
-            return;
+        if matches!(role, Role::StatusGet | Role::StatusUpdate) {
+            let l = self.locks.entry((rec.tgid, rec.receiver)).or_default();
+            if role == Role::StatusGet {
+                l.gets += 1;
+                l.max_get_wait = l.max_get_wait.max(took);
+                return;
+            }
+            l.holds += 1;
+            if took >= l.max_hold {
+                l.max_hold = took;
+                // The CRI handler on the same goroutine names the container.
+                let container = self.open.iter().find(|o| o.tgid == rec.tgid && o.g == rec.g && o.arg.is_some());
+                l.container = container.and_then(|o| o.arg.clone()).or(l.container.take());
+            }
         }
         let info = GoOpen {
             g: rec.g,
@@ -354,6 +380,26 @@ impl GoWatch {
         self.latency.rows()
     }
 
+    /// The Status locks held longest, for the summary (at most `n`).
+    pub fn locks(&self, n: usize) -> Vec<Value> {
+        let mut v: Vec<(&(u32, u64), &LockStats)> = self.locks.iter().filter(|(_, l)| l.holds > 0).collect();
+        v.sort_by_key(|(_, l)| std::cmp::Reverse(l.max_hold));
+        v.into_iter()
+            .take(n)
+            .map(|((pid, lock), l)| {
+                json!({
+                    "pid": pid,
+                    "lock": format!("{lock:#x}"),
+                    "container": l.container,
+                    "holds": l.holds,
+                    "max_hold_s": l.max_hold.as_secs_f64(),
+                    "gets": l.gets,
+                    "max_get_wait_s": l.max_get_wait.as_secs_f64(),
+                })
+            })
+            .collect()
+    }
+
     /// Each kubelet's relist clock, for the summary: relists seen, when the
     /// last one started and ended, how long it took, and whether one is open.
     pub fn relists(&self, now_ns: u64) -> Vec<Value> {
@@ -370,7 +416,7 @@ impl GoWatch {
                     "relists": c.count,
                     "last_start": at(c.last_start_ns),
                     "last_end": at(c.last_end_ns),
-                    "last_took_s": (c.count > 0).then(|| c.last_took.as_secs_f64()),
+                    "last_took_s": (c.count > 0).then_some(c.last_took.as_secs_f64()),
                     "since_last_start_s": (c.last_start_ns != 0).then(|| now_ns.saturating_sub(c.last_start_ns) as f64 / 1e9),
                     "open_now": open,
                 })
