@@ -95,7 +95,7 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, String> {
 /// has no `uprobe_multi` link, so each entry and RET is its own perf-event
 /// uprobe with a BPF cookie (Linux ≥ 5.15). On Debian's containerd 1.6.20
 /// that is 39 links for 9 functions; its shim 8, runc 8.
-fn attach_point(ebpf: &mut Ebpf, program: &str, target: &Path, offset: u64, cookie: u32) -> Result<(), String> {
+fn attach_point(ebpf: &mut Ebpf, program: &'static str, target: &Path, offset: u64, cookie: u32) -> Result<Link, String> {
     let prog: &mut UProbe = crate::probes::program_mut(ebpf, program)?;
     prog.load()
         .or_else(|e| match e {
@@ -105,8 +105,31 @@ fn attach_point(ebpf: &mut Ebpf, program: &str, target: &Path, offset: u64, cook
         .map_err(|e| format!("load {program}: {e}"))?;
     let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(u64::from(cookie)) };
     prog.attach(point, target, UProbeScope::AllProcesses)
-        .map(|_| ())
+        .map(|id| (program, id))
         .map_err(|e| format!("attach {program} at {offset:#x} of {}: {e}", target.display()))
+}
+
+/// An attached point: its program and link.
+type Link = (&'static str, aya::programs::uprobe::UProbeLinkId);
+
+/// Detaches `links` (a binary whose attach failed half-way).
+fn detach_all(ebpf: &mut Ebpf, links: Vec<Link>) {
+    for (program, id) in links {
+        if let Ok(prog) = crate::probes::program_mut::<UProbe>(ebpf, program) {
+            let _ = prog.detach(id);
+        }
+    }
+}
+
+/// The path to attach to for a process's binary: its own path when that is
+/// still the same file (stable, unlike `/proc/PID/exe` of a short-lived
+/// process: the shim's first process and runc exit within milliseconds),
+/// else `/proc/PID/exe` (a binary replaced or deleted on disk since).
+fn stable_path(pid: u32, key: (u64, u64)) -> (PathBuf, PathBuf) {
+    let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+    let path = std::fs::read_link(&exe).unwrap_or_else(|_| exe.clone());
+    let same = std::fs::metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == key);
+    (if same { path.clone() } else { exe }, path)
 }
 
 pub struct Attacher {
@@ -180,13 +203,11 @@ impl Attacher {
         }
         let Some(comm) = procfs::comm(pid) else { return };
         let Some(target) = target_of(&comm) else { return };
-        let exe = PathBuf::from(format!("/proc/{pid}/exe"));
-        let Ok(meta) = std::fs::metadata(&exe) else { return };
+        let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else { return };
         let key = (meta.dev(), meta.ino());
-        let path = std::fs::read_link(&exe).unwrap_or_else(|_| exe.clone());
+        let (open_path, path) = stable_path(pid, key);
         if !self.binaries.contains_key(&key) {
-            // Through /proc, so a binary replaced on disk since it started still opens.
-            self.probe_binary(ebpf, target, key, &exe, &path, pid, found_by, sink);
+            self.probe_binary(ebpf, target, key, &open_path, &path, pid, found_by, sink);
         } else if let Some(Binary::Probed { target, .. }) = self.binaries.get(&key) {
             if target.name != "runc" {
                 sink.emit(&Event::Target(crate::output::Target {
@@ -233,7 +254,16 @@ impl Attacher {
             g_tls_offset: None,
             why: None,
         };
-        let outcome = inspect(open_path, target).and_then(|i| {
+        let mut links: Vec<Link> = Vec::new();
+        let mut transient = false;
+        let first_id = self.funcs.len() as u32 + 1;
+        let outcome = inspect(open_path, target).map_err(|e| {
+            // The process may be gone already (a short-lived runc): try again with the next one.
+            transient = !open_path.exists();
+            // Not a Go binary we can read (a wrapper script named runc, a stripped C binary).
+            line.status = "unmatched";
+            e
+        }).and_then(|i| {
             line.go_version = i.go_version.clone();
             if i.found.is_empty() {
                 line.status = "unmatched";
@@ -253,9 +283,16 @@ impl Attacher {
                     return Err(format!("more than {GO_FUNCS_MAX} probed functions"));
                 }
                 let _ = self.args.set(id, Arg::spec(spec.arg), 0);
-                attach_point(ebpf, "go_entry", open_path, points.entry_offset, id)?;
-                for off in &points.ret_offsets {
-                    attach_point(ebpf, "go_ret", open_path, *off, id)?;
+                let attached = attach_point(ebpf, "go_entry", open_path, points.entry_offset, id).and_then(|l| {
+                    links.push(l);
+                    for off in &points.ret_offsets {
+                        links.push(attach_point(ebpf, "go_ret", open_path, *off, id)?);
+                    }
+                    Ok(())
+                });
+                if let Err(e) = attached {
+                    transient = !open_path.exists();
+                    return Err(e);
                 }
                 self.funcs.insert(
                     id,
@@ -272,8 +309,15 @@ impl Attacher {
                 self.binaries.insert(key, Binary::Probed { target, g_tls });
             }
             Err(why) => {
+                detach_all(ebpf, std::mem::take(&mut links));
+                self.funcs.retain(|id, _| *id < first_id);
                 if line.status == "probed" {
                     line.status = "failed";
+                }
+                if transient {
+                    // Not remembered: the next process running it is tried again.
+                    tracing::debug!(pid, target = target.name, binary = %path.display(), "Go binary gone before it was probed: {why}");
+                    return;
                 }
                 tracing::warn!(pid, target = target.name, binary = %path.display(), "Go binary not probed: {why}");
                 line.why = Some(why);

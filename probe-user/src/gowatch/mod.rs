@@ -313,10 +313,17 @@ impl GoWatch {
                             )
                         }
                         Role::CriHandler => {
-                            // Waiting on a Status lock someone holds: the same blame.
+                            // Waiting on a Status lock someone holds, or holding one
+                            // itself (UpdateContainerResources): that lock's blame.
                             let lock = self.get_by_g.get(&(o.tgid, o.g)).copied();
+                            let held = self.open.iter().find(|h| {
+                                h.tgid == o.tgid
+                                    && h.g == o.g
+                                    && self.attacher.funcs.get(&h.func).is_some_and(|f| f.role == Role::StatusUpdate)
+                            });
                             let blame = lock
                                 .and_then(|l| self.lock_holder(o.tgid, l))
+                                .or(held)
                                 .map(|h| chain::lock_blame(h, &calls, waits))
                                 .unwrap_or_default();
                             (
