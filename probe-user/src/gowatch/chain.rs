@@ -81,12 +81,16 @@ pub fn lock_blame(o: &GoOpen, calls: &Calls<'_>, waits: &KernelWaits<'_>) -> Bla
         return b;
     }
     let shims = connected_shims(o.tgid);
+    // With a container id the match is exact wherever the shim is; without
+    // one, only shims containerd is connected to, called after the lock was taken.
     let shim_calls: Vec<&GoOpen> = calls
         .open
         .iter()
-        .filter(|c| shims.contains(&c.tgid) && calls.func(c).is_some_and(|f| f.role == Role::ShimTask))
-        .filter(|c| b.container.is_none() || c.arg == b.container)
-        .filter(|c| c.start_ns >= o.start_ns || b.container.is_some())
+        .filter(|c| calls.func(c).is_some_and(|f| f.role == Role::ShimTask))
+        .filter(|c| match &b.container {
+            Some(id) => c.arg.as_ref() == Some(id),
+            None => shims.contains(&c.tgid) && c.start_ns >= o.start_ns,
+        })
         .collect();
     let Some(shim) = shim_calls.iter().min_by_key(|c| c.start_ns).map(|c| c.tgid) else {
         b.holder = inferred_shim(&shims, waits);
@@ -235,6 +239,8 @@ mod tests {
         HashMap::from([
             (1, f("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate, None)),
             (2, f("github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources", Role::CriHandler, container)),
+            (3, f("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Update", Role::ShimTask, container)),
+            (4, f("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Delete", Role::ShimTask, container)),
         ])
     }
 
@@ -261,6 +267,36 @@ mod tests {
         assert_eq!(cause["via"], "container.(*statusStorage).UpdateSync");
         assert_eq!(b.chain.len(), 2, "holder, then its syscall: {:?}", b.chain);
         assert_eq!(b.chain[0]["function"], "container.(*statusStorage).UpdateSync");
+    }
+
+    #[test]
+    fn the_shim_is_found_by_container_and_its_goroutine_wait_is_the_cause() {
+        const SHIM: u32 = NO_PID - 1;
+        let funcs = funcs();
+        let shim_call = |g, func, start_ns, arg: &str| GoOpen { tgid: SHIM, tid: SHIM, comm: "containerd-shim".into(), ..call(g, func, start_ns, Some(arg)) };
+        let open = vec![
+            call(0x10, 2, 1_000, Some("abc123")),
+            call(0x10, 1, 2_000, None),
+            shim_call(0x30, 3, 2_500, "abc123"),
+            shim_call(0x40, 4, 500, "abc123"),
+            shim_call(0x50, 3, 2_600, "someone-else"),
+        ];
+        let by_tid = HashMap::new();
+        let umount = json!({"kind": "umount", "syscall": "umount2", "phase": "task_work", "waited_s": 20.0});
+        let by_g = HashMap::from([((SHIM, 0x40), (777, umount))]);
+        let longest = HashMap::new();
+        let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 30_000_000_000 };
+        let b = lock_blame(&open[1], &calls, &waits);
+        let holder = b.holder.expect("the shim");
+        assert_eq!(holder["pid"], SHIM);
+        assert_eq!(holder["exact"], true);
+        assert_eq!(holder["calls"].as_array().map(Vec::len), Some(2), "only the container's calls: {holder}");
+        let cause = b.cause.expect("a cause");
+        assert_eq!(cause["kind"], "umount");
+        assert_eq!(cause["tid"], 777);
+        assert_eq!(cause["via"], "task.(*service).Delete");
+        assert_eq!(b.chain.len(), 4, "holder, two shim calls, cause: {:?}", b.chain);
     }
 
     #[test]
