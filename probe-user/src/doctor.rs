@@ -59,7 +59,7 @@ pub struct GoTargetReport {
     /// Processes running it now.
     pub pids: Vec<u32>,
     /// `supported` (every expected function found), `partial`, `unmatched`
-    /// (none: not probed) or `unreadable`.
+    /// (none, or not a Go binary: not probed) or `unreadable`.
     pub status: &'static str,
     pub go_version: Option<String>,
     pub functions: Vec<String>,
@@ -98,7 +98,12 @@ pub fn go_targets() -> Vec<GoTargetReport> {
                     r.g_tls_offset = i.g_tls.as_ref().ok().copied();
                     r.detail = i.g_tls.err().map(|e| format!("no goroutine ids at kernel probes: {e}"));
                 }
-                Err(e) => r.detail = Some(e),
+                Err(e) => {
+                    if !matches!(e, crate::gosym::GoSymError::Io { .. }) {
+                        r.status = "unmatched";
+                    }
+                    r.detail = Some(e.to_string());
+                }
             }
             r
         })

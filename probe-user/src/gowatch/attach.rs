@@ -61,8 +61,8 @@ pub struct Inspection {
 }
 
 /// Reads `path` and picks, for each of `target`'s groups, the first function it has.
-pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, String> {
-    let bin = GoBinary::open(path).map_err(|e| e.to_string())?;
+pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::gosym::GoSymError> {
+    let bin = GoBinary::open(path)?;
     let mut found = Vec::new();
     let mut missing = Vec::new();
     for group in target.groups {
@@ -262,7 +262,7 @@ impl Attacher {
             transient = !open_path.exists();
             // Not a Go binary we can read (a wrapper script named runc, a stripped C binary).
             line.status = "unmatched";
-            e
+            e.to_string()
         }).and_then(|i| {
             line.go_version = i.go_version.clone();
             if i.found.is_empty() {
