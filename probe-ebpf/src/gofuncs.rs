@@ -17,16 +17,16 @@ use aya_ebpf::{
     programs::{ProbeContext, TracePointContext},
 };
 use plegwatch_abi::{
-    COMM_LEN, EventHeader, EventKind, ExecEvent, GO_ARG_LEN, GO_FUNCS_MAX, GoArgSpec, GoCall, GoCallEnd, GoCallKey,
+    COMM_LEN, EventHeader, GO_EVENTS_BYTES, EventKind, ExecEvent, GO_ARG_LEN, GO_FUNCS_MAX, GoArgSpec, GoCall, GoCallEnd, GoCallKey,
     GoProc, Stat,
 };
 
-use crate::waits::{count, tracer_tgid};
+use crate::waits::{count, report_min_ns, tracer_tgid};
 
 #[map]
 static GO_CALLS: HashMap<GoCallKey, GoCall> = HashMap::with_max_entries(16_384, 0);
 #[map]
-static GO_EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+static GO_EVENTS: RingBuf = RingBuf::with_byte_size(GO_EVENTS_BYTES, 0);
 #[map]
 static GO_PROCS: HashMap<u32, GoProc> = HashMap::with_max_entries(1024, 0);
 #[map]
@@ -156,11 +156,19 @@ pub fn go_ret(ctx: ProbeContext) -> u32 {
         arg_len: call.arg_len,
         arg: call.arg,
     };
-    if GO_EVENTS.output::<GoCallEnd>(&rec, 0).is_err() {
+    // Most calls are short and only feed the latency tables: userspace drains
+    // them at its next scan without being woken. A long one may close a
+    // reported stall, so it wakes userspace at once.
+    let flags = if rec.end_ns.saturating_sub(rec.start_ns) >= report_min_ns() { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
+    if GO_EVENTS.output::<GoCallEnd>(&rec, flags).is_err() {
         count(Stat::RingbufFull);
     }
     0
 }
+
+/// `bpf_ringbuf_output` flags (include/uapi/linux/bpf.h).
+const BPF_RB_NO_WAKEUP: u64 = 1;
+const BPF_RB_FORCE_WAKEUP: u64 = 2;
 
 /// `sched:sched_process_exec` (format on Linux 6.18: `__data_loc char[]
 /// filename` at 8, `pid_t pid` at 12, `pid_t old_pid` at 16; only the current

@@ -58,6 +58,13 @@ pub(crate) fn count(stat: Stat) {
     }
 }
 
+/// Waits at least this long are worth a prompt record (the loader's `--warn`).
+#[inline(always)]
+pub(crate) fn report_min_ns() -> u64 {
+    // SAFETY: a read-only global patched by the loader.
+    unsafe { core::ptr::read_volatile(&REPORT_MIN_NS) }
+}
+
 #[inline(always)]
 pub(crate) fn tracer_tgid() -> u32 {
     // SAFETY: a read-only global patched by the loader.
@@ -100,9 +107,7 @@ fn finish(wait: &Wait, end_ns: u64, reason: EndReason) {
         // SAFETY: per-CPU slot.
         unsafe { *p += 1 };
     }
-    // SAFETY: a read-only global patched by the loader.
-    let min = unsafe { core::ptr::read_volatile(&REPORT_MIN_NS) };
-    if dur < min {
+    if dur < report_min_ns() {
         return;
     }
     let rec = WaitEnd {

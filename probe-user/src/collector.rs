@@ -139,6 +139,10 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     tgids.extend(req.tgids());
                     o.refresh(&tgids);
                 }
+                // Short Go calls are queued without a wakeup: take them now.
+                while let Some(item) = go_ring.get_mut().next() {
+                    go.on_record(&mut ebpf, &item, sink);
+                }
                 let mut open_waits = engine.open_by_pid.clone();
                 for (pid, (kind, start)) in req.open_by_pid() {
                     note_open(&mut open_waits, pid, kind, start);
@@ -182,6 +186,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         }
     }
     engine.drain(ring.get_mut(), sink);
+    while let Some(item) = go_ring.get_mut().next() {
+        go.on_record(&mut ebpf, &item, sink);
+    }
 
     let counters = stats::counters(&ebpf);
     let (stalls, resolved) = engine.registry.counts();

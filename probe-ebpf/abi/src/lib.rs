@@ -99,6 +99,11 @@ pub mod go_maps {
     pub const TASK_FSBASE_OFF: &str = "TASK_FSBASE_OFF";
 }
 
+/// Size of [`go_maps::GO_EVENTS`]: short calls are sent without waking
+/// userspace, which drains them every scan (250 ms), so it holds a scan's
+/// worth of calls: about 8,700 [`GoCallEnd`] records.
+pub const GO_EVENTS_BYTES: u32 = 1024 * 1024;
+
 /// Most function ids (attach cookies) [`go_maps::GO_ARGS`] holds.
 pub const GO_FUNCS_MAX: u32 = 256;
 /// Bytes kept of a Go string argument (a container id is 64 hex digits).
