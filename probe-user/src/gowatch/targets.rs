@@ -12,6 +12,22 @@
 //! (`v2/...`) names come from their sources (stall-catalog.md §4), unchecked
 //! on a binary; kubelet's `relist`/`Relist` likewise.
 
+//!
+//! The probed functions and their prototypes (containerd 1.6.20 sources,
+//! checked against Debian's binaries; registers under Go's register ABI):
+//!
+//! | function | prototype | read at entry |
+//! |---|---|---|
+//! | `pkg/cri/store/container.(*statusStorage).Get` | `func (s *statusStorage) Get() Status` | RAX = s, whose `sync.RWMutex` is at offset 0: the lock |
+//! | `(*statusStorage).Update` / `UpdateSync` | `func (s *statusStorage) UpdateSync(u UpdateFunc) error` | RAX = s (the lock) |
+//! | `pkg/cri/server.(*criService).ListContainers`, `ListPodSandbox` | `func (c *criService) ListContainers(ctx context.Context, r *runtime.ListContainersRequest) (*runtime.ListContainersResponse, error)` | nothing |
+//! | `(*criService).ContainerStatus`, `PodSandboxStatus`, `UpdateContainerResources` | `func (c *criService) UpdateContainerResources(ctx context.Context, r *runtime.UpdateContainerResourcesRequest) (*runtime.UpdateContainerResourcesResponse, error)` | RDI = r; its first field is the id |
+//! | `pkg/cri/server.handleContainerExit` | `func handleContainerExit(ctx context.Context, e *eventtypes.TaskExit, cntr containerstore.Container) error` | RCX = e; `ContainerID` first |
+//! | shim `runtime/v2/runc/task.(*service).Update` / `Delete` | `func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error)` | RDI = r; `ID` first |
+//! | runc `libcontainer/cgroups/systemd.startUnit` | `func startUnit(cm *dbusConnManager, unitName string, properties []systemdDbus.Property) error` (1.1; 1.2 adds `ignoreExist bool`) | nothing |
+//! | runc `systemd.setUnitProperties` | `func setUnitProperties(cm *dbusConnManager, name string, properties ...systemdDbus.Property) error` | nothing |
+//! | kubelet `pkg/kubelet/pleg.(*GenericPLEG).Relist` (`relist` ≤ 1.25) | `func (g *GenericPLEG) Relist()` | nothing (R14 = g at entry and RET, as everywhere) |
+
 use plegwatch_abi::{GO_ARG_NONE, GoArgSpec};
 
 /// What a probed function means for the chain.
