@@ -1,17 +1,15 @@
 //! What the D-Bus scenarios set up: a private `dbus-daemon` in a temp dir, a service on it
 //! frozen with SIGSTOP, a `dbus-monitor` that timestamps every message to and from that
-//! service (the ground truth the reports are checked against), and child processes that are
-//! killed by PID when dropped.
+//! service (the ground truth the reports are checked against), the clients that call it, and
+//! the checks on what plegwatch reported about those calls.
 //!
 //! Nothing here touches the system or session bus of the machine: every client gets
 //! `DBUS_SESSION_BUS_ADDRESS` pointing at the private bus through its own environment.
 //! Declare [`PrivateBus`] before the processes that use it: locals drop in reverse, so they
 //! are killed before the daemon, and the daemon before its temp dir is removed.
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +17,7 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use crate::child::{Options, Proc, Stderr};
 use crate::sys::run;
 
 /// The well-known name the frozen service owns.
@@ -32,168 +31,20 @@ pub const INTROSPECTABLE: &str = "org.freedesktop.DBus.Introspectable";
 pub const INTROSPECT: &str = "Introspect";
 /// How long the daemon, the service or a monitor may take to come up.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
-const POLL: Duration = Duration::from_millis(50);
+/// A call's `resolved` line may come this late after the reply (its timing is approximate
+/// today: up to about 2.5 s).
+pub const RESOLVE_LATE_S: f64 = 3.5;
 
-/// A child process whose stdout lines are read (and stamped with the moment they were read)
-/// by a thread, and whose stderr is echoed with its name. Dropping it sends SIGCONT (it may
-/// be stopped) and then SIGKILL to its PID if it still runs, and reaps it.
-pub struct Proc {
-    name: String,
-    child: Child,
-    lines: Receiver<(Instant, String)>,
-    seen: Vec<(Instant, String)>,
-}
+/// How the D-Bus scenarios run their children: stderr echoed with the child's name (several
+/// clients talk at once), and SIGCONT before the cleanup's SIGKILL (the service is frozen).
+pub const CHILD: Options = Options {
+    stderr: Stderr::Echo,
+    continue_before_kill: true,
+};
 
-impl Proc {
-    /// Spawns `cmd` with stdin closed and stdout and stderr piped.
-    pub fn spawn(name: &str, cmd: &mut Command) -> Result<Self> {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("spawn {name}: {cmd:?}"))?;
-        eprintln!("started {name} (pid {}): {cmd:?}", child.id());
-        let tag = format!("{name} {}", child.id());
-        let stdout = child.stdout.take().context("child stdout")?;
-        let stderr = child.stderr.take().context("child stderr")?;
-        let (tx, lines) = mpsc::channel();
-        thread::Builder::new()
-            .name(format!("{name}-out"))
-            .spawn({
-                let tag = tag.clone();
-                move || {
-                    for line in BufReader::new(stdout).lines() {
-                        let Ok(line) = line else { break };
-                        let at = Instant::now();
-                        eprintln!("[{tag}] {line}");
-                        if tx.send((at, line)).is_err() {
-                            break;
-                        }
-                    }
-                }
-            })
-            .context("spawn a stdout reader")?;
-        thread::Builder::new()
-            .name(format!("{name}-err"))
-            .spawn(move || echo_stderr(stderr, &tag))
-            .context("spawn a stderr reader")?;
-        Ok(Self {
-            name: name.into(),
-            child,
-            lines,
-            seen: Vec::new(),
-        })
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Whether the process still runs (neither exited nor reaped).
-    pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Every stdout line read so far, with the moment it was read.
-    pub fn lines(&mut self) -> &[(Instant, String)] {
-        self.seen.extend(self.lines.try_iter());
-        &self.seen
-    }
-
-    /// The first stdout line, already read or arriving within `timeout`, that `pred` accepts.
-    pub fn wait_line(
-        &mut self,
-        timeout: Duration,
-        pred: impl Fn(&str) -> bool,
-    ) -> Option<(Instant, String)> {
-        let deadline = Instant::now() + timeout;
-        let mut checked = 0;
-        loop {
-            self.seen.extend(self.lines.try_iter());
-            if let Some(l) = self.seen[checked..].iter().find(|(_, l)| pred(l)) {
-                return Some(l.clone());
-            }
-            checked = self.seen.len();
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            match self.lines.recv_timeout(left.min(POLL)) {
-                Ok(l) => self.seen.push(l),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    // Exited: nothing more will come; one last look at what did.
-                    self.seen.extend(self.lines.try_iter());
-                    return self.seen[checked..].iter().find(|(_, l)| pred(l)).cloned();
-                }
-            }
-        }
-    }
-
-    /// Waits for the process to exit; an error if it still runs after `timeout`.
-    pub fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "{} (pid {}) still runs {timeout:?} later",
-                    self.name,
-                    self.pid()
-                );
-            }
-            thread::sleep(POLL);
-        }
-    }
-
-    /// Sends `sig` to the process by PID.
-    pub fn signal(&mut self, sig: libc::c_int) -> Result<()> {
-        ensure!(
-            self.running(),
-            "{} (pid {}) is not running",
-            self.name,
-            self.pid()
-        );
-        // SAFETY: kill(2) on the PID of our own child, which has not been reaped yet.
-        if unsafe { libc::kill(self.pid() as libc::pid_t, sig) } != 0 {
-            bail!(
-                "signal {sig} to {} (pid {}): {}",
-                self.name,
-                self.pid(),
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            eprintln!("cleanup: killing {} (pid {})", self.name, self.pid());
-            // SAFETY: as in `signal`: our own unreaped child. A stopped process must be
-            // continued to die cleanly (and to let go of its bus name and sockets at once).
-            unsafe { libc::kill(self.pid() as libc::pid_t, libc::SIGCONT) };
-            if let Err(e) = self.child.kill() {
-                eprintln!("cleanup: kill {} (pid {}): {e}", self.name, self.pid());
-            }
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn echo_stderr(stderr: impl Read, tag: &str) {
-    for line in BufReader::new(stderr).lines() {
-        let Ok(line) = line else { break };
-        eprintln!("[{tag} stderr] {line}");
-    }
+/// Spawns `cmd` as a [`Proc`] with the [`CHILD`] options.
+pub fn spawn(name: &str, cmd: &mut Command) -> Result<Proc> {
+    Proc::spawn_with(name, cmd, CHILD)
 }
 
 /// A private session-type `dbus-daemon` listening on `DIR/bus` in a temp dir of its own,
@@ -218,7 +69,7 @@ impl PrivateBus {
         let config = dir.path().join("bus.conf");
         std::fs::write(&config, bus_config(&socket))
             .with_context(|| format!("write {}", config.display()))?;
-        let mut daemon = Proc::spawn(
+        let mut daemon = spawn(
             "dbus-daemon",
             Command::new("dbus-daemon")
                 .arg(format!("--config-file={}", config.display()))
@@ -325,7 +176,7 @@ impl FrozenService {
     /// Starts the service, waits until it owns `name`, stops it and checks that the kernel
     /// says so (`T` in `/proc/PID/stat`).
     pub fn start(bus: &PrivateBus, name: &str) -> Result<Self> {
-        let mut proc = Proc::spawn(
+        let mut proc = spawn(
             "dbus-test-tool echo",
             bus.command("dbus-test-tool")
                 .args(["echo", "--session"])
@@ -367,6 +218,56 @@ impl FrozenService {
         eprintln!("thawed the service (pid {})", self.pid());
         Ok(at)
     }
+}
+
+/// A `gdbus monitor` listening to the bus daemon's own signals: a client that blocks in poll
+/// forever by design, so it must never be reported. Returns once it says it listens.
+pub fn start_signal_listener(bus: &PrivateBus) -> Result<Proc> {
+    let mut listener = spawn(
+        "gdbus monitor",
+        bus.command("gdbus")
+            .args(["monitor", "--session", "--dest", "org.freedesktop.DBus"]),
+    )?;
+    listener
+        .wait_line(START_TIMEOUT, |l| {
+            l.starts_with("The name org.freedesktop.DBus is owned")
+        })
+        .context("the gdbus monitor listener never said it was listening")?;
+    Ok(listener)
+}
+
+/// `dbus-send` calling [`MEMBER`] of the frozen [`SERVICE`] (libdbus: one thread, blocks in
+/// poll), waiting up to 120 s for the reply.
+pub fn dbus_send_call(bus: &PrivateBus) -> Command {
+    let mut cmd = bus.command("dbus-send");
+    cmd.args([
+        "--session",
+        &format!("--dest={SERVICE}"),
+        "--print-reply",
+        "--reply-timeout=120000",
+        OBJECT_PATH,
+        &format!("{SERVICE}.{MEMBER}"),
+    ]);
+    cmd
+}
+
+/// `gdbus call` of the same method (GLib: waits on a worker thread, and asks
+/// [`INTROSPECT`] first), with a 120 s timeout.
+pub fn gdbus_call(bus: &PrivateBus) -> Command {
+    let mut cmd = bus.command("gdbus");
+    cmd.args([
+        "call",
+        "--session",
+        "--dest",
+        SERVICE,
+        "--object-path",
+        OBJECT_PATH,
+        "--method",
+        &format!("{SERVICE}.{MEMBER}"),
+        "--timeout",
+        "120",
+    ]);
+    cmd
 }
 
 /// The state letter of `/proc/PID/stat` (`R`, `S`, `D`, `T`, ...).
@@ -576,7 +477,7 @@ impl BusMonitor {
     /// Starts it and waits until it is a monitor (it prints the `NameAcquired` signal of its
     /// own connection first).
     pub fn start(bus: &PrivateBus, name: &str) -> Result<Self> {
-        let mut proc = Proc::spawn(
+        let mut proc = spawn(
             "dbus-monitor",
             bus.command("dbus-monitor").args([
                 "--session".to_string(),
@@ -772,6 +673,91 @@ pub fn resolved_of(
         all()
     );
     resolved
+}
+
+/// The ids (sorted, each once) of the stall lines about process `pid`.
+pub fn stall_ids(events: &[crate::Event], pid: u32) -> Vec<u64> {
+    let mut ids: Vec<u64> = stalls_of(events, pid)
+        .iter()
+        .filter_map(|e| e.u64("/id"))
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Asserts that none of the processes a D-Bus scenario runs besides its callers was reported:
+/// the signal listener, the monitor, the frozen service and the bus daemon.
+pub fn assert_bystanders_quiet(
+    events: &[crate::Event],
+    listener: &Proc,
+    monitor: &BusMonitor,
+    service: &FrozenService,
+    bus: &PrivateBus,
+    all: &dyn Fn() -> String,
+) {
+    for (who, pid) in [
+        ("the gdbus monitor listener", listener.pid()),
+        ("dbus-monitor", monitor.pid()),
+        ("the frozen service", service.pid()),
+        ("dbus-daemon", bus.daemon_pid()),
+    ] {
+        let stalls = stalls_of(events, pid);
+        assert!(
+            stalls.is_empty(),
+            "{who} (pid {pid}) was reported: {stalls:#?}\n{}",
+            all()
+        );
+    }
+}
+
+/// A call's real wait and what its `resolved` line says of it.
+#[derive(Clone, Copy, Debug)]
+pub struct ResolvedCall {
+    /// From the monitor's stamp of the call to its stamp of the reply, in seconds.
+    pub real: f64,
+    /// The `resolved` line's `waited_s`.
+    pub total: f64,
+}
+
+/// Checks the end of a call the service answered once thawed: the reply `dbus-monitor` saw to
+/// call `call.serial` of connection `sender` (waited for up to 5 s), and the `resolved` line of
+/// `stall` ([`resolved_of`]), which must come at most [`RESOLVE_LATE_S`] after that reply.
+/// Prints how the two compare. The bounds on `waited_s` differ by scenario: the caller checks
+/// them on what this returns.
+pub fn assert_resolved_after_reply(
+    monitor: &mut BusMonitor,
+    events: &[crate::Event],
+    stall: &crate::Event,
+    call: &Seen,
+    sender: &str,
+    clocks: &Clocks,
+    all: &dyn Fn() -> String,
+) -> ResolvedCall {
+    let serial = call.serial.unwrap_or(0);
+    let reply = monitor
+        .reply(sender, serial, Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("dbus-monitor saw no reply to {call:?}"));
+    let resolved = resolved_of(events, stall, all);
+    let real = reply.time - call.time;
+    let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+    let late = resolved
+        .at
+        .saturating_duration_since(clocks.instant(reply.time))
+        .as_secs_f64();
+    eprintln!(
+        "  resolved ({}): line {late:.3}s after the reply; waited_s {total:.3} for a real \
+         {real:.3}s ({:+.3}s)",
+        resolved.str("/timing").unwrap_or("?"),
+        total - real
+    );
+    assert!(
+        late <= RESOLVE_LATE_S,
+        "the resolved line {} came {late:.3}s after the reply:\n{}",
+        resolved.json,
+        all()
+    );
+    ResolvedCall { real, total }
 }
 
 #[cfg(test)]

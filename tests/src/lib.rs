@@ -9,11 +9,12 @@
 //! - [`Mount`]: any mount (a tmpfs, or the one inside a [`LoopFs`]);
 //! - [`WriteThrottle`]: a `blkio.throttle.write_bps_device` rule;
 //! - [`Plegwatch`]: the `plegwatch` process, its parsed stdout and its stderr;
-//! - [`netlink::NetNs`] and [`netlink::Proc`]: a throwaway network namespace, and child
-//!   processes (netlink clients, `ip monitor`) killed by PID;
-//! - [`dbus::PrivateBus`], [`dbus::FrozenService`], [`dbus::BusMonitor`] and [`dbus::Proc`]: a
-//!   private `dbus-daemon` in a temp dir, a service on it frozen with SIGSTOP, a `dbus-monitor`
-//!   timing every message to and from it, and D-Bus clients, all killed by PID;
+//! - [`child::Proc`]: a child process (a netlink or D-Bus client, `ip monitor`, a daemon)
+//!   whose stdout lines are read and stamped, killed by PID;
+//! - [`netlink::NetNs`]: a throwaway network namespace;
+//! - [`dbus::PrivateBus`], [`dbus::FrozenService`] and [`dbus::BusMonitor`]: a private
+//!   `dbus-daemon` in a temp dir, a service on it frozen with SIGSTOP, and a `dbus-monitor`
+//!   timing every message to and from it;
 //! - [`containerd`]: a private containerd 1.6 (Debian's) with runc, locally built busybox
 //!   images, a CRI client and a relist driver standing in for kubelet, the
 //!   containerd#9770 test bed, and a `runc update` frozen with SIGSTOP under
@@ -29,6 +30,7 @@
 //! (`containerd::require`). `cargo xtask test` provides both and runs them with
 //! `--test-threads=1`.
 
+pub mod child;
 pub mod containerd;
 pub mod dbus;
 pub mod dirty;

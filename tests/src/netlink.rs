@@ -1,24 +1,23 @@
-//! What the netlink scenarios set up: a throwaway network namespace, child processes that are
-//! killed by PID when dropped, the `nl_client` processes that send a request and then block
-//! for a reply that never comes, and a loop of ordinary `ip` requests.
+//! What the netlink scenarios set up: a throwaway network namespace, the `nl_client` processes
+//! (each a [`Proc`], killed by PID when dropped) that send a request and then block for a reply
+//! that never comes, and a loop of ordinary `ip` requests.
 //!
 //! Everything that changes network state happens in a namespace made for the test
 //! ([`NetNs`]), so nothing on the host is touched. Declare the namespace before the processes
 //! that live in it: locals drop in reverse, so the processes are killed before it is deleted.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use anyhow::{anyhow, ensure, Context, Result};
+use serde_json::Value;
 
+use crate::child::Proc;
 use crate::events::{dump, Event};
-use crate::plegwatch::Plegwatch;
 use crate::sys::run;
 
 /// How long a client may take to send its request and say so.
@@ -61,127 +60,6 @@ impl Drop for NetNs {
         match run(Command::new("ip").args(["netns", "del", &self.name])) {
             Ok(_) => eprintln!("cleanup: deleted netns {}", self.name),
             Err(e) => eprintln!("cleanup: {e:#}"),
-        }
-    }
-}
-
-/// A child process whose stdout lines are read (and stamped) by a thread, killed by PID with
-/// SIGKILL on drop if it still runs.
-pub struct Proc {
-    name: String,
-    child: Child,
-    lines: Receiver<(Instant, String)>,
-    seen: Vec<(Instant, String)>,
-    reader: Option<JoinHandle<()>>,
-}
-
-impl Proc {
-    /// Spawns `cmd` with stdin closed, stdout read by the guard, stderr inherited.
-    pub fn spawn(name: &str, cmd: &mut Command) -> Result<Self> {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("spawn {name}: {cmd:?}"))?;
-        eprintln!("started {name} (pid {}): {cmd:?}", child.id());
-        let stdout = child.stdout.take().context("child stdout")?;
-        let (tx, lines) = mpsc::channel();
-        let tag = format!("{name} {}", child.id());
-        let reader = thread::Builder::new()
-            .name(format!("{name}-out"))
-            .spawn(move || {
-                for line in BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    let at = Instant::now();
-                    eprintln!("[{tag}] {line}");
-                    if tx.send((at, line)).is_err() {
-                        break;
-                    }
-                }
-            })
-            .context("spawn a reader thread")?;
-        Ok(Self {
-            name: name.into(),
-            child,
-            lines,
-            seen: Vec::new(),
-            reader: Some(reader),
-        })
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Whether the process still runs (not exited, or exited but not yet reaped: no).
-    pub fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Every stdout line read so far, with the moment it was read.
-    pub fn lines(&mut self) -> &[(Instant, String)] {
-        self.seen.extend(self.lines.try_iter());
-        &self.seen
-    }
-
-    /// The next stdout line not yet returned by this method; an error if the process closes
-    /// its stdout (exits) or `timeout` passes first.
-    pub fn next_line(&mut self, timeout: Duration) -> Result<(Instant, String)> {
-        match self.lines.recv_timeout(timeout) {
-            Ok(line) => {
-                self.seen.push(line.clone());
-                Ok(line)
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                bail!(
-                    "{} (pid {}) printed nothing within {timeout:?}",
-                    self.name,
-                    self.pid()
-                )
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
-                bail!(
-                    "{} (pid {}) exited ({status}) before printing a line",
-                    self.name,
-                    self.pid()
-                )
-            }
-        }
-    }
-
-    /// SIGKILLs the process by PID and reaps it; returns the moment just before the kill. An
-    /// error if it had already exited.
-    pub fn kill(&mut self) -> Result<Instant> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} (pid {}) had already exited: {status}",
-                self.name,
-                self.pid()
-            );
-        }
-        let at = Instant::now();
-        self.child
-            .kill()
-            .with_context(|| format!("kill {} (pid {})", self.name, self.pid()))?;
-        self.child.wait()?;
-        eprintln!("killed {} (pid {})", self.name, self.pid());
-        Ok(at)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            eprintln!("cleanup: killing {} (pid {})", self.name, self.pid());
-            if let Err(e) = self.child.kill() {
-                eprintln!("cleanup: kill {} (pid {}): {e}", self.name, self.pid());
-            }
-            let _ = self.child.wait();
-        }
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
         }
     }
 }
@@ -232,6 +110,23 @@ impl Client {
             sent_wall,
             fd,
         })
+    }
+
+    /// `nl_client route-noreply` in `ns`: RTM_NEWLINK on lo with sequence number `seq` and
+    /// NLM_F_REQUEST only, which the kernel applies and never answers.
+    pub fn route_noreply(bin: &Path, ns: &NetNs, seq: u32) -> Result<Self> {
+        Self::start(
+            bin,
+            "nl_client route-noreply",
+            &[
+                "route-noreply",
+                "--netns",
+                ns.name(),
+                "--seq",
+                &seq.to_string(),
+            ],
+            "sent",
+        )
     }
 }
 
@@ -334,10 +229,55 @@ pub fn stalls_of_comm<'a>(events: &'a [Event], comm: &str) -> Vec<&'a Event> {
         .collect()
 }
 
-/// The `resolved` line closing `stall` (same id), already read or arriving within `timeout`.
-pub fn wait_resolved(plegwatch: &mut Plegwatch, stall: &Event, timeout: Duration) -> Option<Event> {
-    let id = stall.u64("/id")?;
-    plegwatch.wait_for(timeout, |e| e.is("resolved") && e.u64("/id") == Some(id))
+/// A failure message about the stall line `stall`: `what`, the line, then every line timed
+/// from the request (`sent`).
+pub fn bad_line(stall: &Event, events: &[Event], sent: Instant, what: &str) -> String {
+    format!(
+        "{what} in {}\nall lines, timed from the request:\n{}",
+        stall.json,
+        dump(events, sent)
+    )
+}
+
+/// Asserts what every stall line about a `client` request must say, whenever it was sent:
+/// `started_before_attach` as `before_attach`, kind `netlink_request`, level `warn`, the
+/// client's pid as pid and tid (it is single-threaded), comm `nl_client`, and `protocol` and
+/// the client's socket in `detail`. `bad` makes the failure messages ([`bad_line`]).
+pub fn assert_client_stall(
+    stall: &Event,
+    client: &Client,
+    protocol: &str,
+    before_attach: bool,
+    bad: &dyn Fn(&str) -> String,
+) {
+    let field = |p: &str| stall.get(p).cloned().unwrap_or(Value::Null);
+    assert_eq!(
+        field("/started_before_attach"),
+        before_attach,
+        "{}",
+        bad(if before_attach {
+            "not marked started_before_attach"
+        } else {
+            "a request sent after start is marked started_before_attach"
+        })
+    );
+    assert_eq!(field("/kind"), "netlink_request", "{}", bad("wrong kind"));
+    assert_eq!(
+        field("/level"),
+        "warn",
+        "{}",
+        bad("the first report is not level warn")
+    );
+    assert_eq!(field("/pid"), client.pid, "{}", bad("wrong pid"));
+    assert_eq!(field("/tid"), client.pid, "{}", bad("wrong tid"));
+    assert_eq!(field("/comm"), "nl_client", "{}", bad("wrong comm"));
+    assert_eq!(
+        field("/detail/protocol"),
+        protocol,
+        "{}",
+        bad("wrong detail.protocol")
+    );
+    assert_eq!(field("/detail/fd"), client.fd, "{}", bad("wrong detail.fd"));
 }
 
 /// Asserts that `events` hold a `resolved` line closing `stall` (same id, kind, pid and tid)

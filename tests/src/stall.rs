@@ -7,6 +7,7 @@ use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
 use crate::events::{dump, Event};
+use crate::plegwatch::Plegwatch;
 
 /// The PLEG budget `budget_used` is a fraction of: kubelet's 3-minute relist threshold.
 pub const PLEG_BUDGET_S: f64 = 180.0;
@@ -179,4 +180,10 @@ pub fn assert_reported(events: &[Event], wait: &CausedWait) -> Report {
         field("/kernel_stack"),
     );
     Report { stall, resolved }
+}
+
+/// The `resolved` line closing `stall` (same id), already read or arriving within `timeout`.
+pub fn wait_resolved(plegwatch: &mut Plegwatch, stall: &Event, timeout: Duration) -> Option<Event> {
+    let id = stall.u64("/id")?;
+    plegwatch.wait_for(timeout, |e| e.is("resolved") && e.u64("/id") == Some(id))
 }

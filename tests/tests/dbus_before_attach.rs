@@ -19,12 +19,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use plegwatch_scenarios::dbus::{
-    assert_dbus_stall, proc_state, resolved_of, rfc3339_secs, stalls_of, task_clock_skew, tids,
-    BusMonitor, Clocks, ExpectedStall, FrozenService, MsgKind, PrivateBus, Proc, Seen, INTROSPECT,
-    INTROSPECTABLE, MEMBER, OBJECT_PATH, SERVICE, START_TIMEOUT,
+    self, assert_bystanders_quiet, assert_dbus_stall, assert_resolved_after_reply, dbus_send_call,
+    gdbus_call, proc_state, rfc3339_secs, stall_ids, start_signal_listener, task_clock_skew, tids,
+    BusMonitor, Clocks, ExpectedStall, FrozenService, MsgKind, PrivateBus, ResolvedCall, Seen,
+    INTROSPECT, INTROSPECTABLE, MEMBER, RESOLVE_LATE_S, SERVICE,
 };
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::stall::wait_resolved;
 use plegwatch_scenarios::{preflight, Event, Plegwatch};
 
 /// The swept calls must be reported within this of plegwatch's ready line.
@@ -34,8 +36,6 @@ const AFTER_READY_S: f64 = 2.0;
 const OVER_S: f64 = 0.1;
 /// The lower bound must come within this of the time since the caller's last call went out.
 const UNDER_S: f64 = 1.0;
-/// The `resolved` line may come this late after the reply (approximate timing today).
-const RESOLVE_LATE_S: f64 = 3.5;
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Copy, Debug)]
@@ -53,36 +53,9 @@ impl Caller {
     }
 
     fn command(self, bus: &PrivateBus) -> Command {
-        let method = format!("{SERVICE}.{MEMBER}");
         match self {
-            Caller::DbusSend => {
-                let mut cmd = bus.command("dbus-send");
-                cmd.args([
-                    "--session",
-                    &format!("--dest={SERVICE}"),
-                    "--print-reply",
-                    "--reply-timeout=120000",
-                    OBJECT_PATH,
-                    &method,
-                ]);
-                cmd
-            }
-            Caller::GdbusCall => {
-                let mut cmd = bus.command("gdbus");
-                cmd.args([
-                    "call",
-                    "--session",
-                    "--dest",
-                    SERVICE,
-                    "--object-path",
-                    OBJECT_PATH,
-                    "--method",
-                    &method,
-                    "--timeout",
-                    "120",
-                ]);
-                cmd
-            }
+            Caller::DbusSend => dbus_send_call(bus),
+            Caller::GdbusCall => gdbus_call(bus),
         }
     }
 
@@ -121,16 +94,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
     let bus = PrivateBus::start()?;
     let mut service = FrozenService::start(&bus, SERVICE)?;
     let mut monitor = BusMonitor::start(&bus, SERVICE)?;
-    let mut listener = Proc::spawn(
-        "gdbus monitor",
-        bus.command("gdbus")
-            .args(["monitor", "--session", "--dest", "org.freedesktop.DBus"]),
-    )?;
-    listener
-        .wait_line(START_TIMEOUT, |l| {
-            l.starts_with("The name org.freedesktop.DBus is owned")
-        })
-        .context("the gdbus monitor listener never said it was listening")?;
+    let mut listener = start_signal_listener(&bus)?;
 
     assert_eq!(
         proc_state(service.pid()),
@@ -139,7 +103,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
         service.pid()
     );
     let called = Instant::now();
-    let mut client = Proc::spawn(caller.comm(), &mut caller.command(&bus))?;
+    let mut client = dbus::spawn(caller.comm(), &mut caller.command(&bus))?;
     let pid = client.pid();
     // Every call it will leave unanswered, as the monitor saw it go out.
     let mut calls: Vec<Seen> = Vec::new();
@@ -181,10 +145,11 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
     let still_stopped = proc_state(service.pid());
     let thawed = service.thaw()?;
     for stall in found.iter().flatten() {
-        let id = stall.u64("/id");
-        plegwatch.wait_for(Duration::from_secs_f64(RESOLVE_LATE_S + 2.0), |e| {
-            e.is("resolved") && e.u64("/id") == id
-        });
+        wait_resolved(
+            &mut plegwatch,
+            stall,
+            Duration::from_secs_f64(RESOLVE_LATE_S + 2.0),
+        );
     }
     let status = client.wait_exit(EXIT_TIMEOUT)?;
     let listener_running = listener.running();
@@ -273,28 +238,14 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
             all()
         );
 
-        let serial = call.serial.unwrap_or(0);
-        let reply = monitor
-            .reply(&sender, serial, Duration::from_secs(5))
-            .unwrap_or_else(|| panic!("dbus-monitor saw no reply to {call:?}"));
-        let resolved = resolved_of(&events, &stall, &all);
-        let real = reply.time - call.time;
-        let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
-        let late = resolved
-            .at
-            .saturating_duration_since(clocks.instant(reply.time))
-            .as_secs_f64();
-        eprintln!(
-            "  resolved ({}): line {late:.3}s after the reply; waited_s {total:.3} for a real \
-             {real:.3}s ({:+.3}s)",
-            resolved.str("/timing").unwrap_or("?"),
-            total - real
-        );
-        assert!(
-            late <= RESOLVE_LATE_S,
-            "the resolved line {} came {late:.3}s after the reply:\n{}",
-            resolved.json,
-            all()
+        let ResolvedCall { real, total } = assert_resolved_after_reply(
+            &mut monitor,
+            &events,
+            &stall,
+            call,
+            &sender,
+            &clocks,
+            &all,
         );
         assert!(
             total >= waited && total <= real + RESOLVE_LATE_S,
@@ -307,12 +258,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
 
     // One report per call, and nothing about the listener, the monitor, the service or the
     // bus daemon.
-    let mut ids: Vec<u64> = stalls_of(&events, pid)
-        .iter()
-        .filter_map(|e| e.u64("/id"))
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
+    let ids = stall_ids(&events, pid);
     assert_eq!(
         ids.len(),
         calls.len(),
@@ -320,19 +266,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
         calls.len(),
         all()
     );
-    for (who, other) in [
-        ("the gdbus monitor listener", listener.pid()),
-        ("dbus-monitor", monitor.pid()),
-        ("the frozen service", service.pid()),
-        ("dbus-daemon", bus.daemon_pid()),
-    ] {
-        let stalls = stalls_of(&events, other);
-        assert!(
-            stalls.is_empty(),
-            "{who} (pid {other}) was reported: {stalls:#?}\n{}",
-            all()
-        );
-    }
+    assert_bystanders_quiet(&events, &listener, &monitor, &service, &bus, &all);
     assert!(
         listener_running,
         "the listener exited during the test: it should listen forever"

@@ -16,14 +16,15 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use plegwatch_scenarios::dbus::{
-    assert_dbus_stall, proc_state, resolved_of, rfc3339_secs, stalls_of, tids, BusMonitor, Clocks,
-    ExpectedStall, FrozenService, MsgKind, PrivateBus, Proc, Seen, INTROSPECT, INTROSPECTABLE,
-    MEMBER, OBJECT_PATH, SERVICE, START_TIMEOUT,
+    self, assert_bystanders_quiet, assert_dbus_stall, assert_resolved_after_reply, dbus_send_call,
+    gdbus_call, proc_state, rfc3339_secs, stall_ids, start_signal_listener, tids, BusMonitor,
+    Clocks, ExpectedStall, FrozenService, MsgKind, PrivateBus, ResolvedCall, Seen, INTROSPECT,
+    INTROSPECTABLE, MEMBER, OBJECT_PATH, RESOLVE_LATE_S, SERVICE,
 };
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::stall::wait_resolved;
 use plegwatch_scenarios::{preflight, Event, Plegwatch};
 
 const WARN_S: f64 = 2.0;
@@ -33,9 +34,6 @@ const SLACK_S: f64 = 1.0;
 const MONITOR_LAG_S: f64 = 0.1;
 /// `started_at` may differ this much from the monitor's stamp of the call.
 const STARTED_AT_SKEW_S: f64 = 0.5;
-/// The `resolved` line may come this late after the reply (its timing is approximate today:
-/// up to about 2.5 s).
-const RESOLVE_LATE_S: f64 = 3.5;
 /// GLib's own timeout for the introspection `gdbus call` makes first (GLib 2.74).
 const GDBUS_INTROSPECT_TIMEOUT_S: f64 = 3.0;
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -51,16 +49,7 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
     let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
 
-    let mut listener = Proc::spawn(
-        "gdbus monitor",
-        bus.command("gdbus")
-            .args(["monitor", "--session", "--dest", "org.freedesktop.DBus"]),
-    )?;
-    listener
-        .wait_line(START_TIMEOUT, |l| {
-            l.starts_with("The name org.freedesktop.DBus is owned")
-        })
-        .context("the gdbus monitor listener never said it was listening")?;
+    let mut listener = start_signal_listener(&bus)?;
 
     assert_eq!(
         proc_state(service.pid()),
@@ -69,32 +58,8 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
         service.pid()
     );
     let called = Instant::now();
-    let mut send = Proc::spawn(
-        "dbus-send",
-        bus.command("dbus-send").args([
-            "--session",
-            &format!("--dest={SERVICE}"),
-            "--print-reply",
-            "--reply-timeout=120000",
-            OBJECT_PATH,
-            &format!("{SERVICE}.{MEMBER}"),
-        ]),
-    )?;
-    let mut gcall = Proc::spawn(
-        "gdbus call",
-        bus.command("gdbus").args([
-            "call",
-            "--session",
-            "--dest",
-            SERVICE,
-            "--object-path",
-            OBJECT_PATH,
-            "--method",
-            &format!("{SERVICE}.{MEMBER}"),
-            "--timeout",
-            "120",
-        ]),
-    )?;
+    let mut send = dbus::spawn("dbus-send", &mut dbus_send_call(&bus))?;
+    let mut gcall = dbus::spawn("gdbus call", &mut gdbus_call(&bus))?;
     let (send_pid, gcall_pid) = (send.pid(), gcall.pid());
 
     // The three reports, each awaited until well past when it is due.
@@ -147,10 +112,11 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
         .into_iter()
         .flatten()
     {
-        let id = stall.u64("/id");
-        plegwatch.wait_for(Duration::from_secs_f64(RESOLVE_LATE_S + 2.0), |e| {
-            e.is("resolved") && e.u64("/id") == id
-        });
+        wait_resolved(
+            &mut plegwatch,
+            stall,
+            Duration::from_secs_f64(RESOLVE_LATE_S + 2.0),
+        );
     }
     let send_status = send.wait_exit(EXIT_TIMEOUT)?;
     let gcall_status = gcall.wait_exit(EXIT_TIMEOUT)?;
@@ -289,28 +255,8 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
         );
 
         // Resolved once the thawed service answers.
-        let reply = monitor
-            .reply(sender, serial, Duration::from_secs(5))
-            .unwrap_or_else(|| panic!("dbus-monitor saw no reply to {call:?}"));
-        let resolved = resolved_of(&events, stall, &all);
-        let real = reply.time - call.time;
-        let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
-        let late = resolved
-            .at
-            .saturating_duration_since(clocks.instant(reply.time))
-            .as_secs_f64();
-        eprintln!(
-            "  resolved ({}): line {late:.3}s after the reply; waited_s {total:.3} for a real \
-             {real:.3}s ({:+.3}s)",
-            resolved.str("/timing").unwrap_or("?"),
-            total - real
-        );
-        assert!(
-            late <= RESOLVE_LATE_S,
-            "the resolved line {} came {late:.3}s after the reply:\n{}",
-            resolved.json,
-            all()
-        );
+        let ResolvedCall { real, total } =
+            assert_resolved_after_reply(&mut monitor, &events, stall, &call, sender, &clocks, &all);
         assert!(
             total >= real - 0.25 && total <= real + RESOLVE_LATE_S,
             "resolved waited_s {total} for a call answered after {real:.3}s:\n{}",
@@ -331,41 +277,20 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
 
     // Nothing else about the callers (one report each), and nothing about the listener, the
     // monitor, the frozen service or the bus daemon.
-    let ids = |pid: u32| {
-        let mut ids: Vec<u64> = stalls_of(&events, pid)
-            .iter()
-            .filter_map(|e| e.u64("/id"))
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
-    };
     assert_eq!(
-        ids(send_pid),
+        stall_ids(&events, send_pid),
         [send_stall.u64("/id").unwrap_or(0)],
         "{}",
         all()
     );
-    let gcall_ids = ids(gcall_pid);
+    let gcall_ids = stall_ids(&events, gcall_pid);
     let mut want = vec![
         intro_stall.u64("/id").unwrap_or(0),
         hello_stall.u64("/id").unwrap_or(0),
     ];
     want.sort_unstable();
     assert_eq!(gcall_ids, want, "{}", all());
-    for (who, pid) in [
-        ("the gdbus monitor listener", listener.pid()),
-        ("dbus-monitor", monitor.pid()),
-        ("the frozen service", service.pid()),
-        ("dbus-daemon", bus.daemon_pid()),
-    ] {
-        let stalls = stalls_of(&events, pid);
-        assert!(
-            stalls.is_empty(),
-            "{who} (pid {pid}) was reported: {stalls:#?}\n{}",
-            all()
-        );
-    }
+    assert_bystanders_quiet(&events, &listener, &monitor, &service, &bus, &all);
     assert!(
         listener_running,
         "the listener exited during the test: it should listen forever"

@@ -13,11 +13,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use plegwatch_scenarios::child::Proc;
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::netlink::{
-    assert_resolved_after_kill, stalls_of_comm, wait_resolved, Client, NetNs, Proc,
+    assert_client_stall, assert_resolved_after_kill, bad_line, stalls_of_comm, Client, NetNs,
 };
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::stall::wait_resolved;
 use plegwatch_scenarios::{preflight, Plegwatch};
 
 const NL_CLIENT: &str = env!("CARGO_BIN_EXE_nl_client");
@@ -38,18 +40,7 @@ fn netlink_request_that_began_before_start_is_swept() -> anyhow::Result<()> {
     preflight::require();
     let ns = NetNs::new("swept")?;
     let mut monitor = Proc::spawn("ip monitor", &mut ns.ip(&["monitor"]))?;
-    let mut client = Client::start(
-        NL_CLIENT.as_ref(),
-        "nl_client route-noreply",
-        &[
-            "route-noreply",
-            "--netns",
-            ns.name(),
-            "--seq",
-            &SEQ.to_string(),
-        ],
-        "sent",
-    )?;
+    let mut client = Client::route_noreply(NL_CLIENT.as_ref(), &ns, SEQ)?;
     std::thread::sleep(HEAD_START);
     anyhow::ensure!(
         client.proc.running(),
@@ -81,38 +72,10 @@ fn netlink_request_that_began_before_start_is_swept() -> anyhow::Result<()> {
             all()
         );
     };
-    let bad = |what: &str| {
-        format!(
-            "{what} in {}\nall lines, timed from the request:\n{}",
-            stall.json,
-            all()
-        )
-    };
+    let bad = |what: &str| bad_line(&stall, &events, client.sent, what);
     let field = |p: &str| stall.get(p).cloned().unwrap_or(Value::Null);
 
-    assert_eq!(
-        field("/started_before_attach"),
-        true,
-        "{}",
-        bad("not marked started_before_attach")
-    );
-    assert_eq!(field("/kind"), "netlink_request", "{}", bad("wrong kind"));
-    assert_eq!(
-        field("/level"),
-        "warn",
-        "{}",
-        bad("the first report is not level warn")
-    );
-    assert_eq!(field("/pid"), pid, "{}", bad("wrong pid"));
-    assert_eq!(field("/tid"), pid, "{}", bad("wrong tid"));
-    assert_eq!(field("/comm"), "nl_client", "{}", bad("wrong comm"));
-    assert_eq!(
-        field("/detail/protocol"),
-        "route",
-        "{}",
-        bad("wrong detail.protocol")
-    );
-    assert_eq!(field("/detail/fd"), client.fd, "{}", bad("wrong detail.fd"));
+    assert_client_stall(&stall, &client, "route", true, &bad);
     // What was sent is unknown to a sweep: those fields must be null, not guessed.
     for key in ["message_type", "flags", "reply_expected"] {
         assert_eq!(

@@ -21,12 +21,14 @@ use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use plegwatch_scenarios::child::Proc;
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::netlink::{
-    assert_resolved_after_kill, stalls_of_comm, wait_resolved, Client, IpTraffic, NetNs, Proc,
+    assert_client_stall, assert_resolved_after_kill, bad_line, stalls_of_comm, Client, IpTraffic,
+    NetNs,
 };
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
-use plegwatch_scenarios::stall::PLEG_BUDGET_S;
+use plegwatch_scenarios::stall::{wait_resolved, PLEG_BUDGET_S};
 use plegwatch_scenarios::{preflight, Event, Plegwatch};
 
 const NL_CLIENT: &str = env!("CARGO_BIN_EXE_nl_client");
@@ -76,18 +78,7 @@ fn start_plegwatch() -> anyhow::Result<Plegwatch> {
 }
 
 fn start_route_client(ns: &NetNs) -> anyhow::Result<Client> {
-    Client::start(
-        NL_CLIENT.as_ref(),
-        "nl_client route-noreply",
-        &[
-            "route-noreply",
-            "--netns",
-            ns.name(),
-            "--seq",
-            &ROUTE_SEQ.to_string(),
-        ],
-        "sent",
-    )
+    Client::route_noreply(NL_CLIENT.as_ref(), ns, ROUTE_SEQ)
 }
 
 /// Waits for the first stall line about `client`, failing with every line if none comes by
@@ -110,38 +101,10 @@ fn wait_stall(plegwatch: &mut Plegwatch, client: &Client) -> Event {
 
 /// Asserts that `stall` reports the request `client` made after plegwatch started, on time.
 fn assert_fresh_stall(events: &[Event], stall: &Event, client: &Client, want: &Expect) {
-    let all = || dump(events, client.sent);
-    let bad = |what: &str| {
-        format!(
-            "{what} in {}\nall lines, timed from the request:\n{}",
-            stall.json,
-            all()
-        )
-    };
+    let bad = |what: &str| bad_line(stall, events, client.sent, what);
     let field = |p: &str| stall.get(p).cloned().unwrap_or(Value::Null);
 
-    assert_eq!(field("/kind"), "netlink_request", "{}", bad("wrong kind"));
-    assert_eq!(
-        field("/level"),
-        "warn",
-        "{}",
-        bad("the first report is not level warn")
-    );
-    assert_eq!(field("/pid"), client.pid, "{}", bad("wrong pid"));
-    assert_eq!(field("/tid"), client.pid, "{}", bad("wrong tid"));
-    assert_eq!(field("/comm"), "nl_client", "{}", bad("wrong comm"));
-    assert_eq!(
-        field("/started_before_attach"),
-        false,
-        "{}",
-        bad("a request sent after start is marked started_before_attach")
-    );
-    assert_eq!(
-        field("/detail/protocol"),
-        want.protocol,
-        "{}",
-        bad("wrong detail.protocol")
-    );
+    assert_client_stall(stall, client, want.protocol, false, &bad);
     assert_eq!(
         field("/detail/message_type"),
         want.message_type,
@@ -160,7 +123,6 @@ fn assert_fresh_stall(events: &[Event], stall: &Event, client: &Client, want: &E
         "{}",
         bad("wrong detail.seq")
     );
-    assert_eq!(field("/detail/fd"), client.fd, "{}", bad("wrong detail.fd"));
     assert_eq!(
         field("/detail/reply_expected"),
         want.reply_expected,
@@ -249,6 +211,32 @@ fn hold_then_kill(client: &mut Client) -> anyhow::Result<Instant> {
     client.proc.kill()
 }
 
+/// The life of a request that gets no reply: its first stall line (awaited as [`wait_stall`]
+/// does), the kill that ends the wait ([`hold_then_kill`]), and time for the `resolved` line
+/// to come. Returns the stall line and the moment of the kill.
+fn stall_then_kill(
+    plegwatch: &mut Plegwatch,
+    client: &mut Client,
+) -> anyhow::Result<(Event, Instant)> {
+    let stall = wait_stall(plegwatch, client);
+    let killed = hold_then_kill(client)?;
+    wait_resolved(plegwatch, &stall, RESOLVE_LATE + Duration::from_secs(1));
+    Ok((stall, killed))
+}
+
+/// Asserts that `stall` reports the request `client` made as `want` says, on time
+/// ([`assert_fresh_stall`]), and that it was resolved within [`RESOLVE_LATE`] of the kill.
+fn assert_flagged_then_resolved(
+    events: &[Event],
+    stall: &Event,
+    client: &Client,
+    killed: Instant,
+    want: &Expect,
+) {
+    assert_fresh_stall(events, stall, client, want);
+    assert_resolved_after_kill(events, stall, client.sent, killed, RESOLVE_LATE);
+}
+
 #[test]
 fn route_request_without_reply_is_flagged() -> anyhow::Result<()> {
     preflight::require();
@@ -256,17 +244,10 @@ fn route_request_without_reply_is_flagged() -> anyhow::Result<()> {
     let mut plegwatch = start_plegwatch()?;
     let mut client = start_route_client(&ns)?;
 
-    let stall = wait_stall(&mut plegwatch, &client);
-    let killed = hold_then_kill(&mut client)?;
-    wait_resolved(
-        &mut plegwatch,
-        &stall,
-        RESOLVE_LATE + Duration::from_secs(1),
-    );
+    let (stall, killed) = stall_then_kill(&mut plegwatch, &mut client)?;
     let events = plegwatch.stop()?;
 
-    assert_fresh_stall(&events, &stall, &client, &route_expect());
-    assert_resolved_after_kill(&events, &stall, client.sent, killed, RESOLVE_LATE);
+    assert_flagged_then_resolved(&events, &stall, &client, killed, &route_expect());
     Ok(())
 }
 
@@ -275,7 +256,6 @@ fn route_request_without_reply_is_flagged() -> anyhow::Result<()> {
 /// exit closes the socket without a close(2), so plegwatch must notice the death itself).
 #[test]
 fn usersock_request_to_silent_peer_is_flagged() -> anyhow::Result<()> {
-    let resolve_late = RESOLVE_LATE;
     preflight::require();
     let ns = NetNs::new("usersock")?;
     let mut plegwatch = start_plegwatch()?;
@@ -303,19 +283,14 @@ fn usersock_request_to_silent_peer_is_flagged() -> anyhow::Result<()> {
         "sent",
     )?;
 
-    let stall = wait_stall(&mut plegwatch, &client);
-    let killed = hold_then_kill(&mut client)?;
-    wait_resolved(
-        &mut plegwatch,
-        &stall,
-        resolve_late + Duration::from_secs(1),
-    );
+    let (stall, killed) = stall_then_kill(&mut plegwatch, &mut client)?;
     let events = plegwatch.stop()?;
 
-    assert_fresh_stall(
+    assert_flagged_then_resolved(
         &events,
         &stall,
         &client,
+        killed,
         &Expect {
             protocol: "usersock",
             // NETLINK_USERSOCK types have no names: plegwatch prints the number, as a string.
@@ -345,7 +320,6 @@ fn usersock_request_to_silent_peer_is_flagged() -> anyhow::Result<()> {
         peer.pid,
         dump(&events, client.sent)
     );
-    assert_resolved_after_kill(&events, &stall, client.sent, killed, resolve_late);
     Ok(())
 }
 
@@ -361,13 +335,7 @@ fn route_request_amid_ip_traffic_only_the_client_is_flagged() -> anyhow::Result<
     std::thread::sleep(Duration::from_secs(1));
     let mut client = start_route_client(&ns)?;
 
-    let stall = wait_stall(&mut plegwatch, &client);
-    let killed = hold_then_kill(&mut client)?;
-    wait_resolved(
-        &mut plegwatch,
-        &stall,
-        RESOLVE_LATE + Duration::from_secs(1),
-    );
+    let (stall, killed) = stall_then_kill(&mut plegwatch, &mut client)?;
     let rounds = traffic.stop()?;
     let monitor_alive = monitor.running();
     let monitor_lines = monitor.lines().len();
@@ -409,8 +377,7 @@ fn route_request_amid_ip_traffic_only_the_client_is_flagged() -> anyhow::Result<
         monitor.pid(),
         all()
     );
-    assert_fresh_stall(&events, &stall, &client, &route_expect());
-    assert_resolved_after_kill(&events, &stall, client.sent, killed, RESOLVE_LATE);
+    assert_flagged_then_resolved(&events, &stall, &client, killed, &route_expect());
     let others: Vec<_> = events
         .iter()
         .filter(|e| e.is("stall") && e.u64("/pid") != Some(u64::from(client.pid)))

@@ -5,7 +5,10 @@
 //! may read (`/proc/PID/fd` needs root for other users' processes).
 
 use super::HolderError;
-use crate::netlink::{self, names::NETLINK_SOCK_DIAG, QUERY_TIMEOUT};
+use crate::netlink::{
+    dump::{self, DumpError},
+    names::NETLINK_SOCK_DIAG,
+};
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_sock_diag::{
     unix::{nlas::UnixDiagName, ShowFlags, StateFlags, UnixRequest, UnixResponse},
@@ -14,6 +17,7 @@ use netlink_packet_sock_diag::{
 use std::{
     collections::HashMap,
     fs,
+    ops::ControlFlow,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -106,15 +110,9 @@ impl UnixPeers {
 /// Asks sock_diag about one unix socket, or dumps them all (connected and
 /// listening), with their name and peer.
 pub fn query(inode: Option<u32>) -> Result<Vec<UnixSocketInfo>, HolderError> {
-    let io = |what, source| HolderError::Io { what, source };
-    let mut sock = netlink_sys::Socket::new(NETLINK_SOCK_DIAG as isize).map_err(|e| io("socket", e))?;
-    sock.bind_auto().map_err(|e| io("bind", e))?;
-    set_recv_timeout(&sock).map_err(|e| io("setsockopt(SO_RCVTIMEO)", e))?;
-
-    let seq = 1;
     let mut header = NetlinkHeader::default();
     header.flags = if inode.is_some() { NLM_F_REQUEST } else { NLM_F_REQUEST | NLM_F_DUMP };
-    header.sequence_number = seq;
+    header.sequence_number = 1;
     let request = UnixRequest {
         state_flags: StateFlags::ESTABLISHED | StateFlags::LISTEN,
         inode: inode.unwrap_or(0),
@@ -126,43 +124,27 @@ pub fn query(inode: Option<u32>) -> Result<Vec<UnixSocketInfo>, HolderError> {
     packet.finalize();
     let mut bytes = vec![0u8; packet.buffer_len()];
     packet.serialize(&mut bytes);
-    sock.send_to(&bytes, &netlink_sys::SocketAddr::new(0, 0), 0).map_err(|e| io("send", e))?;
 
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut seen = 0usize;
     // Bounded: a dump of 100k sockets is a few thousand datagrams.
-    for _ in 0..100_000 {
-        let n = sock.recv(&mut &mut buf[..], 0).map_err(|e| io("recv", e))?;
-        let data = buf.get(..n).unwrap_or(&buf[..]);
-        for m in netlink::header::parse(data, NETLINK_SOCK_DIAG).messages {
-            if m.header.seq != seq || !m.complete {
-                continue;
-            }
-            seen += 1;
-            let Some(raw) = data.get(m.offset..m.offset + m.header.len as usize) else { continue };
-            let Ok(msg) = NetlinkMessage::<SockDiagMessage>::deserialize(raw) else { continue };
-            match msg.payload {
-                NetlinkPayload::InnerMessage(SockDiagMessage::UnixResponse(r)) => {
-                    out.push(info_of(&r));
-                    if inode.is_some() {
-                        return Ok(out);
-                    }
-                }
-                NetlinkPayload::Done(_) => return Ok(out),
-                NetlinkPayload::Error(e) if e.code.is_none() => return Ok(out),
-                NetlinkPayload::Error(e) => {
-                    // A single socket that is gone is not an error.
-                    if inode.is_some() && e.raw_code() == -libc::ENOENT {
-                        return Ok(out);
-                    }
-                    return Err(HolderError::Kernel(e.to_io()));
-                }
-                _ => {}
+    let done = dump::run(NETLINK_SOCK_DIAG, &bytes, 100_000, |_, raw| {
+        let Ok(msg) = NetlinkMessage::<SockDiagMessage>::deserialize(raw) else { return ControlFlow::Continue(()) };
+        if let NetlinkPayload::InnerMessage(SockDiagMessage::UnixResponse(r)) = msg.payload {
+            out.push(info_of(&r));
+            if inode.is_some() {
+                return ControlFlow::Break(());
             }
         }
+        ControlFlow::Continue(())
+    });
+    match done {
+        Ok(()) => Ok(out),
+        Err(DumpError::Io { what, source }) => Err(HolderError::Io { what, source }),
+        // A single socket that is gone is not an error.
+        Err(DumpError::Kernel(errno)) if inode.is_some() && errno == -libc::ENOENT => Ok(out),
+        Err(DumpError::Kernel(errno)) => Err(HolderError::Kernel(DumpError::kernel_io(errno))),
+        Err(DumpError::Unfinished(seen)) => Err(HolderError::Unfinished(seen)),
     }
-    Err(HolderError::Unfinished(seen))
 }
 
 fn info_of(r: &UnixResponse) -> UnixSocketInfo {
@@ -179,29 +161,6 @@ fn info_of(r: &UnixResponse) -> UnixSocketInfo {
         state: r.header.state,
         peer_inode: r.peer().filter(|&p| p != 0).map(u64::from),
         name,
-    }
-}
-
-fn set_recv_timeout(sock: &netlink_sys::Socket) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let tv = libc::timeval {
-        tv_sec: QUERY_TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: QUERY_TIMEOUT.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: a valid fd, and a pointer to a timeval of the size passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
     }
 }
 

@@ -4,14 +4,15 @@
 //! replies seen on the wire, and from one CTRL_CMD_GETFAMILY dump of our own.
 
 use super::{
+    dump::{self, DumpError},
     header::{
-        self, NlHeader, CTRL_CMD_DELFAMILY, CTRL_CMD_GETFAMILY, CTRL_CMD_NEWFAMILY, GENL_ID_CTRL, NLMSG_DONE,
-        NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST,
+        self, NlHeader, CTRL_CMD_DELFAMILY, CTRL_CMD_GETFAMILY, CTRL_CMD_NEWFAMILY, GENL_ID_CTRL, NLM_F_DUMP,
+        NLM_F_REQUEST,
     },
     names::NETLINK_GENERIC,
-    NetlinkError, QUERY_TIMEOUT,
+    NetlinkError,
 };
-use std::collections::HashMap;
+use std::{collections::HashMap, ops::ControlFlow};
 
 /// At most this many families are remembered (the kernel has a few dozen).
 const MAX_FAMILIES: usize = 4096;
@@ -80,47 +81,29 @@ impl GenlFamilies {
     }
 
     /// Asks the kernel for every family (a CTRL_CMD_GETFAMILY dump on a
-    /// NETLINK_GENERIC socket), waiting at most [`QUERY_TIMEOUT`] per read.
-    /// Needs no privilege. Families of the caller's network namespace.
+    /// NETLINK_GENERIC socket), waiting at most
+    /// [`QUERY_TIMEOUT`](super::QUERY_TIMEOUT) per read. Needs no privilege.
+    /// Families of the caller's network namespace.
     pub fn from_kernel() -> Result<Self, NetlinkError> {
+        const PROTOCOL: &str = "GENERIC";
+        const REQUEST: &str = "CTRL_CMD_GETFAMILY";
         let mut fams = GenlFamilies::new();
-        let io = |what, source| NetlinkError::Io { what, protocol: "GENERIC", source };
-        let mut sock = netlink_sys::Socket::new(NETLINK_GENERIC as isize).map_err(|e| io("socket", e))?;
-        sock.bind_auto().map_err(|e| io("bind", e))?;
-        set_recv_timeout(&sock).map_err(|e| io("setsockopt(SO_RCVTIMEO)", e))?;
-
-        let seq = 1;
-        let req = getfamily_dump(seq);
-        sock.send_to(&req, &netlink_sys::SocketAddr::new(0, 0), 0).map_err(|e| io("send", e))?;
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut seen = 0usize;
         // A dump of a few dozen families is a handful of datagrams; bound the
         // loop anyway.
-        for _ in 0..1024 {
-            let n = sock.recv(&mut &mut buf[..], 0).map_err(|e| io("recv", e))?;
-            let data = buf.get(..n).unwrap_or(&buf[..]);
-            for m in header::parse(data, NETLINK_GENERIC).messages {
-                if m.header.seq != seq {
-                    continue;
-                }
-                seen += 1;
-                match m.header.msg_type {
-                    NLMSG_DONE => return Ok(fams),
-                    NLMSG_ERROR => {
-                        let errno = m.errno.unwrap_or(-libc::EIO);
-                        return Err(NetlinkError::Kernel {
-                            protocol: "GENERIC",
-                            request: "CTRL_CMD_GETFAMILY",
-                            source: std::io::Error::from_raw_os_error(errno.saturating_neg()),
-                        });
-                    }
-                    _ => {
-                        fams.learn(&m);
-                    }
-                }
+        let done = dump::run(NETLINK_GENERIC, &getfamily_dump(1), 1024, |m, _| {
+            fams.learn(m);
+            ControlFlow::Continue(())
+        });
+        match done {
+            Ok(()) => Ok(fams),
+            Err(DumpError::Io { what, source }) => Err(NetlinkError::Io { what, protocol: PROTOCOL, source }),
+            Err(DumpError::Kernel(errno)) => {
+                Err(NetlinkError::Kernel { protocol: PROTOCOL, request: REQUEST, source: DumpError::kernel_io(errno) })
+            }
+            Err(DumpError::Unfinished(messages)) => {
+                Err(NetlinkError::Unfinished { protocol: PROTOCOL, request: REQUEST, messages })
             }
         }
-        Err(NetlinkError::Unfinished { protocol: "GENERIC", request: "CTRL_CMD_GETFAMILY", messages: seen })
     }
 }
 
@@ -131,30 +114,6 @@ pub fn getfamily_dump(seq: u32) -> Vec<u8> {
         NlHeader { len, msg_type: GENL_ID_CTRL, flags: NLM_F_REQUEST | NLM_F_DUMP, seq, pid: 0 }.to_bytes().to_vec();
     v.extend_from_slice(&[CTRL_CMD_GETFAMILY, 1, 0, 0]);
     v
-}
-
-/// SO_RCVTIMEO = [`QUERY_TIMEOUT`] on a netlink socket.
-pub(crate) fn set_recv_timeout(sock: &netlink_sys::Socket) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let tv = libc::timeval {
-        tv_sec: QUERY_TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: QUERY_TIMEOUT.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: a valid fd, and a pointer to a timeval of the size passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
 }
 
 #[cfg(test)]

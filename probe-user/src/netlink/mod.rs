@@ -12,6 +12,7 @@
 //! - [`names`] names protocols, message types and flags;
 //! - [`genl`] maps generic netlink family ids to names, from the wire or from
 //!   the kernel;
+//! - [`dump`] sends a request of our own and reads its answer to the end;
 //! - [`tracker`] pairs requests with their replies per socket, and lists the
 //!   requests still waiting.
 //!
@@ -19,6 +20,7 @@
 //! allocates more than its input's size.
 
 pub mod attr;
+pub mod dump;
 pub mod genl;
 pub mod header;
 pub mod names;
