@@ -129,6 +129,23 @@ pub struct Target {
     pub why: Option<String>,
 }
 
+impl Target {
+    /// A line with nothing but who and what.
+    pub fn new(target: &str, status: &'static str, pid: u32, binary: &std::path::Path, found_by: &'static str) -> Self {
+        Target {
+            target: target.to_string(),
+            status,
+            pid,
+            binary: binary.display().to_string(),
+            found_by,
+            go_version: None,
+            functions: Vec::new(),
+            g_tls_offset: None,
+            why: None,
+        }
+    }
+}
+
 /// Anything plegwatch prints on stdout.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

@@ -210,17 +210,7 @@ impl Attacher {
             self.probe_binary(ebpf, target, key, &open_path, &path, pid, found_by, sink);
         } else if let Some(Binary::Probed { target, .. }) = self.binaries.get(&key) {
             if target.name != "runc" {
-                sink.emit(&Event::Target(crate::output::Target {
-                    target: target.name.to_string(),
-                    status: "traced",
-                    pid,
-                    binary: path.display().to_string(),
-                    found_by,
-                    go_version: None,
-                    functions: Vec::new(),
-                    g_tls_offset: None,
-                    why: None,
-                }));
+                sink.emit(&Event::Target(crate::output::Target::new(target.name, "traced", pid, &path, found_by)));
             }
         }
         if let Some(Binary::Probed { g_tls: Some(off), .. }) = self.binaries.get(&key) {
@@ -243,17 +233,7 @@ impl Attacher {
         found_by: &'static str,
         sink: &mut dyn Sink,
     ) {
-        let mut line = crate::output::Target {
-            target: target.name.to_string(),
-            status: "probed",
-            pid,
-            binary: path.display().to_string(),
-            found_by,
-            go_version: None,
-            functions: Vec::new(),
-            g_tls_offset: None,
-            why: None,
-        };
+        let mut line = crate::output::Target::new(target.name, "probed", pid, path, found_by);
         let mut links: Vec<Link> = Vec::new();
         let mut transient = false;
         let first_id = self.funcs.len() as u32 + 1;

@@ -207,17 +207,16 @@ impl GoWatch {
                 l.container = container.and_then(|o| o.arg.clone()).or(l.container.take());
             }
         }
-        let info = GoOpen {
-            g: rec.g,
-            func: rec.func,
-            tgid: rec.tgid,
-            tid: rec.tid,
-            comm: procfs::comm(rec.tgid).unwrap_or_default(),
+        let call = GoCall {
             start_ns: rec.start_ns,
             receiver: rec.receiver,
-            arg: captured(&rec.arg, rec.arg_len),
+            tgid: rec.tgid,
+            tid: rec.tid,
+            arg_len: rec.arg_len,
+            _pad: 0,
+            arg: rec.arg,
         };
-        let actions = self.registry.end(info, rec.end_ns);
+        let actions = self.registry.end(GoOpen::new(rec.g, rec.func, &call), rec.end_ns);
         let none = HashMap::new();
         let no_g = HashMap::new();
         let waits = KernelWaits { by_tid: &none, by_g: &no_g, longest_by_pid: &HashMap::new() };
