@@ -181,6 +181,20 @@ pub fn run() -> Report {
             report_min: Duration::from_secs(1),
         }) {
             Ok((mut ebpf, offsets)) => {
+                checks.push(check(
+                    "goroutines",
+                    false,
+                    offsets
+                        .task_fsbase
+                        .offset()
+                        .map(|off| format!("task_struct.thread.fsbase at {off}: kernel waits of Go targets carry their goroutine"))
+                        .ok_or_else(|| {
+                            format!(
+                                "{}: Go locks are joined to their holder's kernel waits by thread only",
+                                offsets.task_fsbase.reason().unwrap_or_default()
+                            )
+                        }),
+                ));
                 program_types = try_program_types(&mut ebpf, btf.as_ref().ok());
                 let env = probes::AttachEnv::probe(offsets.task_pid.offset().is_some());
                 for p in probes::PROBES {
