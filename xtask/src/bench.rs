@@ -1,8 +1,15 @@
-//! `cargo xtask bench`: plegwatch's overhead on a tight syscall loop, against the same loop
-//! untraced and under a bpftrace script doing equivalent enter/exit tracking, all measured
-//! interleaved in one run. Ratios to the untraced loop are the figures; nothing here fails
-//! on a number.
+//! `cargo xtask bench`: plegwatch's overhead, measured interleaved in one run against an
+//! untraced baseline from the same run:
+//! - `loops`: tight syscall loops, untraced, under plegwatch and under a bpftrace script
+//!   doing equivalent enter/exit tracking;
+//! - `relist`: the latency of containerd's `ListContainers` and `ListPodSandbox` under the
+//!   test bed's relist driver (a private containerd 1.6.20, a pod of running containers),
+//!   untraced, under plegwatch (its uprobes on containerd's CRI functions), untraced again
+//!   ([`relist`]).
+//!
+//! Ratios to the untraced runs are the figures; nothing here fails on a number.
 
+mod relist;
 mod report;
 mod tracer;
 
@@ -23,9 +30,35 @@ pub struct Args {
     /// Loop iterations per measurement, for every mode [default: 200000 for unix, 20000 for fsync].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
-    /// Rounds; each round measures every mode untraced, under plegwatch and under bpftrace.
+    /// Rounds; each round measures every loop untraced, under plegwatch and under bpftrace,
+    /// and every relist mode untraced, under plegwatch and untraced again.
     #[arg(long, value_name = "R", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
+    /// Run only these benchmarks (repeatable) [default: all].
+    #[arg(long, value_name = "BENCH", value_enum)]
+    pub only: Vec<Bench>,
+    /// Seconds of each relist phase (untraced, plegwatch, untraced again) per mode and round.
+    #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=600))]
+    pub relist_seconds: u32,
+    /// Running containers in the relist benchmark's pod (each one a Status `Get` per
+    /// `ListContainers`).
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
+    pub containers: u32,
+}
+
+/// The benchmarks of `cargo xtask bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Bench {
+    /// Syscall loops: untraced, plegwatch, bpftrace.
+    Loops,
+    /// containerd's CRI list calls under the relist driver: untraced, plegwatch, untraced.
+    Relist,
+}
+
+impl Args {
+    fn runs(&self, bench: Bench) -> bool {
+        self.only.is_empty() || self.only.contains(&bench)
+    }
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -39,11 +72,59 @@ pub fn run(args: &Args) -> Result<()> {
         .with_context(|| format!("cannot create {}", bench_dir.display()))?;
 
     cmd::header("build");
-    let loop_bin = compile_loop(&bench_dir)?;
     cmd::run(cmd::cargo().args(["build", "--release", "-p", "plegwatch"]))?;
     let plegwatch = cmd::target_dir().join("release").join("plegwatch");
-
+    let relist_driver = args
+        .runs(Bench::Relist)
+        .then(relist::build_driver)
+        .transpose()?;
     ensure_tracefs()?;
+
+    let mut report = String::new();
+    if args.runs(Bench::Loops) {
+        report += &loops(args, &plegwatch, &bench_dir)?;
+    }
+    if let Some(driver) = relist_driver {
+        cmd::header(&format!(
+            "measure relist: {} round(s) of {} s phases, {} container(s), logs in {}",
+            args.rounds,
+            args.relist_seconds,
+            args.containers,
+            bench_dir.display()
+        ));
+        let results = relist::measure(&relist::Config {
+            plegwatch: &plegwatch,
+            driver: &driver,
+            log_dir: &bench_dir,
+            rounds: args.rounds,
+            seconds: f64::from(args.relist_seconds),
+            containers: args.containers,
+        })?;
+        if !report.is_empty() {
+            report.push('\n');
+        }
+        report += &report::render_relist(&results.calls, relist::MODES, relist::CALLS);
+        report.push('\n');
+        report += &report::render_cpu(&results.cpu, relist::MODES);
+        let load = |l: Option<f64>| l.map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"));
+        report += &format!(
+            "load average (1 min): {} before the relist rounds, {} after, on {} CPU(s)\n",
+            load(results.load.0),
+            load(results.load.1),
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        for warning in results.warnings {
+            report += &format!("warning: {warning}\n");
+        }
+    }
+    println!();
+    print!("{report}");
+    Ok(())
+}
+
+/// The syscall loops, untraced, under plegwatch and under bpftrace; the rendered table.
+fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<String> {
+    let loop_bin = compile_loop(bench_dir)?;
     let mut bpftrace_ok = match bpftrace_version() {
         Ok(version) => {
             eprintln!("bench: comparing against {version}");
@@ -56,7 +137,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
 
     cmd::header(&format!(
-        "measure: {} round(s), logs in {}",
+        "measure loops: {} round(s), logs in {}",
         args.rounds,
         bench_dir.display()
     ));
@@ -68,14 +149,14 @@ pub fn run(args: &Args) -> Result<()> {
 
             let untraced = measure()?;
 
-            let pw = tracer::plegwatch(&plegwatch, &bench_dir)?;
+            let pw = tracer::plegwatch(plegwatch, bench_dir)?;
             let traced = measure();
             pw.stop();
             let under_plegwatch = traced?;
 
             let mut under_bpftrace = None;
             if bpftrace_ok {
-                match tracer::bpftrace(&bench_dir) {
+                match tracer::bpftrace(bench_dir) {
                     Ok(bt) => {
                         let traced = measure();
                         bt.stop();
@@ -104,9 +185,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
 
     let modes: Vec<&str> = MODES.iter().map(|&(m, _)| m).collect();
-    println!();
-    print!("{}", report::render(&samples, &modes));
-    Ok(())
+    Ok(report::render(&samples, &modes))
 }
 
 /// `cc -O2 xtask/bench/loop.c -o target/bench/loop`, every time (it takes a moment).

@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
 ///   cargo xtask run -- --json          # build and run `plegwatch watch --json` (root)
 ///   cargo xtask test                   # unit tests, then privileged scenarios (root)
 ///   cargo xtask bench --rounds 1       # overhead vs. untraced and bpftrace (root)
+///   cargo xtask bench --only relist    # ListContainers latency with and without plegwatch
 #[derive(Parser)]
 #[command(name = "cargo xtask", bin_name = "cargo xtask", verbatim_doc_comment)]
 struct Cli {
@@ -36,9 +37,12 @@ enum Task {
     Run(run::Args),
     /// Unit tests, then (as root) the privileged scenario tests.
     Test,
-    /// Overhead benchmark: a syscall loop untraced, under plegwatch and under bpftrace (needs root)
+    /// Overhead benchmark: syscall loops untraced, under plegwatch and under bpftrace; containerd's
+    /// ListContainers latency under the relist driver, untraced and under plegwatch (needs root)
     ///
-    /// Example: cargo xtask bench --rounds 1 --iterations 50000
+    /// Examples:
+    ///   cargo xtask bench --rounds 1 --iterations 50000
+    ///   cargo xtask bench --only relist --rounds 1 --relist-seconds 5
     #[command(verbatim_doc_comment)]
     Bench(bench::Args),
 }

@@ -66,6 +66,250 @@ pub fn render(samples: &[Sample], modes: &[&str]) -> String {
     out
 }
 
+/// Latency of one CRI call kind over one relist phase, in µs, as `relist_bench` prints it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Deserialize)]
+pub struct CallStats {
+    pub count: u64,
+    pub failed: u64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
+    pub max_us: f64,
+}
+
+/// One figure of a [`CallStats`] (p50, p99, mean, count).
+pub type Figure = fn(&CallStats) -> f64;
+
+/// One (mode, call, round) of the relist benchmark: the untraced phases just before and
+/// just after the one under plegwatch.
+#[derive(Clone, Debug)]
+pub struct RelistSample {
+    pub mode: &'static str,
+    pub call: &'static str,
+    pub round: u32,
+    pub before: CallStats,
+    pub plegwatch: CallStats,
+    pub after: CallStats,
+}
+
+impl RelistSample {
+    /// The untraced baseline of a figure: the mean of the phases before and after.
+    pub fn untraced(&self, figure: Figure) -> f64 {
+        (figure(&self.before) + figure(&self.after)) / 2.0
+    }
+
+    /// plegwatch over the untraced baseline.
+    pub fn ratio(&self, figure: Figure) -> f64 {
+        figure(&self.plegwatch) / self.untraced(figure)
+    }
+
+    /// plegwatch minus the untraced baseline.
+    pub fn added(&self, figure: Figure) -> f64 {
+        figure(&self.plegwatch) - self.untraced(figure)
+    }
+}
+
+fn p50(s: &CallStats) -> f64 {
+    s.p50_us
+}
+fn p99(s: &CallStats) -> f64 {
+    s.p99_us
+}
+fn mean(s: &CallStats) -> f64 {
+    s.mean_us
+}
+fn calls(s: &CallStats) -> f64 {
+    s.count as f64
+}
+
+/// The table of every relist sample (µs per call), then the median ratios and added µs
+/// per mode and call.
+pub fn render_relist(samples: &[RelistSample], modes: &[(&str, u64)], calls_of: &[&str]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "CRI list calls under the relist driver (untr = mean of the untraced phases before and after plegwatch)"
+    );
+    let _ = writeln!(
+        out,
+        "{:<6} {:<15} {:>5} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6}",
+        "mode",
+        "call",
+        "round",
+        "calls",
+        "calls",
+        "p50",
+        "p50",
+        "",
+        "p99",
+        "p99",
+        "",
+        "mean",
+        "mean",
+        ""
+    );
+    let _ = writeln!(
+        out,
+        "{:<6} {:<15} {:>5} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6}",
+        "",
+        "",
+        "",
+        "untr",
+        "pw",
+        "untr µs",
+        "pw µs",
+        "pw/u",
+        "untr µs",
+        "pw µs",
+        "pw/u",
+        "untr µs",
+        "pw µs",
+        "pw/u"
+    );
+    for s in samples {
+        let _ = writeln!(
+            out,
+            "{:<6} {:<15} {:>5} {:>8.0} {:>8} {:>9.1} {:>9.1} {:>6.2} {:>9.1} {:>9.1} {:>6.2} {:>9.1} {:>9.1} {:>6.2}",
+            s.mode,
+            s.call,
+            s.round,
+            s.untraced(calls),
+            s.plegwatch.count,
+            s.untraced(p50),
+            s.plegwatch.p50_us,
+            s.ratio(p50),
+            s.untraced(p99),
+            s.plegwatch.p99_us,
+            s.ratio(p99),
+            s.untraced(mean),
+            s.plegwatch.mean_us,
+            s.ratio(mean),
+        );
+    }
+    let failed: u64 = samples
+        .iter()
+        .map(|s| s.before.failed + s.plegwatch.failed + s.after.failed)
+        .sum();
+    if failed > 0 {
+        let _ = writeln!(out, "({failed} failed calls left out of the figures)");
+    }
+    let _ = writeln!(
+        out,
+        "
+median ratios (plegwatch / untraced, same run) and added µs per call:"
+    );
+    for &(mode, period_ms) in modes {
+        for &call in calls_of {
+            let of: Vec<&RelistSample> = samples
+                .iter()
+                .filter(|s| s.mode == mode && s.call == call)
+                .collect();
+            let med = |f: fn(&RelistSample, Figure) -> f64, figure| {
+                median(of.iter().map(|s| f(s, figure)).collect())
+            };
+            let pause = match period_ms {
+                0 => "back to back".to_owned(),
+                ms => format!("{ms} ms apart"),
+            };
+            let _ = writeln!(
+                out,
+                "{:<6} {:<15} p50 {:>5} ({:>7} µs)  p99 {:>5} ({:>7} µs)  mean {:>5} ({:>7} µs)  calls {:>5}  ({} rounds, relists {pause})",
+                mode,
+                call,
+                opt(med(RelistSample::ratio, p50), 2),
+                signed(med(RelistSample::added, p50)),
+                opt(med(RelistSample::ratio, p99), 2),
+                signed(med(RelistSample::added, p99)),
+                opt(med(RelistSample::ratio, mean), 2),
+                signed(med(RelistSample::added, mean)),
+                opt(med(RelistSample::ratio, calls), 2),
+                of.len(),
+            );
+        }
+    }
+    out
+}
+
+/// CPU time per relist over one (mode, round): containerd's, where the uprobes' traps and
+/// programs run (charged as its system time), in each phase; and plegwatch's own.
+#[derive(Clone, Debug)]
+pub struct CpuSample {
+    pub mode: &'static str,
+    pub round: u32,
+    pub containerd_before_us: f64,
+    pub containerd_plegwatch_us: f64,
+    pub containerd_after_us: f64,
+    /// plegwatch's CPU time per relist.
+    pub plegwatch_us: f64,
+    /// plegwatch's CPU time over the phase's wall time.
+    pub plegwatch_share: f64,
+}
+
+impl CpuSample {
+    pub fn containerd_untraced_us(&self) -> f64 {
+        (self.containerd_before_us + self.containerd_after_us) / 2.0
+    }
+}
+
+/// The CPU table: per relist, containerd untraced and under plegwatch, and plegwatch's own.
+pub fn render_cpu(samples: &[CpuSample], modes: &[(&str, u64)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "CPU time per relist (ListPodSandbox + ListContainers), from /proc/PID/stat"
+    );
+    let _ = writeln!(
+        out,
+        "{:<6} {:>5} {:>14} {:>14} {:>9} {:>14} {:>10}",
+        "mode", "round", "containerd", "containerd", "added", "plegwatch", "plegwatch"
+    );
+    let _ = writeln!(
+        out,
+        "{:<6} {:>5} {:>14} {:>14} {:>9} {:>14} {:>10}",
+        "", "", "untr µs", "pw µs", "µs", "own µs", "% of core"
+    );
+    for s in samples {
+        let _ = writeln!(
+            out,
+            "{:<6} {:>5} {:>14.1} {:>14.1} {:>+9.1} {:>14.1} {:>10.1}",
+            s.mode,
+            s.round,
+            s.containerd_untraced_us(),
+            s.containerd_plegwatch_us,
+            s.containerd_plegwatch_us - s.containerd_untraced_us(),
+            s.plegwatch_us,
+            s.plegwatch_share * 100.0,
+        );
+    }
+    for &(mode, _) in modes {
+        let of: Vec<&CpuSample> = samples.iter().filter(|s| s.mode == mode).collect();
+        if of.is_empty() {
+            continue;
+        }
+        let added = median(
+            of.iter()
+                .map(|s| s.containerd_plegwatch_us - s.containerd_untraced_us())
+                .collect(),
+        );
+        let own = median(of.iter().map(|s| s.plegwatch_us).collect());
+        let share = median(of.iter().map(|s| s.plegwatch_share * 100.0).collect());
+        let _ = writeln!(
+            out,
+            "{mode:<6} median: containerd {} µs per relist under plegwatch, plegwatch's own {} µs per relist ({} % of a core)",
+            signed(added),
+            opt(own, 1),
+            opt(share, 1)
+        );
+    }
+    out
+}
+
+/// `+1.5` / `-0.3`, or `-` for none.
+fn signed(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:+.1}"))
+}
+
 fn opt(value: Option<f64>, decimals: usize) -> String {
     value.map_or_else(|| "-".to_owned(), |v| format!("{v:.decimals$}"))
 }
@@ -95,6 +339,39 @@ mod tests {
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
         assert_eq!(median(vec![]), None);
         assert_eq!(median(vec![f64::NAN]), None);
+    }
+
+    fn stats(p50_us: f64, count: u64) -> CallStats {
+        CallStats {
+            count,
+            p50_us,
+            p90_us: p50_us * 1.5,
+            p99_us: p50_us * 3.0,
+            mean_us: p50_us * 1.1,
+            max_us: p50_us * 10.0,
+            failed: 0,
+        }
+    }
+
+    #[test]
+    fn relist_baseline_is_the_mean_of_before_and_after() {
+        let s = RelistSample {
+            mode: "paced",
+            call: "ListContainers",
+            round: 1,
+            before: stats(300.0, 1000),
+            plegwatch: stats(330.0, 990),
+            after: stats(320.0, 1010),
+        };
+        assert_eq!(s.untraced(p50), 310.0);
+        assert!((s.ratio(p50) - 330.0 / 310.0).abs() < 1e-12);
+        assert_eq!(s.added(p50), 20.0);
+        let text = render_relist(&[s], &[("paced", 10), ("tight", 0)], &["ListContainers"]);
+        assert!(text.contains("1.06"), "{text}");
+        assert!(text.contains("+20.0 µs"), "{text}");
+        assert!(text.contains("10 ms apart"), "{text}");
+        // A mode with no samples shows dashes, not NaN.
+        assert!(text.contains("tight  ListContainers  p50     -"), "{text}");
     }
 
     #[test]

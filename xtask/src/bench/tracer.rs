@@ -3,7 +3,7 @@
 //! tracer is attached, and that is stopped with SIGINT (or killed on drop).
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -54,15 +54,18 @@ pub struct Tracer {
     line: String,
     child: Child,
     stderr_log: PathBuf,
+    /// Its stdout, line by line.
+    lines: Receiver<String>,
+    /// The stdout lines received so far.
+    seen: Vec<String>,
 }
 
 /// Start `plegwatch watch --json` and wait for its `{"type":"ready"}` line.
 pub fn plegwatch(bin: &Path, log_dir: &Path) -> Result<Tracer> {
     let mut command = Command::new(bin);
     command.args(["watch", "--json"]);
-    let (tracer, lines) = Tracer::spawn("plegwatch", command, log_dir)?;
+    let mut tracer = Tracer::spawn("plegwatch", command, log_dir)?;
     tracer.wait_for(
-        &lines,
         PLEGWATCH_READY_TIMEOUT,
         "a {\"type\":\"ready\"} line",
         is_ready_line,
@@ -78,13 +81,10 @@ pub fn bpftrace(log_dir: &Path) -> Result<Tracer> {
         .with_context(|| format!("cannot write {}", script.display()))?;
     let mut command = Command::new("bpftrace");
     command.arg(&script);
-    let (tracer, lines) = Tracer::spawn("bpftrace", command, log_dir)?;
-    tracer.wait_for(
-        &lines,
-        BPFTRACE_ATTACH_TIMEOUT,
-        "its \"Attaching\" line",
-        |l| l.starts_with("Attaching"),
-    )?;
+    let mut tracer = Tracer::spawn("bpftrace", command, log_dir)?;
+    tracer.wait_for(BPFTRACE_ATTACH_TIMEOUT, "its \"Attaching\" line", |l| {
+        l.starts_with("Attaching")
+    })?;
     thread::sleep(BPFTRACE_SETTLE);
     Ok(tracer)
 }
@@ -98,19 +98,14 @@ pub fn is_ready_line(line: &str) -> bool {
 
 impl Tracer {
     /// Spawn with stderr to `<log_dir>/<name>.stderr.log`, and stdout copied line by line to
-    /// `<log_dir>/<name>.stdout.log` and to the returned channel. The copying thread drains
-    /// stdout until the tracer exits, so the tracer never blocks on a full pipe.
-    fn spawn(
-        name: &'static str,
-        mut command: Command,
-        log_dir: &Path,
-    ) -> Result<(Self, Receiver<String>)> {
+    /// `<log_dir>/<name>.stdout.log` and to the guard ([`tee_lines`]).
+    fn spawn(name: &'static str, mut command: Command, log_dir: &Path) -> Result<Self> {
         let line = cmd::display(&command);
         let stderr_log = log_dir.join(format!("{name}.stderr.log"));
         let stdout_log = log_dir.join(format!("{name}.stdout.log"));
         let stderr = File::create(&stderr_log)
             .with_context(|| format!("cannot create {}", stderr_log.display()))?;
-        let mut stdout_file = File::create(&stdout_log)
+        let stdout_file = File::create(&stdout_log)
             .with_context(|| format!("cannot create {}", stdout_log.display()))?;
         let mut child = command
             .stdin(Stdio::null())
@@ -122,41 +117,41 @@ impl Tracer {
             .stdout
             .take()
             .ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
-        let (tx, rx) = mpsc::channel();
-        thread::spawn(move || {
-            for l in BufReader::new(stdout).lines() {
-                let Ok(l) = l else { break };
-                let _ = writeln!(stdout_file, "{l}");
-                // The receiver goes away once the tracer is ready; keep draining anyway.
-                let _ = tx.send(l);
-            }
-        });
-        Ok((
-            Tracer {
-                name,
-                line,
-                child,
-                stderr_log,
-            },
-            rx,
-        ))
+        let lines = tee_lines(stdout, stdout_file);
+        Ok(Tracer {
+            name,
+            line,
+            child,
+            stderr_log,
+            lines,
+            seen: Vec::new(),
+        })
     }
 
-    /// Wait for a stdout line matching `wanted`. On timeout or early exit the error names
-    /// the command line and the last line of its stderr; the guard then kills the child.
-    fn wait_for(
-        &self,
-        lines: &Receiver<String>,
+    /// Wait for a stdout line matching `wanted`, also among those already received (a line
+    /// printed before the one waited for first), and return it. On timeout or early exit the
+    /// error names the command line and the last line of its stderr; the guard then kills
+    /// the child.
+    pub fn wait_for(
+        &mut self,
         timeout: Duration,
         what: &str,
         wanted: impl Fn(&str) -> bool,
-    ) -> Result<()> {
+    ) -> Result<String> {
+        if let Some(l) = self.seen.iter().find(|l| wanted(l)) {
+            return Ok(l.clone());
+        }
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match lines.recv_timeout(left) {
-                Ok(l) if wanted(&l) => return Ok(()),
-                Ok(_) => continue,
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = wanted(&l);
+                    self.seen.push(l);
+                    if hit {
+                        return Ok(self.seen[self.seen.len() - 1].clone());
+                    }
+                }
                 Err(RecvTimeoutError::Timeout) => bail!(
                     "`{}` printed no {what} within {}s (stderr: {}; log: {})",
                     self.line,
@@ -172,6 +167,10 @@ impl Tracer {
                 ),
             }
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// SIGINT, then wait for the exit (SIGKILL after [`STOP_TIMEOUT`]). An unclean exit is
@@ -223,6 +222,21 @@ impl Drop for Tracer {
             self.kill();
         }
     }
+}
+
+/// Copy a child's stdout line by line to `file` and to the returned channel, on a thread
+/// that drains it until the child closes it, so the child never blocks on a full pipe (also
+/// once nobody reads the channel any more).
+pub fn tee_lines(stdout: impl Read + Send + 'static, mut file: File) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        for l in BufReader::new(stdout).lines() {
+            let Ok(l) = l else { break };
+            let _ = writeln!(file, "{l}");
+            let _ = tx.send(l);
+        }
+    });
+    rx
 }
 
 /// Exit code 0, or death by the SIGINT we sent, is a clean stop.
