@@ -305,6 +305,13 @@ impl<T: Item> Registry<T> {
     }
 
     /// Takes an exact record of a wait that ended at `end_ns`.
+    /// Whether [`Registry::end`] could do anything with an end of `key` after
+    /// `waited`: it is tracked, or long enough to be reported late. Lets a
+    /// caller skip building the item for the many short calls.
+    pub fn wants_end(&self, key: &T::Key, waited: Duration) -> bool {
+        self.tracked.contains_key(key) || self.done.contains(key) || self.thresholds.level(waited).is_some()
+    }
+
     pub fn end(&mut self, info: T, end_ns: u64) -> Vec<Action<T::Key>> {
         let key = info.key();
         let waited = Duration::from_nanos(end_ns.saturating_sub(info.start_ns()));

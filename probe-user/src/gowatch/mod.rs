@@ -207,6 +207,9 @@ impl GoWatch {
                 l.container = container.and_then(|o| o.arg.clone()).or(l.container.take());
             }
         }
+        if !self.registry.wants_end(&(rec.g, rec.func), took) {
+            return;
+        }
         let call = GoCall {
             start_ns: rec.start_ns,
             receiver: rec.receiver,
