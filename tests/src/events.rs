@@ -39,6 +39,12 @@ impl Event {
         self.get(pointer).and_then(Value::as_f64)
     }
 
+    /// Whether the string at `pointer` ends with `suffix`: a Go function named without its
+    /// package path, such as `.(*criService).ListContainers`.
+    pub fn ends_with(&self, pointer: &str, suffix: &str) -> bool {
+        self.str(pointer).is_some_and(|s| s.ends_with(suffix))
+    }
+
     /// Whether this is a line of `line_type` about process `pid` (any of its threads).
     pub fn is_about_pid(&self, line_type: &str, pid: u32) -> bool {
         self.is(line_type) && self.u64("/pid") == Some(u64::from(pid))
@@ -48,6 +54,21 @@ impl Event {
     pub fn is_about(&self, line_type: &str, tid: u32) -> bool {
         self.is(line_type) && self.u64("/tid") == Some(u64::from(tid))
     }
+}
+
+/// The `stall` lines of `kind` about process `pid`.
+pub fn stalls<'a>(events: &'a [Event], kind: &str, pid: u32) -> Vec<&'a Event> {
+    events
+        .iter()
+        .filter(|e| e.is_about_pid("stall", pid) && e.str("/kind") == Some(kind))
+        .collect()
+}
+
+/// The `resolved` line of `stall` (the one with its `id`).
+pub fn resolution<'a>(events: &'a [Event], stall: &Event) -> Option<&'a Event> {
+    events
+        .iter()
+        .find(|e| e.is("resolved") && e.u64("/id") == stall.u64("/id"))
 }
 
 /// The lines, one per row, each with its arrival in seconds after `origin`: for failure

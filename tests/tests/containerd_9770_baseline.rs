@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use plegwatch_scenarios::containerd;
+use plegwatch_scenarios::containerd::bed::{StallBed, StallOutcome};
 use plegwatch_scenarios::containerd::issue9770::{self, OnDisk, Outcome};
 use plegwatch_scenarios::{preflight, WriteThrottle};
 
@@ -40,20 +41,21 @@ fn snapshots_on_throttled_disk_update_waits_for_shim_umount() -> Result<()> {
     let Some((bed, outcome)) = stage(OnDisk::Snapshots)? else {
         return Ok(());
     };
-    let context = || format!("{}\n{}", outcome.summary(), bed.containerd().log_tail(40));
+    let context = || bed.context(&outcome);
     let umount = outcome.umount.as_ref().expect("checked by stage");
     // It waited for the shim's Delete, and got the mutex only once the process was deleted.
-    let gap = if outcome.update_ended() > umount.last_seen {
-        outcome.update_ended() - umount.last_seen
+    let ended = outcome.update.ended();
+    let gap = if ended > umount.last_seen {
+        ended - umount.last_seen
     } else {
-        umount.last_seen - outcome.update_ended()
+        umount.last_seen - ended
     };
     assert!(
         gap <= SAME_END,
         "UpdateContainerResources ended {gap:?} away from the shim's umount\n{}",
         context()
     );
-    match &outcome.update_result {
+    match &outcome.update.result {
         Err(e) if e.contains("cannot update a deleted process") => {}
         other => panic!(
             "UpdateContainerResources should fail with \"cannot update a deleted process\" \
@@ -69,7 +71,7 @@ fn root_on_throttled_disk_update_waits_in_fdatasync() -> Result<()> {
     let Some((bed, outcome)) = stage(OnDisk::Root)? else {
         return Ok(());
     };
-    let context = || format!("{}\n{}", outcome.summary(), bed.containerd().log_tail(40));
+    let context = || bed.context(&outcome);
     // The holder of the status lock waits in the kernel, in a metadata sync.
     assert!(
         outcome
@@ -81,7 +83,7 @@ fn root_on_throttled_disk_update_waits_in_fdatasync() -> Result<()> {
         context()
     );
     assert!(
-        outcome.update_ended() + SAME_END >= outcome.umount.as_ref().expect("checked").last_seen,
+        outcome.update.ended() + SAME_END >= outcome.umount.as_ref().expect("checked").last_seen,
         "UpdateContainerResources returned before the umount ended\n{}",
         context()
     );
@@ -103,18 +105,9 @@ fn stage(on_disk: OnDisk) -> Result<Option<(issue9770::Bed, Outcome)>> {
     let mut bed = issue9770::Bed::prepare(options)?;
     let outcome = bed.trigger()?;
     eprintln!("{}", outcome.summary());
-    let context = || format!("{}\n{}", outcome.summary(), bed.containerd().log_tail(40));
+    let context = || bed.context(&outcome);
 
-    assert_eq!(
-        outcome.shim.address,
-        bed.containerd().socket().to_string_lossy(),
-        "the shim found is not this daemon's"
-    );
-    assert_eq!(
-        outcome.shim.id,
-        bed.pod().id(),
-        "the shim found does not serve the pod"
-    );
+    bed.stage().assert_pods_shim(&outcome.shim);
     let umount = outcome
         .umount
         .as_ref()
@@ -125,31 +118,22 @@ fn stage(on_disk: OnDisk) -> Result<Option<(issue9770::Bed, Outcome)>> {
         umount.duration(),
         context()
     );
+    let update = &outcome.update;
     assert!(
-        outcome.update_latency >= STALL_MIN,
+        update.latency >= STALL_MIN,
         "UpdateContainerResources blocked only {:?}\n{}",
-        outcome.update_latency,
+        update.latency,
         context()
     );
-    if let Err(e) = &outcome.update_result {
+    if let Err(e) = &update.result {
         assert!(
             !e.contains("no answer") && !e.contains("DeadlineExceeded"),
             "UpdateContainerResources hit a deadline instead of waiting: {e}\n{}",
             context()
         );
     }
-    let before = outcome
-        .list_before
-        .unwrap_or_else(|| panic!("no ListContainers before the update\n{}", context()));
-    assert!(
-        before.count >= QUIET_CALLS_MIN && before.failed == 0 && before.median < QUIET_MEDIAN_MAX,
-        "ListContainers before the stall: {before} (want ≥ {QUIET_CALLS_MIN} calls, none \
-         failed, median < {QUIET_MEDIAN_MAX:?})\n{}",
-        context()
-    );
-    let during = outcome
-        .list_during
-        .unwrap_or_else(|| panic!("no ListContainers during the update\n{}", context()));
+    update.assert_quiet_before(QUIET_CALLS_MIN, QUIET_MEDIAN_MAX, context);
+    let during = update.during(context);
     assert!(
         during.max >= STALL_MIN,
         "ListContainers during the stall: {during} (want a max ≥ {STALL_MIN:?})\n{}",

@@ -15,125 +15,101 @@
 //! The lock's holder is the shim (inferred: of the shims containerd is connected to, the one
 //! with an open wait), and the shim's own longest open wait is its umount: the next link.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use plegwatch_scenarios::containerd;
-use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options, Outcome};
-use plegwatch_scenarios::events::{dump, Event};
-use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
-use plegwatch_scenarios::{preflight, Plegwatch, WriteThrottle};
+use plegwatch_scenarios::containerd::bed::Watched;
+use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options};
+use plegwatch_scenarios::{preflight, WriteThrottle};
 
-/// How far the lock's reported hold may be from the update's measured block.
-const HOLD_SLACK_S: f64 = 1.5;
-
-/// One staging of #9770 with plegwatch watching: the bed (still up, to ask containerd
-/// afterwards), what the bed measured, and every line plegwatch printed.
-struct Watched {
-    bed: Bed,
-    outcome: Outcome,
-    events: Vec<Event>,
-    containerd_pid: u32,
-}
-
-impl Watched {
-    /// Prepares the bed, starts `plegwatch watch --warn 2s`, triggers the stall and stops
-    /// plegwatch once the lock hold resolved; `None` (with the reason printed) when blkio
-    /// throttling is missing.
-    fn run(on_disk: OnDisk) -> Result<Option<Self>> {
-        preflight::require();
-        containerd::require();
-        if let Some(why) = WriteThrottle::unavailable() {
-            preflight::skip("containerd_9770_plegwatch", &why);
-            return Ok(None);
-        }
-        let mut bed = Bed::prepare(Options { on_disk, ..Options::default() })?;
-        let containerd_pid = bed.containerd().pid();
-        let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
-        plegwatch.wait_ready(READY_TIMEOUT)?;
-        let outcome = bed.trigger()?;
-        plegwatch.wait_for(Duration::from_secs(5), |e| {
-            e.is("resolved") && e.str("/kind") == Some("go_lock")
-        });
-        let events = plegwatch.stop()?;
-        Ok(Some(Self { bed, outcome, events, containerd_pid }))
+/// One staging of #9770 with `plegwatch watch --warn 2s` looking on; `None` (with the
+/// reason printed) when blkio throttling is missing.
+fn watch(on_disk: OnDisk) -> Result<Option<Watched<Bed>>> {
+    preflight::require();
+    containerd::require();
+    if let Some(why) = WriteThrottle::unavailable() {
+        preflight::skip("containerd_9770_plegwatch", &why);
+        return Ok(None);
     }
-
-    /// The bed's summary and plegwatch's lines, for failure messages.
-    fn all(&self) -> String {
-        format!("{}\n{}", self.outcome.summary(), dump(&self.events, self.outcome.started))
-    }
-
-    /// The stall lines of `kind` about process `pid`.
-    fn stalls(&self, kind: &str, pid: u32) -> Vec<&Event> {
-        self.events
-            .iter()
-            .filter(|e| e.is("stall") && e.str("/kind") == Some(kind) && e.u64("/pid") == Some(u64::from(pid)))
-            .collect()
-    }
-
-    /// The go_lock stall held by `UpdateSync` in containerd, after checking that its
-    /// resolved hold matches how long UpdateContainerResources really blocked. Returns the
-    /// stall and (held, blocked) in seconds.
-    fn update_sync_lock(&self) -> (&Event, f64, f64) {
-        let lock = self
-            .stalls("go_lock", self.containerd_pid)
-            .into_iter()
-            .find(|e| e.str("/detail/holder_function").is_some_and(|f| f.ends_with(".(*statusStorage).UpdateSync")))
-            .unwrap_or_else(|| {
-                panic!("no go_lock stall held by UpdateSync in containerd (pid {}):\n{}", self.containerd_pid, self.all())
-            });
-        let resolved = self
-            .events
-            .iter()
-            .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
-            .unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", self.all()));
-        let held = resolved.f64("/waited_s").unwrap_or(f64::NAN);
-        let blocked = self.outcome.update_latency.as_secs_f64();
-        assert!(
-            (held - blocked).abs() <= HOLD_SLACK_S,
-            "lock held {held:.3}s by plegwatch, UpdateContainerResources blocked {blocked:.3}s:\n{}",
-            self.all()
-        );
-        (lock, held, blocked)
-    }
-
-    /// containerd kept running and answering under the probes.
-    fn assert_containerd_answers(&self) {
-        assert!(self.bed.cri().version().is_ok(), "containerd stopped answering CRI after the probes:\n{}", self.all());
-    }
+    Watched::run(Bed::prepare(Options {
+        on_disk,
+        ..Options::default()
+    })?)
+    .map(Some)
 }
 
 #[test]
 fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
-    let Some(w) = Watched::run(OnDisk::Snapshots)? else { return Ok(()) };
+    let Some(w) = watch(OnDisk::Snapshots)? else {
+        return Ok(());
+    };
     let all = || w.all();
 
     // The Status write lock, held by UpdateSync for as long as the update blocked.
     let (lock, held, blocked) = w.update_sync_lock();
     assert_eq!(lock.str("/level"), Some("warn"), "{}", all());
     let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
-    assert!(gets >= 1, "no ListContainers Get waiting on the held lock:\n{}", all());
+    assert!(
+        gets >= 1,
+        "no ListContainers Get waiting on the held lock:\n{}",
+        all()
+    );
     // The next link: the lock's holder waits on the shim, matched exactly by the container
     // its UpdateContainerResources request names and the shim's open task call for it.
-    assert_eq!(lock.str("/detail/container"), Some(w.outcome.container_id.as_str()), "{}", all());
+    assert_eq!(
+        lock.str("/detail/container"),
+        Some(w.outcome.container_id.as_str()),
+        "{}",
+        all()
+    );
     assert_eq!(lock.str("/holder/kind"), Some("shim"), "{}", all());
-    assert_eq!(lock.u64("/holder/pid"), Some(u64::from(w.outcome.shim.pid)), "the holder should be the container's shim:\n{}", all());
-    assert_eq!(lock.get("/holder/exact").and_then(|v| v.as_bool()), Some(true), "{}", all());
-    assert_eq!(lock.str("/holder/longest_open_wait/kind"), Some("umount"), "the shim's own wait should be its umount:\n{}", all());
+    assert_eq!(
+        lock.u64("/holder/pid"),
+        Some(u64::from(w.outcome.shim.pid)),
+        "the holder should be the container's shim:\n{}",
+        all()
+    );
+    assert_eq!(
+        lock.get("/holder/exact").and_then(|v| v.as_bool()),
+        Some(true),
+        "{}",
+        all()
+    );
+    assert_eq!(
+        lock.str("/holder/longest_open_wait/kind"),
+        Some("umount"),
+        "the shim's own wait should be its umount:\n{}",
+        all()
+    );
     // The cause: the shim's Delete goroutine (joined by the goroutine read from TLS at
     // sys_enter) in the umount's task_work sync.
     assert_eq!(lock.str("/cause/kind"), Some("umount"), "{}", all());
     assert_eq!(lock.str("/cause/phase"), Some("task_work"), "{}", all());
-    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(w.outcome.shim.pid)), "{}", all());
-    assert!(lock.str("/cause/via").is_some_and(|f| f.ends_with("(*service).Delete")), "{}", all());
-    assert_eq!(lock.get("/cause/exact").and_then(|v| v.as_bool()), Some(true), "{}", all());
+    assert_eq!(
+        lock.u64("/cause/pid"),
+        Some(u64::from(w.outcome.shim.pid)),
+        "{}",
+        all()
+    );
+    assert!(
+        lock.ends_with("/cause/via", "(*service).Delete"),
+        "{}",
+        all()
+    );
+    assert_eq!(
+        lock.get("/cause/exact").and_then(|v| v.as_bool()),
+        Some(true),
+        "{}",
+        all()
+    );
 
     // The CRI handlers stuck behind it.
     let calls = w.stalls("cri_call", w.containerd_pid);
-    for handler in [".(*criService).UpdateContainerResources", ".(*criService).ListContainers"] {
+    for handler in [
+        ".(*criService).UpdateContainerResources",
+        ".(*criService).ListContainers",
+    ] {
         assert!(
-            calls.iter().any(|e| e.str("/detail/function").is_some_and(|f| f.ends_with(handler))),
+            w.cri_call(handler).is_some(),
             "no cri_call for {handler}:\n{}",
             all()
         );
@@ -141,9 +117,13 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
 
     // The shim's rootfs umount, in its task_work tail.
     let umounts = w.stalls("umount", w.outcome.shim.pid);
-    let umount = umounts
-        .first()
-        .unwrap_or_else(|| panic!("no umount stall for the shim (pid {}):\n{}", w.outcome.shim.pid, all()));
+    let umount = umounts.first().unwrap_or_else(|| {
+        panic!(
+            "no umount stall for the shim (pid {}):\n{}",
+            w.outcome.shim.pid,
+            all()
+        )
+    });
     assert_eq!(umount.str("/detail/phase"), Some("task_work"), "{}", all());
 
     w.assert_containerd_answers();
@@ -161,19 +141,36 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
 /// same process, the `fdatasync` wait.
 #[test]
 fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
-    let Some(w) = Watched::run(OnDisk::Root)? else { return Ok(()) };
+    let Some(w) = watch(OnDisk::Root)? else {
+        return Ok(());
+    };
     let (lock, held, blocked) = w.update_sync_lock();
     // The cause is the holder goroutine's own fdatasync (goroutine read from TLS at sys_enter).
     assert_eq!(lock.str("/cause/syscall"), Some("fdatasync"), "{}", w.all());
-    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(w.containerd_pid)), "{}", w.all());
-    assert_eq!(lock.get("/cause/exact").and_then(|v| v.as_bool()), Some(true), "{}", w.all());
+    assert_eq!(
+        lock.u64("/cause/pid"),
+        Some(u64::from(w.containerd_pid)),
+        "{}",
+        w.all()
+    );
+    assert_eq!(
+        lock.get("/cause/exact").and_then(|v| v.as_bool()),
+        Some(true),
+        "{}",
+        w.all()
+    );
     let syncs = w.stalls("sync", w.containerd_pid);
     assert!(
-        syncs.iter().any(|e| e.str("/detail/syscall") == Some("fdatasync")),
+        syncs
+            .iter()
+            .any(|e| e.str("/detail/syscall") == Some("fdatasync")),
         "no fdatasync wait reported in containerd while it held the lock:\n{}",
         w.all()
     );
     w.assert_containerd_answers();
-    eprintln!("lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls", syncs.len());
+    eprintln!(
+        "lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls",
+        syncs.len()
+    );
     Ok(())
 }

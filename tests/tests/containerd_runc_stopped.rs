@@ -18,10 +18,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use plegwatch_scenarios::containerd;
-use plegwatch_scenarios::containerd::runc_stopped::{Bed, Options, Outcome, RUNC_COMM};
-use plegwatch_scenarios::events::{dump, Event};
-use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
-use plegwatch_scenarios::{preflight, Plegwatch};
+use plegwatch_scenarios::containerd::bed::{StallBed, StallOutcome, Watched};
+use plegwatch_scenarios::containerd::runc_stopped::{Bed, Options, RUNC_COMM};
+use plegwatch_scenarios::preflight;
 
 /// How far the update's block may be from the time runc stayed stopped: the update's own
 /// work (a bbolt write, the ttrpc round trips, runc itself once continued) and the bed's
@@ -34,8 +33,6 @@ const LIST_SLACK: Duration = Duration::from_millis(1000);
 const QUIET_MEDIAN_MAX: Duration = Duration::from_millis(50);
 /// At least this many ListContainers calls before the update (about 7 in 1.5 s at 200 ms).
 const QUIET_CALLS_MIN: usize = 4;
-/// How far the lock's reported hold may be from the update's measured block.
-const HOLD_SLACK_S: f64 = 1.5;
 
 #[test]
 fn baseline_update_blocks_while_runc_is_stopped() -> Result<()> {
@@ -43,19 +40,10 @@ fn baseline_update_blocks_while_runc_is_stopped() -> Result<()> {
     let mut bed = Bed::prepare(Options::default())?;
     let outcome = bed.trigger()?;
     eprintln!("{}", outcome.summary());
-    let context = || format!("{}\n{}", outcome.summary(), bed.containerd().log_tail(40));
+    let context = || bed.context(&outcome);
 
     // The frozen process: the shim's `runc update` of this container, stopped.
-    assert_eq!(
-        outcome.shim.address,
-        bed.containerd().socket().to_string_lossy(),
-        "the shim found is not this daemon's"
-    );
-    assert_eq!(
-        outcome.shim.id,
-        bed.pod().id(),
-        "the shim found does not serve the pod"
-    );
+    bed.stage().assert_pods_shim(&outcome.shim);
     let argv = &outcome.runc_argv;
     let sub = argv.iter().position(|a| a == "update");
     assert!(
@@ -83,33 +71,24 @@ fn baseline_update_blocks_while_runc_is_stopped() -> Result<()> {
         "runc was continued after {stopped:?}\n{}",
         context()
     );
+    let update = &outcome.update;
     assert!(
-        outcome.update_latency >= stopped && outcome.update_latency <= stopped + BLOCK_SLACK,
+        update.latency >= stopped && update.latency <= stopped + BLOCK_SLACK,
         "UpdateContainerResources blocked {:?}, runc stopped {stopped:?} (want within \
          {BLOCK_SLACK:?} above)\n{}",
-        outcome.update_latency,
+        update.latency,
         context()
     );
     assert_eq!(
-        outcome.update_result,
+        update.result,
         Ok(()),
         "UpdateContainerResources should succeed once runc is continued\n{}",
         context()
     );
 
     // ListContainers was quick before, and waited on the lock during the stop.
-    let before = outcome
-        .list_before
-        .unwrap_or_else(|| panic!("no ListContainers before the update\n{}", context()));
-    assert!(
-        before.count >= QUIET_CALLS_MIN && before.failed == 0 && before.median < QUIET_MEDIAN_MAX,
-        "ListContainers before the stall: {before} (want ≥ {QUIET_CALLS_MIN} calls, none \
-         failed, median < {QUIET_MEDIAN_MAX:?})\n{}",
-        context()
-    );
-    let during = outcome
-        .list_during
-        .unwrap_or_else(|| panic!("no ListContainers during the update\n{}", context()));
+    update.assert_quiet_before(QUIET_CALLS_MIN, QUIET_MEDIAN_MAX, context);
+    let during = update.during(context);
     assert!(
         during.max + LIST_SLACK >= stopped && during.failed == 0,
         "ListContainers during the stall: {during} (want a max ≥ {stopped:?} - \
@@ -117,89 +96,29 @@ fn baseline_update_blocks_while_runc_is_stopped() -> Result<()> {
         context()
     );
     assert!(
-        bed.cri().version().is_ok(),
+        bed.stage().cri().version().is_ok(),
         "containerd stopped answering CRI after the stall\n{}",
         context()
     );
     Ok(())
 }
 
-/// The stall staged with plegwatch watching: the bed (still up, to ask containerd
-/// afterwards), what the bed measured, and every line plegwatch printed.
-struct Watched {
-    bed: Bed,
-    outcome: Outcome,
-    events: Vec<Event>,
-    containerd_pid: u32,
-}
-
-impl Watched {
-    /// Prepares the bed, starts `plegwatch watch --warn 2s`, triggers the stall and stops
-    /// plegwatch once the lock hold resolved.
-    fn run() -> Result<Self> {
-        preflight::require();
-        containerd::require();
-        let mut bed = Bed::prepare(Options::default())?;
-        let containerd_pid = bed.containerd().pid();
-        let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
-        plegwatch.wait_ready(READY_TIMEOUT)?;
-        let outcome = bed.trigger()?;
-        plegwatch.wait_for(Duration::from_secs(5), |e| {
-            e.is("resolved") && e.str("/kind") == Some("go_lock")
-        });
-        let events = plegwatch.stop()?;
-        eprintln!("{}", outcome.summary());
-        Ok(Self {
-            bed,
-            outcome,
-            events,
-            containerd_pid,
-        })
-    }
-
-    /// The bed's summary and plegwatch's lines, for failure messages.
-    fn all(&self) -> String {
-        format!(
-            "{}\n{}",
-            self.outcome.summary(),
-            dump(&self.events, self.outcome.prepared)
-        )
-    }
-
-    /// The stall lines of `kind` about process `pid`.
-    fn stalls(&self, kind: &str, pid: u32) -> Vec<&Event> {
-        self.events
-            .iter()
-            .filter(|e| {
-                e.is("stall")
-                    && e.str("/kind") == Some(kind)
-                    && e.u64("/pid") == Some(u64::from(pid))
-            })
-            .collect()
-    }
+/// Prepares the bed and stages the stall with `plegwatch watch --warn 2s` looking on.
+fn watch() -> Result<Watched<Bed>> {
+    preflight::require();
+    containerd::require();
+    Watched::run(Bed::prepare(Options::default())?)
 }
 
 #[test]
 fn lock_hold_is_blamed_on_the_stopped_runc() -> Result<()> {
-    let w = Watched::run()?;
+    let w = watch()?;
     let all = || w.all();
     let o = &w.outcome;
 
-    // The Status write lock, held by UpdateSync, with ListContainers' Gets waiting on it.
-    let lock = w
-        .stalls("go_lock", w.containerd_pid)
-        .into_iter()
-        .find(|e| {
-            e.str("/detail/holder_function")
-                .is_some_and(|f| f.ends_with(".(*statusStorage).UpdateSync"))
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "no go_lock stall held by UpdateSync in containerd (pid {}):\n{}",
-                w.containerd_pid,
-                all()
-            )
-        });
+    // The Status write lock, held by UpdateSync, with ListContainers' Gets waiting on it; it
+    // resolved when the update returned.
+    let (lock, held, blocked) = w.update_sync_lock();
     assert!(
         lock.at < o.continued,
         "the lock hold was reported only after runc was continued ({:.3}s late):\n{}",
@@ -210,20 +129,6 @@ fn lock_hold_is_blamed_on_the_stopped_runc() -> Result<()> {
     assert!(
         gets >= 1,
         "no ListContainers Get waiting on the held lock:\n{}",
-        all()
-    );
-
-    // It resolved when the update returned.
-    let resolved = w
-        .events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
-        .unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", all()));
-    let held = resolved.f64("/waited_s").unwrap_or(f64::NAN);
-    let blocked = o.update_latency.as_secs_f64();
-    assert!(
-        (held - blocked).abs() <= HOLD_SLACK_S,
-        "lock held {held:.3}s by plegwatch, UpdateContainerResources blocked {blocked:.3}s:\n{}",
         all()
     );
 
@@ -238,19 +143,10 @@ fn lock_hold_is_blamed_on_the_stopped_runc() -> Result<()> {
 
     // The CRI handler stuck behind the runc.
     let update = w
-        .stalls("cri_call", w.containerd_pid)
-        .into_iter()
-        .find(|e| {
-            e.str("/detail/function")
-                .is_some_and(|f| f.ends_with(".(*criService).UpdateContainerResources"))
-        })
+        .cri_call(".(*criService).UpdateContainerResources")
         .unwrap_or_else(|| panic!("no cri_call for UpdateContainerResources:\n{}", all()));
 
-    assert!(
-        w.bed.cri().version().is_ok(),
-        "containerd stopped answering CRI after the probes:\n{}",
-        all()
-    );
+    w.assert_containerd_answers();
 
     // Which container, and why the shim does not answer: its runc, stopped.
     assert_eq!(

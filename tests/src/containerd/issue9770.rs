@@ -24,12 +24,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 
-use super::cri::{self, LatencyStats, ListCall, TimedCall};
-use super::daemon::{Containerd, Placement};
-use super::image::{self, BUSYBOX};
+use super::bed::{short, Measured, Stage, StallBed, StallOutcome, Started};
+use super::cri;
+use super::daemon::{Placement, Runc};
+use super::image::BUSYBOX;
 use super::procs::{self, Shim, ThreadSnapshot, UmountSpan, UmountWatch};
-use super::{Cri, Pod, RelistDriver};
-use crate::{LoopFs, WriteThrottle};
+use crate::LoopFs;
 
 /// Which of containerd's data sits on the throttled disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,15 +87,11 @@ impl Options {
 /// The stage: a loop-mounted ext4, a private containerd with its root (or snapshots) on it,
 /// the test images, a host-network pod, the relist driver, and the write throttle.
 ///
-/// Its fields drop in declaration order: the relist driver stops, the throttle is lifted,
-/// the pod is torn down through CRI, then containerd is stopped (and cleaned up after), and
-/// the ext4 is unmounted and detached last.
+/// Its fields drop in declaration order: the [`Stage`] (the relist driver stops, the
+/// throttle is lifted, the pod is torn down through CRI, then containerd is stopped and
+/// cleaned up after), and the ext4 is unmounted and detached last.
 pub struct Bed {
-    relist: Option<RelistDriver>,
-    throttle: Option<WriteThrottle>,
-    pod: Pod,
-    cri: Cri,
-    containerd: Containerd,
+    stage: Stage,
     fs: LoopFs,
     options: Options,
     /// How many times [`Bed::trigger_with`] ran (names each writer container apart).
@@ -128,31 +124,17 @@ pub struct Outcome {
     pub umount: Option<UmountSpan>,
     /// Every stay of a shim thread in syscall 166 seen after the container started.
     pub umount_spans: Vec<UmountSpan>,
-    pub update_sent: Instant,
-    pub update_sent_wall: SystemTime,
-    /// How long `UpdateContainerResources` blocked.
-    pub update_latency: Duration,
-    /// Its result; containerd 1.6.20 answers "cannot update a deleted process" once the
-    /// delete lets go of the shim's mutex.
-    pub update_result: Result<(), String>,
-    /// Every relist call made so far.
-    pub calls: Vec<TimedCall>,
-    /// `ListContainers` calls that started before the update went out.
-    pub list_before: Option<LatencyStats>,
-    /// `ListContainers` calls that were under way at some point while the update was.
-    pub list_during: Option<LatencyStats>,
+    /// `UpdateContainerResources` and the relists around it. With [`OnDisk::Snapshots`],
+    /// containerd 1.6.20 answers "cannot update a deleted process" once the delete lets go
+    /// of the shim's mutex.
+    pub update: Measured,
     /// containerd's threads in uninterruptible sleep [`Bed::PROBE_AFTER`] into the update
     /// (empty if it had returned by then): with [`OnDisk::Root`], the update's `fdatasync`.
     pub containerd_blocked: Vec<ThreadSnapshot>,
 }
 
-impl Outcome {
-    pub fn update_ended(&self) -> Instant {
-        self.update_sent + self.update_latency
-    }
-
-    /// One paragraph for the test log.
-    pub fn summary(&self) -> String {
+impl StallOutcome for Outcome {
+    fn summary(&self) -> String {
         let umount = match &self.umount {
             Some(u) => format!(
                 "shim thread {} in umount2 for {:.2}s (first seen {:.2}s after the exit){}",
@@ -194,7 +176,6 @@ impl Outcome {
                 )
             })
             .collect();
-        let stats = |s: &Option<LatencyStats>| s.map_or("none".into(), |s| s.to_string());
         let blocked: String = self
             .containerd_blocked
             .iter()
@@ -210,29 +191,27 @@ impl Outcome {
             .collect();
         format!(
             "containerd#9770 stall: container {} (pid {}) exited {:.2}s after start; shim pid \
-             {}\n  {umount}{others}\n  UpdateContainerResources sent {:.3}s after the exit, blocked \
-             {:.2}s: {}\n  ListContainers before the update: {}\n  ListContainers during the \
-             update: {}{blocked}",
+             {}\n  {umount}{others}\n  UpdateContainerResources sent {:.3}s after the exit, \
+             {}{blocked}",
             short(&self.container_id),
             self.container_pid,
             self.exited.duration_since(self.started).as_secs_f64(),
             self.shim.pid,
-            self.update_sent
+            self.update
+                .sent
                 .saturating_duration_since(self.exited)
                 .as_secs_f64(),
-            self.update_latency.as_secs_f64(),
-            match &self.update_result {
-                Ok(()) => "ok".to_string(),
-                Err(e) => e.clone(),
-            },
-            stats(&self.list_before),
-            stats(&self.list_during),
+            self.update.summary(),
         )
     }
-}
 
-fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
+    fn origin(&self) -> Instant {
+        self.started
+    }
+
+    fn update(&self) -> &Measured {
+        &self.update
+    }
 }
 
 impl Bed {
@@ -250,45 +229,18 @@ impl Bed {
             OnDisk::Root => Placement::RootUnder(base),
             OnDisk::Snapshots => Placement::SnapshotsUnder(base),
         };
-        let containerd = Containerd::start(placement)?;
-        image::import_test_images(&containerd)?;
-        let cri = containerd.cri()?;
-        let pod = Pod::run(
-            &cri,
-            cri::host_network_pod(
-                "stall9770",
-                containerd.cgroup_parent(),
-                &containerd.pod_log_dir(),
-            )?,
-        )
-        .with_context(|| containerd.log_tail(30))?;
+        let stage = Stage::start(placement, Runc::Real, "stall9770")?;
         let mut bed = Self {
-            relist: None,
-            throttle: None,
-            pod,
-            cri,
-            containerd,
+            stage,
             fs,
             options,
             triggers: 0,
         };
         // Only what the container writes is to be dirty when the throttle goes on.
         syncfs(bed.fs.mount_point())?;
-        bed.throttle = Some(WriteThrottle::new(bed.fs.dev(), bed.options.throttle_bps)?);
-        bed.relist = Some(RelistDriver::start(&bed.cri, bed.options.relist_period));
+        bed.stage.throttle(bed.fs.dev(), bed.options.throttle_bps)?;
+        bed.stage.start_relist(bed.options.relist_period);
         Ok(bed)
-    }
-
-    pub fn containerd(&self) -> &Containerd {
-        &self.containerd
-    }
-
-    pub fn cri(&self) -> &Cri {
-        &self.cri
-    }
-
-    pub fn pod(&self) -> &Pod {
-        &self.pod
     }
 
     pub fn fs(&self) -> &LoopFs {
@@ -297,19 +249,6 @@ impl Bed {
 
     pub fn options(&self) -> &Options {
         &self.options
-    }
-
-    /// The relist driver's calls so far.
-    pub fn relist_calls(&self) -> Vec<TimedCall> {
-        self.relist
-            .as_ref()
-            .map(RelistDriver::calls)
-            .unwrap_or_default()
-    }
-
-    /// [`Bed::trigger_with`] without a hook.
-    pub fn trigger(&mut self) -> Result<Outcome> {
-        self.trigger_with(|_| {})
     }
 
     /// Runs the container, waits for its exit and for the shim's rootfs umount, sends
@@ -327,12 +266,11 @@ impl Bed {
         self.triggers += 1;
         let config = cri::container(&name, BUSYBOX, &["/bin/sh", "-c", &script]);
         let started = Instant::now();
-        let container_id = self
-            .pod
-            .run_container(&config)
-            .with_context(|| self.containerd.log_tail(30))?;
-        let container_pid = self.cri.container_pid(&container_id)?;
-        let shim = self.find_shim(container_pid)?;
+        let Started {
+            id: container_id,
+            pid: container_pid,
+            shim,
+        } = self.stage.run_container(&config, true)?;
         eprintln!(
             "container {} (pid {container_pid}) started under shim {}; writing {} MiB, \
              exiting in {:?}",
@@ -363,40 +301,21 @@ impl Bed {
             );
         }
 
-        let update_sent_wall = SystemTime::now();
-        let update_sent = Instant::now();
-        let updater = {
-            let cri = self.cri.clone();
-            let id = container_id.clone();
-            thread::Builder::new()
-                .name("cri-update".into())
-                .spawn(move || {
-                    let r =
-                        cri.update_container_resources(&id, &cri::resources(512, 100_000, 50_000));
-                    (Instant::now(), r)
-                })
-                .context("spawn the UpdateContainerResources caller")?
-        };
+        let update = self.stage.send_update(&container_id)?;
         mid_stall(&MidStall {
             container_id: container_id.clone(),
             shim: shim.clone(),
             umount: seen,
-            update_sent,
-            update_sent_wall,
+            update_sent: update.sent,
+            update_sent_wall: update.sent_wall,
         });
-        let probe_at = update_sent + Self::PROBE_AFTER;
-        while !updater.is_finished() && Instant::now() < probe_at {
-            thread::sleep(Duration::from_millis(20));
-        }
-        let containerd_blocked = if updater.is_finished() {
-            Vec::new()
-        } else {
-            procs::blocked_threads(self.containerd.pid())
-        };
-        let (update_ended, update_result) = updater
-            .join()
-            .map_err(|_| anyhow::anyhow!("the UpdateContainerResources caller panicked"))?;
-        let update_latency = update_ended.duration_since(update_sent);
+        let containerd_blocked =
+            if update.wait_until(update.sent + Self::PROBE_AFTER, Duration::from_millis(20)) {
+                Vec::new()
+            } else {
+                procs::blocked_threads(self.stage.containerd().pid())
+            };
+        let returned = update.join()?;
         if !watch.wait_closed(o.expected_stall() + Duration::from_secs(30)) {
             eprintln!(
                 "warning: shim {} still in umount2 long after the update returned",
@@ -404,23 +323,13 @@ impl Bed {
             );
         }
         let spans = watch.stop();
-        // Let the relist blocked behind the update finish and one more run after it.
-        let settle = Instant::now() + 2 * o.relist_period + Duration::from_millis(500);
-        while Instant::now() < settle {
-            thread::sleep(Duration::from_millis(20));
-        }
+        let update = self.stage.measure(returned);
 
         let umount = spans
             .iter()
             .filter(|s| s.last_seen >= exited)
             .max_by_key(|s| s.duration())
             .cloned();
-        let calls = self.relist_calls();
-        let list_before =
-            LatencyStats::of(&calls, ListCall::Containers, |c| c.started < update_sent);
-        let list_during = LatencyStats::of(&calls, ListCall::Containers, |c| {
-            c.started < update_ended && c.ended() > update_sent
-        });
         Ok(Outcome {
             container_id,
             container_pid,
@@ -429,43 +338,22 @@ impl Bed {
             exited,
             umount,
             umount_spans: spans,
-            update_sent,
-            update_sent_wall,
-            update_latency,
-            update_result: update_result.map_err(|e| format!("{e:#}")),
-            calls,
-            list_before,
-            list_during,
+            update,
             containerd_blocked,
         })
     }
+}
 
-    /// The container's shim: its parent, checked to be a shim of this daemon serving the pod.
-    fn find_shim(&self, container_pid: u32) -> Result<Shim> {
-        let ours = self.containerd.shims();
-        let parent = procs::ppid(container_pid);
-        let shim = ours
-            .iter()
-            .find(|s| Some(s.pid) == parent)
-            .or_else(|| ours.iter().find(|s| s.id == self.pod.id()))
-            .cloned()
-            .with_context(|| {
-                format!(
-                    "no shim of {} is the parent ({parent:?}) of container pid {container_pid} \
-                     or serves pod {}: {ours:?}",
-                    self.containerd.socket().display(),
-                    self.pod.id()
-                )
-            })?;
-        if shim.id != self.pod.id() {
-            eprintln!(
-                "note: shim {} has -id {}, not the pod's {}",
-                shim.pid,
-                shim.id,
-                self.pod.id()
-            );
-        }
-        Ok(shim)
+impl StallBed for Bed {
+    type Outcome = Outcome;
+
+    fn stage(&self) -> &Stage {
+        &self.stage
+    }
+
+    /// [`Bed::trigger_with`] without a hook.
+    fn trigger(&mut self) -> Result<Outcome> {
+        self.trigger_with(|_| {})
     }
 }
 

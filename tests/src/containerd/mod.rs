@@ -23,12 +23,16 @@
 //! - [`runc_stopped`]: the same lock held by `UpdateContainerResources` while the
 //!   `runc update` it starts under the shim is stopped (SIGSTOP), for as long as the test
 //!   keeps it so.
+//! - [`bed`]: what those two beds and their scenarios share: the [`bed::Stage`] (containerd,
+//!   images, pod, relist driver), the `UpdateContainerResources` they send and measure
+//!   against the relists, and [`bed::Watched`], a stall staged with plegwatch looking on.
 //!
 //! Declare guards in the order they are set up (locals drop in reverse): the [`crate::LoopFs`]
 //! first, then the [`Containerd`], the [`Cri`], [`Pod`]s and a [`RelistDriver`], and a
 //! [`crate::WriteThrottle`] last, so that it is lifted before anything is torn down.
 //! [`issue9770::Bed`] holds all of these in that order itself.
 
+pub mod bed;
 pub mod cri;
 pub mod daemon;
 pub mod image;
