@@ -82,5 +82,20 @@ fn a_parked_relist_is_reported_then_timed() -> anyhow::Result<()> {
     // Exactly one report for that relist, and none for the relists that ran normally.
     let stalls = events.iter().filter(|e| e.is("stall") && e.u64("/pid") == Some(u64::from(pid))).count();
     assert_eq!(stalls, 1, "{}", all());
+    // The summary's relist clock for that kubelet: relists counted, none open, and the
+    // parked one among the recent relists with the fixture's own duration.
+    let summary = events.iter().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary:\n{}", all()));
+    let clock = summary
+        .get("/relists")
+        .and_then(|v| v.as_array())
+        .and_then(|a| a.iter().find(|c| c["pid"].as_u64() == Some(u64::from(pid))))
+        .unwrap_or_else(|| panic!("no relist clock for pid {pid}:\n{}", all()));
+    assert!(clock["relists"].as_u64().unwrap_or(0) >= 2, "{clock}");
+    assert_eq!(clock["open_now"], false, "{clock}");
+    let recent = clock["recent"].as_array().cloned().unwrap_or_default();
+    assert!(
+        recent.iter().any(|r| (r["took_s"].as_f64().unwrap_or(f64::NAN) - held_s).abs() < 0.1),
+        "the parked relist ({held_s:.3}s) is not among the recent relists: {clock}"
+    );
     Ok(())
 }

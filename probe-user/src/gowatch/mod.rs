@@ -104,13 +104,18 @@ struct LockStats {
     container: Option<String>,
 }
 
+/// How many finished relists each kubelet's clock keeps.
+const RECENT_RELISTS: usize = 10;
+
 /// A kubelet's relist clock.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct RelistClock {
     count: u64,
     last_start_ns: u64,
     last_end_ns: u64,
     last_took: Duration,
+    /// The last [`RECENT_RELISTS`] relists: (start ns, end ns).
+    recent: std::collections::VecDeque<(u64, u64)>,
 }
 
 pub struct GoWatch {
@@ -191,6 +196,10 @@ impl GoWatch {
             c.last_start_ns = c.last_start_ns.max(rec.start_ns);
             c.last_end_ns = rec.end_ns;
             c.last_took = took;
+            if c.recent.len() == RECENT_RELISTS {
+                c.recent.pop_front();
+            }
+            c.recent.push_back((rec.start_ns, rec.end_ns));
         }
         if matches!(role, Role::StatusGet | Role::StatusUpdate) {
             let l = self.locks.entry((rec.tgid, rec.receiver)).or_default();
@@ -428,6 +437,11 @@ impl GoWatch {
                     "last_took_s": (c.count > 0).then_some(c.last_took.as_secs_f64()),
                     "since_last_start_s": (c.last_start_ns != 0).then(|| now_ns.saturating_sub(c.last_start_ns) as f64 / 1e9),
                     "open_now": open,
+                    "recent": c.recent.iter().map(|(start, end)| json!({
+                        "start": at(*start),
+                        "end": at(*end),
+                        "took_s": end.saturating_sub(*start) as f64 / 1e9,
+                    })).collect::<Vec<_>>(),
                 })
             })
             .collect();
