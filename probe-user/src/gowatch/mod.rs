@@ -36,7 +36,7 @@ use chain::{Blame, Calls, KernelWaits};
 use plegwatch_abi::{EventHeader, EventKind, ExecEvent, GoCall, GoCallEnd, GoCallKey, go_maps};
 use serde_json::{Value, json};
 use std::{collections::HashMap, path::PathBuf, time::Duration};
-use targets::{Role, arg_text, short};
+use targets::{READER_SEM_OFF, Role, arg_text, short};
 
 /// An open Go call: the registry's item for kinds `pleg_relist`, `go_lock`,
 /// `cri_call` and `go_call`.
@@ -123,7 +123,7 @@ pub struct GoWatch {
     calls: BpfHashMap<MapData, GoCallKey, GoCall>,
     attacher: Attacher,
     relists: HashMap<u32, RelistClock>,
-    /// Status `Get`s open now, by lock address: (how many, earliest start).
+    /// Readers parked on a lock now (a Status `Get` waiting), by lock address: (how many, earliest start).
     gets: HashMap<u64, (u32, u64)>,
     /// The lock each goroutine's open `Get` waits on, by (process, goroutine).
     get_by_g: HashMap<(u32, u64), u64>,
@@ -189,7 +189,9 @@ impl GoWatch {
         let took = Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns));
         let Some(f) = self.attacher.funcs.get(&rec.func) else { return };
         let (role, target, symbol) = (f.role, f.target, f.symbol);
-        self.latency.record(target, short(symbol), took);
+        if role != Role::LockWait {
+            self.latency.record(target, short(symbol), took);
+        }
         if role == Role::Relist {
             let c = self.relists.entry(rec.tgid).or_default();
             c.count += 1;
@@ -201,13 +203,20 @@ impl GoWatch {
             }
             c.recent.push_back((rec.start_ns, rec.end_ns));
         }
-        if matches!(role, Role::StatusGet | Role::StatusUpdate) {
-            let l = self.locks.entry((rec.tgid, rec.receiver)).or_default();
-            if role == Role::StatusGet {
+        if role == Role::LockWait {
+            // Kept only for the Status locks: held now, or held before.
+            let lock = rec.receiver.wrapping_sub(READER_SEM_OFF);
+            let known = self.locks.contains_key(&(rec.tgid, lock)) || self.lock_holder(rec.tgid, lock).is_some();
+            if known {
+                self.latency.record(target, "container.(*statusStorage).Get (waiting)", took);
+                let l = self.locks.entry((rec.tgid, lock)).or_default();
                 l.gets += 1;
                 l.max_get_wait = l.max_get_wait.max(took);
-                return;
             }
+            return;
+        }
+        if role == Role::StatusUpdate {
+            let l = self.locks.entry((rec.tgid, rec.receiver)).or_default();
             l.holds += 1;
             if took >= l.max_hold {
                 l.max_hold = took;
@@ -252,11 +261,13 @@ impl GoWatch {
                 let clock = self.relists.entry(c.tgid).or_default();
                 clock.last_start_ns = clock.last_start_ns.max(c.start_ns);
             }
-            if f.role == Role::StatusGet {
-                let e = self.gets.entry(c.receiver).or_insert((0, c.start_ns));
+            if f.role == Role::LockWait {
+                // A reader parked on an RWMutex: keyed by the lock it waits on.
+                let lock = c.receiver.wrapping_sub(READER_SEM_OFF);
+                let e = self.gets.entry(lock).or_insert((0, c.start_ns));
                 e.0 += 1;
                 e.1 = e.1.min(c.start_ns);
-                self.get_by_g.insert((c.tgid, k.g), c.receiver);
+                self.get_by_g.insert((c.tgid, k.g), lock);
                 continue;
             }
             self.open.push(GoOpen::new(k.g, k.func, &c));
@@ -307,7 +318,7 @@ impl GoWatch {
                                 Blame::default(),
                             )
                         }
-                        Role::StatusUpdate | Role::StatusGet => {
+                        Role::StatusUpdate | Role::LockWait => {
                             let gets = self.gets.get(&o.receiver);
                             let blame = chain::lock_blame(&o, &calls, waits);
                             (
@@ -377,7 +388,7 @@ impl GoWatch {
                     let role = self.registry.get(&key).and_then(|t| self.attacher.funcs.get(&t.info.func)).map(|f| f.role);
                     let kind = match role {
                         Some(Role::Relist) => WaitKind::PlegRelist,
-                        Some(Role::StatusUpdate | Role::StatusGet) => WaitKind::GoLock,
+                        Some(Role::StatusUpdate | Role::LockWait) => WaitKind::GoLock,
                         Some(Role::ShimTask | Role::RuncSystemd) => WaitKind::GoCall,
                         _ => WaitKind::CriCall,
                     };

@@ -18,7 +18,7 @@
 //!
 //! | function | prototype | read at entry |
 //! |---|---|---|
-//! | `pkg/cri/store/container.(*statusStorage).Get` | `func (s *statusStorage) Get() Status` | RAX = s, whose `sync.RWMutex` is at offset 0: the lock |
+//! | `sync.runtime_SemacquireMutex` (Go ≤ 1.19), `sync.runtime_SemacquireRWMutexR` (≥ 1.20) | `func runtime_SemacquireMutex(s *uint32, lifo bool, skipframes int)`: where `RWMutex.RLock` parks a reader while a writer holds the lock | RAX = s = `&rw.readerSem`, 12 bytes into the RWMutex |
 //! | `(*statusStorage).Update` / `UpdateSync` | `func (s *statusStorage) UpdateSync(u UpdateFunc) error` | RAX = s (the lock) |
 //! | `pkg/cri/server.(*criService).ListContainers`, `ListPodSandbox` | `func (c *criService) ListContainers(ctx context.Context, r *runtime.ListContainersRequest) (*runtime.ListContainersResponse, error)` | nothing |
 //! | `(*criService).ContainerStatus`, `PodSandboxStatus`, `UpdateContainerResources` | `func (c *criService) UpdateContainerResources(ctx context.Context, r *runtime.UpdateContainerResourcesRequest) (*runtime.UpdateContainerResourcesResponse, error)` | RDI = r; its first field is the id |
@@ -35,9 +35,13 @@ use plegwatch_abi::{GO_ARG_NONE, GoArgSpec};
 pub enum Role {
     /// kubelet's PLEG relist.
     Relist,
-    /// containerd's CRI container `(*statusStorage).Get`: takes the Status
-    /// lock for reading (the receiver is the lock: the RWMutex is at offset 0).
-    StatusGet,
+    /// A goroutine parked on a sync lock's semaphore: for a reader of a
+    /// `sync.RWMutex` (`(*statusStorage).Get` → `RLock` while `UpdateSync`
+    /// holds the write lock) the receiver is `&rw.readerSem`, at
+    /// [`READER_SEM_OFF`] in the lock. Probing this instead of `Get` costs
+    /// nothing while locks are free: `Get` runs for every container at every
+    /// relist, this only when a reader really waits.
+    LockWait,
     /// `(*statusStorage).Update`/`UpdateSync`: holds it for writing.
     StatusUpdate,
     /// A CRI handler (ListContainers, UpdateContainerResources, ...).
@@ -47,6 +51,10 @@ pub enum Role {
     /// runc's systemd calls (its D-Bus requests to systemd).
     RuncSystemd,
 }
+
+/// Offset of `readerSem` in Go's `sync.RWMutex` (`w Mutex` 8 bytes, then
+/// `writerSem`, `readerSem`: Go 1.9 to 1.26).
+pub const READER_SEM_OFF: u64 = 12;
 
 /// The string argument captured at a function's entry (see [`GoArgSpec`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,8 +132,10 @@ pub const KUBELET: &[Group] = &[need(&[
 /// and 1.7's `pkg/cri/sbserver`), 2.x (`v2/internal/cri/server`).
 pub const CONTAINERD: &[Group] = &[
     need(&[
-        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Get", Role::StatusGet),
-        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Get", Role::StatusGet),
+        // Go ≥ 1.20: readers only. Go ≤ 1.19: every contended sync lock; only
+        // those whose semaphore sits in a Status lock are kept (userspace).
+        spec("sync.runtime_SemacquireRWMutexR", Role::LockWait),
+        spec("sync.runtime_SemacquireMutex", Role::LockWait),
     ]),
     need(&[
         spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),

@@ -3,7 +3,7 @@
 //! Starts a private containerd (Debian's 1.6.20, through the test bed's [`Containerd`]),
 //! imports the busybox images, runs one host-network pod with `--containers N` running
 //! containers (busybox `sleep`), so that every `ListContainers` has work and takes each
-//! container's Status lock (`(*statusStorage).Get`). Then it prints
+//! container's Status lock for reading (`(*statusStorage).Get`). Then it prints
 //! `{"type":"ready",...}` on stdout and reads commands on stdin, one a line:
 //!
 //! - `measure LABEL SECONDS PERIOD_MS`: runs the test bed's [`RelistDriver`] (kubelet's relist:
