@@ -417,6 +417,17 @@ mod tests {
     }
 
     #[test]
+    fn only_tracked_or_long_ends_are_wanted() {
+        let mut r = reg();
+        let w = wait(5, 100 * S, "umount");
+        let key = w.key();
+        assert!(!r.wants_end(&key, Duration::from_millis(5)), "a short untracked call");
+        assert!(r.wants_end(&key, Duration::from_secs(3)), "long enough to report late");
+        let _ = r.scan([&w], 103 * S);
+        assert!(r.wants_end(&key, Duration::from_millis(5)), "tracked: its end resolves it");
+    }
+
+    #[test]
     fn reports_each_level_once_then_resolves_exactly() {
         let mut r = reg();
         let w = wait(5, 100 * S, "umount");
