@@ -6,9 +6,9 @@
 //! threads already blocked on them.
 
 use crate::{
-    collector::{WatchError, monotonic_ns, take_map, wall_of},
+    collector::{WatchError, monotonic_ns, take_map},
     inflight::{Action, Filter, Registry},
-    levels::{Thresholds, budget_used},
+    levels::Thresholds,
     output::{Event, Sink, Stall},
     procfs::{self, SyscallState},
     holders::{
@@ -257,23 +257,13 @@ impl ReqWatch {
                     let o = &t.info;
                     let tid = o.recv_tid.unwrap_or(o.tid);
                     let protocol = crate::netlink::names::protocol_name(o.protocol).unwrap_or("netlink");
+                    let detail = o.detail(&self.sockets.families, now_ns);
                     sink.emit(&Event::Stall(Stall {
-                        level,
-                        id: t.id,
-                        kind: WaitKind::NetlinkRequest,
-                        pid: o.tgid,
                         tid,
-                        comm: o.comm.clone(),
-                        waited_s: waited.as_secs_f64(),
-                        started_at: humantime::format_rfc3339_millis(wall_of(o.start_ns)).to_string(),
-                        budget_used: budget_used(waited),
                         started_before_attach: o.before_attach,
-                        detail: o.detail(&self.sockets.families, now_ns),
                         holder: Some(netlink_holder(o, protocol)),
-                        cause: None,
-                        chain: Vec::new(),
                         kernel_stack: procfs::kernel_stack(tid).unwrap_or_default(),
-                        user_stack: Vec::new(),
+                        ..Stall::about(o, level, t.id, WaitKind::NetlinkRequest, waited, detail)
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
@@ -291,22 +281,10 @@ impl ReqWatch {
                     let o = t.info.clone();
                     let holder = self.holders.holder_of(&o);
                     sink.emit(&Event::Stall(Stall {
-                        level,
-                        id: t.id,
-                        kind: WaitKind::DbusCall,
-                        pid: o.tgid,
-                        tid: o.tid,
-                        comm: o.comm.clone(),
-                        waited_s: waited.as_secs_f64(),
-                        started_at: humantime::format_rfc3339_millis(wall_of(o.start_ns)).to_string(),
-                        budget_used: budget_used(waited),
                         started_before_attach: o.before_attach,
-                        detail: o.detail(),
                         holder: Some(holder),
-                        cause: None,
-                        chain: Vec::new(),
                         kernel_stack: procfs::kernel_stack(o.tid).unwrap_or_default(),
-                        user_stack: Vec::new(),
+                        ..Stall::about(&o, level, t.id, WaitKind::DbusCall, waited, o.detail())
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {

@@ -22,7 +22,7 @@ use crate::{
     collector::{WatchError, take_map, wall_of},
     inflight::{Action, Filter, Item, Registry},
     latency::{LatencyRow, LatencyTables},
-    levels::{Thresholds, budget_used},
+    levels::Thresholds,
     output::{Event, Sink, Stall},
     procfs,
     syscalls::WaitKind,
@@ -366,22 +366,10 @@ impl GoWatch {
                         d.extend(e);
                     }
                     sink.emit(&Event::Stall(Stall {
-                        level,
-                        id,
-                        kind,
-                        pid: o.tgid,
-                        tid: o.tid,
-                        comm: o.comm.clone(),
-                        waited_s: waited.as_secs_f64(),
-                        started_at: humantime::format_rfc3339_millis(wall_of(o.start_ns)).to_string(),
-                        budget_used: budget_used(waited),
-                        started_before_attach: false,
-                        detail,
                         holder: blame.holder,
                         cause: blame.cause,
                         chain: blame.chain,
-                        kernel_stack: Vec::new(),
-                        user_stack: Vec::new(),
+                        ..Stall::about(&o, level, id, kind, waited, detail)
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {

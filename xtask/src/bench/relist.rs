@@ -14,7 +14,6 @@
 //! The driver is built with `--release`: a debug gRPC client would add its own hundreds of
 //! µs to every call and dilute the ratios.
 
-use std::fs::File;
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -398,12 +397,7 @@ impl Driver {
         let mut command = Command::new(bin);
         command.args(["--containers", &containers.to_string()]);
         let line = cmd::display(&command);
-        let stderr_log = log_dir.join(format!("{DRIVER}.stderr.log"));
-        let stdout_log = log_dir.join(format!("{DRIVER}.stdout.log"));
-        let stderr = File::create(&stderr_log)
-            .with_context(|| format!("cannot create {}", stderr_log.display()))?;
-        let stdout_file = File::create(&stdout_log)
-            .with_context(|| format!("cannot create {}", stdout_log.display()))?;
+        let (stderr_log, stderr, stdout_file) = tracer::log_files(log_dir, DRIVER)?;
         eprintln!("+ {line}");
         let mut child = command
             .stdin(Stdio::piped())

@@ -101,12 +101,7 @@ impl Tracer {
     /// `<log_dir>/<name>.stdout.log` and to the guard ([`tee_lines`]).
     fn spawn(name: &'static str, mut command: Command, log_dir: &Path) -> Result<Self> {
         let line = cmd::display(&command);
-        let stderr_log = log_dir.join(format!("{name}.stderr.log"));
-        let stdout_log = log_dir.join(format!("{name}.stdout.log"));
-        let stderr = File::create(&stderr_log)
-            .with_context(|| format!("cannot create {}", stderr_log.display()))?;
-        let stdout_file = File::create(&stdout_log)
-            .with_context(|| format!("cannot create {}", stdout_log.display()))?;
+        let (stderr_log, stderr, stdout_file) = log_files(log_dir, name)?;
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -227,6 +222,15 @@ impl Drop for Tracer {
 /// Copy a child's stdout line by line to `file` and to the returned channel, on a thread
 /// that drains it until the child closes it, so the child never blocks on a full pipe (also
 /// once nobody reads the channel any more).
+/// `<log_dir>/<name>.stderr.log` (its path and file) and `<log_dir>/<name>.stdout.log`.
+pub fn log_files(log_dir: &Path, name: &str) -> Result<(PathBuf, File, File)> {
+    let stderr_log = log_dir.join(format!("{name}.stderr.log"));
+    let stdout_log = log_dir.join(format!("{name}.stdout.log"));
+    let stderr = File::create(&stderr_log).with_context(|| format!("cannot create {}", stderr_log.display()))?;
+    let stdout = File::create(&stdout_log).with_context(|| format!("cannot create {}", stdout_log.display()))?;
+    Ok((stderr_log, stderr, stdout))
+}
+
 pub fn tee_lines(stdout: impl Read + Send + 'static, mut file: File) -> Receiver<String> {
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || {
