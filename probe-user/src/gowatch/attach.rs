@@ -65,6 +65,7 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::gosym:
     let bin = GoBinary::open(path)?;
     let mut found = Vec::new();
     let mut missing = Vec::new();
+    let mut own = 0;
     for group in target.groups {
         let Some(spec) = group.funcs.iter().find(|s| bin.symbols().lookup(s.symbol).is_some()) else {
             if !group.optional {
@@ -73,12 +74,19 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::gosym:
             continue;
         };
         match bin.probe_points(spec.symbol) {
-            Ok(p) => found.push((*spec, p)),
+            Ok(p) => {
+                own += usize::from(!group.runtime);
+                found.push((*spec, p));
+            }
             Err(e) => {
                 tracing::warn!(symbol = spec.symbol, "not probed: {e}");
                 missing.push(spec.symbol);
             }
         }
+    }
+    if own == 0 {
+        // Only runtime functions, which every Go binary has: not this target.
+        found.clear();
     }
     Ok(Inspection {
         go_version: bin.symbols().version(),

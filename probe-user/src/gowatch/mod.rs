@@ -104,6 +104,9 @@ struct LockStats {
     container: Option<String>,
 }
 
+/// How many Status locks' histories are kept.
+const LOCKS_MAX: usize = 4096;
+
 /// How many finished relists each kubelet's clock keeps.
 const RECENT_RELISTS: usize = 10;
 
@@ -216,6 +219,14 @@ impl GoWatch {
             return;
         }
         if role == Role::StatusUpdate {
+            if self.locks.len() >= LOCKS_MAX && !self.locks.contains_key(&(rec.tgid, rec.receiver)) {
+                // Bounded over a long run (a lock per container ever seen):
+                // keep the half held longest.
+                let mut holds: Vec<Duration> = self.locks.values().map(|l| l.max_hold).collect();
+                holds.sort_unstable();
+                let cut = holds[holds.len() / 2];
+                self.locks.retain(|_, l| l.max_hold > cut);
+            }
             let l = self.locks.entry((rec.tgid, rec.receiver)).or_default();
             l.holds += 1;
             if took >= l.max_hold {

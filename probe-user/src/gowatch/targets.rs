@@ -111,14 +111,21 @@ pub struct Group {
     pub funcs: &'static [GoFuncSpec],
     /// Only some versions have it at all (1.7's `sbserver`): not missing when absent.
     pub optional: bool,
+    /// A Go runtime or standard library function, present in every Go
+    /// binary: probed only when the binary matched on its own functions.
+    pub runtime: bool,
 }
 
 const fn need(funcs: &'static [GoFuncSpec]) -> Group {
-    Group { funcs, optional: false }
+    Group { funcs, optional: false, runtime: false }
 }
 
 const fn opt(funcs: &'static [GoFuncSpec]) -> Group {
-    Group { funcs, optional: true }
+    Group { funcs, optional: true, runtime: false }
+}
+
+const fn runtime(funcs: &'static [GoFuncSpec]) -> Group {
+    Group { funcs, optional: false, runtime: true }
 }
 
 /// kubelet's relist, newest name first: `Relist` from v1.26 (Evented PLEG PR
@@ -131,7 +138,7 @@ pub const KUBELET: &[Group] = &[need(&[
 /// containerd's CRI Status store and handlers: 1.6/1.7 (`pkg/cri/server`,
 /// and 1.7's `pkg/cri/sbserver`), 2.x (`v2/internal/cri/server`).
 pub const CONTAINERD: &[Group] = &[
-    need(&[
+    runtime(&[
         // Go ≥ 1.20: readers only. Go ≤ 1.19: every contended sync lock; only
         // those whose semaphore sits in a Status lock are kept (userspace).
         spec("sync.runtime_SemacquireRWMutexR", Role::LockWait),
@@ -281,7 +288,9 @@ mod tests {
                 assert!(!g.funcs.is_empty());
                 assert!(g.funcs.iter().all(|s| s.role == g.funcs[0].role), "{:?}", g.funcs[0].symbol);
                 assert_eq!(g.optional, g.funcs[0].symbol.contains("/sbserver."), "{:?}", g.funcs[0].symbol);
+                assert_eq!(g.runtime, g.funcs[0].symbol.starts_with("sync."), "{:?}", g.funcs[0].symbol);
             }
+            assert!(t.groups.iter().any(|g| !g.runtime), "{}: matched by its own functions", t.name);
         }
     }
 
