@@ -283,7 +283,9 @@ pub fn assert_client_stall(
 /// Asserts that `events` hold a `resolved` line closing `stall` (same id, kind, pid and tid)
 /// after its waiter was killed at `killed`, with a `timing`, a line that came at most `late`
 /// after the kill, and a `waited_s` within `late` of the real wait (`killed - started`; never
-/// below it by more than 0.1 s). Prints the measured lateness; returns the line.
+/// below it by more than 0.1 s, or 0.5 s for a wait found by the startup sweep, whose age is
+/// a lower bound: the time since the thread last ran, which on a loaded machine can come a
+/// little after its send). Prints the measured lateness; returns the line.
 pub fn assert_resolved_after_kill(
     events: &[Event],
     stall: &Event,
@@ -337,9 +339,10 @@ pub fn assert_resolved_after_kill(
          {late}s:\n{}",
         all()
     );
+    let early = if stall.get("/started_before_attach").and_then(|v| v.as_bool()) == Some(true) { 0.5 } else { 0.1 };
     assert!(
-        total >= real - 0.1 && total <= real + late,
-        "resolved waited_s {total} not within [{real:.3} - 0.1, {real:.3} + {late}] (the \
+        total >= real - early && total <= real + late,
+        "resolved waited_s {total} not within [{real:.3} - {early}, {real:.3} + {late}] (the \
          waiter was killed {real:.3}s after it sent):\n{}",
         all()
     );
