@@ -230,6 +230,86 @@ fn detail_text(detail: &Value) -> String {
         .join(" ")
 }
 
+/// A container id cut to the 12 digits people use.
+fn short_id(v: &Value) -> Option<&str> {
+    v.as_str().map(|id| id.get(..12).unwrap_or(id))
+}
+
+/// `exact` or `inferred`, from a link's `exact` flag.
+fn exactness(v: &Value) -> &'static str {
+    match v.get("exact").and_then(Value::as_bool) {
+        Some(false) => "inferred",
+        _ => "exact",
+    }
+}
+
+/// A holder in words: a shim with its open task calls, else its fields.
+fn holder_text(h: &Value) -> String {
+    if h.get("kind").and_then(Value::as_str) != Some("shim") {
+        return detail_text(h);
+    }
+    let mut out = format!(
+        "shim pid={} {} ({})",
+        h["pid"],
+        h.get("comm").and_then(Value::as_str).unwrap_or("?"),
+        exactness(h)
+    );
+    let calls = h.get("calls").and_then(Value::as_array).cloned().unwrap_or_default();
+    for c in &calls {
+        out.push_str(&format!(
+            "; {} container={} open {:.1}s",
+            c.get("function").and_then(Value::as_str).unwrap_or("?"),
+            short_id(&c["container"]).unwrap_or("?"),
+            c.get("open_s").and_then(Value::as_f64).unwrap_or(0.0)
+        ));
+        if let Some(w) = c.get("thread_wait").filter(|w| !w.is_null()) {
+            out.push_str(&format!(
+                " in {} ({})",
+                w.get("syscall").and_then(Value::as_str).unwrap_or("a syscall"),
+                w.get("phase").and_then(Value::as_str).unwrap_or("?")
+            ));
+        }
+    }
+    if calls.is_empty() {
+        if let Some(why) = h.get("why").and_then(Value::as_str) {
+            out.push_str(&format!("; {why}"));
+        }
+    }
+    out
+}
+
+/// A cause in words: a kernel wait where, or a process in what state.
+fn cause_text(c: &Value) -> String {
+    let kind = c.get("kind").and_then(Value::as_str).unwrap_or("?");
+    let who = format!(
+        "{} pid={}{}",
+        c.get("comm").and_then(Value::as_str).unwrap_or("?"),
+        c["pid"],
+        c.get("tid").map(|t| format!(" tid={t}")).unwrap_or_default()
+    );
+    let text = match kind {
+        "process_stopped" | "process_blocked" | "child_process" => format!(
+            "{who} is {} (state {}{}), a child of pid {}",
+            match kind {
+                "process_stopped" => "stopped",
+                "process_blocked" => "blocked",
+                _ => "running",
+            },
+            c.get("state").and_then(Value::as_str).unwrap_or("?"),
+            c.get("wchan").and_then(Value::as_str).map(|w| format!(", in {w}")).unwrap_or_default(),
+            c["parent"]
+        ),
+        _ => format!(
+            "{}{} for {:.1}s in {who}{}",
+            c.get("syscall").and_then(Value::as_str).unwrap_or(kind),
+            c.get("phase").and_then(Value::as_str).map(|p| format!(" ({p})")).unwrap_or_default(),
+            c.get("waited_s").and_then(Value::as_f64).unwrap_or(0.0),
+            c.get("via").and_then(Value::as_str).map(|v| format!(", via {v}")).unwrap_or_default()
+        ),
+    };
+    format!("{text} ({})", exactness(c))
+}
+
 /// The text form of an event (no trailing newline).
 pub fn render_text(event: &Event) -> String {
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
@@ -263,11 +343,11 @@ pub fn render_text(event: &Event) -> String {
             );
             if let Some(h) = &s.holder {
                 out.push_str("\n    holder: ");
-                out.push_str(&detail_text(h));
+                out.push_str(&holder_text(h));
             }
             if let Some(c) = &s.cause {
                 out.push_str("\n    cause: ");
-                out.push_str(&detail_text(c));
+                out.push_str(&cause_text(c));
             }
             if !s.kernel_stack.is_empty() {
                 out.push_str("\n    kernel: ");
@@ -416,5 +496,33 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("folio_wait_bit < sync_filesystem"), "{t}");
+    }
+
+    #[test]
+    fn holders_and_causes_read_as_words() {
+        let shim = json!({"kind": "shim", "pid": 7, "comm": "containerd-shim", "exact": true, "calls": [
+            {"function": "task.(*service).Update", "container": "4c694c17cc79951f4dee69cf", "open_s": 2.21, "thread_wait": null},
+            {"function": "task.(*service).Delete", "container": "4c694c17cc79951f4dee69cf", "open_s": 9.5,
+             "thread_wait": {"syscall": "umount2", "phase": "task_work"}}]});
+        let h = holder_text(&shim);
+        assert_eq!(
+            h,
+            "shim pid=7 containerd-shim (exact); task.(*service).Update container=4c694c17cc79 open 2.2s; \
+             task.(*service).Delete container=4c694c17cc79 open 9.5s in umount2 (task_work)"
+        );
+        let stopped = json!({"kind": "process_stopped", "pid": 9, "comm": "runc", "state": "T", "wchan": "do_signal_stop", "parent": 7, "exact": true});
+        assert_eq!(cause_text(&stopped), "runc pid=9 is stopped (state T, in do_signal_stop), a child of pid 7 (exact)");
+        let child = json!({"kind": "child_process", "pid": 9, "comm": "runc", "state": "S", "parent": 7, "exact": true});
+        assert_eq!(cause_text(&child), "runc pid=9 is running (state S), a child of pid 7 (exact)");
+        let umount = json!({"kind": "umount", "syscall": "umount2", "phase": "task_work", "waited_s": 20.04, "pid": 7, "tid": 8,
+                            "comm": "containerd-shim", "via": "task.(*service).Delete", "exact": true});
+        assert_eq!(
+            cause_text(&umount),
+            "umount2 (task_work) for 20.0s in containerd-shim pid=7 tid=8, via task.(*service).Delete (exact)"
+        );
+        let inferred = json!({"kind": "umount", "pid": 7, "comm": "containerd-shim", "waited_s": 3.0, "exact": false});
+        assert_eq!(cause_text(&inferred), "umount for 3.0s in containerd-shim pid=7 (inferred)");
+        // Other holders keep their fields.
+        assert!(holder_text(&json!({"kind": "kernel", "what": "netlink route: no reply"})).contains("what=netlink route"));
     }
 }
