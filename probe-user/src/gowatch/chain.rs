@@ -80,7 +80,10 @@ pub fn lock_blame(o: &GoOpen, calls: &Calls<'_>, waits: &KernelWaits<'_>) -> Bla
         b.chain.extend(b.cause.clone());
         return b;
     }
-    let shims = connected_shims(o.tgid);
+    // The socket-peer walk (every fd of containerd, then sock_diag) is only
+    // needed without a container id, or for the fallback: done at most once.
+    let shims = std::cell::OnceCell::new();
+    let peers = || shims.get_or_init(|| connected_shims(o.tgid));
     // With a container id the match is exact wherever the shim is; without
     // one, only shims containerd is connected to, called after the lock was taken.
     let shim_calls: Vec<&GoOpen> = calls
@@ -89,11 +92,11 @@ pub fn lock_blame(o: &GoOpen, calls: &Calls<'_>, waits: &KernelWaits<'_>) -> Bla
         .filter(|c| calls.func(c).is_some_and(|f| f.role == Role::ShimTask))
         .filter(|c| match &b.container {
             Some(id) => c.arg.as_ref() == Some(id),
-            None => shims.contains(&c.tgid) && c.start_ns >= o.start_ns,
+            None => peers().contains(&c.tgid) && c.start_ns >= o.start_ns,
         })
         .collect();
     let Some(shim) = shim_calls.iter().min_by_key(|c| c.start_ns).map(|c| c.tgid) else {
-        b.holder = inferred_shim(&shims, waits);
+        b.holder = inferred_shim(peers(), waits);
         let pid = b.holder.as_ref().and_then(|h| h.get("pid")).and_then(Value::as_u64);
         b.cause = pid.and_then(|p| longest_cause(p as u32, waits, calls.now_ns));
         b.chain.extend(b.cause.clone());
