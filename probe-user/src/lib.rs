@@ -14,6 +14,7 @@ pub mod doctor;
 pub mod durations;
 pub mod gosym;
 pub mod gowatch;
+pub mod graph;
 pub mod holders;
 pub mod inflight;
 pub mod latency;

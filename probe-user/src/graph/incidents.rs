@@ -1,0 +1,670 @@
+//! Incidents: each scan, the open waits and their edges become chains, and
+//! the chains become incidents that are raised, escalated, updated and
+//! resolved.
+//!
+//! - Each wait follows its best edge (exact before inferred before
+//!   heuristic; an open wait before a terminal holder; then the older
+//!   holder) to its holder, and so on down to a **root**: a wait held by
+//!   nothing open (maybe by a terminal: a stopped process, the kernel).
+//! - An **incident** is a root plus every wait that leads to it. It is
+//!   raised once its oldest wait has lasted `warn`, and keeps its id for as
+//!   long as any of its waits stays open, however its chain grows or its
+//!   root moves.
+//! - A chain that comes back to a wait already on it is a **cycle**: a
+//!   deadlock, reported as such.
+//!
+//! Pure logic: the waits, edges and clocks are passed in, nothing sleeps,
+//! nothing reads the kernel, nothing prints.
+
+use super::model::{Edge, Exactness, HeldBy, Hop, OpenWait, Terminal, WaitKey};
+use crate::levels::{Level, PLEG_BUDGET, Thresholds};
+use crate::syscalls::WaitKind;
+use serde::Serialize;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, SystemTime};
+
+/// An incident as printed: raised, escalated or updated.
+#[derive(Clone, Debug, Serialize)]
+pub struct Incident {
+    pub level: Level,
+    pub id: u64,
+    /// Why this line was printed again: `level`, `root`, `chain` (empty when first raised).
+    pub changed: Vec<&'static str>,
+    /// The deepest open wait (none for a cycle).
+    pub root: Option<Hop>,
+    /// Where the chain starts: the relist when one is in it, else the wait farthest from the root.
+    pub symptom: Hop,
+    /// From the symptom down to the root, then the root's terminal holder if any.
+    pub chain: Vec<Hop>,
+    /// Ids of every wait in the incident.
+    pub waits: Vec<u64>,
+    pub budget_used: f64,
+    /// RFC 3339: when its oldest wait began.
+    pub started_at: String,
+    /// The age of its oldest wait.
+    pub waited_s: f64,
+    /// The chain closes on itself: a deadlock.
+    pub cycle: bool,
+}
+
+/// An incident whose waits have all ended.
+#[derive(Clone, Debug, Serialize)]
+pub struct IncidentResolved {
+    pub id: u64,
+    /// From its oldest wait's start to the scan that found none open (to within a scan).
+    pub waited_s: f64,
+    /// The longest chain it had.
+    pub longest_chain: Vec<Hop>,
+    /// Set when it did not end but joined another incident.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub merged_into: Option<u64>,
+}
+
+/// What a scan decided.
+#[derive(Clone, Debug)]
+pub enum Change {
+    Raised(Incident),
+    Resolved(IncidentResolved),
+}
+
+/// Where a wait's chain ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum End {
+    Root(WaitKey),
+    /// A cycle, named by its smallest key.
+    Cycle(WaitKey),
+}
+
+/// One scan's graph: the waits, and each wait's chosen edge.
+pub struct Graph<'a> {
+    waits: HashMap<WaitKey, &'a OpenWait>,
+    best: HashMap<WaitKey, &'a Edge>,
+}
+
+impl<'a> Graph<'a> {
+    pub fn new(waits: &'a [OpenWait], edges: &'a [Edge]) -> Self {
+        let by_key: HashMap<WaitKey, &OpenWait> = waits.iter().map(|w| (w.key, w)).collect();
+        let mut best: HashMap<WaitKey, &Edge> = HashMap::new();
+        for e in edges {
+            if !by_key.contains_key(&e.from) {
+                continue;
+            }
+            // An edge to a wait that is not open (any more) leads nowhere.
+            let target_start = match &e.to {
+                HeldBy::Wait(k) if *k == e.from => continue,
+                HeldBy::Wait(k) => match by_key.get(k) {
+                    Some(w) => Some(w.start_ns),
+                    None => continue,
+                },
+                HeldBy::Terminal(_) => None,
+            };
+            let rank = |e: &Edge, start: Option<u64>| (e.exactness, start.is_some(), std::cmp::Reverse(start.unwrap_or(u64::MAX)));
+            match best.get(&e.from) {
+                Some(cur) => {
+                    let cur_start = match &cur.to {
+                        HeldBy::Wait(k) => by_key.get(k).map(|w| w.start_ns),
+                        HeldBy::Terminal(_) => None,
+                    };
+                    if rank(e, target_start) > rank(cur, cur_start) {
+                        best.insert(e.from, e);
+                    }
+                }
+                None => {
+                    best.insert(e.from, e);
+                }
+            }
+        }
+        Graph { waits: by_key, best }
+    }
+
+    fn next(&self, k: WaitKey) -> Option<WaitKey> {
+        match &self.best.get(&k)?.to {
+            HeldBy::Wait(n) => Some(*n),
+            HeldBy::Terminal(_) => None,
+        }
+    }
+
+    /// The path from `k` along best edges: every wait once, and where it ends.
+    fn path(&self, k: WaitKey) -> (Vec<WaitKey>, End) {
+        let mut path = vec![k];
+        let mut seen = HashSet::from([k]);
+        let mut cur = k;
+        while let Some(n) = self.next(cur) {
+            if !seen.insert(n) {
+                let at = path.iter().position(|p| *p == n).unwrap_or(0);
+                let name = path[at..].iter().min().copied().unwrap_or(n);
+                return (path, End::Cycle(name));
+            }
+            path.push(n);
+            cur = n;
+        }
+        (path, End::Root(cur))
+    }
+
+    fn hop(&self, k: WaitKey, now_ns: u64, root: bool, ids: &mut dyn FnMut(WaitKey) -> u64) -> Option<Hop> {
+        let w = self.waits.get(&k)?;
+        let edge = self.best.get(&k);
+        Some(Hop {
+            wait_id: Some(ids(k)),
+            kind: w.kind.as_str().to_string(),
+            pid: Some(w.who.pid),
+            tid: Some(w.who.tid),
+            comm: Some(w.who.comm.clone()),
+            goroutine: w.who.goroutine,
+            what: w.what.clone(),
+            waited_s: Some(now_ns.saturating_sub(w.start_ns) as f64 / 1e9),
+            edge: edge.map(|e| e.kind),
+            evidence: edge.map(|e| e.evidence.clone()),
+            exactness: edge.map(|e| e.exactness),
+            root,
+        })
+    }
+}
+
+fn terminal_hop(t: &Terminal) -> Hop {
+    Hop {
+        wait_id: None,
+        kind: t.kind.to_string(),
+        pid: t.pid,
+        tid: None,
+        comm: t.comm.clone(),
+        goroutine: None,
+        what: t.what.clone(),
+        waited_s: None,
+        edge: None,
+        evidence: None,
+        exactness: None,
+        root: false,
+    }
+}
+
+/// What the builder remembers of an open incident.
+#[derive(Clone, Debug)]
+struct Open {
+    id: u64,
+    waits: BTreeSet<WaitKey>,
+    first_start_ns: u64,
+    end: End,
+    chain_keys: Vec<WaitKey>,
+    level: Level,
+    longest_chain: Vec<Hop>,
+}
+
+/// The clocks a scan is judged by.
+#[derive(Clone, Copy, Debug)]
+pub struct Clocks {
+    /// CLOCK_MONOTONIC ns, the clock of every `start_ns`.
+    pub now_ns: u64,
+    /// The wall clock at the same instant.
+    pub wall: SystemTime,
+    /// When the traced kubelet's current (or last) relist started, if one is traced:
+    /// the PLEG budget is used from there.
+    pub relist_start_ns: Option<u64>,
+}
+
+/// The incidents open now.
+pub struct Incidents {
+    thresholds: Thresholds,
+    open: Vec<Open>,
+    next_id: u64,
+    raised: u64,
+    resolved: u64,
+}
+
+impl Incidents {
+    pub fn new(thresholds: Thresholds) -> Self {
+        Incidents { thresholds, open: Vec::new(), next_id: 1, raised: 0, resolved: 0 }
+    }
+
+    /// (incidents raised, incidents resolved, open now).
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (self.raised, self.resolved, self.open.len() as u64)
+    }
+
+    /// Takes one scan: every wait open now, every edge found, and whether a
+    /// wait counts (`--pid`/`--comm`). `ids` names a wait as its stall lines do.
+    pub fn scan(
+        &mut self,
+        waits: &[OpenWait],
+        edges: &[Edge],
+        clocks: Clocks,
+        keep: &dyn Fn(&OpenWait) -> bool,
+        ids: &mut dyn FnMut(WaitKey) -> u64,
+    ) -> Vec<Change> {
+        let graph = Graph::new(waits, edges);
+        // Every wait's chain, grouped by where it ends.
+        let mut groups: HashMap<End, Vec<(WaitKey, usize)>> = HashMap::new();
+        for w in waits {
+            let (path, end) = graph.path(w.key);
+            groups.entry(end).or_default().push((w.key, path.len()));
+        }
+        // Oldest groups first, so that ids follow age when several start at once.
+        let mut groups: Vec<(End, Vec<(WaitKey, usize)>, u64)> = groups
+            .into_iter()
+            .map(|(end, members)| {
+                let oldest = members.iter().filter_map(|(k, _)| graph.waits.get(k)).map(|w| w.start_ns).min().unwrap_or(clocks.now_ns);
+                (end, members, oldest)
+            })
+            .collect();
+        groups.sort_by_key(|(end, _, oldest)| (*oldest, end_key(end)));
+
+        let mut changes = Vec::new();
+        let mut matched: HashMap<usize, usize> = HashMap::new(); // open index -> group index
+        let mut taken: HashSet<usize> = HashSet::new();
+        // Existing incidents keep their ids: each takes the group it shares most waits with.
+        for (oi, o) in self.open.iter().enumerate() {
+            let pick = groups
+                .iter()
+                .enumerate()
+                .map(|(gi, (end, members, _))| {
+                    let shared = members.iter().filter(|(k, _)| o.waits.contains(k)).count();
+                    (gi, shared, *end == o.end)
+                })
+                .filter(|(_, shared, same_end)| *shared > 0 || *same_end)
+                .max_by_key(|(gi, shared, same_end)| (*same_end, *shared, std::cmp::Reverse(*gi)));
+            if let Some((gi, _, _)) = pick {
+                matched.insert(oi, gi);
+            }
+        }
+        // Two incidents that now share a group merge into the older one.
+        let mut merged: HashMap<usize, u64> = HashMap::new();
+        let mut owner: HashMap<usize, usize> = HashMap::new();
+        for oi in 0..self.open.len() {
+            let Some(&gi) = matched.get(&oi) else { continue };
+            match owner.get(&gi) {
+                Some(&first) => {
+                    let (keep_i, drop_i) = if self.open[first].id <= self.open[oi].id { (first, oi) } else { (oi, first) };
+                    owner.insert(gi, keep_i);
+                    merged.insert(drop_i, self.open[keep_i].id);
+                }
+                None => {
+                    owner.insert(gi, oi);
+                }
+            }
+        }
+        let mut still_open = Vec::new();
+        for (oi, o) in std::mem::take(&mut self.open).into_iter().enumerate() {
+            if let Some(into) = merged.get(&oi) {
+                self.resolved += 1;
+                changes.push(Change::Resolved(IncidentResolved {
+                    id: o.id,
+                    waited_s: secs(clocks.now_ns.saturating_sub(o.first_start_ns)),
+                    longest_chain: o.longest_chain,
+                    merged_into: Some(*into),
+                }));
+                continue;
+            }
+            match matched.get(&oi) {
+                Some(&gi) => {
+                    taken.insert(gi);
+                    still_open.push((Some(o), gi));
+                }
+                None => {
+                    self.resolved += 1;
+                    changes.push(Change::Resolved(IncidentResolved {
+                        id: o.id,
+                        waited_s: secs(clocks.now_ns.saturating_sub(o.first_start_ns)),
+                        longest_chain: o.longest_chain,
+                        merged_into: None,
+                    }));
+                }
+            }
+        }
+        for (gi, (_, members, oldest)) in groups.iter().enumerate() {
+            if taken.contains(&gi) {
+                continue;
+            }
+            let age = Duration::from_nanos(clocks.now_ns.saturating_sub(*oldest));
+            if self.thresholds.level(age).is_none() {
+                continue;
+            }
+            if !members.iter().filter_map(|(k, _)| graph.waits.get(k)).any(|w| keep(w)) {
+                continue;
+            }
+            still_open.push((None, gi));
+        }
+        still_open.sort_by_key(|(_, gi)| *gi);
+
+        for (prev, gi) in still_open {
+            let (end, members, oldest) = &groups[gi];
+            let age = Duration::from_nanos(clocks.now_ns.saturating_sub(*oldest));
+            // Already raised: stays at least at its level while any wait is open.
+            let level = self.thresholds.level(age).or(prev.as_ref().map(|p| p.level)).unwrap_or(Level::Warn);
+            let symptom = symptom(&graph, members);
+            let (path, _) = graph.path(symptom);
+            let mut chain: Vec<Hop> = path
+                .iter()
+                .enumerate()
+                .filter_map(|(i, k)| graph.hop(*k, clocks.now_ns, matches!(end, End::Root(_)) && i + 1 == path.len(), ids))
+                .collect();
+            if let (End::Root(r), Some(e)) = (end, path.last().and_then(|k| graph.best.get(k))) {
+                if let (HeldBy::Terminal(t), true) = (&e.to, path.last() == Some(r)) {
+                    chain.push(terminal_hop(t));
+                }
+            }
+            let root = match end {
+                End::Root(r) => graph.hop(*r, clocks.now_ns, true, ids),
+                End::Cycle(_) => None,
+            };
+            let Some(symptom_hop) = chain.first().cloned() else { continue };
+            let mut wait_ids: Vec<u64> = members.iter().map(|(k, _)| ids(*k)).collect();
+            wait_ids.sort_unstable();
+            let budget = match clocks.relist_start_ns {
+                Some(start) => clocks.now_ns.saturating_sub(start),
+                None => clocks.now_ns.saturating_sub(*oldest),
+            };
+            let keys: BTreeSet<WaitKey> = members.iter().map(|(k, _)| *k).collect();
+            let (id, changed, mut longest, first_start) = match &prev {
+                None => {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.raised += 1;
+                    (id, Some(Vec::new()), Vec::new(), *oldest)
+                }
+                Some(p) => {
+                    let mut why = Vec::new();
+                    if level > p.level {
+                        why.push("level");
+                    }
+                    // A root that moves deeper is news; one that moves up (the
+                    // deepest waits ended first) is only the chain shrinking.
+                    if *end != p.end && !p.chain_keys.contains(&end_key(end)) {
+                        why.push("root");
+                    }
+                    // A chain that only got shorter (its deepest waits ended) is not news.
+                    let grew = path.len() > p.chain_keys.len() || path.iter().any(|k| !p.chain_keys.contains(k));
+                    if grew && *end == p.end {
+                        why.push("chain");
+                    }
+                    (p.id, (!why.is_empty()).then_some(why), p.longest_chain.clone(), p.first_start_ns.min(*oldest))
+                }
+            };
+            if chain.len() > longest.len() {
+                longest = chain.clone();
+            }
+            if let Some(changed) = changed {
+                changes.push(Change::Raised(Incident {
+                    level,
+                    id,
+                    changed,
+                    root,
+                    symptom: symptom_hop,
+                    chain,
+                    waits: wait_ids,
+                    budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
+                    started_at: rfc3339(clocks, first_start),
+                    waited_s: secs(clocks.now_ns.saturating_sub(first_start)),
+                    cycle: matches!(end, End::Cycle(_)),
+                }));
+            }
+            self.open.push(Open {
+                id,
+                waits: keys,
+                first_start_ns: first_start,
+                end: *end,
+                chain_keys: path,
+                level,
+                longest_chain: longest,
+            });
+        }
+        changes
+    }
+}
+
+fn end_key(e: &End) -> WaitKey {
+    match e {
+        End::Root(k) | End::Cycle(k) => *k,
+    }
+}
+
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+fn rfc3339(clocks: Clocks, start_ns: u64) -> String {
+    let back = Duration::from_nanos(clocks.now_ns.saturating_sub(start_ns));
+    let at = clocks.wall.checked_sub(back).unwrap_or(SystemTime::UNIX_EPOCH);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// The chain's start: a relist if the incident has one (the symptom kubelet
+/// shows), else the wait with the longest path to the root, then the oldest.
+fn symptom(graph: &Graph<'_>, members: &[(WaitKey, usize)]) -> WaitKey {
+    members
+        .iter()
+        .filter_map(|(k, len)| graph.waits.get(k).map(|w| (*k, *len, w)))
+        .max_by_key(|(k, len, w)| (w.kind == WaitKind::PlegRelist, *len, std::cmp::Reverse(w.start_ns), std::cmp::Reverse(*k)))
+        .map(|(k, _, _)| k)
+        .unwrap_or(members[0].0)
+}
+
+/// Which exactness a whole chain has: its weakest link.
+pub fn weakest(chain: &[Hop]) -> Option<Exactness> {
+    chain.iter().filter_map(|h| h.exactness).min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::model::{EdgeKind, StartTiming, Who};
+
+    const S: u64 = 1_000_000_000;
+
+    fn wait(tid: u32, kind: WaitKind, what: &str, start_s: u64) -> OpenWait {
+        OpenWait {
+            key: WaitKey::Kernel { tid, start_ns: start_s * S },
+            who: Who { pid: tid, tid, comm: format!("c{tid}"), goroutine: None },
+            kind,
+            what: what.into(),
+            start_ns: start_s * S,
+            start: StartTiming::Exact,
+        }
+    }
+
+    fn edge(from: &OpenWait, to: &OpenWait, kind: EdgeKind, exactness: Exactness) -> Edge {
+        Edge { from: from.key, to: HeldBy::Wait(to.key), kind, evidence: "test".into(), exactness }
+    }
+
+    fn builder() -> Incidents {
+        Incidents::new(Thresholds::new(Duration::from_secs(10), Duration::from_secs(60), Duration::from_secs(150)).unwrap())
+    }
+
+    fn clocks(now_s: u64) -> Clocks {
+        Clocks { now_ns: now_s * S, wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000), relist_start_ns: None }
+    }
+
+    fn ids(k: WaitKey) -> u64 {
+        match k {
+            WaitKey::Kernel { tid, .. } => tid as u64,
+            _ => 0,
+        }
+    }
+
+    fn run(b: &mut Incidents, waits: &[OpenWait], edges: &[Edge], now_s: u64) -> Vec<Change> {
+        b.scan(waits, edges, clocks(now_s), &|_| true, &mut ids)
+    }
+
+    fn raised(c: &[Change]) -> Vec<&Incident> {
+        c.iter().filter_map(|c| if let Change::Raised(i) = c { Some(i) } else { None }).collect()
+    }
+
+    fn resolved(c: &[Change]) -> Vec<&IncidentResolved> {
+        c.iter().filter_map(|c| if let Change::Resolved(r) = c { Some(r) } else { None }).collect()
+    }
+
+    /// relist → ListContainers → UpdateSync holder → umount: the 9770 chain.
+    fn chain_9770() -> (Vec<OpenWait>, Vec<Edge>) {
+        let relist = wait(1, WaitKind::PlegRelist, "relist", 100);
+        let list = wait(2, WaitKind::CriCall, "ListContainers", 101);
+        let holder = wait(3, WaitKind::GoLock, "UpdateSync holds Status lock", 99);
+        let umount = wait(4, WaitKind::Umount, "umount2 rootfs (task_work)", 95);
+        let edges = vec![
+            edge(&relist, &list, EdgeKind::CriCall, Exactness::Inferred),
+            edge(&list, &holder, EdgeKind::GoLock, Exactness::Exact),
+            edge(&holder, &umount, EdgeKind::Ttrpc, Exactness::Exact),
+        ];
+        (vec![relist, list, holder, umount], edges)
+    }
+
+    #[test]
+    fn one_incident_from_the_relist_to_the_root() {
+        let (waits, edges) = chain_9770();
+        let mut b = builder();
+        assert!(run(&mut b, &waits, &edges, 104).is_empty(), "the oldest wait is 9 s old: below warn");
+        let c = run(&mut b, &waits, &edges, 105);
+        let r = raised(&c);
+        assert_eq!(r.len(), 1, "one incident, not four: {c:?}");
+        let i = r[0];
+        assert_eq!(i.level, Level::Warn);
+        assert_eq!(i.symptom.kind, "pleg_relist");
+        let kinds: Vec<&str> = i.chain.iter().map(|h| h.kind.as_str()).collect();
+        assert_eq!(kinds, ["pleg_relist", "cri_call", "go_lock", "umount"]);
+        assert_eq!(i.root.as_ref().map(|h| h.what.as_str()), Some("umount2 rootfs (task_work)"));
+        assert!(i.chain.last().is_some_and(|h| h.root) && !i.chain[0].root);
+        assert_eq!(i.chain[0].exactness, Some(Exactness::Inferred));
+        assert_eq!(i.chain[1].edge, Some(EdgeKind::GoLock));
+        assert_eq!(i.chain[3].edge, None);
+        assert_eq!(i.waits, vec![1, 2, 3, 4]);
+        assert!((i.waited_s - 10.0).abs() < 1e-9, "the oldest wait's age: {}", i.waited_s);
+        assert!((i.budget_used - 10.0 / 180.0).abs() < 1e-9);
+        assert_eq!(weakest(&i.chain), Some(Exactness::Inferred));
+        // Nothing new: nothing printed.
+        assert!(run(&mut b, &waits, &edges, 106).is_empty());
+        // Escalates once at critical.
+        let c = run(&mut b, &waits, &edges, 155);
+        assert_eq!(raised(&c).len(), 1);
+        assert_eq!(raised(&c)[0].level, Level::Critical);
+        assert_eq!(raised(&c)[0].changed, vec!["level"]);
+        assert_eq!(raised(&c)[0].id, i.id, "same incident");
+        assert!(run(&mut b, &waits, &edges, 156).is_empty());
+    }
+
+    #[test]
+    fn the_relist_clock_sets_the_budget() {
+        let (waits, edges) = chain_9770();
+        let mut b = builder();
+        let c = b.scan(&waits, &edges, Clocks { relist_start_ns: Some(90 * S), ..clocks(105) }, &|_| true, &mut ids);
+        assert!((raised(&c)[0].budget_used - 15.0 / 180.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_growing_chain_updates_the_incident_and_its_root() {
+        let (waits, edges) = chain_9770();
+        let mut b = builder();
+        // First only the top three are linked: the holder is the root.
+        let c = run(&mut b, &waits[..3], &edges[..2], 110);
+        let first = raised(&c)[0].clone();
+        assert_eq!(first.root.as_ref().map(|r| r.kind.as_str()), Some("go_lock"));
+        // Then the holder's link to the umount is found.
+        let c = run(&mut b, &waits, &edges, 111);
+        let r = raised(&c);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].id, first.id);
+        assert_eq!(r[0].changed, vec!["root"]);
+        assert_eq!(r[0].root.as_ref().map(|r| r.kind.as_str()), Some("umount"));
+        // The umount ends: a shorter chain is not news.
+        let c = run(&mut b, &waits[..3], &edges[..2], 112);
+        assert!(c.is_empty(), "{c:?}");
+        // Everything ends: one resolution, with the longest chain.
+        let c = run(&mut b, &[], &[], 120);
+        let res = resolved(&c);
+        assert_eq!(res.len(), 1);
+        assert_eq!(res[0].id, first.id);
+        assert_eq!(res[0].longest_chain.len(), 4);
+        assert!((res[0].waited_s - 25.0).abs() < 1e-9, "from the umount's start at 95 s: {}", res[0].waited_s);
+        assert_eq!(b.counts(), (1, 1, 0));
+    }
+
+    #[test]
+    fn unrelated_stalls_are_separate_incidents() {
+        let a = wait(1, WaitKind::Sync, "fsync a", 100);
+        let bw = wait(2, WaitKind::NetlinkRequest, "RTM_NEWADDR", 100);
+        let mut b = builder();
+        let c = run(&mut b, &[a, bw], &[], 111);
+        let r = raised(&c);
+        assert_eq!(r.len(), 2);
+        assert_ne!(r[0].id, r[1].id);
+        assert!(r.iter().all(|i| i.chain.len() == 1 && i.root.is_some()));
+    }
+
+    #[test]
+    fn a_cycle_is_a_deadlock() {
+        let a = wait(1, WaitKind::GoCall, "a", 100);
+        let b_ = wait(2, WaitKind::GoCall, "b", 100);
+        let c_ = wait(3, WaitKind::GoCall, "c", 100);
+        let edges = vec![
+            edge(&a, &b_, EdgeKind::Child, Exactness::Exact),
+            edge(&b_, &c_, EdgeKind::UnixPeer, Exactness::Exact),
+            edge(&c_, &b_, EdgeKind::UnixPeer, Exactness::Exact),
+        ];
+        let mut b = builder();
+        let c = run(&mut b, &[a, b_, c_], &edges, 111);
+        let r = raised(&c);
+        assert_eq!(r.len(), 1, "{c:?}");
+        assert!(r[0].cycle);
+        assert!(r[0].root.is_none());
+        assert_eq!(r[0].chain[0].what, "a", "it starts at the wait leading into the cycle");
+        assert_eq!(r[0].chain.len(), 3);
+    }
+
+    #[test]
+    fn exact_edges_win_over_inferred_and_terminals_end_the_chain() {
+        let w = wait(1, WaitKind::DbusCall, "StartTransientUnit", 100);
+        let other = wait(2, WaitKind::Sync, "fsync", 50);
+        let stopped = Terminal { kind: "process", pid: Some(9), comm: Some("svc".into()), what: "stopped (state T)".into() };
+        let edges = vec![
+            edge(&w, &other, EdgeKind::Sibling, Exactness::Heuristic),
+            Edge { from: w.key, to: HeldBy::Terminal(stopped), kind: EdgeKind::DbusOwner, evidence: "GetConnectionUnixProcessID".into(), exactness: Exactness::Exact },
+        ];
+        let mut b = builder();
+        let c = run(&mut b, &[w, other], &edges, 111);
+        let r = raised(&c);
+        let dbus = r.iter().find(|i| i.symptom.kind == "dbus_call").expect("the D-Bus incident");
+        assert_eq!(dbus.chain.len(), 2);
+        assert_eq!(dbus.chain[1].kind, "process");
+        assert_eq!(dbus.chain[1].what, "stopped (state T)");
+        assert!(dbus.chain[0].root, "the call is the deepest open wait");
+        assert_eq!(dbus.chain[0].edge, Some(EdgeKind::DbusOwner));
+    }
+
+    #[test]
+    fn edges_to_waits_that_ended_lead_nowhere() {
+        let a = wait(1, WaitKind::CriCall, "ListContainers", 100);
+        let gone = wait(2, WaitKind::GoLock, "held", 90);
+        let edges = vec![edge(&a, &gone, EdgeKind::GoLock, Exactness::Exact)];
+        let mut b = builder();
+        let c = run(&mut b, std::slice::from_ref(&a), &edges, 111);
+        assert_eq!(raised(&c)[0].chain.len(), 1);
+        assert_eq!(raised(&c)[0].root.as_ref().map(|h| h.wait_id), Some(Some(1)));
+    }
+
+    #[test]
+    fn joined_incidents_merge_into_the_older() {
+        let a = wait(1, WaitKind::CriCall, "ListContainers", 100);
+        let root = wait(2, WaitKind::Umount, "umount", 95);
+        let mut b = builder();
+        let c = run(&mut b, &[a.clone(), root.clone()], &[], 111);
+        assert_eq!(raised(&c).len(), 2);
+        let ids_before: Vec<u64> = raised(&c).iter().map(|i| i.id).collect();
+        let edges = vec![edge(&a, &root, EdgeKind::Ttrpc, Exactness::Exact)];
+        let c = run(&mut b, &[a, root], &edges, 112);
+        let res = resolved(&c);
+        assert_eq!(res.len(), 1, "{c:?}");
+        let kept = raised(&c);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(res[0].merged_into, Some(kept[0].id));
+        assert!(ids_before.contains(&kept[0].id) && ids_before.contains(&res[0].id));
+        assert_eq!(kept[0].chain.len(), 2);
+    }
+
+    #[test]
+    fn the_filter_picks_incidents_by_any_of_their_waits() {
+        let (waits, edges) = chain_9770();
+        let mut b = builder();
+        let c = b.scan(&waits, &edges, clocks(111), &|w| w.who.comm == "c4", &mut ids);
+        assert_eq!(raised(&c).len(), 1, "the umount's comm matches: the whole chain is shown");
+        let mut b = builder();
+        let c = b.scan(&waits, &edges, clocks(111), &|w| w.who.comm == "nobody", &mut ids);
+        assert!(c.is_empty());
+    }
+}

@@ -1,0 +1,201 @@
+//! The wait-for graph's vocabulary: open waits (nodes), what holds them
+//! (edges), and the hops an incident's chain is printed as.
+//!
+//! Sources (kernel waits, netlink and D-Bus requests, Go calls) describe
+//! each wait still open as an [`OpenWait`]; resolvers add [`Edge`]s from a
+//! waiter to its holder. Nothing here reads `/proc` or the kernel: the
+//! incident builder works on these values alone, with time passed in.
+
+use crate::syscalls::WaitKind;
+use serde::Serialize;
+
+/// Names one open wait for as long as it stays open, whichever source saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WaitKey {
+    /// A syscall wait in the kernel's `INFLIGHT` map: (thread, start ns).
+    Kernel { tid: u32, start_ns: u64 },
+    /// A netlink request: (socket `tgid << 32 | fd`, start ns).
+    Netlink { sock: u64, start_ns: u64 },
+    /// A D-Bus method call: (socket, serial and start folded).
+    Dbus { sock: u64, tag: u64 },
+    /// A probed Go call still running: (process, goroutine, function id).
+    Go { tgid: u32, g: u64, func: u32 },
+    /// A kubelet whose relist loop has not started a relist since `since_ns`.
+    RelistOverdue { tgid: u32, since_ns: u64 },
+}
+
+/// Who waits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Who {
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    /// The goroutine (`g` address), for Go processes when known.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "hex_opt")]
+    pub goroutine: Option<u64>,
+}
+
+fn hex_opt<S: serde::Serializer>(g: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match g {
+        Some(g) => s.serialize_str(&format!("{g:#x}")),
+        None => s.serialize_none(),
+    }
+}
+
+/// How exact a wait's start time is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartTiming {
+    /// Seen by a probe as it began.
+    Exact,
+    /// Found already open (the startup sweep): the start is a lower bound of its age.
+    LowerBound,
+}
+
+/// A wait still in flight, as a source saw it at this scan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpenWait {
+    pub key: WaitKey,
+    pub who: Who,
+    pub kind: WaitKind,
+    /// What it waits in or for, in words: `umount2 /mnt/x (task_work)`,
+    /// `ListContainers`, `StartTransientUnit to org.freedesktop.systemd1`.
+    pub what: String,
+    /// CLOCK_MONOTONIC ns.
+    pub start_ns: u64,
+    pub start: StartTiming,
+}
+
+/// How an edge was established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exactness {
+    /// A heuristic: likely, not shown (threads parked beside a sibling's long wait).
+    Heuristic,
+    /// Inferred from circumstance (timing, who is connected to whom).
+    Inferred,
+    /// Seen by a probe or a lookup that names this very holder.
+    Exact,
+}
+
+impl Exactness {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Exactness::Heuristic => "heuristic",
+            Exactness::Inferred => "inferred",
+            Exactness::Exact => "exact",
+        }
+    }
+}
+
+/// The kinds of waiter → holder links.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EdgeKind {
+    /// A Go call waits on a call it made itself, still open on the same goroutine.
+    NestedCall,
+    /// The goroutine holding the lock (or making the call) is in a kernel wait.
+    SameGoroutine,
+    /// A reader parked on a Go `sync.RWMutex` waits on the goroutine holding it.
+    GoLock,
+    /// kubelet's relist waits on the CRI call it made to the runtime.
+    CriCall,
+    /// containerd waits on a shim's reply to its ttrpc task call.
+    Ttrpc,
+    /// A shim task call waits on another task call for the same container in
+    /// that shim (the shim's per-process mutex).
+    ShimMutex,
+    /// A parent waits on its child process.
+    Child,
+    /// A client waits on the peer of its unix socket.
+    UnixPeer,
+    /// A D-Bus call waits on the owner of its destination name.
+    DbusOwner,
+    /// A netlink request waits on the process holding the destination port id.
+    NetlinkPeer,
+    /// A netlink request that the kernel never answers.
+    NoReply,
+    /// A thread waits on the owner of a kernel mutex.
+    KernelMutex,
+    /// A writeback wait waits on its block device.
+    Device,
+    /// A thread parked on a futex beside a sibling thread's long wait.
+    Sibling,
+}
+
+impl EdgeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EdgeKind::NestedCall => "nested_call",
+            EdgeKind::SameGoroutine => "same_goroutine",
+            EdgeKind::GoLock => "go_lock",
+            EdgeKind::CriCall => "cri_call",
+            EdgeKind::Ttrpc => "ttrpc",
+            EdgeKind::ShimMutex => "shim_mutex",
+            EdgeKind::Child => "child",
+            EdgeKind::UnixPeer => "unix_peer",
+            EdgeKind::DbusOwner => "dbus_owner",
+            EdgeKind::NetlinkPeer => "netlink_peer",
+            EdgeKind::NoReply => "no_reply",
+            EdgeKind::KernelMutex => "kernel_mutex",
+            EdgeKind::Device => "device",
+            EdgeKind::Sibling => "sibling",
+        }
+    }
+}
+
+/// Something that holds a wait and is not itself an open wait: the end of a
+/// chain (a frozen process, the kernel, a disk).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Terminal {
+    /// `process`, `kernel`, `device`.
+    pub kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comm: Option<String>,
+    /// What it is doing, in words: `stopped (state T)`, `no reply from the kernel`.
+    pub what: String,
+}
+
+/// What an edge points at.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HeldBy {
+    Wait(WaitKey),
+    Terminal(Terminal),
+}
+
+/// waiter → holder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Edge {
+    pub from: WaitKey,
+    pub to: HeldBy,
+    pub kind: EdgeKind,
+    /// Which probe or lookup saw it.
+    pub evidence: String,
+    pub exactness: Exactness,
+}
+
+/// One line of an incident's chain: a wait, or the terminal holder at its end.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Hop {
+    /// The wait's id (as in its `stall` lines); none for a terminal holder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_id: Option<u64>,
+    /// The wait's kind (`umount`, `go_lock`, ...), or the terminal's (`process`, `kernel`, `device`).
+    pub kind: String,
+    pub pid: Option<u32>,
+    pub tid: Option<u32>,
+    pub comm: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "hex_opt")]
+    pub goroutine: Option<u64>,
+    pub what: String,
+    /// How long this wait has been open (none for a terminal).
+    pub waited_s: Option<f64>,
+    /// The link from this hop to the next one down the chain (none at the end).
+    pub edge: Option<EdgeKind>,
+    pub evidence: Option<String>,
+    pub exactness: Option<Exactness>,
+    /// The root: the deepest open wait, where the chain's cause sits.
+    pub root: bool,
+}

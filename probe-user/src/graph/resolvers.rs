@@ -1,0 +1,422 @@
+//! Resolvers: the edges from each waiter to what holds it.
+//!
+//! Each resolver reads facts the sources hand over (the Go calls open now,
+//! the lock each parked goroutine waits on, who answers a D-Bus or netlink
+//! request) plus process lookups behind [`Procs`], and returns typed
+//! [`Edge`]s, each with its evidence and how exact it is:
+//!
+//! | edge | from → to | exact when |
+//! |---|---|---|
+//! | `nested_call` | a Go call → the call it made, open on the same goroutine | always (same goroutine, entered later) |
+//! | `go_lock` | a CRI handler whose goroutine is parked on a Status lock's reader semaphore → the call holding that lock | always (the semaphore's address is 12 bytes into the lock the holder's receiver names) |
+//! | `same_goroutine` | a Go call → the kernel wait its goroutine is in | always (g read from TLS at `sys_enter`) |
+//! | `ttrpc` | containerd's call for container C → the shim's task call for C | with a container id; inferred from socket peers without one |
+//! | `shim_mutex` | a shim task call → the earlier task call for the same container in that shim | inferred (the shim's per-process mutex is not probed) |
+//! | `child` | a shim task call → its stopped or blocked child (runc), or that child's open wait | exact with one child, inferred with several |
+//! | `cri_call` | kubelet's open relist → containerd's open list handler | inferred (kubelet is connected to containerd, and the call began after the relist) |
+//! | `nested_call` (runc) | runc's systemd call → its D-Bus call | inferred (same process, began later) |
+//! | `dbus_owner`, `netlink_peer`, `no_reply` | built by the socket source (see `reqwatch`) | |
+//!
+//! A Go call's edges start from its innermost open call only: the outer
+//! ones reach the same holder through `nested_call`.
+
+use super::model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait, Terminal, WaitKey};
+use crate::syscalls::WaitKind;
+use std::collections::HashMap;
+
+/// What a probed Go function is, for the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallRole {
+    Relist,
+    /// Holds a Status lock for writing (`(*statusStorage).Update`/`UpdateSync`).
+    StatusHolder,
+    /// A CRI handler; `list` for ListContainers/ListPodSandbox (what a relist calls).
+    CriHandler { list: bool },
+    ShimTask,
+    RuncSystemd,
+}
+
+/// An open Go call, as the resolvers need it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GoCallFact {
+    pub key: WaitKey,
+    pub tgid: u32,
+    pub g: u64,
+    pub role: CallRole,
+    /// The receiver: for a Status holder, the lock's address.
+    pub receiver: u64,
+    /// The container id captured from its request, if any.
+    pub container: Option<String>,
+    pub start_ns: u64,
+    /// The function's short name, for evidence.
+    pub function: &'static str,
+}
+
+/// The Go side of the graph at one scan.
+#[derive(Clone, Debug, Default)]
+pub struct GoFacts {
+    pub calls: Vec<GoCallFact>,
+    /// Goroutines parked on a Status lock's reader semaphore: (tgid, g) → lock address.
+    pub parked: HashMap<(u32, u64), u64>,
+}
+
+/// Process lookups (`/proc`, sock_diag) the resolvers need.
+pub trait Procs {
+    fn children(&mut self, pid: u32) -> Vec<u32>;
+    fn state(&mut self, pid: u32) -> Option<char>;
+    fn comm(&mut self, pid: u32) -> Option<String>;
+    /// Whether a unix socket of `client` has its peer in `server`.
+    fn connected(&mut self, client: u32, server: u32) -> bool;
+}
+
+fn edge(from: WaitKey, to: HeldBy, kind: EdgeKind, exactness: Exactness, evidence: impl Into<String>) -> Edge {
+    Edge { from, to, kind, evidence: evidence.into(), exactness }
+}
+
+/// The process's oldest open wait, if it has one.
+pub fn oldest_wait_of(waits: &[OpenWait], pid: u32) -> Option<&OpenWait> {
+    waits.iter().filter(|w| w.who.pid == pid).min_by_key(|w| w.start_ns)
+}
+
+/// A process as a chain's end, in words.
+pub fn process_terminal(procs: &mut dyn Procs, pid: u32) -> Terminal {
+    let state = procs.state(pid);
+    let what = match state {
+        Some('T') | Some('t') => "stopped (state T)".to_string(),
+        Some('D') => "blocked in the kernel (state D)".to_string(),
+        Some('Z') => "a zombie (state Z)".to_string(),
+        Some(s) => format!("not answering (state {s})"),
+        None => "gone".to_string(),
+    };
+    Terminal { kind: "process", pid: Some(pid), comm: procs.comm(pid), what }
+}
+
+/// What holds process `pid` as a whole: its oldest open wait, else the process itself.
+pub fn held_by_process(waits: &[OpenWait], procs: &mut dyn Procs, pid: u32) -> HeldBy {
+    match oldest_wait_of(waits, pid) {
+        Some(w) => HeldBy::Wait(w.key),
+        None => HeldBy::Terminal(process_terminal(procs, pid)),
+    }
+}
+
+/// Every Go edge (see the module table).
+pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Vec<Edge> {
+    let mut out = Vec::new();
+    // Innermost call per goroutine; outer calls point at the next one in.
+    let mut by_g: HashMap<(u32, u64), Vec<&GoCallFact>> = HashMap::new();
+    for c in &facts.calls {
+        by_g.entry((c.tgid, c.g)).or_default().push(c);
+    }
+    let mut innermost = Vec::new();
+    for calls in by_g.values_mut() {
+        calls.sort_by_key(|c| c.start_ns);
+        for pair in calls.windows(2) {
+            out.push(edge(
+                pair[0].key,
+                HeldBy::Wait(pair[1].key),
+                EdgeKind::NestedCall,
+                Exactness::Exact,
+                format!("{} called {} on the same goroutine", pair[0].function, pair[1].function),
+            ));
+        }
+        if let Some(last) = calls.last() {
+            innermost.push((*last, calls.iter().find_map(|c| c.container.clone())));
+        }
+    }
+    // Kernel waits by goroutine.
+    let kernel_by_g: HashMap<(u32, u64), &OpenWait> = waits
+        .iter()
+        .filter(|w| matches!(w.key, WaitKey::Kernel { .. }))
+        .filter_map(|w| Some(((w.who.pid, w.who.goroutine?), w)))
+        .collect();
+    for (c, container) in innermost {
+        if let Some(k) = kernel_by_g.get(&(c.tgid, c.g)) {
+            out.push(edge(
+                c.key,
+                HeldBy::Wait(k.key),
+                EdgeKind::SameGoroutine,
+                Exactness::Exact,
+                format!("{}'s goroutine is in {} (g read from TLS at sys_enter)", c.function, k.what),
+            ));
+            continue;
+        }
+        match c.role {
+            CallRole::CriHandler { .. } => {
+                if let Some(lock) = facts.parked.get(&(c.tgid, c.g)) {
+                    if let Some(h) = facts.calls.iter().find(|h| h.role == CallRole::StatusHolder && h.tgid == c.tgid && h.receiver == *lock) {
+                        out.push(edge(
+                            c.key,
+                            HeldBy::Wait(h.key),
+                            EdgeKind::GoLock,
+                            Exactness::Exact,
+                            format!("parked on Status lock {lock:#x}'s reader semaphore; {} holds it", h.function),
+                        ));
+                        continue;
+                    }
+                }
+                out.extend(shim_edge(c, container.as_deref(), facts, procs));
+            }
+            CallRole::StatusHolder => out.extend(shim_edge(c, container.as_deref(), facts, procs)),
+            CallRole::ShimTask => out.extend(shim_inner_edge(c, facts, waits, procs)),
+            CallRole::RuncSystemd => {
+                let dbus = waits
+                    .iter()
+                    .filter(|w| w.kind == WaitKind::DbusCall && w.who.pid == c.tgid && w.start_ns >= c.start_ns)
+                    .min_by_key(|w| w.start_ns);
+                if let Some(d) = dbus {
+                    out.push(edge(c.key, HeldBy::Wait(d.key), EdgeKind::NestedCall, Exactness::Inferred, format!("{} is runc's systemd call; this D-Bus call began in it", c.function)));
+                }
+            }
+            CallRole::Relist => {}
+        }
+    }
+    out
+}
+
+/// containerd's call → the shim's task call it waits on.
+fn shim_edge(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, procs: &mut dyn Procs) -> Option<Edge> {
+    let candidates = facts.calls.iter().filter(|s| s.role == CallRole::ShimTask && s.start_ns >= c.start_ns);
+    let (pick, exactness, evidence) = match container {
+        Some(id) => {
+            let s = candidates.filter(|s| s.container.as_deref() == Some(id)).min_by_key(|s| s.start_ns)?;
+            (s, Exactness::Exact, format!("the shim's {} is for the same container {}", s.function, short_id(id)))
+        }
+        None => {
+            let mut best: Option<&GoCallFact> = None;
+            for s in candidates {
+                if best.is_some_and(|b| b.start_ns <= s.start_ns) || !procs.connected(c.tgid, s.tgid) {
+                    continue;
+                }
+                best = Some(s);
+            }
+            let s = best?;
+            (s, Exactness::Inferred, format!("no container id; the first task call ({}) in a shim containerd is connected to since", s.function))
+        }
+    };
+    Some(edge(c.key, HeldBy::Wait(pick.key), EdgeKind::Ttrpc, exactness, evidence))
+}
+
+/// A shim task call with no kernel wait of its own: an earlier call for the
+/// same container (the shim's mutex), else a child it waits for.
+fn shim_inner_edge(c: &GoCallFact, facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Option<Edge> {
+    let earlier = facts
+        .calls
+        .iter()
+        .filter(|s| s.role == CallRole::ShimTask && s.tgid == c.tgid && s.key != c.key && s.start_ns < c.start_ns)
+        .filter(|s| c.container.is_none() || s.container == c.container)
+        .min_by_key(|s| s.start_ns);
+    if let Some(e) = earlier {
+        return Some(edge(
+            c.key,
+            HeldBy::Wait(e.key),
+            EdgeKind::ShimMutex,
+            Exactness::Inferred,
+            format!("the shim runs one task call per container at a time; {} began first", e.function),
+        ));
+    }
+    let kids = procs.children(c.tgid);
+    let stuck: Vec<u32> = kids.iter().copied().filter(|k| matches!(procs.state(*k), Some('T' | 't' | 'D'))).collect();
+    let with_wait = kids.iter().copied().find(|k| oldest_wait_of(waits, *k).is_some());
+    let child = stuck.first().copied().or(with_wait)?;
+    let exactness = if kids.len() == 1 { Exactness::Exact } else { Exactness::Inferred };
+    let name = procs.comm(child).unwrap_or_default();
+    Some(edge(
+        c.key,
+        held_by_process(waits, procs, child),
+        EdgeKind::Child,
+        exactness,
+        format!("{} waits for its child {name} pid {child}", c.function),
+    ))
+}
+
+/// kubelet's open relist → the CRI list call it waits on in containerd.
+pub fn relist_edges(facts: &GoFacts, procs: &mut dyn Procs) -> Vec<Edge> {
+    let mut out = Vec::new();
+    for r in facts.calls.iter().filter(|c| c.role == CallRole::Relist) {
+        let call = facts
+            .calls
+            .iter()
+            .filter(|c| c.role == CallRole::CriHandler { list: true } && c.start_ns >= r.start_ns && c.tgid != r.tgid)
+            .filter(|c| procs.connected(r.tgid, c.tgid))
+            .min_by_key(|c| c.start_ns);
+        if let Some(c) = call {
+            out.push(edge(
+                r.key,
+                HeldBy::Wait(c.key),
+                EdgeKind::CriCall,
+                Exactness::Inferred,
+                format!("pid {} is connected to pid {}'s socket and {} began during the relist", r.tgid, c.tgid, c.function),
+            ));
+        }
+    }
+    out
+}
+
+fn short_id(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::model::{StartTiming, Who};
+
+    #[derive(Default)]
+    struct FakeProcs {
+        children: HashMap<u32, Vec<u32>>,
+        states: HashMap<u32, char>,
+        connected: Vec<(u32, u32)>,
+    }
+
+    impl Procs for FakeProcs {
+        fn children(&mut self, pid: u32) -> Vec<u32> {
+            self.children.get(&pid).cloned().unwrap_or_default()
+        }
+        fn state(&mut self, pid: u32) -> Option<char> {
+            self.states.get(&pid).copied()
+        }
+        fn comm(&mut self, pid: u32) -> Option<String> {
+            Some(format!("p{pid}"))
+        }
+        fn connected(&mut self, client: u32, server: u32) -> bool {
+            self.connected.contains(&(client, server))
+        }
+    }
+
+    const CTRD: u32 = 100;
+    const SHIM: u32 = 200;
+    const KUBELET: u32 = 300;
+
+    fn call(tgid: u32, g: u64, func: u32, role: CallRole, start_ns: u64, container: Option<&str>) -> GoCallFact {
+        GoCallFact {
+            key: WaitKey::Go { tgid, g, func },
+            tgid,
+            g,
+            role,
+            receiver: if role == CallRole::StatusHolder { 0xc000 } else { 0 },
+            container: container.map(String::from),
+            start_ns,
+            function: "f",
+        }
+    }
+
+    fn kernel(pid: u32, tid: u32, g: Option<u64>, kind: WaitKind, start_ns: u64) -> OpenWait {
+        OpenWait {
+            key: WaitKey::Kernel { tid, start_ns },
+            who: Who { pid, tid, comm: "shim".into(), goroutine: g },
+            kind,
+            what: "umount2 /rootfs (task_work)".into(),
+            start_ns,
+            start: StartTiming::Exact,
+        }
+    }
+
+    fn find<'a>(edges: &'a [Edge], from: WaitKey) -> Vec<&'a Edge> {
+        edges.iter().filter(|e| e.from == from).collect()
+    }
+
+    /// containerd#9770: relist → ListContainers (parked) → UpdateSync holder
+    /// → shim Update → shim Delete → umount.
+    #[test]
+    fn the_9770_chain_is_linked_hop_by_hop() {
+        let relist = call(KUBELET, 0x1, 1, CallRole::Relist, 10, None);
+        let list = call(CTRD, 0x2, 2, CallRole::CriHandler { list: true }, 20, None);
+        let ucr = call(CTRD, 0x3, 3, CallRole::CriHandler { list: false }, 5, Some("abc123abc123abc123"));
+        let sync = call(CTRD, 0x3, 4, CallRole::StatusHolder, 6, None);
+        let shim_update = call(SHIM, 0x5, 5, CallRole::ShimTask, 7, Some("abc123abc123abc123"));
+        let shim_delete = call(SHIM, 0x6, 6, CallRole::ShimTask, 1, Some("abc123abc123abc123"));
+        let other = call(SHIM, 0x7, 5, CallRole::ShimTask, 8, Some("someone-else"));
+        let umount = kernel(SHIM, 201, Some(0x6), WaitKind::Umount, 2);
+        let facts = GoFacts {
+            calls: vec![relist.clone(), list.clone(), ucr.clone(), sync.clone(), shim_update.clone(), shim_delete.clone(), other],
+            parked: HashMap::from([((CTRD, 0x2), 0xc000)]),
+        };
+        let mut procs = FakeProcs { connected: vec![(KUBELET, CTRD)], ..Default::default() };
+        let waits = vec![umount.clone()];
+        let mut edges = go_edges(&facts, &waits, &mut procs);
+        edges.extend(relist_edges(&facts, &mut procs));
+        let to = |from: &GoCallFact| -> Vec<(HeldBy, EdgeKind, Exactness)> {
+            find(&edges, from.key).into_iter().map(|e| (e.to.clone(), e.kind, e.exactness)).collect()
+        };
+        assert_eq!(to(&relist), vec![(HeldBy::Wait(list.key), EdgeKind::CriCall, Exactness::Inferred)]);
+        assert_eq!(to(&list), vec![(HeldBy::Wait(sync.key), EdgeKind::GoLock, Exactness::Exact)]);
+        assert_eq!(to(&ucr), vec![(HeldBy::Wait(sync.key), EdgeKind::NestedCall, Exactness::Exact)]);
+        assert_eq!(to(&sync), vec![(HeldBy::Wait(shim_update.key), EdgeKind::Ttrpc, Exactness::Exact)], "by container id, from the handler on the same goroutine");
+        assert_eq!(to(&shim_update), vec![(HeldBy::Wait(shim_delete.key), EdgeKind::ShimMutex, Exactness::Inferred)]);
+        assert_eq!(to(&shim_delete), vec![(HeldBy::Wait(umount.key), EdgeKind::SameGoroutine, Exactness::Exact)]);
+    }
+
+    #[test]
+    fn the_holders_own_syscall_comes_first() {
+        let ucr = call(CTRD, 0x3, 3, CallRole::CriHandler { list: false }, 5, Some("abc"));
+        let sync = call(CTRD, 0x3, 4, CallRole::StatusHolder, 6, None);
+        let shim_update = call(SHIM, 0x5, 5, CallRole::ShimTask, 7, Some("abc"));
+        let fsync = kernel(CTRD, 101, Some(0x3), WaitKind::Sync, 8);
+        let facts = GoFacts { calls: vec![ucr, sync.clone(), shim_update], parked: HashMap::new() };
+        let edges = go_edges(&facts, std::slice::from_ref(&fsync), &mut FakeProcs::default());
+        let e = find(&edges, sync.key);
+        assert_eq!(e.len(), 1);
+        assert_eq!((e[0].kind, &e[0].to), (EdgeKind::SameGoroutine, &HeldBy::Wait(fsync.key)));
+    }
+
+    #[test]
+    fn another_goroutines_wait_is_not_joined() {
+        let sync = call(CTRD, 0x3, 4, CallRole::StatusHolder, 6, None);
+        let fsync = kernel(CTRD, 101, Some(0x99), WaitKind::Sync, 8);
+        let facts = GoFacts { calls: vec![sync.clone()], parked: HashMap::new() };
+        let edges = go_edges(&facts, &[fsync], &mut FakeProcs::default());
+        assert!(find(&edges, sync.key).is_empty(), "{edges:?}");
+    }
+
+    #[test]
+    fn a_stopped_runc_ends_the_chain_or_leads_to_its_own_wait() {
+        let update = call(SHIM, 0x5, 5, CallRole::ShimTask, 7, Some("abc"));
+        let facts = GoFacts { calls: vec![update.clone()], parked: HashMap::new() };
+        let mut procs = FakeProcs { children: HashMap::from([(SHIM, vec![400])]), states: HashMap::from([(400, 'T')]), ..Default::default() };
+        let edges = go_edges(&facts, &[], &mut procs);
+        let e = find(&edges, update.key);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].kind, EdgeKind::Child);
+        assert_eq!(e[0].exactness, Exactness::Exact);
+        match &e[0].to {
+            HeldBy::Terminal(t) => assert_eq!((t.pid, t.what.as_str()), (Some(400), "stopped (state T)")),
+            other => panic!("{other:?}"),
+        }
+        // A runc with an open D-Bus call: the chain goes on into it.
+        let startunit = call(400, 0x9, 9, CallRole::RuncSystemd, 8, None);
+        let dbus = OpenWait { kind: WaitKind::DbusCall, key: WaitKey::Dbus { sock: 1, tag: 2 }, ..kernel(400, 401, None, WaitKind::DbusCall, 9) };
+        let facts = GoFacts { calls: vec![update.clone(), startunit.clone()], parked: HashMap::new() };
+        procs.states.insert(400, 'S');
+        let waits = vec![dbus.clone()];
+        let edges = go_edges(&facts, &waits, &mut procs);
+        let e = find(&edges, update.key);
+        assert_eq!(e[0].to, HeldBy::Wait(dbus.key), "runc's oldest open wait");
+        let e = find(&edges, startunit.key);
+        assert_eq!((e[0].kind, &e[0].to), (EdgeKind::NestedCall, &HeldBy::Wait(dbus.key)));
+    }
+
+    #[test]
+    fn without_a_container_id_only_connected_shims_count() {
+        let sync = call(CTRD, 0x3, 4, CallRole::StatusHolder, 6, None);
+        let far = call(SHIM + 1, 0x5, 5, CallRole::ShimTask, 7, None);
+        let near = call(SHIM, 0x6, 5, CallRole::ShimTask, 8, None);
+        let facts = GoFacts { calls: vec![sync.clone(), far, near.clone()], parked: HashMap::new() };
+        let mut procs = FakeProcs { connected: vec![(CTRD, SHIM)], ..Default::default() };
+        let edges = go_edges(&facts, &[], &mut procs);
+        let e = find(&edges, sync.key);
+        assert_eq!((e[0].to.clone(), e[0].exactness), (HeldBy::Wait(near.key), Exactness::Inferred));
+    }
+
+    #[test]
+    fn a_relist_links_only_to_a_runtime_it_is_connected_to() {
+        let relist = call(KUBELET, 0x1, 1, CallRole::Relist, 10, None);
+        let before = call(CTRD, 0x2, 2, CallRole::CriHandler { list: true }, 5, None);
+        let facts = GoFacts { calls: vec![relist.clone(), before], parked: HashMap::new() };
+        let mut procs = FakeProcs { connected: vec![(KUBELET, CTRD)], ..Default::default() };
+        assert!(relist_edges(&facts, &mut procs).is_empty(), "a call that began before the relist is not its call");
+        let during = call(CTRD, 0x4, 2, CallRole::CriHandler { list: true }, 12, None);
+        let facts = GoFacts { calls: vec![relist, during.clone()], parked: HashMap::new() };
+        assert_eq!(relist_edges(&facts, &mut procs)[0].to, HeldBy::Wait(during.key));
+        assert!(relist_edges(&facts, &mut FakeProcs::default()).is_empty(), "not connected: no link");
+    }
+}
