@@ -13,9 +13,17 @@ use crate::{
     levels::{Thresholds, budget_used},
     loader::{self, LoadError, LoadOptions},
     mounts::{self, SharedMounts},
-    output::{Event, Ready, Sink, Stall, Summary},
+    clock::{monotonic_ns, wall_of},
+    events::{Event, Ready, Sink, Stall, Summary},
     probes::{self, Choice, ProbeError},
     gowatch::{GoWatch, chain::KernelWaits},
+    graph::{
+        ids,
+        incidents::{Change, Clocks, Incidents},
+        model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
+        resolvers::{self, Procs},
+    },
+    observe::Observe,
     offcpu::OffCpu,
     reqwatch::ReqWatch,
     procfs::{self, SyscallState},
@@ -59,25 +67,6 @@ pub enum WatchError {
     Target(String),
 }
 
-/// CLOCK_MONOTONIC in ns, the clock of `bpf_ktime_get_ns`.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Wall-clock time of a CLOCK_MONOTONIC instant.
-pub(crate) fn wall_of(mono_ns: u64) -> SystemTime {
-    let back = Duration::from_nanos(monotonic_ns().saturating_sub(mono_ns));
-    SystemTime::now()
-        .checked_sub(back)
-        .unwrap_or(SystemTime::UNIX_EPOCH)
-}
-
 /// Runs until Ctrl-C, SIGTERM or `--duration`; returns the summary it printed.
 pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, WatchError> {
     let started = Instant::now();
@@ -111,6 +100,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
     }
     let mut drops = DropWatch::default();
+    let mut incidents = Incidents::new(cfg.thresholds);
+    let mut observe = Observe::default();
+    let mut scans = ScanClock::default();
     sink.emit(&Event::Ready(Ready {
         pid: std::process::id(),
         probes: choices.iter().map(Choice::to_output).collect(),
@@ -133,7 +125,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 
     loop {
         tokio::select! {
-            _ = tick.tick() => {
+            scheduled = tick.tick() => {
+                let began = std::time::Instant::now();
+                scans.late(began.saturating_duration_since(scheduled.into_std()));
                 if let Some(o) = offcpu.as_mut() {
                     let mut tgids = engine.open_tgids.clone();
                     tgids.extend(req.tgids());
@@ -154,8 +148,28 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
                     go.scan(monotonic_ns(), &waits, &mut sink);
                 }
+                let now = monotonic_ns();
+                let mut waits = engine.open_waits.clone();
+                waits.extend(req.open_waits().iter().cloned());
+                waits.extend(go.open_waits(now));
+                let mut edges = req.edges(&waits, now, &mut observe);
+                let facts = go.facts();
+                edges.extend(resolvers::go_edges(&facts, &waits, &mut observe));
+                edges.extend(resolvers::relist_edges(&facts, &mut observe));
+                if let Some(o) = offcpu.as_ref() {
+                    edges.extend(mutex_edges(&waits, o, now, &mut observe));
+                }
+                let clocks = Clocks { now_ns: now, wall: SystemTime::now(), relist_start_ns: go.relist_start_ns() };
+                let filter = &cfg.filter;
+                for change in incidents.scan(&waits, &edges, clocks, &|w| filter.matches_wait(w), &mut ids::id_of) {
+                    match change {
+                        Change::Raised(i) => sink.emit(&Event::Incident(i)),
+                        Change::Resolved(r) => sink.emit(&Event::IncidentResolved(r)),
+                    }
+                }
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
+                scans.took(began.elapsed());
             }
             guard = go_ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the Go ring buffer", e))?;
@@ -208,6 +222,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         go_latency: go.latency(),
         relists: go.relists(monotonic_ns()),
         go_locks: go.locks(10),
+        incidents: incidents.counts().0,
+        incidents_resolved: incidents.counts().1,
+        scans: scans.summary(),
     };
     if summary.dropped_waits + summary.dropped_events > 0 {
         tracing::warn!(
@@ -331,6 +348,71 @@ impl Sink for Enrich<'_> {
     }
 }
 
+/// Waits held by a kernel mutex's owner (`lock:contention_begin` and the
+/// mutex's `owner` field, see `offcpu`): the owner's own open wait, or the
+/// owner thread itself.
+fn mutex_edges(waits: &[OpenWait], offcpu: &OffCpu, now_ns: u64, procs: &mut dyn Procs) -> Vec<Edge> {
+    let mut out = Vec::new();
+    for w in waits.iter().filter(|w| now_ns.saturating_sub(w.start_ns) >= 1_000_000_000) {
+        let Some(h) = offcpu.lock_holder(w.who.tid, now_ns) else { continue };
+        let Some(owner) = h.pointer("/owner/pid").and_then(Value::as_u64).map(|p| p as u32) else { continue };
+        let lock = h.get("lock").and_then(Value::as_str).unwrap_or("a kernel mutex").to_string();
+        let to = match waits.iter().find(|o| o.who.tid == owner) {
+            Some(o) => HeldBy::Wait(o.key),
+            None => HeldBy::Terminal(resolvers::process_terminal(procs, owner)),
+        };
+        out.push(Edge {
+            from: w.key,
+            to,
+            kind: EdgeKind::KernelMutex,
+            evidence: format!("waits on {lock} (lock:contention_begin); its owner field names thread {owner}"),
+            exactness: Exactness::Exact,
+        });
+    }
+    out
+}
+
+/// How late each scan starts after its tick, and how long it takes (µs;
+/// none if the histogram could not be made, which fixed bounds rule out).
+struct ScanClock {
+    late: Option<hdrhistogram::Histogram<u64>>,
+    took: Option<hdrhistogram::Histogram<u64>>,
+}
+
+impl Default for ScanClock {
+    fn default() -> Self {
+        let h = || hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok();
+        ScanClock { late: h(), took: h() }
+    }
+}
+
+impl ScanClock {
+    fn late(&mut self, d: Duration) {
+        if let Some(h) = self.late.as_mut() {
+            let _ = h.record(d.as_micros().max(1) as u64);
+        }
+    }
+
+    fn took(&mut self, d: Duration) {
+        if let Some(h) = self.took.as_mut() {
+            let _ = h.record(d.as_micros().max(1) as u64);
+        }
+    }
+
+    fn summary(&self) -> crate::events::ScanSummary {
+        let q = |h: &Option<hdrhistogram::Histogram<u64>>, q: f64| h.as_ref().map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1e3);
+        crate::events::ScanSummary {
+            scans: self.late.as_ref().map_or(0, |h| h.len()),
+            late_p50_ms: q(&self.late, 0.5),
+            late_p99_ms: q(&self.late, 0.99),
+            late_max_ms: q(&self.late, 1.0),
+            took_p50_ms: q(&self.took, 0.5),
+            took_p99_ms: q(&self.took, 0.99),
+            took_max_ms: q(&self.took, 1.0),
+        }
+    }
+}
+
 /// Warns, at most every few seconds, when the kernel's drop counters grow.
 #[derive(Default)]
 struct DropWatch {
@@ -381,6 +463,8 @@ struct Engine {
     open_by_g: HashMap<(u32, u64), (u32, Value)>,
     /// Scans in a row that found a tail's thread running outside umount2.
     running_seen: HashMap<WaitKey, u32>,
+    /// Every kernel wait open at the last scan, as graph nodes.
+    open_waits: Vec<OpenWait>,
 }
 
 impl Engine {
@@ -404,6 +488,7 @@ impl Engine {
             open_by_tid: HashMap::new(),
             open_by_g: HashMap::new(),
             running_seen: HashMap::new(),
+            open_waits: Vec::new(),
         }
     }
 
@@ -433,6 +518,7 @@ impl Engine {
             }
             self.open_by_tid.insert(w.tid, v);
         }
+        self.open_waits = open.iter().map(WaitInfo::open_wait).collect();
         let actions = self.registry.scan(open.iter(), now);
         self.act(actions, sink);
         self.check_reported(now, sink);
@@ -553,7 +639,9 @@ impl Engine {
                     let kind = by_slot(t.info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
                     self.fixed.remove(&key);
                     self.running_seen.remove(&key);
-                    self.registry.resolve(&key, waited, exact, kind, sink);
+                    if let Some(r) = self.registry.resolve(&key, waited, exact, kind) {
+                        sink.emit(&Event::Resolved(r));
+                    }
                 }
             }
         }

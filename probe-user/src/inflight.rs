@@ -6,6 +6,7 @@
 //! records as they arrive. The registry decides what to print. It is pure
 //! logic, with time passed in, so it is tested without a kernel.
 
+use crate::graph::model::{OpenWait, StartTiming, WaitKey as WaitGraphKey, Who};
 use crate::levels::{Level, Thresholds};
 use plegwatch_abi::{WAIT_BEFORE_ATTACH, Wait, WaitEnd};
 use std::{collections::HashMap, time::Duration};
@@ -79,6 +80,26 @@ impl WaitInfo {
     pub fn key(&self) -> WaitKey {
         (self.tid, self.start_ns)
     }
+
+    /// This wait as a node of the wait-for graph.
+    pub fn open_wait(&self) -> OpenWait {
+        let watched = crate::syscalls::by_slot(self.slot);
+        let name = watched.map(|w| w.name).unwrap_or("sync");
+        let what = match (watched.map(|w| w.arg0), self.sys_exit_ns != 0) {
+            (Some(crate::syscalls::Arg0::Path), true) => format!("{name} {} (task_work after the syscall returned)", self.path),
+            (Some(crate::syscalls::Arg0::Path), false) => format!("{name} {}", self.path),
+            (Some(crate::syscalls::Arg0::Fd), _) => format!("{name} fd {}", self.arg0),
+            _ => name.to_string(),
+        };
+        OpenWait {
+            key: Item::wait_key(self),
+            who: Who { pid: self.tgid, tid: self.tid, comm: self.comm.clone(), goroutine: (self.g != 0).then_some(self.g) },
+            kind: watched.map(|w| w.kind).unwrap_or(crate::syscalls::WaitKind::Sync),
+            what,
+            start_ns: self.start_ns,
+            start: if self.before_attach { StartTiming::LowerBound } else { StartTiming::Exact },
+        }
+    }
 }
 
 /// Something that can be open for too long: a syscall wait, a netlink request,
@@ -93,6 +114,8 @@ pub trait Item: Clone {
     fn start_ns(&self) -> u64;
     /// Takes what changed since it was first seen.
     fn refresh(&mut self, newer: &Self);
+    /// Its name in the wait-for graph (and so its id).
+    fn wait_key(&self) -> WaitGraphKey;
 }
 
 impl Item for WaitInfo {
@@ -115,10 +138,10 @@ impl Item for WaitInfo {
     fn refresh(&mut self, newer: &Self) {
         self.sys_exit_ns = newer.sys_exit_ns;
     }
+    fn wait_key(&self) -> WaitGraphKey {
+        WaitGraphKey::Kernel { tid: self.tid, start_ns: self.start_ns }
+    }
 }
-
-/// Ids are unique across every registry of the process.
-static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Which waits to report: `--pid` and `--comm`. Empty lists match everything.
 #[derive(Clone, Debug, Default)]
@@ -131,12 +154,20 @@ pub struct Filter {
 
 impl Filter {
     pub fn matches<T: Item>(&self, w: &T) -> bool {
-        let pid_ok =
-            self.pids.is_empty() || self.pids.contains(&w.tgid()) || self.pids.contains(&w.tid());
+        self.matches_who(w.tgid(), w.tid(), w.comm())
+    }
+
+    /// The same test on a graph node's waiter.
+    pub fn matches_wait(&self, w: &OpenWait) -> bool {
+        self.matches_who(w.who.pid, w.who.tid, &w.who.comm)
+    }
+
+    fn matches_who(&self, pid: u32, tid: u32, comm: &str) -> bool {
+        let pid_ok = self.pids.is_empty() || self.pids.contains(&pid) || self.pids.contains(&tid);
         let comm_ok = self.comms.is_empty()
             || self.comms.iter().any(|c| match c.strip_suffix('*') {
-                Some(prefix) => w.comm().starts_with(prefix),
-                None => w.comm() == c,
+                Some(prefix) => comm.starts_with(prefix),
+                None => comm == c,
             });
         pid_ok && comm_ok
     }
@@ -209,17 +240,16 @@ impl<T: Item> Registry<T> {
         self.tracked.values()
     }
 
-    /// Forgets a wait and prints its `resolved` line as `kind`; returns what was tracked.
+    /// Forgets a wait; returns its `resolved` event, as `kind`, for the caller to emit.
     pub fn resolve(
         &mut self,
         key: &T::Key,
         waited: Duration,
         exact: bool,
         kind: crate::syscalls::WaitKind,
-        sink: &mut dyn crate::output::Sink,
-    ) -> Option<Tracked<T>> {
+    ) -> Option<crate::events::Resolved> {
         let t = self.forget(key)?;
-        sink.emit(&crate::output::Event::Resolved(crate::output::Resolved {
+        Some(crate::events::Resolved {
             id: t.id,
             kind,
             pid: t.info.tgid(),
@@ -227,8 +257,7 @@ impl<T: Item> Registry<T> {
             waited_s: waited.as_secs_f64(),
             comm: t.info.comm().to_string(),
             timing: if exact { "exact" } else { "approximate" },
-        }));
-        Some(t)
+        })
     }
 
     /// (stall lines decided, resolutions decided).
@@ -237,7 +266,8 @@ impl<T: Item> Registry<T> {
     }
 
     fn track(&mut self, info: T, level: Level) -> &mut Tracked<T> {
-        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // The same id as the wait has in the incidents that list it.
+        let id = crate::graph::ids::id_of(info.wait_key());
         self.tracked.entry(info.key()).or_insert(Tracked {
             id,
             info,

@@ -6,12 +6,14 @@
 
 pub mod btf;
 pub mod cli;
+pub mod clock;
 pub mod collector;
 pub mod dbus;
 pub mod dbus_sweep;
 pub mod detail;
 pub mod doctor;
 pub mod durations;
+pub mod events;
 pub mod gosym;
 pub mod gowatch;
 pub mod graph;
@@ -23,10 +25,11 @@ pub mod loader;
 pub mod logging;
 pub mod mounts;
 pub mod netlink;
+pub mod observe;
 pub mod offcpu;
-pub mod output;
 pub mod probes;
 pub mod reqwatch;
+pub mod sinks;
 pub mod procfs;
 pub mod sockets;
 pub mod stats;

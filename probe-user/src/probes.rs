@@ -5,7 +5,7 @@
 //! and the next one is tried; the choice is logged at `info` and printed by
 //! `plegwatch doctor` and in the `ready` line.
 
-use crate::{output::ProbeChoice, syscalls::WATCHED};
+use crate::{events::ProbeChoice, syscalls::WATCHED};
 use aya::{
     Ebpf,
     programs::{BtfTracePoint, RawTracePoint, TracePoint},

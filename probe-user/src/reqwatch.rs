@@ -6,16 +6,22 @@
 //! threads already blocked on them.
 
 use crate::{
-    collector::{WatchError, monotonic_ns, take_map},
+    clock::monotonic_ns,
+    collector::{WatchError, take_map},
     inflight::{Action, Filter, Registry},
     levels::Thresholds,
-    output::{Event, Sink, Stall},
+    events::{Event, Sink, Stall},
     procfs::{self, SyscallState},
     holders::{
         SocketOwners, UnixPeers,
         bus_owner::{self, Owner},
     },
     dbus_sweep,
+    graph::{
+        model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait, StartTiming, Terminal, WaitKey, Who},
+        resolvers::{self, Procs},
+    },
+    inflight::Item,
     sockets::{DbusOpen, NetlinkOpen, Sockets, sock_key},
     sweep::{self, AgeClock},
     syscalls::WaitKind,
@@ -50,7 +56,27 @@ pub struct ReqWatch {
     last_gc_ns: u64,
     /// Each process's earliest open request at the last scan: (kind, start ns).
     open_by_pid: HashMap<u32, (&'static str, u64)>,
+    /// Every request open at the last scan, as graph nodes.
+    open_waits: Vec<OpenWait>,
+    /// Who answers each open request old enough to be resolved: (pid, edge
+    /// kind, exactness, evidence), looked up once per request.
+    answerers: HashMap<WaitKey, Option<Answerer>>,
+    /// The open requests behind [`Self::open_waits`].
+    last_netlink: Vec<NetlinkOpen>,
+    last_dbus: Vec<DbusOpen>,
 }
+
+/// Who answers a request.
+#[derive(Clone, Debug)]
+struct Answerer {
+    pid: Option<u32>,
+    kind: EdgeKind,
+    exactness: Exactness,
+    evidence: String,
+}
+
+/// Requests younger than this get no holder lookup (most are answered in microseconds).
+const RESOLVE_AFTER_NS: u64 = 1_000_000_000;
 
 impl ReqWatch {
     pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter) -> Result<Self, WatchError> {
@@ -68,6 +94,10 @@ impl ReqWatch {
             swept_dbus: Vec::new(),
             last_gc_ns: 0,
             open_by_pid: HashMap::new(),
+            open_waits: Vec::new(),
+            answerers: HashMap::new(),
+            last_netlink: Vec::new(),
+            last_dbus: Vec::new(),
         })
     }
 
@@ -223,6 +253,7 @@ impl ReqWatch {
         }
         let actions = self.registry.scan(open.iter(), now_ns);
         self.act(actions, now_ns, sink);
+        self.last_netlink = open;
         let replies = self.sockets.take_replies();
         self.swept_dbus.retain(|c| procfs::thread_exists(c.tgid) && !replies.contains(&(c.sock, c.serial)));
         let mut open = self.sockets.open_dbus(now_ns);
@@ -232,6 +263,9 @@ impl ReqWatch {
         }
         let actions = self.dbus.scan(open.iter(), now_ns);
         self.act_dbus(actions, sink);
+        self.last_dbus = open;
+        self.open_waits = self.last_netlink.iter().map(|o| self.netlink_node(o)).collect();
+        self.open_waits.extend(self.last_dbus.iter().map(dbus_node));
         if now_ns.saturating_sub(self.last_gc_ns) > 10_000_000_000 {
             self.last_gc_ns = now_ns;
             self.sockets.retain_live(procfs::thread_exists);
@@ -267,7 +301,9 @@ impl ReqWatch {
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
-                    self.registry.resolve(&key, waited, exact, WaitKind::NetlinkRequest, sink);
+                    if let Some(r) = self.registry.resolve(&key, waited, exact, WaitKind::NetlinkRequest) {
+                        sink.emit(&Event::Resolved(r));
+                    }
                 }
             }
         }
@@ -288,10 +324,67 @@ impl ReqWatch {
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
-                    self.dbus.resolve(&key, waited, exact, WaitKind::DbusCall, sink);
+                    if let Some(r) = self.dbus.resolve(&key, waited, exact, WaitKind::DbusCall) {
+                        sink.emit(&Event::Resolved(r));
+                    }
                 }
             }
         }
+    }
+
+    /// Every request open at the last scan, as graph nodes.
+    pub fn open_waits(&self) -> &[OpenWait] {
+        &self.open_waits
+    }
+
+    fn netlink_node(&self, o: &NetlinkOpen) -> OpenWait {
+        let protocol = crate::netlink::names::protocol_name(o.protocol).map(String::from).unwrap_or_else(|| format!("netlink {}", o.protocol));
+        let what = if o.before_attach {
+            format!("{protocol} reply (request sent before plegwatch started)")
+        } else {
+            let fam = (o.protocol == crate::netlink::names::NETLINK_GENERIC).then_some(&self.sockets.families);
+            let ty = crate::netlink::names::type_name(o.protocol, o.msg_type, fam);
+            format!("{protocol} {ty} seq {}{}", o.seq.map(|s| s.to_string()).unwrap_or_else(|| "?".into()), if o.in_send { " (still inside the send)" } else { "" })
+        };
+        OpenWait {
+            key: Item::wait_key(o),
+            who: Who { pid: o.tgid, tid: Item::tid(o), comm: o.comm.clone(), goroutine: None },
+            kind: WaitKind::NetlinkRequest,
+            what,
+            start_ns: o.start_ns,
+            start: if o.before_attach { StartTiming::LowerBound } else { StartTiming::Exact },
+        }
+    }
+
+    /// The edges from each open request (a second old or more) to who must answer it.
+    pub fn edges(&mut self, waits: &[OpenWait], now_ns: u64, procs: &mut dyn Procs) -> Vec<Edge> {
+        let open: std::collections::HashSet<WaitKey> = self.open_waits.iter().map(|w| w.key).collect();
+        self.answerers.retain(|k, _| open.contains(k));
+        let mut out = Vec::new();
+        for o in self.last_netlink.clone() {
+            if now_ns.saturating_sub(o.start_ns) < RESOLVE_AFTER_NS {
+                continue;
+            }
+            let key = Item::wait_key(&o);
+            let a = self.answerers.entry(key).or_insert_with(|| Some(netlink_answerer(&o))).clone();
+            out.extend(a.map(|a| answer_edge(key, a, waits, procs)));
+        }
+        for o in self.last_dbus.clone() {
+            if now_ns.saturating_sub(o.start_ns) < RESOLVE_AFTER_NS {
+                continue;
+            }
+            let key = Item::wait_key(&o);
+            let a = match self.answerers.get(&key) {
+                Some(a) => a.clone(),
+                None => {
+                    let a = dbus_answerer(&self.holders.holder_of(&o));
+                    self.answerers.insert(key, a.clone());
+                    a
+                }
+            };
+            out.extend(a.map(|a| answer_edge(key, a, waits, procs)));
+        }
+        out
     }
 
     /// Each process's earliest open request at the last scan: (kind, start ns).
@@ -312,15 +405,85 @@ impl ReqWatch {
     }
 }
 
+/// A D-Bus call as a graph node.
+fn dbus_node(o: &DbusOpen) -> OpenWait {
+    let member = o.member.as_deref().unwrap_or("a method");
+    let what = match (&o.interface, &o.destination) {
+        (Some(i), Some(d)) => format!("D-Bus {i}.{member} to {d}"),
+        (None, Some(d)) => format!("D-Bus {member} to {d}"),
+        (_, None) => format!("D-Bus {member} (peer to peer)"),
+    };
+    OpenWait {
+        key: Item::wait_key(o),
+        who: Who { pid: o.tgid, tid: o.tid, comm: o.comm.clone(), goroutine: None },
+        kind: WaitKind::DbusCall,
+        what,
+        start_ns: o.start_ns,
+        start: if o.before_attach { StartTiming::LowerBound } else { StartTiming::Exact },
+    }
+}
+
+/// The process holding a netlink request's destination port id (0: the kernel).
+fn netlink_peer(o: &NetlinkOpen) -> Option<u32> {
+    procfs::netlink_sockets(o.tgid)
+        .into_iter()
+        .find(|s| s.portid == o.dst_portid && s.protocol == o.protocol)
+        .and_then(|s| SocketOwners::new().pids_of(s.inode).into_iter().next())
+}
+
+fn netlink_answerer(o: &NetlinkOpen) -> Answerer {
+    if o.dst_portid != 0 {
+        return match netlink_peer(o) {
+            Some(pid) => Answerer { pid: Some(pid), kind: EdgeKind::NetlinkPeer, exactness: Exactness::Exact, evidence: format!("port id {} is this process's socket (/proc/net/netlink)", o.dst_portid) },
+            None => Answerer { pid: None, kind: EdgeKind::NetlinkPeer, exactness: Exactness::Exact, evidence: format!("no process holds port id {} now", o.dst_portid) },
+        };
+    }
+    let evidence = if o.in_send {
+        "the sender is still inside the send: the kernel has not taken the request yet"
+    } else if o.before_attach {
+        "blocked in a receive on a request socket since before plegwatch started"
+    } else {
+        "sent to the kernel (port 0); no reply matched its seq, and the sender waits in a receive"
+    };
+    Answerer { pid: None, kind: EdgeKind::NoReply, exactness: if o.before_attach { Exactness::Inferred } else { Exactness::Exact }, evidence: evidence.into() }
+}
+
+/// A D-Bus holder (as its stall line describes it) as an answerer.
+fn dbus_answerer(holder: &Value) -> Option<Answerer> {
+    let pid = holder.get("pid").and_then(Value::as_u64).map(|p| p as u32);
+    let (kind, exactness, evidence) = match holder.get("kind").and_then(Value::as_str)? {
+        "name_owner" => (EdgeKind::DbusOwner, Exactness::Exact, format!("owner of {} (GetConnectionUnixProcessID)", holder["name"].as_str().unwrap_or("?"))),
+        "unread_queue" => (EdgeKind::DbusOwner, Exactness::Exact, "the call sits unread in this process's socket".to_string()),
+        "bus_daemon" => (EdgeKind::DbusOwner, Exactness::Inferred, "the bus daemon does not answer who owns the name".to_string()),
+        "socket_peer" => (EdgeKind::UnixPeer, Exactness::Exact, "the peer of a peer-to-peer D-Bus socket (sock_diag)".to_string()),
+        _ => return None,
+    };
+    Some(Answerer { pid: Some(pid?), kind, exactness, evidence })
+}
+
+/// The edge from a request to its answerer: the answering process's own open
+/// wait, the process itself, or the kernel.
+fn answer_edge(from: WaitKey, a: Answerer, waits: &[OpenWait], procs: &mut dyn Procs) -> Edge {
+    let to = match a.pid {
+        Some(pid) => resolvers::held_by_process(waits, procs, pid),
+        None => HeldBy::Terminal(Terminal {
+            kind: "kernel",
+            pid: None,
+            comm: None,
+            what: match a.kind {
+                EdgeKind::NetlinkPeer => "the destination port id is held by no process".into(),
+                _ => "the kernel: no reply".into(),
+            },
+        }),
+    };
+    Edge { from, to, kind: a.kind, evidence: a.evidence, exactness: a.exactness }
+}
+
 /// Who should answer a netlink request: the kernel, or for a request sent to
 /// a process's port id (NETLINK_USERSOCK, ...), the process holding that socket.
 fn netlink_holder(o: &NetlinkOpen, protocol: &str) -> Value {
     if o.dst_portid != 0 {
-        let peer = procfs::netlink_sockets(o.tgid)
-            .into_iter()
-            .find(|s| s.portid == o.dst_portid && s.protocol == o.protocol)
-            .and_then(|s| SocketOwners::new().pids_of(s.inode).into_iter().next());
-        if let Some(pid) = peer {
+        if let Some(pid) = netlink_peer(o) {
             let mut m = process(pid);
             m.insert("kind".into(), json!("netlink_peer"));
             m.insert("portid".into(), json!(o.dst_portid));

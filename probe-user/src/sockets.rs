@@ -16,6 +16,7 @@ use crate::{
         calls::{Connection, Side},
         header::MessageKind,
     },
+    graph::model::WaitKey,
     inflight::{Item, cstr},
     netlink::{
         genl::GenlFamilies,
@@ -110,6 +111,9 @@ impl Item for NetlinkOpen {
         self.recv_since_ns = newer.recv_since_ns;
         self.recv_tid = newer.recv_tid;
     }
+    fn wait_key(&self) -> WaitKey {
+        WaitKey::Netlink { sock: self.sock, start_ns: self.start_ns }
+    }
 }
 
 impl NetlinkOpen {
@@ -179,6 +183,10 @@ impl Item for DbusOpen {
         self.start_ns
     }
     fn refresh(&mut self, _newer: &Self) {}
+    fn wait_key(&self) -> WaitKey {
+        let (sock, tag) = Item::key(self);
+        WaitKey::Dbus { sock, tag }
+    }
 }
 
 impl DbusOpen {

@@ -1,6 +1,6 @@
 //! Reading the kernel's counters and latency histogram.
 
-use crate::{output::SyscallSummary, syscalls::WATCHED};
+use crate::{events::SyscallSummary, syscalls::WATCHED};
 use aya::{Ebpf, maps::PerCpuArray};
 use plegwatch_abi::{HIST_BUCKETS, STAT_COUNT, Stat, bucket_floor_ns, maps};
 

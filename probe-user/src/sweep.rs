@@ -93,7 +93,7 @@ fn sample_cpu(cpu: u32) -> Option<(f64, u64)> {
     unsafe { libc::sched_yield() };
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() } as u32;
-    let mono = crate::collector::monotonic_ns();
+    let mono = crate::clock::monotonic_ns();
     let exec = procfs::exec_start_ms(tid)?;
     Some((exec, mono))
 }

@@ -5,7 +5,8 @@ use crate::{
     durations,
     inflight::Filter,
     levels::Thresholds,
-    output::{JsonSink, Sink, TextSink},
+    events::Sink,
+    sinks::{JsonSink, TextOptions, TextSink},
 };
 use clap::Args;
 use std::time::Duration;
@@ -20,6 +21,9 @@ pub struct WatchArgs {
     /// Print one JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
+    /// In text, also print each wait's own stall and resolved lines (JSON always has them).
+    #[arg(long)]
+    pub waits: bool,
     /// Report a wait once it has lasted this long.
     #[arg(long, default_value = "10s", value_parser = durations::parse)]
     pub warn: Duration,
@@ -90,7 +94,7 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let mut sink: Box<dyn Sink> = if args.json {
         Box::new(JsonSink(stdout.lock()))
     } else {
-        Box::new(TextSink(stdout.lock()))
+        Box::new(TextSink::new(stdout.lock(), TextOptions { waits: args.waits }))
     };
     collector::watch(cfg, sink.as_mut()).await?;
     Ok(())

@@ -10,7 +10,7 @@
 //! that its kernel waits carry the goroutine that made them.
 
 use super::targets::{Arg, GoFuncSpec, Role, Target, short, target_named, target_of};
-use crate::{collector::take_map, collector::WatchError, gosym::GoBinary, output::Event, output::Sink, procfs};
+use crate::{collector::take_map, collector::WatchError, gosym::GoBinary, events::Event, events::Sink, procfs};
 use aya::{
     Ebpf,
     maps::{Array, HashMap as BpfHashMap, MapData},
@@ -218,7 +218,7 @@ impl Attacher {
             self.probe_binary(ebpf, target, key, &open_path, &path, pid, found_by, sink);
         } else if let Some(Binary::Probed { target, .. }) = self.binaries.get(&key) {
             if target.name != "runc" {
-                sink.emit(&Event::Target(crate::output::Target::new(target.name, "traced", pid, &path, found_by)));
+                sink.emit(&Event::Target(crate::events::Target::new(target.name, "traced", pid, &path, found_by)));
             }
         }
         if let Some(Binary::Probed { g_tls: Some(off), .. }) = self.binaries.get(&key) {
@@ -241,7 +241,7 @@ impl Attacher {
         found_by: &'static str,
         sink: &mut dyn Sink,
     ) {
-        let mut line = crate::output::Target::new(target.name, "probed", pid, path, found_by);
+        let mut line = crate::events::Target::new(target.name, "probed", pid, path, found_by);
         let mut links: Vec<Link> = Vec::new();
         let mut transient = false;
         let first_id = self.funcs.len() as u32 + 1;

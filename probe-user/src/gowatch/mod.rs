@@ -19,11 +19,16 @@ pub mod chain;
 pub mod targets;
 
 use crate::{
-    collector::{WatchError, take_map, wall_of},
+    clock::wall_of,
+    collector::{WatchError, take_map},
+    graph::{
+        model::{OpenWait, StartTiming, WaitKey, Who},
+        resolvers::{CallRole, GoCallFact, GoFacts},
+    },
     inflight::{Action, Filter, Item, Registry},
     latency::{LatencyRow, LatencyTables},
     levels::Thresholds,
-    output::{Event, Sink, Stall},
+    events::{Event, Sink, Stall},
     procfs,
     syscalls::WaitKind,
 };
@@ -91,6 +96,9 @@ impl Item for GoOpen {
         self.start_ns
     }
     fn refresh(&mut self, _newer: &Self) {}
+    fn wait_key(&self) -> WaitKey {
+        WaitKey::Go { tgid: self.tgid, g: self.g, func: self.func }
+    }
 }
 
 /// One Status lock's history: write holds and read waits.
@@ -391,10 +399,110 @@ impl GoWatch {
                         Some(Role::ShimTask | Role::RuncSystemd) => WaitKind::GoCall,
                         _ => WaitKind::CriCall,
                     };
-                    self.registry.resolve(&key, waited, exact, kind, sink);
+                    if let Some(r) = self.registry.resolve(&key, waited, exact, kind) {
+                        sink.emit(&Event::Resolved(r));
+                    }
                 }
             }
         }
+    }
+
+    /// Every Go call open at the last scan as graph nodes, plus each kubelet
+    /// whose next relist is overdue with none open.
+    pub fn open_waits(&self, now_ns: u64) -> Vec<OpenWait> {
+        let mut out: Vec<OpenWait> = self
+            .open
+            .iter()
+            .filter_map(|o| {
+                let f = self.attacher.funcs.get(&o.func)?;
+                let kind = match f.role {
+                    Role::Relist => WaitKind::PlegRelist,
+                    Role::StatusUpdate | Role::LockWait => WaitKind::GoLock,
+                    Role::CriHandler => WaitKind::CriCall,
+                    Role::ShimTask | Role::RuncSystemd => WaitKind::GoCall,
+                };
+                let mut what = short(f.symbol).to_string();
+                if f.role == Role::StatusUpdate {
+                    what = format!("{what} holding Status lock {:#x}", o.receiver);
+                }
+                if let Some(c) = &o.arg {
+                    what.push_str(&format!(" for {} {}", f.arg.map(|a| a.name).unwrap_or("container"), c.get(..12).unwrap_or(c)));
+                }
+                if let Some(lock) = self.get_by_g.get(&(o.tgid, o.g)) {
+                    what.push_str(&format!(", waiting on Status lock {lock:#x}"));
+                }
+                Some(OpenWait {
+                    key: o.wait_key(),
+                    who: Who { pid: o.tgid, tid: o.tid, comm: o.comm.clone(), goroutine: Some(o.g) },
+                    kind,
+                    what,
+                    start_ns: o.start_ns,
+                    start: StartTiming::Exact,
+                })
+            })
+            .collect();
+        for (pid, c) in &self.relists {
+            let open = self.open.iter().any(|o| o.tgid == *pid && self.role_of(o) == Some(Role::Relist));
+            if open || c.count == 0 || !procfs::thread_exists(*pid) {
+                continue;
+            }
+            // Due one period after the last ended: the longest start-to-start gap seen.
+            let period = c.recent.iter().zip(c.recent.iter().skip(1)).map(|(a, b)| b.0.saturating_sub(a.0)).max().unwrap_or(1_000_000_000);
+            let due = c.last_end_ns.saturating_add(period);
+            if due >= now_ns {
+                continue;
+            }
+            out.push(OpenWait {
+                key: WaitKey::RelistOverdue { tgid: *pid, since_ns: due },
+                who: Who { pid: *pid, tid: *pid, comm: procfs::comm(*pid).unwrap_or_default(), goroutine: None },
+                kind: WaitKind::PlegRelist,
+                what: format!("no relist started since one was due ({:.1}s after the last ended): the relist loop is stuck outside Relist", period as f64 / 1e9),
+                start_ns: due,
+                start: StartTiming::Exact,
+            });
+        }
+        out
+    }
+
+    fn role_of(&self, o: &GoOpen) -> Option<Role> {
+        self.attacher.funcs.get(&o.func).map(|f| f.role)
+    }
+
+    /// The open Go calls as the resolvers need them, and the lock each parked goroutine waits on.
+    pub fn facts(&self) -> GoFacts {
+        let calls = self
+            .open
+            .iter()
+            .filter_map(|o| {
+                let f = self.attacher.funcs.get(&o.func)?;
+                let role = match f.role {
+                    Role::Relist => CallRole::Relist,
+                    Role::StatusUpdate => CallRole::StatusHolder,
+                    Role::CriHandler => CallRole::CriHandler { list: matches!(short(f.symbol).rsplit('.').next(), Some("ListContainers" | "ListPodSandbox")) },
+                    Role::ShimTask => CallRole::ShimTask,
+                    Role::RuncSystemd => CallRole::RuncSystemd,
+                    Role::LockWait => return None,
+                };
+                Some(GoCallFact {
+                    key: o.wait_key(),
+                    tgid: o.tgid,
+                    g: o.g,
+                    role,
+                    receiver: o.receiver,
+                    container: o.arg.clone(),
+                    start_ns: o.start_ns,
+                    function: short(f.symbol),
+                })
+            })
+            .collect();
+        GoFacts { calls, parked: self.get_by_g.clone() }
+    }
+
+    /// When the PLEG budget started being used: the oldest open relist's
+    /// start, else the last relist's start; none when no kubelet is traced.
+    pub fn relist_start_ns(&self) -> Option<u64> {
+        let open = self.open.iter().filter(|o| self.role_of(o) == Some(Role::Relist)).map(|o| o.start_ns).min();
+        open.or_else(|| self.relists.values().filter(|c| c.count > 0).map(|c| c.last_start_ns).max())
     }
 
     /// (stall lines, resolutions, still open).

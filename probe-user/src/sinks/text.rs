@@ -1,219 +1,88 @@
-//! The output contract: one JSON object per line with `--json`, or human lines.
-//!
-//! Types: `ready` (probes attached), `stall` (a wait crossed a level),
-//! `resolved` (a reported wait ended), `summary` (at exit). Later kinds add
-//! fields and `kind` values; the fields here stay.
+//! Human-readable lines: by default one block per incident, its chain top
+//! to bottom; with `--waits`, today's per-wait `stall` and `resolved` lines too.
 
-use crate::{levels::Level, syscalls::WaitKind};
-use serde::Serialize;
+use crate::events::{Event, Sink};
+use crate::graph::{incidents::Incident, model::Hop};
 use serde_json::Value;
 use std::io::Write;
 
-/// A wait that crossed a level.
-#[derive(Clone, Debug, Serialize)]
-pub struct Stall {
-    pub level: Level,
-    pub id: u64,
-    pub kind: WaitKind,
-    pub pid: u32,
-    pub tid: u32,
-    pub comm: String,
-    pub waited_s: f64,
-    /// RFC 3339, UTC.
-    pub started_at: String,
-    pub budget_used: f64,
-    /// The wait was already open when plegwatch started (found by its sweep of
-    /// `/proc`); `waited_s` and `started_at` are then the best lower bound the
-    /// kernel offers (the thread has not run since).
-    pub started_before_attach: bool,
-    pub detail: Value,
-    pub holder: Option<Value>,
-    /// The root wait the chain leads to (e.g. a shim's umount, a stopped
-    /// runc), when plegwatch could follow it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cause: Option<Value>,
-    pub chain: Vec<Value>,
-    pub kernel_stack: Vec<String>,
-    pub user_stack: Vec<String>,
-}
-
-impl Stall {
-    /// A line about `item` with who, when and what only: no holder, cause,
-    /// chain or stacks (callers add those with struct update syntax).
-    pub fn about<T: crate::inflight::Item>(
-        item: &T,
-        level: Level,
-        id: u64,
-        kind: WaitKind,
-        waited: std::time::Duration,
-        detail: Value,
-    ) -> Stall {
-        Stall {
-            level,
-            id,
-            kind,
-            pid: item.tgid(),
-            tid: item.tid(),
-            comm: item.comm().to_string(),
-            waited_s: waited.as_secs_f64(),
-            started_at: humantime::format_rfc3339_millis(crate::collector::wall_of(item.start_ns())).to_string(),
-            budget_used: crate::levels::budget_used(waited),
-            started_before_attach: false,
-            detail,
-            holder: None,
-            cause: None,
-            chain: Vec::new(),
-            kernel_stack: Vec::new(),
-            user_stack: Vec::new(),
-        }
-    }
-}
-
-/// A reported wait that ended.
-#[derive(Clone, Debug, Serialize)]
-pub struct Resolved {
-    pub id: u64,
-    pub kind: WaitKind,
-    pub pid: u32,
-    pub tid: u32,
-    pub waited_s: f64,
-    pub comm: String,
-    /// `exact` from the kernel's end record; `approximate` when plegwatch saw the
-    /// wait disappear without one (its end record was lost, or the thread vanished).
-    pub timing: &'static str,
-}
-
-/// One attached probe, as chosen from the attach table.
-#[derive(Clone, Debug, Serialize)]
-pub struct ProbeChoice {
-    pub probe: String,
-    pub variant: String,
-}
-
-/// Printed once every probe is attached.
-#[derive(Clone, Debug, Serialize)]
-pub struct Ready {
-    pub pid: u32,
-    pub probes: Vec<ProbeChoice>,
-    pub warn_s: f64,
-    pub critical_s: f64,
-    pub imminent_s: f64,
-}
-
-/// Latency of one watched syscall over the run (from the kernel histogram).
-#[derive(Clone, Debug, Serialize)]
-pub struct SyscallSummary {
-    pub syscall: String,
-    pub count: u64,
-    /// Upper bound of the bucket holding the 99th percentile, in seconds.
-    pub p99_le_s: f64,
-    /// Upper bound of the highest non-empty bucket, in seconds.
-    pub max_le_s: f64,
-}
-
-/// Printed at exit.
-#[derive(Clone, Debug, Serialize)]
-pub struct Summary {
-    pub ran_s: f64,
-    pub stalls: u64,
-    pub resolved: u64,
-    pub still_open: u64,
-    pub waits_started: u64,
-    /// Waits the kernel could not record (in-flight map full).
-    pub dropped_waits: u64,
-    /// End records the kernel could not send (ring buffer full).
-    pub dropped_events: u64,
-    pub syscalls: Vec<SyscallSummary>,
-    /// The (process, kernel stack) pairs with the most D-state time, for the
-    /// processes that matter.
-    pub offcpu_top: Vec<Value>,
-    /// Probed Go functions' call latencies (hdrhistogram), by target and function.
-    pub go_latency: Vec<crate::latency::LatencyRow>,
-    /// kubelet relist clocks, one per kubelet process seen.
-    pub relists: Vec<Value>,
-    /// containerd's CRI Status locks held longest (write holds, and the
-    /// longest read wait on each).
-    pub go_locks: Vec<Value>,
-}
-
-/// A Go binary plegwatch looked at: probed, or left alone and why.
-#[derive(Clone, Debug, Serialize)]
-pub struct Target {
-    /// `containerd`, `containerd-shim`, `kubelet`, `runc`.
-    pub target: String,
-    /// `probed` (uprobes attached to this binary now), `traced` (a new
-    /// process of a binary already probed), `unmatched` (none of the
-    /// expected functions: left alone), `failed` (could not be read or attached).
-    pub status: &'static str,
-    /// The process that led to it (0 for a binary given by path).
-    pub pid: u32,
-    pub binary: String,
-    /// What brought it up: `startup`, `exec`, `poll` or `flag`.
-    pub found_by: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub go_version: Option<String>,
-    /// The probed functions, with their RET counts.
-    pub functions: Vec<String>,
-    /// Where `g` sits from fsbase (for goroutine ids at kernel probes).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub g_tls_offset: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub why: Option<String>,
-}
-
-impl Target {
-    /// A line with nothing but who and what.
-    pub fn new(target: &str, status: &'static str, pid: u32, binary: &std::path::Path, found_by: &'static str) -> Self {
-        Target {
-            target: target.to_string(),
-            status,
-            pid,
-            binary: binary.display().to_string(),
-            found_by,
-            go_version: None,
-            functions: Vec::new(),
-            g_tls_offset: None,
-            why: None,
-        }
-    }
-}
-
-/// Anything plegwatch prints on stdout.
-#[derive(Clone, Debug, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Event {
-    Ready(Ready),
-    Target(Target),
-    Stall(Stall),
-    Resolved(Resolved),
-    Summary(Summary),
-}
-
-/// Where events go.
-pub trait Sink {
-    fn emit(&mut self, event: &Event);
-}
-
-/// One JSON object per line, flushed at once (readers follow a pipe).
-pub struct JsonSink<W: Write>(pub W);
-
-impl<W: Write> Sink for JsonSink<W> {
-    fn emit(&mut self, event: &Event) {
-        if let Ok(line) = serde_json::to_string(event) {
-            let _ = writeln!(self.0, "{line}");
-            let _ = self.0.flush();
-        }
-    }
+/// What the text sink shows.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextOptions {
+    /// Also the per-wait `stall` and `resolved` lines (`--waits`).
+    pub waits: bool,
 }
 
 /// Human-readable lines.
-pub struct TextSink<W: Write>(pub W);
+pub struct TextSink<W: Write> {
+    pub out: W,
+    pub options: TextOptions,
+}
+
+impl<W: Write> TextSink<W> {
+    pub fn new(out: W, options: TextOptions) -> Self {
+        TextSink { out, options }
+    }
+}
 
 impl<W: Write> Sink for TextSink<W> {
     fn emit(&mut self, event: &Event) {
-        let _ = writeln!(self.0, "{}", render_text(event));
-        let _ = self.0.flush();
+        if !self.options.waits && matches!(event, Event::Stall(_) | Event::Resolved(_)) {
+            return;
+        }
+        let _ = writeln!(self.out, "{}", render_text(event));
+        let _ = self.out.flush();
     }
+}
+
+/// One hop of a chain, as a line: who, how long, what.
+fn hop_line(h: &Hop) -> String {
+    let mut who = h.comm.clone().unwrap_or_else(|| "?".into());
+    if let Some(p) = h.pid {
+        who.push_str(&format!(" pid={p}"));
+    }
+    if let Some(t) = h.tid.filter(|t| Some(*t) != h.pid) {
+        who.push_str(&format!(" tid={t}"));
+    }
+    if let Some(g) = h.goroutine {
+        who.push_str(&format!(" g={g:#x}"));
+    }
+    let age = h.waited_s.map(|w| format!("{w:>7.1}s")).unwrap_or_else(|| "        ".into());
+    format!("{:<12} {age}  {}  [{who}]", h.kind, h.what)
+}
+
+/// An incident as a block: a header, then its chain top to bottom, one hop
+/// a line, each followed by the link to the next.
+fn incident_text(clock: &str, i: &Incident) -> String {
+    let root = i
+        .root
+        .as_ref()
+        .map(|r| format!("root: {} in {} pid={}", r.what, r.comm.as_deref().unwrap_or("?"), r.pid.unwrap_or(0)))
+        .unwrap_or_else(|| "a cycle: the chain waits on itself (deadlock)".into());
+    let mut out = format!(
+        "{clock} {:<8} incident #{} waited {:.1}s, PLEG budget {:.0}% used{}; {root}",
+        i.level.as_str().to_uppercase(),
+        i.id,
+        i.waited_s,
+        i.budget_used * 100.0,
+        if i.changed.is_empty() { String::new() } else { format!(" ({} changed)", i.changed.join(", ")) },
+    );
+    for (n, h) in i.chain.iter().enumerate() {
+        let mark = if h.root { "ROOT" } else if h.wait_id.is_none() { " END" } else { "    " };
+        out.push_str(&format!("\n  {mark} {}. {}", n + 1, hop_line(h)));
+        if let (Some(edge), Some(x)) = (h.edge, h.exactness) {
+            out.push_str(&format!("\n           -> {} ({}): {}", edge.as_str(), x.as_str(), h.evidence.as_deref().unwrap_or("")));
+        }
+    }
+    let others = i.waits.len().saturating_sub(i.chain.iter().filter(|h| h.wait_id.is_some()).count());
+    if others > 0 {
+        out.push_str(&format!("\n       and {others} more wait(s) behind the same root"));
+    }
+    out
+}
+
+fn chain_words(chain: &[Hop]) -> String {
+    chain.iter().map(|h| format!("{} ({})", h.what, h.kind)).collect::<Vec<_>>().join(" -> ")
 }
 
 fn detail_text(detail: &Value) -> String {
@@ -355,6 +224,16 @@ pub fn render_text(event: &Event) -> String {
             }
             out
         }
+        Event::Incident(i) => incident_text(&clock, i),
+        Event::IncidentResolved(r) => match r.merged_into {
+            Some(into) => format!("{clock} MERGED   incident #{} into #{into}", r.id),
+            None => format!(
+                "{clock} RESOLVED incident #{} after {:.1}s; longest chain: {}",
+                r.id,
+                r.waited_s,
+                chain_words(&r.longest_chain)
+            ),
+        },
         Event::Resolved(r) => format!(
             "{clock} RESOLVED #{} {} {} pid={} tid={} waited={:.2}s{}",
             r.id,
@@ -380,6 +259,10 @@ pub fn render_text(event: &Event) -> String {
                 s.dropped_waits,
                 s.dropped_events
             );
+            out.push_str(&format!(
+                "\n    incidents: {} raised, {} resolved; scans: {} (late p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; took p99 {:.1} ms)",
+                s.incidents, s.incidents_resolved, s.scans.scans, s.scans.late_p50_ms, s.scans.late_p99_ms, s.scans.late_max_ms, s.scans.took_p99_ms
+            ));
             for c in &s.syscalls {
                 out.push_str(&format!(
                     "\n    {:<16} {:>8} calls  p99 <= {:.6}s  max <= {:.6}s",
@@ -416,6 +299,7 @@ pub fn render_text(event: &Event) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{events::{Resolved, Stall}, levels::Level, sinks::JsonSink, syscalls::WaitKind};
     use serde_json::json;
 
     fn stall() -> Stall {

@@ -1,0 +1,217 @@
+//! The output contract: the typed events the engine hands to its sinks, and
+//! the [`Sink`] port they go through. Sinks (`crate::sinks`) format them;
+//! nothing here writes anything.
+//!
+//! Types: `ready` (probes attached), `target` (a Go binary looked at),
+//! `stall` (a wait crossed a level), `resolved` (a reported wait ended),
+//! `incident` (a chain of waits raised, escalated or updated),
+//! `incident_resolved`, `summary` (at exit). Later kinds add fields and
+//! `kind` values; the fields here stay.
+
+use crate::{levels::Level, syscalls::WaitKind};
+use serde::Serialize;
+use serde_json::Value;
+
+/// A wait that crossed a level.
+#[derive(Clone, Debug, Serialize)]
+pub struct Stall {
+    pub level: Level,
+    pub id: u64,
+    pub kind: WaitKind,
+    pub pid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub waited_s: f64,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+    pub budget_used: f64,
+    /// The wait was already open when plegwatch started (found by its sweep of
+    /// `/proc`); `waited_s` and `started_at` are then the best lower bound the
+    /// kernel offers (the thread has not run since).
+    pub started_before_attach: bool,
+    pub detail: Value,
+    pub holder: Option<Value>,
+    /// The root wait the chain leads to (e.g. a shim's umount, a stopped
+    /// runc), when plegwatch could follow it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Value>,
+    pub chain: Vec<Value>,
+    pub kernel_stack: Vec<String>,
+    pub user_stack: Vec<String>,
+}
+
+impl Stall {
+    /// A line about `item` with who, when and what only: no holder, cause,
+    /// chain or stacks (callers add those with struct update syntax).
+    pub fn about<T: crate::inflight::Item>(
+        item: &T,
+        level: Level,
+        id: u64,
+        kind: WaitKind,
+        waited: std::time::Duration,
+        detail: Value,
+    ) -> Stall {
+        Stall {
+            level,
+            id,
+            kind,
+            pid: item.tgid(),
+            tid: item.tid(),
+            comm: item.comm().to_string(),
+            waited_s: waited.as_secs_f64(),
+            started_at: humantime::format_rfc3339_millis(crate::clock::wall_of(item.start_ns())).to_string(),
+            budget_used: crate::levels::budget_used(waited),
+            started_before_attach: false,
+            detail,
+            holder: None,
+            cause: None,
+            chain: Vec::new(),
+            kernel_stack: Vec::new(),
+            user_stack: Vec::new(),
+        }
+    }
+}
+
+/// A reported wait that ended.
+#[derive(Clone, Debug, Serialize)]
+pub struct Resolved {
+    pub id: u64,
+    pub kind: WaitKind,
+    pub pid: u32,
+    pub tid: u32,
+    pub waited_s: f64,
+    pub comm: String,
+    /// `exact` from the kernel's end record; `approximate` when plegwatch saw the
+    /// wait disappear without one (its end record was lost, or the thread vanished).
+    pub timing: &'static str,
+}
+
+/// One attached probe, as chosen from the attach table.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeChoice {
+    pub probe: String,
+    pub variant: String,
+}
+
+/// Printed once every probe is attached.
+#[derive(Clone, Debug, Serialize)]
+pub struct Ready {
+    pub pid: u32,
+    pub probes: Vec<ProbeChoice>,
+    pub warn_s: f64,
+    pub critical_s: f64,
+    pub imminent_s: f64,
+}
+
+/// Latency of one watched syscall over the run (from the kernel histogram).
+#[derive(Clone, Debug, Serialize)]
+pub struct SyscallSummary {
+    pub syscall: String,
+    pub count: u64,
+    /// Upper bound of the bucket holding the 99th percentile, in seconds.
+    pub p99_le_s: f64,
+    /// Upper bound of the highest non-empty bucket, in seconds.
+    pub max_le_s: f64,
+}
+
+/// Printed at exit.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub ran_s: f64,
+    pub stalls: u64,
+    pub resolved: u64,
+    pub still_open: u64,
+    pub waits_started: u64,
+    /// Waits the kernel could not record (in-flight map full).
+    pub dropped_waits: u64,
+    /// End records the kernel could not send (ring buffer full).
+    pub dropped_events: u64,
+    pub syscalls: Vec<SyscallSummary>,
+    /// The (process, kernel stack) pairs with the most D-state time, for the
+    /// processes that matter.
+    pub offcpu_top: Vec<Value>,
+    /// Probed Go functions' call latencies (hdrhistogram), by target and function.
+    pub go_latency: Vec<crate::latency::LatencyRow>,
+    /// kubelet relist clocks, one per kubelet process seen.
+    pub relists: Vec<Value>,
+    /// containerd's CRI Status locks held longest (write holds, and the
+    /// longest read wait on each).
+    pub go_locks: Vec<Value>,
+    /// Incidents raised, and resolved, over the run.
+    pub incidents: u64,
+    pub incidents_resolved: u64,
+    /// How late the scans ran after their tick, and how long they took.
+    pub scans: ScanSummary,
+}
+
+/// The scan loop's timing over the run (hdrhistogram, µs resolution).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ScanSummary {
+    pub scans: u64,
+    pub late_p50_ms: f64,
+    pub late_p99_ms: f64,
+    pub late_max_ms: f64,
+    pub took_p50_ms: f64,
+    pub took_p99_ms: f64,
+    pub took_max_ms: f64,
+}
+
+/// A Go binary plegwatch looked at: probed, or left alone and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Target {
+    /// `containerd`, `containerd-shim`, `kubelet`, `runc`.
+    pub target: String,
+    /// `probed` (uprobes attached to this binary now), `traced` (a new
+    /// process of a binary already probed), `unmatched` (none of the
+    /// expected functions: left alone), `failed` (could not be read or attached).
+    pub status: &'static str,
+    /// The process that led to it (0 for a binary given by path).
+    pub pid: u32,
+    pub binary: String,
+    /// What brought it up: `startup`, `exec`, `poll` or `flag`.
+    pub found_by: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go_version: Option<String>,
+    /// The probed functions, with their RET counts.
+    pub functions: Vec<String>,
+    /// Where `g` sits from fsbase (for goroutine ids at kernel probes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub g_tls_offset: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+impl Target {
+    /// A line with nothing but who and what.
+    pub fn new(target: &str, status: &'static str, pid: u32, binary: &std::path::Path, found_by: &'static str) -> Self {
+        Target {
+            target: target.to_string(),
+            status,
+            pid,
+            binary: binary.display().to_string(),
+            found_by,
+            go_version: None,
+            functions: Vec::new(),
+            g_tls_offset: None,
+            why: None,
+        }
+    }
+}
+
+/// Anything plegwatch prints on stdout.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Ready(Ready),
+    Target(Target),
+    Stall(Stall),
+    Resolved(Resolved),
+    Summary(Summary),
+    Incident(crate::graph::incidents::Incident),
+    IncidentResolved(crate::graph::incidents::IncidentResolved),
+}
+
+/// Where events go.
+pub trait Sink {
+    fn emit(&mut self, event: &Event);
+}

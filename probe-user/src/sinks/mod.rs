@@ -1,0 +1,24 @@
+//! Sinks: where the engine's typed events end up. They read events and
+//! format them; they never call back into the engine.
+//!
+//! - [`JsonSink`]: one JSON object per line (`--json`), the contract in the README;
+//! - [`TextSink`]: human lines, by default one block per incident.
+
+mod text;
+
+pub use text::{TextOptions, TextSink, render_text};
+
+use crate::events::{Event, Sink};
+use std::io::Write;
+
+/// One JSON object per line, flushed at once (readers follow a pipe).
+pub struct JsonSink<W: Write>(pub W);
+
+impl<W: Write> Sink for JsonSink<W> {
+    fn emit(&mut self, event: &Event) {
+        if let Ok(line) = serde_json::to_string(event) {
+            let _ = writeln!(self.0, "{line}");
+            let _ = self.0.flush();
+        }
+    }
+}
