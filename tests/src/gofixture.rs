@@ -1,7 +1,8 @@
 //! `fake-kubelet`: a small Go program that is a **test fixture, not kubelet**.
 //!
-//! Real kubelet is not available to the tests, so `tests/fixtures/fake-kubelet/` holds a Go
-//! module whose path (`k8s.io/kubernetes`, package `pkg/kubelet/pleg`) gives its relist method
+//! Real kubelet is not available to the tests, so `tests/fixtures/fake-kubelet/` holds Go
+//! sources built under the import path `k8s.io/kubernetes`, whose package `pkg/kubelet/pleg`
+//! gives its relist method
 //! exactly the symbol of kubelet ≥1.26, [`RELIST_SYMBOL`], next to [`UPDATE_CACHE_SYMBOL`] and
 //! [`HEALTHY_SYMBOL`]. It holds no kubelet code. All three are `//go:noinline`; `Relist` has
 //! three return paths, so several RET instructions. As in kubelet, it is called through the
@@ -13,6 +14,11 @@
 //! second (`--period`), one of which a test can park ([`FakeKubelet::block_next`]) and let
 //! go ([`FakeKubelet::release`]) deterministically. A parked relist waits on a Go channel,
 //! like a kubelet goroutine waiting for a gRPC reply: no thread is in a blocking syscall.
+//!
+//! By default each relist lists fake pods from memory. Started with
+//! [`FakeKubelet::start_cri`], each relist instead makes kubelet's two CRI calls over gRPC to a
+//! real runtime (`ListPodSandbox`, then `ListContainers`, each with its own deadline) and
+//! prints their times and counts ([`FakeKubelet::cri_relist`], [`FakeKubelet::wait_cri_relist`]).
 //!
 //! Timestamps in the fixture's output are `CLOCK_MONOTONIC` seconds, the clock of
 //! `bpf_ktime_get_ns`. Nothing here needs root.
@@ -39,7 +45,7 @@ pub const HEALTHY_SYMBOL: &str = "k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPL
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The Go module's directory.
+/// The fixture's Go sources (import path `k8s.io/kubernetes`, see [`build_fake_kubelet`]).
 pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake-kubelet")
 }
@@ -49,22 +55,33 @@ static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
 /// Builds the fixture (once per test process; later calls return the same path, or the same
 /// error) and returns the path of the stripped binary.
 ///
-/// The build runs offline with `$PLEGWATCH_GO` or else `go` from `PATH`:
+/// The build runs offline, in GOPATH mode, with `$PLEGWATCH_GO` or else `go` from `PATH`.
+/// Its CRI client uses Debian's Go gRPC and protobuf sources, read in place from
+/// [`DEBIAN_GOCODE`] (packages golang-google-grpc-dev, golang-google-protobuf-dev,
+/// golang-github-golang-protobuf-1-5-dev): Debian ships them as GOPATH sources, not as a
+/// module cache, and GOPATH mode reads them as they are, with no go.mod, go.sum or vendor
+/// list to keep in step with Debian's versions. For each build a GOPATH is laid out in
+/// `DIR/gopath.PID` ([`GoPath`]): `src/k8s.io/kubernetes` is a symlink to [`fixture_dir`], and
+/// Debian's `protoc` with `protoc-gen-go` and `protoc-gen-go-grpc` writes the client for the
+/// fixture's minimal `proto/runtime/v1/api.proto` into `src/k8s.io/cri-api/…`. Then:
 ///
 /// ```text
-/// CGO_ENABLED=0 GOFLAGS=-mod=mod GOPROXY=off GOWORK=off GOENV=off GOCACHE=DIR/gocache GOPATH=DIR/gopath \
-///   go build -trimpath -ldflags='-s -w' -o DIR/fake-kubelet ./cmd/fake-kubelet
+/// CGO_ENABLED=0 GO111MODULE=off GOFLAGS= GOPROXY=off GOWORK=off GOENV=off GOCACHE=DIR/gocache \
+///   GOPATH=DIR/gopath.PID:/usr/share/gocode \
+///   go build -trimpath -ldflags='-s -w' -o DIR/fake-kubelet k8s.io/kubernetes/cmd/fake-kubelet
 /// ```
 ///
 /// DIR is `$CARGO_TARGET_DIR/fake-kubelet` (default `target/fake-kubelet`), or a directory
 /// under the system temp dir if that is not writable. The Go cache there makes rebuilds take
-/// well under a second. The build is reproducible (`-trimpath`), and the binary at the
-/// returned path is replaced only when its bytes change, so a process already running it (or
-/// a uprobe on it) is not disturbed by another test process building it again.
+/// a few seconds (a first build with gRPC about a minute on 2 cores). The build is
+/// reproducible (`-trimpath`), and the binary at the returned path is replaced only when its
+/// bytes change, so a process already running it (or a uprobe on it) is not disturbed by
+/// another test process building it again.
 ///
-/// Fails, quoting go's stderr, if `go` is missing or the build fails; and fails if the result
-/// has a `.symtab` or DWARF (not stripped), has no `.gopclntab`, or lacks any of the three
-/// names, each followed by the NUL that ends it in the pclntab's name table.
+/// Fails, quoting go's or protoc's stderr, if `go`, `protoc`, its plugins or Debian's Go
+/// sources are missing or the build fails; and fails if the result has a `.symtab` or DWARF
+/// (not stripped), has no `.gopclntab`, or lacks any of the three names, each followed by the
+/// NUL that ends it in the pclntab's name table.
 pub fn build_fake_kubelet() -> Result<PathBuf> {
     BUILT
         .get_or_init(|| build().map_err(|e| format!("{e:#}")))
@@ -100,6 +117,22 @@ fn output_dir() -> Result<PathBuf> {
     bail!("no writable directory for the build: {}", errors.join("; "))
 }
 
+/// Where Debian's `golang-*-dev` packages put their Go sources, as a GOPATH (`src/…`).
+pub const DEBIAN_GOCODE: &str = "/usr/share/gocode";
+
+/// Go packages the fixture imports from [`DEBIAN_GOCODE`], with the Debian package of each.
+const GOCODE_PACKAGES: &[(&str, &str)] = &[
+    ("google.golang.org/grpc", "golang-google-grpc-dev"),
+    ("google.golang.org/protobuf", "golang-google-protobuf-dev"),
+    (
+        "github.com/golang/protobuf",
+        "golang-github-golang-protobuf-1-5-dev",
+    ),
+];
+
+/// The fixture's minimal CRI `api.proto` (package `runtime.v1`), relative to `fixture_dir()/proto`.
+const CRI_PROTO: &str = "runtime/v1/api.proto";
+
 fn build() -> Result<PathBuf> {
     let go = std::env::var_os("PLEGWATCH_GO").unwrap_or_else(|| "go".into());
     let go_line = Path::new(&go).display().to_string();
@@ -116,39 +149,55 @@ fn build() -> Result<PathBuf> {
         ),
         Err(e) => bail!("cannot run `{go_line} version`: {e}"),
     };
+    let missing: Vec<String> = GOCODE_PACKAGES
+        .iter()
+        .filter(|(import, _)| !Path::new(DEBIAN_GOCODE).join("src").join(import).is_dir())
+        .map(|(import, package)| format!("{import} (Debian package {package})"))
+        .collect();
+    ensure!(
+        missing.is_empty(),
+        "the fake-kubelet fixture's CRI client needs Go sources missing from {DEBIAN_GOCODE}/src: \
+         {}; `cargo xtask setup` installs them",
+        missing.join(", ")
+    );
 
     let dir = output_dir()?;
     let tmp = dir.join(format!("fake-kubelet.tmp.{}", std::process::id()));
     let bin = dir.join("fake-kubelet");
-    let src = fixture_dir();
+    let tree = GoPath::lay_out(&dir)?;
     let started = Instant::now();
+    generate_cri_client(&tree.0)?;
+    let gopath = std::env::join_paths([tree.0.as_path(), Path::new(DEBIAN_GOCODE)])
+        .context("join the GOPATH")?;
     let out = Command::new(&go)
-        .current_dir(&src)
+        .current_dir(&tree.0)
         .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
         .arg(&tmp)
-        .arg("./cmd/fake-kubelet")
+        .arg(PACKAGE)
         .env("CGO_ENABLED", "0")
-        .env("GOFLAGS", "-mod=mod")
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
         .env("GOPROXY", "off")
         .env("GOSUMDB", "off")
         .env("GOWORK", "off")
         .env("GOENV", "off")
         .env("GOTOOLCHAIN", "local")
         .env("GOCACHE", dir.join("gocache"))
-        .env("GOPATH", dir.join("gopath"))
+        .env("GOPATH", &gopath)
         .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("cannot run `{go_line} build` in {}", src.display()))?;
+        .with_context(|| format!("cannot run `{go_line} build {PACKAGE}`"))?;
     if !out.status.success() {
         let _ = std::fs::remove_file(&tmp);
         bail!(
-            "`{go_line} build` of {} failed ({}; {version}):\n{}",
-            src.display(),
+            "`{go_line} build {PACKAGE}` (GOPATH={}) failed ({}; {version}):\n{}",
+            gopath.to_string_lossy(),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     let took = started.elapsed();
+    drop(tree);
 
     let bytes = std::fs::read(&tmp).with_context(|| format!("read {}", tmp.display()))?;
     if let Err(e) = check_binary(&bytes) {
@@ -167,6 +216,73 @@ fn build() -> Result<PathBuf> {
         bytes.len()
     );
     Ok(bin)
+}
+
+/// The fixture's main package, as imported from the GOPATH laid out by [`GoPath`].
+const PACKAGE: &str = "k8s.io/kubernetes/cmd/fake-kubelet";
+
+/// A GOPATH laid out for one build, removed on drop: `src/k8s.io/kubernetes` is a symlink to
+/// [`fixture_dir`] (so its import path, and its symbols, start with `k8s.io/kubernetes`), and
+/// `src/k8s.io/cri-api/…` receives the generated CRI client. Debian's sources come second in
+/// GOPATH, read in place; nothing of them is copied. (go skips symlinks when it expands a
+/// `...` pattern, so the build names its package, [`PACKAGE`].)
+struct GoPath(PathBuf);
+
+impl GoPath {
+    fn lay_out(dir: &Path) -> Result<Self> {
+        let root = dir.join(format!("gopath.{}", std::process::id()));
+        if root.exists() {
+            std::fs::remove_dir_all(&root)
+                .with_context(|| format!("remove a stale {}", root.display()))?;
+        }
+        let tree = Self(root);
+        let k8s = tree.0.join("src/k8s.io");
+        std::fs::create_dir_all(&k8s).with_context(|| format!("create {}", k8s.display()))?;
+        std::os::unix::fs::symlink(fixture_dir(), k8s.join("kubernetes")).with_context(|| {
+            format!("symlink {} into {}", fixture_dir().display(), k8s.display())
+        })?;
+        Ok(tree)
+    }
+}
+
+impl Drop for GoPath {
+    fn drop(&mut self) {
+        // remove_dir_all does not follow the symlink into the fixture.
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            eprintln!("cleanup: remove {}: {e}", self.0.display());
+        }
+    }
+}
+
+/// Runs Debian's `protoc` with `protoc-gen-go` and `protoc-gen-go-grpc` on the fixture's
+/// [`CRI_PROTO`], writing the Go package `k8s.io/cri-api/pkg/apis/runtime/v1` (its
+/// `go_package`) under `gopath/src`.
+fn generate_cri_client(gopath: &Path) -> Result<()> {
+    let src = gopath.join("src");
+    let out = Command::new("protoc")
+        .arg("-I")
+        .arg(fixture_dir().join("proto"))
+        .arg(format!("--go_out={}", src.display()))
+        .arg("--go_opt=paths=import")
+        .arg(format!("--go-grpc_out={}", src.display()))
+        .arg("--go-grpc_opt=paths=import")
+        .arg(CRI_PROTO)
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(out) if out.status.success() => Ok(()),
+        Ok(out) => bail!(
+            "`protoc` on the fixture's {CRI_PROTO} failed ({}): {} (it needs Debian's \
+             protoc-gen-go and protoc-gen-go-grpc; `cargo xtask setup` installs them)",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "`protoc` not found: install Debian's protobuf-compiler, protoc-gen-go and \
+             protoc-gen-go-grpc (`cargo xtask setup` does)"
+        ),
+        Err(e) => bail!("cannot run `protoc`: {e}"),
+    }
 }
 
 /// Checks that `elf` is stripped (no `.symtab`, no DWARF) and still names the PLEG methods in
@@ -192,6 +308,17 @@ pub fn check_binary(elf: &[u8]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `CLOCK_MONOTONIC` now, in seconds: the clock of the fixture's timestamps.
+pub fn monotonic_now() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime(2) writes one timespec to the valid pointer it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -231,6 +358,18 @@ pub enum Kind {
         n: u64,
         t: f64,
     },
+    /// CRI mode: relist `n`'s two CRI calls answered (`relist cri …`), at `t`.
+    RelistCri {
+        n: u64,
+        t: f64,
+        listed: CriListed,
+    },
+    /// CRI mode: one of relist `n`'s CRI calls failed (`relist cri-error …`), at `t`.
+    RelistCriError {
+        n: u64,
+        t: f64,
+        failed: CriFailed,
+    },
     /// The answer to a `health` command.
     Healthy {
         ok: bool,
@@ -256,6 +395,17 @@ fn parse_line(text: &str) -> Kind {
             ("start", Some(n), Some(t)) => Kind::RelistStart { n, t },
             ("blocking", Some(n), Some(t)) => Kind::RelistBlocking { n, t },
             ("end", Some(n), Some(t)) => Kind::RelistEnd { n, t },
+            ("cri", Some(n), Some(t)) => parse_cri_listed(&words[4..])
+                .map(|listed| Kind::RelistCri { n, t, listed })
+                .unwrap_or(Kind::Other),
+            ("cri-error", Some(n), Some(t)) if words.len() > 4 => Kind::RelistCriError {
+                n,
+                t,
+                failed: CriFailed {
+                    method: words[4].to_owned(),
+                    error: words[5..].join(" "),
+                },
+            },
             _ => Kind::Other,
         },
         ["healthy", ok, ..] => Kind::Healthy {
@@ -264,6 +414,76 @@ fn parse_line(text: &str) -> Kind {
         },
         ["bye"] => Kind::Bye,
         _ => Kind::Other,
+    }
+}
+
+/// `ListPodSandbox=MS ListContainers=MS sandboxes=K containers=C`, in any order.
+fn parse_cri_listed(words: &[&str]) -> Option<CriListed> {
+    let (mut sandbox_ms, mut containers_ms, mut sandboxes, mut containers) =
+        (None, None, None, None);
+    for word in words {
+        let (key, value) = word.split_once('=')?;
+        match key {
+            "ListPodSandbox" => sandbox_ms = value.parse::<f64>().ok(),
+            "ListContainers" => containers_ms = value.parse::<f64>().ok(),
+            "sandboxes" => sandboxes = value.parse::<usize>().ok(),
+            "containers" => containers = value.parse::<usize>().ok(),
+            _ => {}
+        }
+    }
+    let ms = |v: f64| Duration::try_from_secs_f64(v / 1000.0).ok();
+    Some(CriListed {
+        list_pod_sandbox: ms(sandbox_ms?)?,
+        list_containers: ms(containers_ms?)?,
+        sandboxes: sandboxes?,
+        containers: containers?,
+    })
+}
+
+/// What one CRI-mode relist's two calls took and returned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CriListed {
+    /// How long `ListPodSandbox` took, as the fixture timed it.
+    pub list_pod_sandbox: Duration,
+    /// How long `ListContainers` took, as the fixture timed it.
+    pub list_containers: Duration,
+    /// Sandboxes `ListPodSandbox` returned.
+    pub sandboxes: usize,
+    /// Containers `ListContainers` returned.
+    pub containers: usize,
+}
+
+/// The CRI call that failed a CRI-mode relist, and gRPC's error text.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CriFailed {
+    /// `ListPodSandbox` or `ListContainers`.
+    pub method: String,
+    pub error: String,
+}
+
+/// The CRI calls of one relist in CRI mode: `Ok` when both answered, else the one that
+/// failed (the relist then ends with `err=`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CriRelist {
+    pub n: u64,
+    /// When the fixture printed it (`CLOCK_MONOTONIC` seconds): just after the last call.
+    pub t: f64,
+    pub result: std::result::Result<CriListed, CriFailed>,
+}
+
+fn cri_relist_of(kind: &Kind) -> Option<CriRelist> {
+    match kind {
+        Kind::RelistCri { n, t, listed } => Some(CriRelist {
+            n: *n,
+            t: *t,
+            result: Ok(listed.clone()),
+        }),
+        Kind::RelistCriError { n, t, failed } => Some(CriRelist {
+            n: *n,
+            t: *t,
+            result: Err(failed.clone()),
+        }),
+        _ => None,
     }
 }
 
@@ -302,6 +522,17 @@ impl FakeKubelet {
     /// Starts `bin` with the defaults (a relist every 1 s, 3 fake pods) and waits for `ready`.
     pub fn start(bin: &Path) -> Result<Self> {
         Self::start_with_args(bin, &[])
+    }
+
+    /// Starts `bin` in CRI mode: each relist calls `ListPodSandbox` and `ListContainers` on
+    /// the CRI runtime at `endpoint` (`unix:///path/to.sock` or a plain path) instead of
+    /// listing fake pods. `args` are more arguments (`--period 500ms`,
+    /// `--runtime-request-timeout 10s`). Waits for `ready`, which does not wait for the
+    /// runtime: a relist that cannot reach it prints `relist cri-error`.
+    pub fn start_cri(bin: &Path, endpoint: &str, args: &[&str]) -> Result<Self> {
+        let mut all = vec!["--cri-endpoint", endpoint];
+        all.extend_from_slice(args);
+        Self::start_with_args(bin, &all)
     }
 
     /// Starts `bin` with extra arguments (`--period 200ms`, `--pods 0`, `--threshold 5s`),
@@ -418,6 +649,35 @@ impl FakeKubelet {
             }
         }
         relist
+    }
+
+    /// The first relist that started at or after `t` (the fixture's `CLOCK_MONOTONIC`
+    /// seconds, e.g. [`monotonic_now`] after a change the next relist must see), waiting up
+    /// to `timeout`; `None` if none started in time or the fixture exited.
+    pub fn wait_relist_started_since(&self, t: f64, timeout: Duration) -> Option<u64> {
+        self.wait_line(0, timeout, |k| match k {
+            Kind::RelistStart { n, t: start } if *start >= t => Some(*n),
+            _ => None,
+        })
+        .map(|(_, n)| n)
+    }
+
+    /// CRI mode: the CRI calls of relist `n`, if it printed them yet.
+    pub fn cri_relist(&self, n: u64) -> Option<CriRelist> {
+        let state = self.shared.0.lock().unwrap();
+        state
+            .lines
+            .iter()
+            .filter_map(|l| cri_relist_of(&l.kind))
+            .find(|r| r.n == n)
+    }
+
+    /// CRI mode: the CRI calls of the first relist numbered above `after` to print them
+    /// (`relist cri` or `relist cri-error`), waiting up to `timeout`; `None` if none did in
+    /// time or the fixture exited. With `after` = 0, the first relist's.
+    pub fn wait_cri_relist(&self, after: u64, timeout: Duration) -> Option<CriRelist> {
+        self.wait_line(0, timeout, |k| cri_relist_of(k).filter(|r| r.n > after))
+            .map(|(_, r)| r)
     }
 
     /// Makes the next relist to start park until [`release`](Self::release), and returns
@@ -625,6 +885,39 @@ mod tests {
             Kind::Healthy {
                 ok: false,
                 message: "pleg was last seen active 4s ago; threshold is 3s".into()
+            }
+        );
+        assert_eq!(
+            parse_line(
+                "relist cri 7 100.25 ListPodSandbox=0.412 ListContainers=1.500 sandboxes=1 containers=2"
+            ),
+            Kind::RelistCri {
+                n: 7,
+                t: 100.25,
+                listed: CriListed {
+                    list_pod_sandbox: Duration::from_micros(412),
+                    list_containers: Duration::from_micros(1500),
+                    sandboxes: 1,
+                    containers: 2,
+                }
+            }
+        );
+        assert_eq!(
+            parse_line("relist cri 7 100.25 ListPodSandbox=0.412 sandboxes=1"),
+            Kind::Other
+        );
+        assert_eq!(
+            parse_line(
+                "relist cri-error 8 101.5 ListContainers rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+            ),
+            Kind::RelistCriError {
+                n: 8,
+                t: 101.5,
+                failed: CriFailed {
+                    method: "ListContainers".into(),
+                    error: "rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+                        .into()
+                }
             }
         );
         assert_eq!(parse_line("health true 12.5"), Kind::Other);

@@ -33,6 +33,16 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "libglib2.0-bin",
     "busybox-static",
     "golang-go",
+    // The fake-kubelet fixture's CRI mode: Go gRPC and protobuf sources (built in GOPATH
+    // mode from /usr/share/gocode, offline) and the protoc plugins that generate its client.
+    // golang-google-grpc-dev accepts golang/protobuf 1.3 or 1.5; name 1.5, whose `proto`
+    // (which grpc's codec calls) is built on google.golang.org/protobuf, the runtime that
+    // protoc-gen-go 1.28 generates for. 1.3 was not tried.
+    "golang-google-grpc-dev",
+    "golang-google-protobuf-dev",
+    "golang-github-golang-protobuf-1-5-dev",
+    "protoc-gen-go",
+    "protoc-gen-go-grpc",
     "iproute2",
     "gcc",
 ];
