@@ -148,25 +148,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
                     go.scan(monotonic_ns(), &waits, &mut sink);
                 }
-                let now = monotonic_ns();
-                let mut waits = engine.open_waits.clone();
-                waits.extend(req.open_waits().iter().cloned());
-                waits.extend(go.open_waits(now));
-                let mut edges = req.edges(&waits, now, &mut observe);
-                let facts = go.facts();
-                edges.extend(resolvers::go_edges(&facts, &waits, &mut observe));
-                edges.extend(resolvers::relist_edges(&facts, &mut observe));
-                if let Some(o) = offcpu.as_ref() {
-                    edges.extend(mutex_edges(&waits, o, now, &mut observe));
-                }
-                let clocks = Clocks { now_ns: now, wall: SystemTime::now(), relist_start_ns: go.relist_start_ns() };
-                let filter = &cfg.filter;
-                for change in incidents.scan(&waits, &edges, clocks, &|w| filter.matches_wait(w), &mut ids::id_of) {
-                    match change {
-                        Change::Raised(i) => sink.emit(&Event::Incident(i)),
-                        Change::Resolved(r) => sink.emit(&Event::IncidentResolved(r)),
-                    }
-                }
+                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), filter: &cfg.filter };
+                graph.step(&engine, &mut req, &go, sink);
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
                 scans.took(began.elapsed());
@@ -203,6 +186,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     while let Some(item) = go_ring.get_mut().next() {
         go.on_record(&mut ebpf, &item, sink);
     }
+    // One last look, so that incidents whose waits just ended are resolved.
+    engine.scan(sink);
+    req.scan(monotonic_ns(), sink);
+    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), filter: &cfg.filter };
+    graph.step(&engine, &mut req, &go, sink);
 
     let counters = stats::counters(&ebpf);
     let (stalls, resolved) = engine.registry.counts();
@@ -345,6 +333,39 @@ impl Sink for Enrich<'_> {
             return self.inner.emit(&Event::Stall(s));
         }
         self.inner.emit(event);
+    }
+}
+
+/// The wait-for graph's step of a scan: every source's open waits, the
+/// resolvers' edges, and the incidents they make.
+struct Graph<'a> {
+    incidents: &'a mut Incidents,
+    observe: &'a mut Observe,
+    offcpu: Option<&'a OffCpu>,
+    filter: &'a Filter,
+}
+
+impl Graph<'_> {
+    fn step(&mut self, engine: &Engine, req: &mut ReqWatch, go: &GoWatch, sink: &mut dyn Sink) {
+        let now = monotonic_ns();
+        let mut waits = engine.open_waits.clone();
+        waits.extend(req.open_waits().iter().cloned());
+        waits.extend(go.open_waits(now));
+        let mut edges = req.edges(&waits, now, self.observe);
+        let facts = go.facts();
+        edges.extend(resolvers::go_edges(&facts, &waits, self.observe));
+        edges.extend(resolvers::relist_edges(&facts, self.observe));
+        if let Some(o) = self.offcpu {
+            edges.extend(mutex_edges(&waits, o, now, self.observe));
+        }
+        let clocks = Clocks { now_ns: now, wall: SystemTime::now(), relist_start_ns: go.relist_start_ns() };
+        let filter = self.filter;
+        for change in self.incidents.scan(&waits, &edges, clocks, &|w| filter.matches_wait(w), &mut ids::id_of) {
+            match change {
+                Change::Raised(i) => sink.emit(&Event::Incident(i)),
+                Change::Resolved(r) => sink.emit(&Event::IncidentResolved(r)),
+            }
+        }
     }
 }
 

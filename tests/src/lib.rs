@@ -36,6 +36,7 @@ pub mod dbus;
 pub mod dirty;
 pub mod events;
 pub mod gofixture;
+pub mod incidents;
 pub mod loopfs;
 pub mod mount;
 pub mod netlink;

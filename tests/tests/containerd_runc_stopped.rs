@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use plegwatch_scenarios::containerd;
-use plegwatch_scenarios::containerd::bed::{StallBed, StallOutcome, Watched};
+use plegwatch_scenarios::containerd::bed::{StallBed, StallOutcome, WARN, Watched};
 use plegwatch_scenarios::containerd::runc_stopped::{Bed, Options, RUNC_COMM};
+use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::preflight;
 
 /// How far the update's block may be from the time runc stayed stopped: the update's own
@@ -180,6 +181,44 @@ fn lock_hold_is_blamed_on_the_stopped_runc() -> Result<()> {
         "lock held {held:.3}s (update blocked {blocked:.3}s, runc stopped {:.3}s), {gets} Gets waiting, cause runc pid {}",
         o.stopped_for().as_secs_f64(),
         o.runc_pid
+    );
+    Ok(())
+}
+
+/// The whole stall is one incident: from UpdateContainerResources through the Status lock's
+/// holder and the shim's task call down to the stopped runc, raised within 1 s of crossing
+/// --warn, and resolved once runc is continued.
+#[test]
+fn one_incident_ends_at_the_stopped_runc() -> Result<()> {
+    let w = watch()?;
+    let o = &w.outcome;
+    let all = || w.all();
+    let is_holder = |h: &serde_json::Value| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync"));
+    let i = incidents::the_one(&w.events, WARN, Some(o.continued), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
+    // The chain as it stood before runc was continued: holder -> shim -> runc (T).
+    let line = i
+        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process"))
+        .unwrap_or_else(|| panic!("incident #{} never reached the stopped runc:\n{}", i.id, all()));
+    let chain = incidents::Incident::chain(line);
+    let text = incidents::chain_text(&chain);
+    let end = chain.last().expect("a chain");
+    assert_eq!(end["pid"].as_u64(), Some(u64::from(o.runc_pid)), "the chain should end at the stopped runc:\n{text}");
+    assert!(end["what"].as_str().is_some_and(|s| s.contains("state T")), "{text}");
+    let holder = chain.iter().position(|h| is_holder(h)).expect("the holder is on the chain");
+    assert_eq!(chain[holder]["edge"], "ttrpc", "the holder waits on the shim's reply:\n{text}");
+    assert_eq!(chain[holder]["exactness"], "exact", "{text}");
+    let shim = &chain[holder + 1];
+    assert_eq!(shim["pid"].as_u64(), Some(u64::from(o.shim.pid)), "the next hop is the container's shim:\n{text}");
+    assert!(shim["what"].as_str().is_some_and(|s| s.contains("(*service).Update")), "{text}");
+    assert_eq!(shim["edge"], "child", "{text}");
+    // Its root is the deepest open wait, the shim's call; the runc is the terminal holder.
+    assert_eq!(line.get("/root/pid").and_then(serde_json::Value::as_u64), Some(u64::from(o.shim.pid)), "{text}");
+    let longest = i.resolved.as_ref().and_then(|r| r.get("/longest_chain")).and_then(serde_json::Value::as_array).map_or(0, Vec::len);
+    assert!(longest >= chain.len(), "the resolution keeps the longest chain ({longest} hops)");
+    eprintln!(
+        "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}",
+        i.id,
+        i.raised_after_warn(WARN).as_secs_f64()
     );
     Ok(())
 }

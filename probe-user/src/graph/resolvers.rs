@@ -12,7 +12,7 @@
 //! | `same_goroutine` | a Go call → the kernel wait its goroutine is in | always (g read from TLS at `sys_enter`) |
 //! | `ttrpc` | containerd's call for container C → the shim's task call for C | with a container id; inferred from socket peers without one |
 //! | `shim_mutex` | a shim task call → the earlier task call for the same container in that shim | inferred (the shim's per-process mutex is not probed) |
-//! | `child` | a shim task call → its stopped or blocked child (runc), or that child's open wait | exact with one child, inferred with several |
+//! | `child` | a shim task call → its stopped or blocked child (runc), or that child's open wait | exact when one child is stopped or blocked (or it has one child), inferred otherwise |
 //! | `cri_call` | kubelet's open relist → containerd's open list handler | inferred (kubelet is connected to containerd, and the call began after the relist) |
 //! | `nested_call` (runc) | runc's systemd call → its D-Bus call | inferred (same process, began later) |
 //! | `dbus_owner`, `netlink_peer`, `no_reply` | built by the socket source (see `reqwatch`) | |
@@ -218,7 +218,9 @@ fn shim_inner_edge(c: &GoCallFact, facts: &GoFacts, waits: &[OpenWait], procs: &
     let stuck: Vec<u32> = kids.iter().copied().filter(|k| matches!(procs.state(*k), Some('T' | 't' | 'D'))).collect();
     let with_wait = kids.iter().copied().find(|k| oldest_wait_of(waits, *k).is_some());
     let child = stuck.first().copied().or(with_wait)?;
-    let exactness = if kids.len() == 1 { Exactness::Exact } else { Exactness::Inferred };
+    // The one child that is stopped or blocked (a shim's other child is the container's
+    // init, running), or its only child: exact; a pick among several: inferred.
+    let exactness = if stuck.len() == 1 || kids.len() == 1 { Exactness::Exact } else { Exactness::Inferred };
     let name = procs.comm(child).unwrap_or_default();
     Some(edge(
         c.key,

@@ -12,6 +12,8 @@
 //!   lookups the plegwatch scenarios make in what it printed.
 
 use std::thread::{self, JoinHandle};
+
+use crate::gofixture::{build_fake_kubelet, FakeKubelet};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
@@ -366,11 +368,17 @@ pub trait StallOutcome {
 
 /// A stall staged with plegwatch watching: the bed (still up, to ask containerd
 /// afterwards), what the bed measured, and every line plegwatch printed.
+/// The `--warn` every [`Watched`] bed runs plegwatch with.
+pub const WARN: Duration = Duration::from_secs(2);
+
 pub struct Watched<B: StallBed> {
     pub bed: B,
     pub outcome: B::Outcome,
     pub events: Vec<Event>,
     pub containerd_pid: u32,
+    /// The fake-kubelet fixture (a test fixture, not kubelet) relisting over CRI against
+    /// the bed's containerd every second, as kubelet's PLEG does.
+    pub kubelet: FakeKubelet,
 }
 
 impl<B: StallBed> Watched<B> {
@@ -378,7 +386,10 @@ impl<B: StallBed> Watched<B> {
     /// stops plegwatch once the lock hold resolved (or 5 s later).
     pub fn run(mut bed: B) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
-        let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+        let fixture = build_fake_kubelet()?;
+        let socket = bed.stage().containerd().socket().display().to_string();
+        let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
+        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", WARN.as_millis())])?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let outcome = bed.trigger()?;
         plegwatch.wait_for(Duration::from_secs(5), |e| {
@@ -391,6 +402,7 @@ impl<B: StallBed> Watched<B> {
             outcome,
             events,
             containerd_pid,
+            kubelet,
         })
     }
 
