@@ -17,7 +17,8 @@
 
 use anyhow::Result;
 use plegwatch_scenarios::containerd;
-use plegwatch_scenarios::containerd::bed::Watched;
+use plegwatch_scenarios::containerd::bed::{Watched, WARN};
+use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options};
 use plegwatch_scenarios::{preflight, WriteThrottle};
 
@@ -35,6 +36,22 @@ fn watch(on_disk: OnDisk) -> Result<Option<Watched<Bed>>> {
         ..Options::default()
     })?)
     .map(Some)
+}
+
+/// The one incident of the staging, led by the fixture's relist: it goes through the Status
+/// lock's holder, was raised within 1 s of --warn, and resolved after the container exited.
+fn one_incident(w: &Watched<Bed>) -> Result<incidents::Incident> {
+    let is_holder = |h: &serde_json::Value| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync"));
+    let i = incidents::the_one(&w.events, WARN, Some(w.outcome.exited), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", w.all()))?;
+    let top = i.line_where(|c| c.first().is_some_and(|h| h["kind"] == "pleg_relist"));
+    let top = top.unwrap_or_else(|| panic!("incident #{} never had the relist at its top:\n{}", i.id, w.all()));
+    let chain = incidents::Incident::chain(top);
+    assert!(
+        chain.get(1).is_some_and(|h| h["what"].as_str().is_some_and(|s| s.contains("ListContainers"))),
+        "the relist waits on ListContainers:\n{}",
+        incidents::chain_text(&chain)
+    );
+    Ok(i)
 }
 
 #[test]
@@ -127,6 +144,27 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
     assert_eq!(umount.str("/detail/phase"), Some("task_work"), "{}", all());
 
     w.assert_containerd_answers();
+
+    // One incident: the relist (the fixture, not kubelet) → ListContainers → the Status
+    // lock's holder → the shim's Update → the shim's Delete → its umount in task_work.
+    let i = one_incident(&w)?;
+    let line = i
+        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "umount"))
+        .unwrap_or_else(|| panic!("incident #{} never reached the shim's umount:\n{}", i.id, all()));
+    let chain = incidents::Incident::chain(line);
+    let text = incidents::chain_text(&chain);
+    let root = chain.last().expect("a chain");
+    assert_eq!(root["pid"].as_u64(), Some(u64::from(w.outcome.shim.pid)), "the root is the shim's umount:\n{text}");
+    assert!(root["what"].as_str().is_some_and(|s| s.contains("task_work")), "{text}");
+    assert_eq!(root["root"], true, "{text}");
+    let shim_hops: Vec<&str> = chain.iter().filter(|h| h["pid"].as_u64() == Some(u64::from(w.outcome.shim.pid))).filter_map(|h| h["what"].as_str()).collect();
+    assert!(
+        shim_hops.iter().any(|s| s.contains("(*service).Update")) && shim_hops.iter().any(|s| s.contains("(*service).Delete")),
+        "the shim's Update waits on its Delete:\n{text}"
+    );
+    let before_root = &chain[chain.len() - 2];
+    assert_eq!((before_root["edge"].as_str(), before_root["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");
+    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(WARN).as_secs_f64());
     eprintln!(
         "lock held {held:.3}s (update blocked {blocked:.3}s), {gets} Gets waiting, {} cri_call and {} umount stalls",
         calls.len(),
@@ -168,6 +206,19 @@ fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
         w.all()
     );
     w.assert_containerd_answers();
+
+    // One incident, whose root is containerd's own fdatasync under the lock.
+    let i = one_incident(&w)?;
+    let line = i
+        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "sync"))
+        .unwrap_or_else(|| panic!("incident #{} never reached the holder's fdatasync:\n{}", i.id, w.all()));
+    let chain = incidents::Incident::chain(line);
+    let text = incidents::chain_text(&chain);
+    let root = chain.last().expect("a chain");
+    assert_eq!(root["pid"].as_u64(), Some(u64::from(w.containerd_pid)), "{text}");
+    assert!(root["what"].as_str().is_some_and(|s| s.starts_with("fdatasync")), "{text}");
+    assert_eq!((chain[chain.len() - 2]["edge"].as_str(), chain[chain.len() - 2]["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");
+    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(WARN).as_secs_f64());
     eprintln!(
         "lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls",
         syncs.len()

@@ -173,27 +173,32 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
     out
 }
 
-/// containerd's call → the shim's task call it waits on.
+/// containerd's call → the shim's task call it waits on: the first one for
+/// the same container that began after it; for a retry (handleContainerExit
+/// calls Delete again after its 10 s timeout) whose shim call began before
+/// it, the latest one for that container, inferred.
 fn shim_edge(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, procs: &mut dyn Procs) -> Option<Edge> {
-    let candidates = facts.calls.iter().filter(|s| s.role == CallRole::ShimTask && s.start_ns >= c.start_ns);
-    let (pick, exactness, evidence) = match container {
-        Some(id) => {
-            let s = candidates.filter(|s| s.container.as_deref() == Some(id)).min_by_key(|s| s.start_ns)?;
-            (s, Exactness::Exact, format!("the shim's {} is for the same container {}", s.function, short_id(id)))
+    let shim_calls = || facts.calls.iter().filter(|s| s.role == CallRole::ShimTask);
+    if let Some(id) = container {
+        let same = || shim_calls().filter(|s| s.container.as_deref() == Some(id));
+        if let Some(s) = same().filter(|s| s.start_ns >= c.start_ns).min_by_key(|s| s.start_ns) {
+            let evidence = format!("the shim's {} is for the same container {}", s.function, short_id(id));
+            return Some(edge(c.key, HeldBy::Wait(s.key), EdgeKind::Ttrpc, Exactness::Exact, evidence));
         }
-        None => {
-            let mut best: Option<&GoCallFact> = None;
-            for s in candidates {
-                if best.is_some_and(|b| b.start_ns <= s.start_ns) || !procs.connected(c.tgid, s.tgid) {
-                    continue;
-                }
-                best = Some(s);
-            }
-            let s = best?;
-            (s, Exactness::Inferred, format!("no container id; the first task call ({}) in a shim containerd is connected to since", s.function))
+        let s = same().max_by_key(|s| s.start_ns)?;
+        let evidence = format!("the shim's {} for the same container {} began before this call (a retry)", s.function, short_id(id));
+        return Some(edge(c.key, HeldBy::Wait(s.key), EdgeKind::Ttrpc, Exactness::Inferred, evidence));
+    }
+    let mut best: Option<&GoCallFact> = None;
+    for s in shim_calls().filter(|s| s.start_ns >= c.start_ns) {
+        if best.is_some_and(|b| b.start_ns <= s.start_ns) || !procs.connected(c.tgid, s.tgid) {
+            continue;
         }
-    };
-    Some(edge(c.key, HeldBy::Wait(pick.key), EdgeKind::Ttrpc, exactness, evidence))
+        best = Some(s);
+    }
+    let s = best?;
+    let evidence = format!("no container id; the first task call ({}) in a shim containerd is connected to since", s.function);
+    Some(edge(c.key, HeldBy::Wait(s.key), EdgeKind::Ttrpc, Exactness::Inferred, evidence))
 }
 
 /// A shim task call with no kernel wait of its own: an earlier call for the
@@ -395,6 +400,16 @@ mod tests {
         assert_eq!(e[0].to, HeldBy::Wait(dbus.key), "runc's oldest open wait");
         let e = find(&edges, startunit.key);
         assert_eq!((e[0].kind, &e[0].to), (EdgeKind::NestedCall, &HeldBy::Wait(dbus.key)));
+    }
+
+    #[test]
+    fn a_retry_links_to_the_shim_call_already_running() {
+        let exit = call(CTRD, 0x3, 3, CallRole::CriHandler { list: false }, 50, Some("abc"));
+        let delete = call(SHIM, 0x6, 6, CallRole::ShimTask, 10, Some("abc"));
+        let facts = GoFacts { calls: vec![exit.clone(), delete.clone()], parked: HashMap::new() };
+        let edges = go_edges(&facts, &[], &mut FakeProcs::default());
+        let e = find(&edges, exit.key);
+        assert_eq!((e[0].to.clone(), e[0].exactness), (HeldBy::Wait(delete.key), Exactness::Inferred));
     }
 
     #[test]
