@@ -13,6 +13,8 @@
 #![cfg_attr(target_arch = "bpf", allow(internal_features))]
 
 #[cfg(target_arch = "bpf")]
+mod block;
+#[cfg(target_arch = "bpf")]
 mod doctor;
 #[cfg(target_arch = "bpf")]
 mod ctxread;

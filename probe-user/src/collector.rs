@@ -23,6 +23,7 @@ use crate::{
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
         resolvers::{self, Procs},
     },
+    devices::DeviceIo,
     observe::Observe,
     offcpu::OffCpu,
     reqwatch::ReqWatch,
@@ -103,6 +104,10 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let mut incidents = Incidents::new(cfg.thresholds);
     let mut observe = Observe::default();
     let mut scans = ScanClock::default();
+    let mut devices = match choices.iter().any(|c| c.probe == "block_io" && !c.is_off()) {
+        true => Some(DeviceIo::new(&mut ebpf)?),
+        false => None,
+    };
     sink.emit(&Event::Ready(Ready {
         pid: std::process::id(),
         probes: choices.iter().map(Choice::to_output).collect(),
@@ -148,8 +153,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
                     go.scan(monotonic_ns(), &waits, &mut sink);
                 }
-                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), filter: &cfg.filter };
-                graph.step(&engine, &mut req, &go, sink);
+                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter };
+                graph.step(&mut engine, &mut req, &go, sink);
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
                 scans.took(began.elapsed());
@@ -189,8 +194,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // One last look, so that incidents whose waits just ended are resolved.
     engine.scan(sink);
     req.scan(monotonic_ns(), sink);
-    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), filter: &cfg.filter };
-    graph.step(&engine, &mut req, &go, sink);
+    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter };
+    graph.step(&mut engine, &mut req, &go, sink);
 
     let counters = stats::counters(&ebpf);
     let (stalls, resolved) = engine.registry.counts();
@@ -342,11 +347,12 @@ struct Graph<'a> {
     incidents: &'a mut Incidents,
     observe: &'a mut Observe,
     offcpu: Option<&'a OffCpu>,
+    devices: Option<&'a mut DeviceIo>,
     filter: &'a Filter,
 }
 
 impl Graph<'_> {
-    fn step(&mut self, engine: &Engine, req: &mut ReqWatch, go: &GoWatch, sink: &mut dyn Sink) {
+    fn step(&mut self, engine: &mut Engine, req: &mut ReqWatch, go: &GoWatch, sink: &mut dyn Sink) {
         let now = monotonic_ns();
         let mut waits = engine.open_waits.clone();
         waits.extend(req.open_waits().iter().cloned());
@@ -357,6 +363,10 @@ impl Graph<'_> {
         edges.extend(resolvers::relist_edges(&facts, self.observe));
         if let Some(o) = self.offcpu {
             edges.extend(mutex_edges(&waits, o, now, self.observe));
+        }
+        if let Some(io) = self.devices.as_deref_mut() {
+            io.sample(now);
+            edges.extend(engine.device_edges(io, now));
         }
         let clocks = Clocks { now_ns: now, wall: SystemTime::now(), relist_start_ns: go.relist_start_ns() };
         let filter = self.filter;
@@ -486,6 +496,10 @@ struct Engine {
     running_seen: HashMap<WaitKey, u32>,
     /// Every kernel wait open at the last scan, as graph nodes.
     open_waits: Vec<OpenWait>,
+    /// The same waits as the kernel gave them.
+    open_infos: Vec<WaitInfo>,
+    /// The device each wait's writeback goes to, looked up once per wait.
+    devices: HashMap<WaitKey, Option<((u32, u32), String)>>,
 }
 
 impl Engine {
@@ -510,6 +524,8 @@ impl Engine {
             open_by_g: HashMap::new(),
             running_seen: HashMap::new(),
             open_waits: Vec::new(),
+            open_infos: Vec::new(),
+            devices: HashMap::new(),
         }
     }
 
@@ -540,6 +556,8 @@ impl Engine {
             self.open_by_tid.insert(w.tid, v);
         }
         self.open_waits = open.iter().map(WaitInfo::open_wait).collect();
+        self.open_infos = open.clone();
+        self.devices.retain(|k, _| open.iter().any(|w| w.key() == *k));
         let actions = self.registry.scan(open.iter(), now);
         self.act(actions, sink);
         self.check_reported(now, sink);
@@ -593,6 +611,36 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Edges from each umount or sync wait (a second old or more) to the
+    /// block device its writeback goes to, with that device's state now.
+    fn device_edges(&mut self, io: &mut DeviceIo, now_ns: u64) -> Vec<Edge> {
+        let mut out = Vec::new();
+        for info in &self.open_infos {
+            if now_ns.saturating_sub(info.start_ns) < 1_000_000_000 {
+                continue;
+            }
+            let key = info.key();
+            let found = match self.devices.get(&key) {
+                Some(d) => d.clone(),
+                None => {
+                    let d = self.mounts.lock().ok().and_then(|m| detail::device_of(info, &m));
+                    self.devices.insert(key, d.clone());
+                    d
+                }
+            };
+            let Some((dev, how)) = found else { continue };
+            let Some(state) = io.state(dev) else { continue };
+            out.push(Edge {
+                from: crate::inflight::Item::wait_key(info),
+                to: HeldBy::Terminal(state.terminal()),
+                kind: EdgeKind::Device,
+                evidence: format!("{how}; block:block_rq_issue/complete count its requests"),
+                exactness: Exactness::Exact,
+            });
+        }
+        out
     }
 
     fn drain(&mut self, ring: &mut RingBuf<MapData>, sink: &mut dyn Sink) {

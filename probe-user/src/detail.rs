@@ -61,6 +61,21 @@ fn put_mount(d: &mut Map<String, Value>, m: Option<&Mount>) {
     }
 }
 
+/// The block device a wait's writeback goes to, and how that is known: a
+/// umount's mount (an overlay's through its upper dir), an fsync's file.
+/// None for `sync()` (every device) and for files on no block device.
+pub fn device_of(info: &WaitInfo, mounts: &MountTable) -> Option<((u32, u32), String)> {
+    let w = by_slot(info.slot)?;
+    let (m, what) = match (w.kind, w.arg0) {
+        (WaitKind::Umount, _) => (mounts.by_mount_point(&absolute(info.tgid, &info.path))?.clone(), "the unmounted file system"),
+        (_, Arg0::Fd) => (mounts.by_dev(procfs::open_file(info.tid, info.arg0 & 0xffff_ffff)?.dev)?.clone(), "the synced file's file system"),
+        _ => return None,
+    };
+    let dev = mounts.backing_dev(&m);
+    let via = if dev != m.dev { format!(", an overlay whose upper dir is on {}:{}", dev.0, dev.1) } else { String::new() };
+    (dev.0 != 0).then(|| (dev, format!("{what} is {} at {}{via} (mountinfo)", m.fstype, m.mount_point)))
+}
+
 /// umount2 resolves a relative target against the caller's cwd.
 fn absolute(pid: u32, path: &str) -> String {
     if path.starts_with('/') || path.is_empty() {

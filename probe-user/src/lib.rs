@@ -11,6 +11,7 @@ pub mod collector;
 pub mod dbus;
 pub mod dbus_sweep;
 pub mod detail;
+pub mod devices;
 pub mod doctor;
 pub mod durations;
 pub mod events;

@@ -22,6 +22,8 @@ pub struct Mount {
     pub mount_point: String,
     pub fstype: String,
     pub source: String,
+    /// The super block's options (overlay's `lowerdir=`, `upperdir=`, ...).
+    pub options: String,
 }
 
 /// How long a removed mount stays findable.
@@ -45,12 +47,14 @@ fn parse_line(line: &str) -> Option<Mount> {
     let mut r = right.split(' ');
     let fstype = r.next()?.to_string();
     let source = unescape(r.next()?);
+    let options = r.next().map(unescape).unwrap_or_default();
     Some(Mount {
         mount_id,
         dev: (maj.parse().ok()?, min.parse().ok()?),
         mount_point,
         fstype,
         source,
+        options,
     })
 }
 
@@ -134,6 +138,26 @@ impl MountTable {
 }
 
 /// A mount table kept fresh by a background thread.
+impl MountTable {
+    /// The mount a path lies on: the longest mount point that contains it.
+    pub fn containing(&self, path: &str) -> Option<&Mount> {
+        self.current
+            .iter()
+            .filter(|m| path == m.mount_point || m.mount_point == "/" || path.starts_with(&format!("{}/", m.mount_point)))
+            .max_by_key(|m| m.mount_point.len())
+    }
+
+    /// The device a mount's writeback goes to: its own, or for an overlay the
+    /// device of the file system holding its `upperdir`.
+    pub fn backing_dev(&self, m: &Mount) -> (u32, u32) {
+        if m.fstype != "overlay" {
+            return m.dev;
+        }
+        let upper = m.options.split(',').find_map(|o| o.strip_prefix("upperdir="));
+        upper.and_then(|u| self.containing(u)).map(|u| u.dev).unwrap_or(m.dev)
+    }
+}
+
 pub type SharedMounts = Arc<Mutex<MountTable>>;
 
 /// Reads `/proc/self/mountinfo` into a shared table and starts a thread that
@@ -201,10 +225,25 @@ garbage line
                 dev: (7, 0),
                 mount_point: "/tmp/x y".into(),
                 fstype: "ext4".into(),
-                source: "/dev/loop0".into()
+                source: "/dev/loop0".into(),
+                options: "rw".into()
             }
         );
         assert_eq!(m[2].fstype, "tracefs");
+    }
+
+    #[test]
+    fn an_overlay_writes_back_to_its_upper_dirs_device() {
+        let text = "22 1 254:1 / / rw - ext4 /dev/vda1 rw\n\
+                    35 22 7:3 / /var/lib/c rw - ext4 /dev/loop3 rw\n\
+                    40 22 0:55 / /run/c/rootfs rw - overlay overlay rw,lowerdir=/var/lib/c/1/fs,upperdir=/var/lib/c/2/fs,workdir=/var/lib/c/2/work\n";
+        let mut t = MountTable::default();
+        t.update(parse_mountinfo(text), Instant::now());
+        let ovl = t.by_mount_point("/run/c/rootfs").cloned().expect("the overlay");
+        assert_eq!(t.backing_dev(&ovl), (7, 3));
+        let root = t.by_mount_point("/").cloned().expect("root");
+        assert_eq!(t.backing_dev(&root), (254, 1));
+        assert_eq!(t.containing("/var/lib/cx").map(|m| m.mount_id), Some(22), "a prefix is not a parent");
     }
 
     #[test]

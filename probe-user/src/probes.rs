@@ -35,6 +35,10 @@ pub struct Tp {
     pub program: &'static str,
     pub category: &'static str,
     pub names: Names,
+    /// Record fields the program reads at fixed offsets: (name, offset,
+    /// size), checked against the running kernel's tracefs `format` before
+    /// it attaches. Syscall records need none (their layout is ABI).
+    pub fields: &'static [(&'static str, usize, usize)],
 }
 
 /// The tracepoint names of a [`Tp`].
@@ -106,7 +110,66 @@ pub struct Probe {
 }
 
 const fn tp(program: &'static str, category: &'static str, names: Names) -> Tp {
-    Tp { program, category, names }
+    Tp { program, category, names, fields: &[] }
+}
+
+const fn tp_checked(program: &'static str, category: &'static str, name: &'static str, fields: &'static [(&'static str, usize, usize)]) -> Tp {
+    Tp { program, category, names: Names::One(name), fields }
+}
+
+use plegwatch_abi::block_tp;
+
+/// The fields `block_issue` and `block_complete` read (probe-ebpf/src/block.rs).
+const BLOCK_ISSUE_FIELDS: &[(&str, usize, usize)] =
+    &[("dev", block_tp::DEV_OFF, 4), ("bytes", block_tp::ISSUE_BYTES_OFF, 4), ("rwbs", block_tp::RWBS_OFF, 2)];
+const BLOCK_COMPLETE_FIELDS: &[(&str, usize, usize)] = &[("dev", block_tp::DEV_OFF, 4), ("rwbs", block_tp::RWBS_OFF, 2)];
+
+/// The fields of a tracefs `format` file: name → (offset, size). Arrays are
+/// named without their brackets (`rwbs[10]` → `rwbs`).
+pub fn parse_format(text: &str) -> std::collections::HashMap<String, (usize, usize)> {
+    let mut out = std::collections::HashMap::new();
+    for line in text.lines() {
+        let mut name = None;
+        let mut off = None;
+        let mut size = None;
+        for part in line.trim().split(';') {
+            let part = part.trim();
+            if let Some(f) = part.strip_prefix("field:") {
+                name = f.split_whitespace().last().map(|n| n.split('[').next().unwrap_or(n).to_string());
+            } else if let Some(o) = part.strip_prefix("offset:") {
+                off = o.parse().ok();
+            } else if let Some(z) = part.strip_prefix("size:") {
+                size = z.parse().ok();
+            }
+        }
+        if let (Some(n), Some(o), Some(z)) = (name, off, size) {
+            out.insert(n, (o, z));
+        }
+    }
+    out
+}
+
+/// Checks that the tracepoint's record has each field at the offset the
+/// program reads, and at least as wide.
+fn check_fields(category: &str, name: &str, fields: &[(&str, usize, usize)]) -> Result<(), String> {
+    if fields.is_empty() {
+        return Ok(());
+    }
+    // Where `loader::ensure_tracefs` found (or mounted) tracefs.
+    let paths = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].map(|t| format!("{t}/events/{category}/{name}/format"));
+    let text = paths
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .ok_or_else(|| format!("no tracefs format for {category}:{name}"))?;
+    let have = parse_format(&text);
+    for (f, off, size) in fields {
+        match have.get(*f) {
+            Some((o, z)) if o == off && z >= size => {}
+            Some((o, z)) => return Err(format!("{category}:{name} has {f} at offset {o} size {z}; the program reads offset {off} size {size}")),
+            None => return Err(format!("{category}:{name} has no field {f}")),
+        }
+    }
+    Ok(())
 }
 
 /// Every probe `plegwatch watch` attaches.
@@ -184,6 +247,18 @@ pub const PROBES: &[Probe] = &[
         variants: &[
             Variant::Tracepoints(&[tp("proc_exec", "sched", Names::One("sched_process_exec"))]),
             Variant::ProcPoll,
+        ],
+    },
+    Probe {
+        name: "block_io",
+        about: "block requests in flight and bytes written per device, for waits on writeback",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[
+                tp_checked("block_issue", "block", "block_rq_issue", BLOCK_ISSUE_FIELDS),
+                tp_checked("block_complete", "block", "block_rq_complete", BLOCK_COMPLETE_FIELDS),
+            ]),
+            Variant::Off,
         ],
     },
     Probe {
@@ -286,6 +361,11 @@ fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), Stri
     match *v {
         Variant::Tracepoints(tps) => {
             let mut attached: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)> = Vec::new();
+            for t in tps {
+                for name in t.names.list() {
+                    check_fields(t.category, &name, t.fields)?;
+                }
+            }
             let result = tps.iter().try_for_each(|t| {
                 let prog: &mut TracePoint = program_mut(ebpf, t.program)?;
                 prog.load().or_else(already_loaded).map_err(|e| format!("load {}: {e}", t.program))?;
@@ -355,6 +435,16 @@ where
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tracefs_formats_parse() {
+        let text = "name: block_rq_issue\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:char rwbs[10];\toffset:34;\tsize:10;\tsigned:0;\n\tfield:__data_loc char[] cmd;\toffset:60;\tsize:4;\tsigned:0;\n";
+        let f = super::parse_format(text);
+        assert_eq!(f.get("dev"), Some(&(8, 4)));
+        assert_eq!(f.get("rwbs"), Some(&(34, 10)));
+        assert_eq!(f.get("cmd"), Some(&(60, 4)));
+        assert_eq!(f.get("common_type"), Some(&(0, 2)));
+    }
+
     use super::*;
 
     #[test]

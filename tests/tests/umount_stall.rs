@@ -12,7 +12,7 @@ use serde_json::json;
 use plegwatch_scenarios::dirty::{self, MIB};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::stall::{assert_reported, CausedWait};
-use plegwatch_scenarios::{preflight, LoopFs, Plegwatch, WriteThrottle};
+use plegwatch_scenarios::{incidents, preflight, LoopFs, Plegwatch, WriteThrottle};
 
 const DIRTY: usize = 6 * MIB;
 const THROTTLE_BPS: u64 = 1 << 20;
@@ -89,5 +89,20 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
         // The syscall returned long before the 2 s mark: the wait was in its task_work.
         ("phase", json!("task_work")),
     ]);
+
+    // One incident, whose root is the umount in task_work and whose last hop is the
+    // throttled loop device, with the write rate the throttle allows.
+    let is_umount = |h: &serde_json::Value| h["kind"] == "umount" && h["pid"].as_u64() == Some(u64::from(pid));
+    let i = incidents::the_one(&events, WARN, Some(started + measured), is_umount)?;
+    let line = i.first();
+    let chain = incidents::Incident::chain(line);
+    let text = incidents::chain_text(&chain);
+    assert_eq!(line.u64("/root/tid"), Some(u64::from(pid)), "the umount is the root:\n{text}");
+    let device = chain.last().filter(|h| h["kind"] == "device").unwrap_or_else(|| panic!("no device hop:\n{text}"));
+    let what = device["what"].as_str().unwrap_or("");
+    assert!(what.starts_with(&format!("block device {}", fs.dev())), "the device is the loop device {}:\n{text}", fs.dev());
+    assert!(what.contains("/s written"), "the device hop gives the write rate:\n{text}");
+    assert_eq!((chain[0]["edge"].as_str(), chain[0]["exactness"].as_str()), (Some("device"), Some("exact")), "{text}");
+    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(WARN).as_secs_f64());
     Ok(())
 }

@@ -500,6 +500,42 @@ pub struct WaitEnd {
 }
 const _: () = assert!(size_of::<WaitEnd>() == 80);
 
+/// Block device I/O, aggregated in the kernel per device (the chain's last
+/// hop when a disk is slow).
+pub mod block_maps {
+    /// `PerCpuHashMap<u32 dev_t, DevIo>`: requests issued and completed, and
+    /// bytes written, per block device (kernel `dev_t`: major << 20 | minor).
+    pub const DEV_IO: &str = "DEV_IO";
+}
+
+/// Most block devices [`block_maps::DEV_IO`] counts.
+pub const DEV_IO_MAX: u32 = 256;
+
+/// Field offsets in `block:block_rq_issue` and `block:block_rq_complete`
+/// records (Linux 6.18, read from tracefs `format`; userspace checks them
+/// against the running kernel's format before attaching).
+pub mod block_tp {
+    /// `dev_t dev` (4 bytes), in both records.
+    pub const DEV_OFF: usize = 8;
+    /// `unsigned int bytes` (4 bytes), in block_rq_issue.
+    pub const ISSUE_BYTES_OFF: usize = 28;
+    /// `char rwbs[10]`, in both records (`W` write, `R` read, `F` flush, ...).
+    pub const RWBS_OFF: usize = 34;
+}
+
+/// One block device's I/O counters on one CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DevIo {
+    /// Requests issued to the driver.
+    pub issued: u64,
+    /// Requests completed.
+    pub completed: u64,
+    /// Bytes of write requests issued.
+    pub write_bytes: u64,
+}
+const _: () = assert!(size_of::<DevIo>() == 24);
+
 /// Slots of [`maps::STATS`]. Counters only grow.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -577,6 +613,7 @@ pub const fn bucket_floor_ns(bucket: u32) -> u64 {
 mod pod {
     // SAFETY: all are #[repr(C)], Copy, made of integers, with explicit padding.
     unsafe impl aya::Pod for super::Wait {}
+    unsafe impl aya::Pod for super::DevIo {}
     unsafe impl aya::Pod for super::WaitEnd {}
     unsafe impl aya::Pod for super::EventHeader {}
     unsafe impl aya::Pod for super::SockClass {}
