@@ -7,7 +7,7 @@
 
 use crate::{
     collector::{WatchError, take_map},
-    graph::model::Terminal,
+    graph::model::{HolderId, Terminal},
 };
 use aya::maps::{MapData, PerCpuHashMap};
 use plegwatch_abi::{DevIo, block_maps};
@@ -41,6 +41,7 @@ impl DevState {
             None => String::new(),
         };
         Terminal {
+            id: Some(HolderId::Device(self.dev.0, self.dev.1)),
             kind: "device",
             pid: None,
             comm: None,

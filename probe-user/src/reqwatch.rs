@@ -467,6 +467,7 @@ fn answer_edge(from: WaitKey, a: Answerer, waits: &[OpenWait], procs: &mut dyn P
     let to = match a.pid {
         Some(pid) => resolvers::held_by_process(waits, procs, pid),
         None => HeldBy::Terminal(Terminal {
+            id: None,
             kind: "kernel",
             pid: None,
             comm: None,

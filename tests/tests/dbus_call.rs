@@ -16,6 +16,7 @@
 
 use std::time::{Duration, Instant};
 
+use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::dbus::{
     self, assert_bystanders_quiet, assert_dbus_stall, assert_resolved_after_reply, dbus_send_call,
     gdbus_call, proc_state, rfc3339_secs, stall_ids, start_signal_listener, tids, BusMonitor,
@@ -319,5 +320,20 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
         "gdbus call printed no empty reply: {:?}",
         gcall.lines()
     );
+
+    // One incident: every call waits on the one frozen service (state T), its chain's end.
+    let from_callers = |h: &serde_json::Value| h["kind"] == "dbus_call" && [u64::from(send_pid), u64::from(gcall_pid)].contains(&h["pid"].as_u64().unwrap_or(0));
+    let i = incidents::the_one(&events, Duration::from_secs_f64(WARN_S), Some(thawed), from_callers).unwrap_or_else(|e| panic!("{e}\n{}", all()));
+    let line = i.last();
+    let chain = incidents::Incident::chain(line);
+    let text = incidents::chain_text(&chain);
+    let end = chain.last().expect("a chain");
+    assert_eq!((end["kind"].as_str(), end["pid"].as_u64()), (Some("process"), Some(u64::from(service.pid()))), "the chain ends at the frozen service:\n{text}");
+    assert!(end["what"].as_str().is_some_and(|w| w.contains("state T")), "{text}");
+    assert_eq!((chain[chain.len() - 2]["edge"].as_str(), chain[chain.len() - 2]["exactness"].as_str()), (Some("dbus_owner"), Some("exact")), "{text}");
+    let ids: Vec<u64> = [&send_stall, &intro_stall].iter().filter_map(|s| s.u64("/id")).collect();
+    let waits: Vec<u64> = line.get("/waits").and_then(serde_json::Value::as_array).map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect()).unwrap_or_default();
+    assert!(ids.iter().all(|id| i.lines.iter().any(|l| l.get("/waits").and_then(serde_json::Value::as_array).is_some_and(|a| a.contains(&serde_json::json!(id))))), "both callers' calls ({ids:?}) are waits of the incident (last: {waits:?})");
+    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(Duration::from_secs_f64(WARN_S)).as_secs_f64());
     Ok(())
 }

@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
+use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::child::Proc;
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::netlink::{
@@ -248,7 +249,22 @@ fn route_request_without_reply_is_flagged() -> anyhow::Result<()> {
     let events = plegwatch.stop()?;
 
     assert_flagged_then_resolved(&events, &stall, &client, killed, &route_expect());
+    // One incident, ending where the kernel never answered.
+    let chain = one_incident_chain(&events, &client, killed);
+    let text = incidents::chain_text(&chain);
+    assert_eq!(chain.last().and_then(|h| h["kind"].as_str()), Some("kernel"), "{text}");
+    assert_eq!((chain[0]["edge"].as_str(), chain[0]["exactness"].as_str()), (Some("no_reply"), Some("exact")), "{text}");
     Ok(())
+}
+
+/// The chain of the one incident the client's request raised, raised within 1 s of --warn
+/// and resolved after the client was killed.
+fn one_incident_chain(events: &[Event], client: &Client, killed: Instant) -> Vec<serde_json::Value> {
+    let mine = |h: &serde_json::Value| h["kind"] == "netlink_request" && h["pid"].as_u64() == Some(u64::from(client.pid));
+    let i = incidents::the_one(events, Duration::from_secs_f64(WARN_S), Some(killed), mine).unwrap_or_else(|e| panic!("{e}\n{}", dump(events, client.sent)));
+    let chain = incidents::Incident::chain(i.last());
+    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{}", i.id, i.raised_after_warn(Duration::from_secs_f64(WARN_S)).as_secs_f64(), incidents::chain_text(&chain));
+    chain
 }
 
 /// A request that expects a reply (ACK) sent to a peer process that never reads: flagged with
@@ -320,6 +336,12 @@ fn usersock_request_to_silent_peer_is_flagged() -> anyhow::Result<()> {
         peer.pid,
         dump(&events, client.sent)
     );
+    // One incident, ending at the silent peer process.
+    let chain = one_incident_chain(&events, &client, killed);
+    let text = incidents::chain_text(&chain);
+    let end = chain.last().expect("a chain");
+    assert_eq!((end["kind"].as_str(), end["pid"].as_u64()), (Some("process"), Some(u64::from(peer.pid))), "{text}");
+    assert_eq!((chain[0]["edge"].as_str(), chain[0]["exactness"].as_str()), (Some("netlink_peer"), Some("exact")), "{text}");
     Ok(())
 }
 

@@ -16,7 +16,7 @@
 //! Pure logic: the waits, edges and clocks are passed in, nothing sleeps,
 //! nothing reads the kernel, nothing prints.
 
-use super::model::{Edge, Exactness, HeldBy, Hop, OpenWait, Terminal, WaitKey};
+use super::model::{Edge, Exactness, HeldBy, HolderId, Hop, OpenWait, Terminal, WaitKey};
 use crate::levels::{Level, PLEG_BUDGET, Thresholds};
 use crate::syscalls::WaitKind;
 use serde::Serialize;
@@ -68,9 +68,12 @@ pub enum Change {
 }
 
 /// Where a wait's chain ends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum End {
+    /// At a wait held by nothing open.
     Root(WaitKey),
+    /// At a holder several waits share (a stopped process, a slow disk).
+    Holder(HolderId),
     /// A cycle, named by its smallest key.
     Cycle(WaitKey),
 }
@@ -138,7 +141,10 @@ impl<'a> Graph<'a> {
             path.push(n);
             cur = n;
         }
-        (path, End::Root(cur))
+        match self.best.get(&cur).map(|e| &e.to) {
+            Some(HeldBy::Terminal(Terminal { id: Some(id), .. })) => (path, End::Holder(*id)),
+            _ => (path, End::Root(cur)),
+        }
     }
 
     fn hop(&self, k: WaitKey, now_ns: u64, root: bool, ids: &mut dyn FnMut(WaitKey) -> u64) -> Option<Hop> {
@@ -185,6 +191,8 @@ struct Open {
     waits: BTreeSet<WaitKey>,
     first_start_ns: u64,
     end: End,
+    /// The deepest wait of its chain (none for a cycle).
+    root: Option<WaitKey>,
     chain_keys: Vec<WaitKey>,
     level: Level,
     longest_chain: Vec<Hop>,
@@ -246,7 +254,7 @@ impl Incidents {
                 (end, members, oldest)
             })
             .collect();
-        groups.sort_by_key(|(end, _, oldest)| (*oldest, end_key(end)));
+        groups.sort_by_key(|(end, _, oldest)| (*oldest, *end));
 
         let mut changes = Vec::new();
         let mut matched: HashMap<usize, usize> = HashMap::new(); // open index -> group index
@@ -332,20 +340,18 @@ impl Incidents {
             let level = self.thresholds.level(age).or(prev.as_ref().map(|p| p.level)).unwrap_or(Level::Warn);
             let symptom = symptom(&graph, members);
             let (path, _) = graph.path(symptom);
+            let root_key = match end {
+                End::Cycle(_) => None,
+                _ => path.last().copied(),
+            };
             let mut chain: Vec<Hop> = path
                 .iter()
-                .enumerate()
-                .filter_map(|(i, k)| graph.hop(*k, clocks.now_ns, matches!(end, End::Root(_)) && i + 1 == path.len(), ids))
+                .filter_map(|k| graph.hop(*k, clocks.now_ns, Some(*k) == root_key, ids))
                 .collect();
-            if let (End::Root(r), Some(e)) = (end, path.last().and_then(|k| graph.best.get(k))) {
-                if let (HeldBy::Terminal(t), true) = (&e.to, path.last() == Some(r)) {
-                    chain.push(terminal_hop(t));
-                }
+            if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| graph.best.get(&r)).map(|e| &e.to) {
+                chain.push(terminal_hop(t));
             }
-            let root = match end {
-                End::Root(r) => graph.hop(*r, clocks.now_ns, true, ids),
-                End::Cycle(_) => None,
-            };
+            let root = root_key.and_then(|r| graph.hop(r, clocks.now_ns, true, ids));
             let Some(symptom_hop) = chain.first().cloned() else { continue };
             let mut wait_ids: Vec<u64> = members.iter().map(|(k, _)| ids(*k)).collect();
             wait_ids.sort_unstable();
@@ -368,12 +374,13 @@ impl Incidents {
                     }
                     // A root that moves deeper is news; one that moves up (the
                     // deepest waits ended first) is only the chain shrinking.
-                    if *end != p.end && !p.chain_keys.contains(&end_key(end)) {
+                    let root_moved = root_key != p.root && !root_key.is_some_and(|r| p.chain_keys.contains(&r));
+                    if root_moved || (*end != p.end && matches!(end, End::Cycle(_))) {
                         why.push("root");
                     }
                     // A chain that only got shorter (its deepest waits ended) is not news.
                     let grew = path.len() > p.chain_keys.len() || path.iter().any(|k| !p.chain_keys.contains(k));
-                    if grew && *end == p.end {
+                    if grew && !root_moved {
                         why.push("chain");
                     }
                     (p.id, (!why.is_empty()).then_some(why), p.longest_chain.clone(), p.first_start_ns.min(*oldest))
@@ -402,18 +409,13 @@ impl Incidents {
                 waits: keys,
                 first_start_ns: first_start,
                 end: *end,
+                root: root_key,
                 chain_keys: path,
                 level,
                 longest_chain: longest,
             });
         }
         changes
-    }
-}
-
-fn end_key(e: &End) -> WaitKey {
-    match e {
-        End::Root(k) | End::Cycle(k) => *k,
     }
 }
 
@@ -611,7 +613,7 @@ mod tests {
     fn exact_edges_win_over_inferred_and_terminals_end_the_chain() {
         let w = wait(1, WaitKind::DbusCall, "StartTransientUnit", 100);
         let other = wait(2, WaitKind::Sync, "fsync", 50);
-        let stopped = Terminal { kind: "process", pid: Some(9), comm: Some("svc".into()), what: "stopped (state T)".into() };
+        let stopped = Terminal { id: Some(HolderId::Process(9)), kind: "process", pid: Some(9), comm: Some("svc".into()), what: "stopped (state T)".into() };
         let edges = vec![
             edge(&w, &other, EdgeKind::Sibling, Exactness::Heuristic),
             Edge { from: w.key, to: HeldBy::Terminal(stopped), kind: EdgeKind::DbusOwner, evidence: "GetConnectionUnixProcessID".into(), exactness: Exactness::Exact },
@@ -625,6 +627,37 @@ mod tests {
         assert_eq!(dbus.chain[1].what, "stopped (state T)");
         assert!(dbus.chain[0].root, "the call is the deepest open wait");
         assert_eq!(dbus.chain[0].edge, Some(EdgeKind::DbusOwner));
+    }
+
+    #[test]
+    fn waits_on_one_stopped_process_are_one_incident() {
+        let a = wait(1, WaitKind::DbusCall, "Ping", 100);
+        let b_ = wait(2, WaitKind::DbusCall, "Introspect", 102);
+        let kernel_a = wait(3, WaitKind::NetlinkRequest, "RTM_NEWADDR", 100);
+        let kernel_b = wait(4, WaitKind::NetlinkRequest, "RTM_GETLINK", 100);
+        let svc = |w: &OpenWait| Edge {
+            from: w.key,
+            to: HeldBy::Terminal(Terminal { id: Some(HolderId::Process(9)), kind: "process", pid: Some(9), comm: None, what: "stopped (state T)".into() }),
+            kind: EdgeKind::DbusOwner,
+            evidence: "owner".into(),
+            exactness: Exactness::Exact,
+        };
+        let kernel = |w: &OpenWait| Edge {
+            from: w.key,
+            to: HeldBy::Terminal(Terminal { id: None, kind: "kernel", pid: None, comm: None, what: "no reply".into() }),
+            kind: EdgeKind::NoReply,
+            evidence: "seq".into(),
+            exactness: Exactness::Exact,
+        };
+        let edges = vec![svc(&a), svc(&b_), kernel(&kernel_a), kernel(&kernel_b)];
+        let mut b = builder();
+        let c = run(&mut b, &[a, b_, kernel_a, kernel_b], &edges, 113);
+        let r = raised(&c);
+        assert_eq!(r.len(), 3, "both calls on the one stopped service, each unanswered request alone: {c:?}");
+        let svc_incident = r.iter().find(|i| i.waits.contains(&1)).expect("the service's incident");
+        assert_eq!(svc_incident.waits, vec![1, 2]);
+        assert_eq!(svc_incident.chain.last().map(|h| h.kind.as_str()), Some("process"));
+        assert!(svc_incident.root.is_some());
     }
 
     #[test]

@@ -144,10 +144,23 @@ impl EdgeKind {
     }
 }
 
+/// What a terminal holder is, when it is one thing that several waits can
+/// share: waits held by the same one are one incident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HolderId {
+    Process(u32),
+    /// A block device (major, minor).
+    Device(u32, u32),
+}
+
 /// Something that holds a wait and is not itself an open wait: the end of a
 /// chain (a frozen process, the kernel, a disk).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Terminal {
+    /// Set for holders several waits can share (a process, a device); none
+    /// for "the kernel", which stands for a different thing each time.
+    #[serde(skip)]
+    pub id: Option<HolderId>,
     /// `process`, `kernel`, `device`.
     pub kind: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -20,7 +20,7 @@
 //! A Go call's edges start from its innermost open call only: the outer
 //! ones reach the same holder through `nested_call`.
 
-use super::model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait, Terminal, WaitKey};
+use super::model::{Edge, EdgeKind, Exactness, HeldBy, HolderId, OpenWait, Terminal, WaitKey};
 use crate::syscalls::WaitKind;
 use std::collections::HashMap;
 
@@ -88,7 +88,7 @@ pub fn process_terminal(procs: &mut dyn Procs, pid: u32) -> Terminal {
         Some(s) => format!("not answering (state {s})"),
         None => "gone".to_string(),
     };
-    Terminal { kind: "process", pid: Some(pid), comm: procs.comm(pid), what }
+    Terminal { id: Some(HolderId::Process(pid)), kind: "process", pid: Some(pid), comm: procs.comm(pid), what }
 }
 
 /// What holds process `pid` as a whole: its oldest open wait, else the process itself.
