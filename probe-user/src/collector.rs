@@ -372,7 +372,7 @@ impl Graph<'_> {
         let filter = self.filter;
         for change in self.incidents.scan(&waits, &edges, clocks, &|w| filter.matches_wait(w), &mut ids::id_of) {
             match change {
-                Change::Raised(i) => sink.emit(&Event::Incident(i)),
+                Change::Raised(i) => sink.emit(&Event::Incident(Box::new(i))),
                 Change::Resolved(r) => sink.emit(&Event::IncidentResolved(r)),
             }
         }
@@ -475,6 +475,9 @@ impl DropWatch {
     }
 }
 
+/// A wait's block device and how it was found (see `detail::device_of`).
+type DeviceFound = ((u32, u32), String);
+
 /// The collector's state between wakeups.
 struct Engine {
     registry: Registry,
@@ -499,7 +502,7 @@ struct Engine {
     /// The same waits as the kernel gave them.
     open_infos: Vec<WaitInfo>,
     /// The device each wait's writeback goes to, looked up once per wait.
-    devices: HashMap<WaitKey, Option<((u32, u32), String)>>,
+    devices: HashMap<WaitKey, Option<DeviceFound>>,
 }
 
 impl Engine {

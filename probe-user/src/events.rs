@@ -207,7 +207,7 @@ pub enum Event {
     Stall(Stall),
     Resolved(Resolved),
     Summary(Summary),
-    Incident(crate::graph::incidents::Incident),
+    Incident(Box<crate::graph::incidents::Incident>),
     IncidentResolved(crate::graph::incidents::IncidentResolved),
 }
 

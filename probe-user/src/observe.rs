@@ -19,17 +19,13 @@ const CONNECTED_TTL: Duration = Duration::from_secs(5);
 /// Most (client, server) answers kept.
 const CONNECTED_MAX: usize = 4096;
 
+#[derive(Default)]
 pub struct Observe {
     peers: UnixPeers,
     owners: SocketOwners,
     connected: HashMap<(u32, u32), (Instant, bool)>,
 }
 
-impl Default for Observe {
-    fn default() -> Self {
-        Observe { peers: UnixPeers::default(), owners: SocketOwners::new(), connected: HashMap::new() }
-    }
-}
 
 impl Procs for Observe {
     fn children(&mut self, pid: u32) -> Vec<u32> {

@@ -62,6 +62,7 @@ pub struct IncidentResolved {
 
 /// What a scan decided.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // a few per scan at most, moved straight to the sink
 pub enum Change {
     Raised(Incident),
     Resolved(IncidentResolved),
@@ -77,6 +78,9 @@ enum End {
     /// A cycle, named by its smallest key.
     Cycle(WaitKey),
 }
+
+/// Waits that end in the same place: (where, each wait with its path length, the oldest start).
+type Group = (End, Vec<(WaitKey, usize)>, u64);
 
 /// One scan's graph: the waits, and each wait's chosen edge.
 pub struct Graph<'a> {
@@ -247,7 +251,7 @@ impl Incidents {
             groups.entry(end).or_default().push((w.key, path.len()));
         }
         // Oldest groups first, so that ids follow age when several start at once.
-        let mut groups: Vec<(End, Vec<(WaitKey, usize)>, u64)> = groups
+        let mut groups: Vec<Group> = groups
             .into_iter()
             .map(|(end, members)| {
                 let oldest = members.iter().filter_map(|(k, _)| graph.waits.get(k)).map(|w| w.start_ns).min().unwrap_or(clocks.now_ns);

@@ -318,7 +318,7 @@ mod tests {
         }
     }
 
-    fn find<'a>(edges: &'a [Edge], from: WaitKey) -> Vec<&'a Edge> {
+    fn find(edges: &[Edge], from: WaitKey) -> Vec<&Edge> {
         edges.iter().filter(|e| e.from == from).collect()
     }
 

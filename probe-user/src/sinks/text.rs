@@ -48,6 +48,9 @@ fn hop_line(h: &Hop) -> String {
         who.push_str(&format!(" g={g:#x}"));
     }
     let age = h.waited_s.map(|w| format!("{w:>7.1}s")).unwrap_or_else(|| "        ".into());
+    if h.comm.is_none() && h.pid.is_none() {
+        return format!("{:<12} {age}  {}", h.kind, h.what);
+    }
     format!("{:<12} {age}  {}  [{who}]", h.kind, h.what)
 }
 
@@ -408,5 +411,64 @@ mod tests {
         assert_eq!(cause_text(&inferred), "umount for 3.0s in containerd-shim pid=7 (inferred)");
         // Other holders keep their fields.
         assert!(holder_text(&json!({"kind": "kernel", "what": "netlink route: no reply"})).contains("what=netlink route"));
+    }
+
+    fn hop(kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<(crate::graph::model::EdgeKind, crate::graph::model::Exactness)>, root: bool) -> Hop {
+        Hop {
+            wait_id: waited.map(|_| u64::from(pid)),
+            kind: kind.into(),
+            pid: Some(pid),
+            tid: Some(pid),
+            comm: Some(format!("c{pid}")),
+            goroutine: None,
+            what: what.into(),
+            waited_s: waited,
+            edge: edge.map(|e| e.0),
+            evidence: edge.map(|_| "seen".to_string()),
+            exactness: edge.map(|e| e.1),
+            root,
+        }
+    }
+
+    #[test]
+    fn an_incident_reads_top_to_bottom_with_its_root_marked() {
+        use crate::graph::{incidents::IncidentResolved, model::{EdgeKind, Exactness}};
+        let chain = vec![
+            hop("pleg_relist", 10, "pleg.(*GenericPLEG).Relist", Some(74.0), Some((EdgeKind::CriCall, Exactness::Inferred)), false),
+            hop("go_lock", 20, "UpdateSync holding Status lock 0xc000a1b2", Some(73.5), Some((EdgeKind::Ttrpc, Exactness::Exact)), false),
+            hop("umount", 30, "umount2 /rootfs (task_work after the syscall returned)", Some(73.0), Some((EdgeKind::Device, Exactness::Exact)), true),
+            hop("device", 0, "block device 7:1 (loop1): 0 requests in flight, 1.0 MiB/s written over the last 5 s", None, None, false),
+        ];
+        let i = Incident {
+            level: Level::Critical,
+            id: 3,
+            changed: vec!["level"],
+            root: Some(chain[2].clone()),
+            symptom: chain[0].clone(),
+            chain: chain.clone(),
+            waits: vec![10, 20, 30, 40],
+            budget_used: 74.0 / 180.0,
+            started_at: "2026-11-23T03:00:00.000Z".into(),
+            waited_s: 74.0,
+            cycle: false,
+        };
+        let t = render_text(&Event::Incident(Box::new(i)));
+        eprintln!("{t}");
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("CRITICAL") && lines[0].contains("incident #3") && lines[0].contains("41%") && lines[0].contains("(level changed)"), "{t}");
+        assert!(lines[0].contains("root: umount2 /rootfs"), "{t}");
+        assert!(lines[1].contains("1. pleg_relist") && lines[1].contains("74.0s"), "{t}");
+        assert!(lines[2].contains("-> cri_call (inferred)"), "{t}");
+        assert!(t.contains("ROOT 3. umount"), "{t}");
+        assert!(t.contains(" END 4. device"), "{t}");
+        assert!(t.contains("and 1 more wait(s) behind the same root"), "{t}");
+        let r = render_text(&Event::IncidentResolved(IncidentResolved { id: 3, waited_s: 80.0, longest_chain: chain, merged_into: None }));
+        assert!(r.contains("RESOLVED incident #3 after 80.0s") && r.contains("pleg.(*GenericPLEG).Relist (pleg_relist) -> "), "{r}");
+        // Per-wait lines only with --waits.
+        let mut out = Vec::new();
+        TextSink::new(&mut out, TextOptions::default()).emit(&Event::Stall(stall()));
+        assert!(out.is_empty());
+        TextSink::new(&mut out, TextOptions { waits: true }).emit(&Event::Stall(stall()));
+        assert!(!out.is_empty());
     }
 }
