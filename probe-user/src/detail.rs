@@ -67,7 +67,13 @@ fn put_mount(d: &mut Map<String, Value>, m: Option<&Mount>) {
 pub fn device_of(info: &WaitInfo, mounts: &MountTable) -> Option<((u32, u32), String)> {
     let w = by_slot(info.slot)?;
     let (m, what) = match (w.kind, w.arg0) {
-        (WaitKind::Umount, _) => (mounts.by_mount_point(&absolute(info.tgid, &info.path))?.clone(), "the unmounted file system"),
+        (WaitKind::Umount, _) => {
+            let target = absolute(info.tgid, &info.path);
+            // The kernel keeps PATH_LEN - 1 bytes of the path: a longer one is cut.
+            let cut = info.path.len() + 1 >= plegwatch_abi::PATH_LEN;
+            let m = mounts.by_mount_point(&target).or_else(|| cut.then(|| mounts.by_mount_point_prefix(&target)).flatten())?;
+            (m.clone(), "the unmounted file system")
+        }
         (_, Arg0::Fd) => (mounts.by_dev(procfs::open_file(info.tid, info.arg0 & 0xffff_ffff)?.dev)?.clone(), "the synced file's file system"),
         _ => return None,
     };

@@ -85,9 +85,11 @@ impl WaitInfo {
     pub fn open_wait(&self) -> OpenWait {
         let watched = crate::syscalls::by_slot(self.slot);
         let name = watched.map(|w| w.name).unwrap_or("sync");
+        // The kernel keeps PATH_LEN - 1 bytes of a path: mark one it cut.
+        let path = if self.path.len() + 1 >= plegwatch_abi::PATH_LEN { format!("{}…", self.path) } else { self.path.clone() };
         let what = match (watched.map(|w| w.arg0), self.sys_exit_ns != 0) {
-            (Some(crate::syscalls::Arg0::Path), true) => format!("{name} {} (task_work after the syscall returned)", self.path),
-            (Some(crate::syscalls::Arg0::Path), false) => format!("{name} {}", self.path),
+            (Some(crate::syscalls::Arg0::Path), true) => format!("{name} {path} (task_work after the syscall returned)"),
+            (Some(crate::syscalls::Arg0::Path), false) => format!("{name} {path}"),
             (Some(crate::syscalls::Arg0::Fd), _) => format!("{name} fd {}", self.arg0),
             _ => name.to_string(),
         };

@@ -139,6 +139,14 @@ impl MountTable {
 
 /// A mount table kept fresh by a background thread.
 impl MountTable {
+    /// The one mount (current or removed) whose mount point starts with
+    /// `prefix`: for a path the kernel cut short. None if several do.
+    pub fn by_mount_point_prefix(&self, prefix: &str) -> Option<&Mount> {
+        let mut found = self.current.iter().chain(self.removed.iter().map(|(_, m)| m)).filter(|m| m.mount_point.starts_with(prefix));
+        let first = found.next()?;
+        found.all(|m| m.mount_point == first.mount_point).then_some(first)
+    }
+
     /// The mount a path lies on: the longest mount point that contains it.
     pub fn containing(&self, path: &str) -> Option<&Mount> {
         self.current
@@ -244,6 +252,8 @@ garbage line
         let root = t.by_mount_point("/").cloned().expect("root");
         assert_eq!(t.backing_dev(&root), (254, 1));
         assert_eq!(t.containing("/var/lib/cx").map(|m| m.mount_id), Some(22), "a prefix is not a parent");
+        assert_eq!(t.by_mount_point_prefix("/run/c/roo").map(|m| m.mount_id), Some(40), "a cut path finds its one mount");
+        assert!(t.by_mount_point_prefix("/").is_none(), "several mounts match: none");
     }
 
     #[test]

@@ -148,21 +148,28 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
     // One incident: the relist (the fixture, not kubelet) → ListContainers → the Status
     // lock's holder → the shim's Update → the shim's Delete → its umount in task_work.
     let i = one_incident(&w)?;
+    let reaches_umount = |c: &[serde_json::Value]| c.iter().any(|h| h["kind"] == "umount" && h["root"] == true);
     let line = i
-        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "umount"))
+        .line_where(|c| reaches_umount(c) && c.last().is_some_and(|h| h["kind"] == "device"))
+        .or_else(|| i.line_where(reaches_umount))
         .unwrap_or_else(|| panic!("incident #{} never reached the shim's umount:\n{}", i.id, all()));
     let chain = incidents::Incident::chain(line);
     let text = incidents::chain_text(&chain);
-    let root = chain.last().expect("a chain");
+    let at = chain.iter().position(|h| h["root"] == true).expect("a root");
+    let root = &chain[at];
+    assert_eq!(root["kind"], "umount", "{text}");
     assert_eq!(root["pid"].as_u64(), Some(u64::from(w.outcome.shim.pid)), "the root is the shim's umount:\n{text}");
     assert!(root["what"].as_str().is_some_and(|s| s.contains("task_work")), "{text}");
-    assert_eq!(root["root"], true, "{text}");
+    // Past the root: the throttled loop device under the overlay's upper dir.
+    let device = chain.get(at + 1).unwrap_or_else(|| panic!("no device hop after the umount:\n{text}"));
+    assert_eq!(device["kind"], "device", "{text}");
+    assert!(device["what"].as_str().is_some_and(|s| s.starts_with("block device 7:") && s.contains("/s written")), "{text}");
     let shim_hops: Vec<&str> = chain.iter().filter(|h| h["pid"].as_u64() == Some(u64::from(w.outcome.shim.pid))).filter_map(|h| h["what"].as_str()).collect();
     assert!(
         shim_hops.iter().any(|s| s.contains("(*service).Update")) && shim_hops.iter().any(|s| s.contains("(*service).Delete")),
         "the shim's Update waits on its Delete:\n{text}"
     );
-    let before_root = &chain[chain.len() - 2];
+    let before_root = &chain[at - 1];
     assert_eq!((before_root["edge"].as_str(), before_root["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");
     eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(WARN).as_secs_f64());
     eprintln!(
@@ -210,14 +217,15 @@ fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
     // One incident, whose root is containerd's own fdatasync under the lock.
     let i = one_incident(&w)?;
     let line = i
-        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "sync"))
+        .line_where(|c| c.iter().any(|h| h["kind"] == "sync" && h["root"] == true))
         .unwrap_or_else(|| panic!("incident #{} never reached the holder's fdatasync:\n{}", i.id, w.all()));
     let chain = incidents::Incident::chain(line);
     let text = incidents::chain_text(&chain);
-    let root = chain.last().expect("a chain");
+    let at = chain.iter().position(|h| h["root"] == true).expect("a root");
+    let root = &chain[at];
     assert_eq!(root["pid"].as_u64(), Some(u64::from(w.containerd_pid)), "{text}");
     assert!(root["what"].as_str().is_some_and(|s| s.starts_with("fdatasync")), "{text}");
-    assert_eq!((chain[chain.len() - 2]["edge"].as_str(), chain[chain.len() - 2]["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");
+    assert_eq!((chain[at - 1]["edge"].as_str(), chain[at - 1]["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");
     eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(WARN).as_secs_f64());
     eprintln!(
         "lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls",
