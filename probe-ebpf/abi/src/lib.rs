@@ -84,7 +84,7 @@ pub mod offcpu_maps {
 
 /// Go function timing (uprobes at the entry and at every RET).
 pub mod go_maps {
-    /// `HashMap<GoCallKey, GoCall>`: Go calls in progress, by goroutine.
+    /// `HashMap<GoCallKey, GoCall>`: Go calls in progress, by process, goroutine and function.
     pub const GO_CALLS: &str = "GO_CALLS";
     /// `RingBuf` of [`super::GoCallEnd`] and [`super::ExecEvent`] records.
     pub const GO_EVENTS: &str = "GO_EVENTS";
@@ -148,15 +148,18 @@ pub struct ExecEvent {
 }
 const _: () = assert!(size_of::<ExecEvent>() == 32);
 
-/// A Go call in progress is named by its goroutine (`g`, in R14 under the
-/// register ABI at entry and at return) and the probed function's id (the
-/// uprobe's attach cookie).
+/// A Go call in progress is named by its process, its goroutine (`g`, in R14
+/// under the register ABI at entry and at return) and the probed function's
+/// id (the uprobe's attach cookie). The process is part of the key: function
+/// ids are per binary inode, shared by every process running it, and Go heap
+/// addresses (`g`) repeat from process to process, so two shims' concurrent
+/// calls would otherwise overwrite or close each other's entries.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GoCallKey {
     pub g: u64,
     pub func: u32,
-    pub _pad: u32,
+    pub tgid: u32,
 }
 const _: () = assert!(size_of::<GoCallKey>() == 16);
 
