@@ -9,6 +9,7 @@
 
 use crate::{
     detail,
+    ended::EndedWaits,
     inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
     levels::{Thresholds, budget_used},
     loader::{self, LoadError, LoadOptions},
@@ -91,11 +92,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 
     let mut inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
     let mut tails: Array<MapData, u64> = take_map(&mut ebpf, maps::TAIL_PENDING)?;
-    let swept = seed_swept(&mut inflight, &mut tails);
+    let (swept, raced) = seed_swept(&mut inflight, &mut tails);
     tracing::info!(swept, "startup sweep: threads already in a watched wait");
     let mut ring = async_ring(&mut ebpf, maps::EVENTS)?;
 
-    let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
+    let mut engine = Engine::new(&cfg, mounts, &choices, inflight, raced);
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     let go_paths: Vec<(&str, std::path::PathBuf)> = cfg.go_paths.iter().map(|(t, p)| (*t, p.clone())).collect();
@@ -222,13 +223,16 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 }
 
 /// Puts the waits that began before the probes were attached into the
-/// kernel's map, so the kernel closes them like its own. Returns how many.
+/// kernel's map, so the kernel closes them like its own. Returns how many, and
+/// those that ended as they were put in (marked over, never deleted: see
+/// [`EndedWaits`]).
 fn seed_swept(
     inflight: &mut BpfHashMap<MapData, u32, Wait>,
     tails: &mut Array<MapData, u64>,
-) -> usize {
+) -> (usize, EndedWaits) {
     const BPF_NOEXIST: u64 = 1;
     let mut n = 0;
+    let mut raced = EndedWaits::default();
     for s in sweep::sweep(std::process::id(), monotonic_ns()) {
         let tid = s.wait.tid;
         if s.tail {
@@ -241,19 +245,15 @@ fn seed_swept(
             }
             continue;
         }
-        // It may have ended between the look and the insert.
+        // It may have ended between the look and the insert: hidden, not
+        // deleted (the thread's next wait may have replaced it already).
         if !sweep::still_in(&s.wait) {
-            if matches!(inflight.get(&tid, 0), Ok(w) if w.start_ns == s.wait.start_ns)
-                && inflight.remove(&tid).is_ok()
-                && s.tail
-            {
-                adjust_swept_tails(tails, -1);
-            }
+            raced.mark((tid, s.wait.start_ns));
             continue;
         }
         n += 1;
     }
-    n
+    (n, raced)
 }
 
 /// Userspace's share of `TAIL_PENDING` (slot 1). Only the startup sweep writes it
@@ -381,6 +381,8 @@ struct Engine {
     open_by_g: HashMap<(u32, u64), (u32, Value)>,
     /// Scans in a row that found a tail's thread running outside umount2.
     running_seen: HashMap<WaitKey, u32>,
+    /// Waits judged over by `/proc` whose entries the kernel still holds.
+    ended: EndedWaits,
 }
 
 impl Engine {
@@ -389,6 +391,7 @@ impl Engine {
         mounts: SharedMounts,
         choices: &[Choice],
         inflight: BpfHashMap<MapData, u32, Wait>,
+        ended: EndedWaits,
     ) -> Self {
         let poll_tails = choices
             .iter()
@@ -404,17 +407,15 @@ impl Engine {
             open_by_tid: HashMap::new(),
             open_by_g: HashMap::new(),
             running_seen: HashMap::new(),
+            ended,
         }
     }
 
     fn scan(&mut self, sink: &mut dyn Sink) {
         let now = monotonic_ns();
-        let open: Vec<WaitInfo> = self
-            .inflight
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(_, w)| WaitInfo::from(&w))
-            .collect();
+        let snapshot: Vec<Wait> = self.inflight.iter().filter_map(Result::ok).map(|(_, w)| w).collect();
+        let open: Vec<WaitInfo> =
+            self.ended.open(snapshot, |w| (w.tid, w.start_ns), now).iter().map(WaitInfo::from).collect();
         self.open_tgids = open.iter().map(|w| w.tgid).collect();
         self.open_by_pid.clear();
         self.open_by_tid.clear();
@@ -477,10 +478,11 @@ impl Engine {
                 false
             };
             // Only when the kernel still holds it: otherwise the kernel closed it
-            // and its exact end record is on the way.
+            // and its exact end record is on the way. The entry stays: marked
+            // over, never deleted by tid (see `EndedWaits`).
             let in_kernel = matches!(self.inflight.get(&tid, 0), Ok(w) if w.start_ns == key.1);
             if ended && in_kernel {
-                let _ = self.inflight.remove(&tid);
+                self.ended.mark(key);
                 if let Some(a) = self.registry.vanished(key, now) {
                     self.act(vec![a], sink);
                 }
@@ -501,7 +503,12 @@ impl Engine {
                 tracing::warn!(kind = rec.header.kind, "unknown ring buffer record skipped");
                 continue;
             }
-            let actions = self.registry.end(WaitInfo::from(&rec), rec.end_ns);
+            let info = WaitInfo::from(&rec);
+            if self.ended.take_end(&info.key()) {
+                // Already resolved as over; the kernel only now saw its end.
+                continue;
+            }
+            let actions = self.registry.end(info, rec.end_ns);
             self.act(actions, sink);
         }
     }

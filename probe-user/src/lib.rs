@@ -12,6 +12,7 @@ pub mod dbus_sweep;
 pub mod detail;
 pub mod doctor;
 pub mod durations;
+pub mod ended;
 pub mod gosym;
 pub mod gowatch;
 pub mod holders;
