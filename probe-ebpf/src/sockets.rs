@@ -40,7 +40,9 @@ static SOCK_SCRATCH: PerCpuArray<SockIo> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static SOCKET_CALLS: HashMap<u32, u32> = HashMap::with_max_entries(1_024, 0);
 /// Slot 0: how many [`SOCK_CALLS`] entries are open, so that `sys_exit` costs
-/// one array read while none is.
+/// one array read while none is. Kernel-owned: up only when an insert made an
+/// entry ([`crate::gate::insert_counted`]), down only when `sock_exit`'s delete
+/// removed one; userspace never writes `SOCK_CALLS`.
 #[map]
 static SOCK_CALLS_OPEN: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -237,11 +239,9 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
         }
     }
     let tid = pid_tgid as u32;
-    if SOCK_CALLS.insert(&tid, &call, 0).is_err() {
+    if crate::gate::insert_counted(&SOCK_CALLS, &tid, &call, &SOCK_CALLS_OPEN, 0).is_err() {
         count(Stat::SockCallsFull);
-        return Ok(());
     }
-    crate::gate::add(&SOCK_CALLS_OPEN, 0, 1);
     Ok(())
 }
 

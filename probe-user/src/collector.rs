@@ -96,7 +96,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     tracing::info!(swept, "startup sweep: threads already in a watched wait");
     let mut ring = async_ring(&mut ebpf, maps::EVENTS)?;
 
-    let mut engine = Engine::new(&cfg, mounts, &choices, inflight, raced);
+    let mut engine = Engine::new(&cfg, mounts, &choices, inflight, raced, tails);
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     let go_paths: Vec<(&str, std::path::PathBuf)> = cfg.go_paths.iter().map(|(t, p)| (*t, p.clone())).collect();
@@ -233,16 +233,17 @@ fn seed_swept(
     const BPF_NOEXIST: u64 = 1;
     let mut n = 0;
     let mut raced = EndedWaits::default();
-    for s in sweep::sweep(std::process::id(), monotonic_ns()) {
+    let found = sweep::sweep(std::process::id(), monotonic_ns());
+    // The gate opens before the tails go in: a tail's end (the thread's next
+    // syscall) may come at once. The first scan sets it from the map.
+    let tails_found = found.iter().filter(|s| s.tail).count() as u64;
+    if tails_found > 0 {
+        let _ = tails.set(1, tails_found, 0);
+    }
+    for s in found {
         let tid = s.wait.tid;
-        if s.tail {
-            adjust_swept_tails(tails, 1);
-        }
         // NOEXIST: a wait the kernel saw start after attach knows better.
         if inflight.insert(tid, s.wait, BPF_NOEXIST).is_err() {
-            if s.tail {
-                adjust_swept_tails(tails, -1);
-            }
             continue;
         }
         // It may have ended between the look and the insert: hidden, not
@@ -254,13 +255,6 @@ fn seed_swept(
         n += 1;
     }
     (n, raced)
-}
-
-/// Userspace's share of `TAIL_PENDING` (slot 1). Only the startup sweep writes it
-/// from here; the kernel decrements it atomically as those tails end.
-fn adjust_swept_tails(tails: &mut Array<MapData, u64>, delta: i64) {
-    let cur = tails.get(&1, 0).unwrap_or(0);
-    let _ = tails.set(1, cur.wrapping_add(delta as u64), 0);
 }
 
 /// A ring buffer map, registered with the runtime to wake the loop when it has records.
@@ -383,6 +377,10 @@ struct Engine {
     running_seen: HashMap<WaitKey, u32>,
     /// Waits judged over by `/proc` whose entries the kernel still holds.
     ended: EndedWaits,
+    /// `TAIL_PENDING`: userspace writes slot 1 only (see the ABI's invariant).
+    tails: Array<MapData, u64>,
+    /// What slot 1 was last set to, if it was.
+    swept_tails: Option<u64>,
 }
 
 impl Engine {
@@ -392,6 +390,7 @@ impl Engine {
         choices: &[Choice],
         inflight: BpfHashMap<MapData, u32, Wait>,
         ended: EndedWaits,
+        tails: Array<MapData, u64>,
     ) -> Self {
         let poll_tails = choices
             .iter()
@@ -408,14 +407,20 @@ impl Engine {
             open_by_g: HashMap::new(),
             running_seen: HashMap::new(),
             ended,
+            tails,
+            swept_tails: None,
         }
     }
 
     fn scan(&mut self, sink: &mut dyn Sink) {
         let now = monotonic_ns();
         let snapshot: Vec<Wait> = self.inflight.iter().filter_map(Result::ok).map(|(_, w)| w).collect();
-        let open: Vec<WaitInfo> =
-            self.ended.open(snapshot, |w| (w.tid, w.start_ns), now).iter().map(WaitInfo::from).collect();
+        let live = self.ended.open(snapshot, |w| (w.tid, w.start_ns), now);
+        let swept_tails = sweep::swept_tails_open(&live);
+        if self.swept_tails != Some(swept_tails) && self.tails.set(1, swept_tails, 0).is_ok() {
+            self.swept_tails = Some(swept_tails);
+        }
+        let open: Vec<WaitInfo> = live.iter().map(WaitInfo::from).collect();
         self.open_tgids = open.iter().map(|w| w.tgid).collect();
         self.open_by_pid.clear();
         self.open_by_tid.clear();

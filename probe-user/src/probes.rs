@@ -160,8 +160,10 @@ pub const PROBES: &[Probe] = &[
         name: "socket_io",
         about: "records sends and receives on netlink and D-Bus sockets",
         required: false,
+        // The exits first: a call whose sys_enter is seen always has its
+        // sys_exit seen, so no SOCK_CALLS entry (and its gate count) is left behind.
         variants: &[
-            Variant::Tracepoints(&[tp("sock_enter", "syscalls", Names::SockEnter), tp("sock_exit", "syscalls", Names::SockExit)]),
+            Variant::Tracepoints(&[tp("sock_exit", "syscalls", Names::SockExit), tp("sock_enter", "syscalls", Names::SockEnter)]),
             Variant::Off,
         ],
     },
@@ -384,8 +386,8 @@ mod tests {
         assert_eq!(PROBES[2].variants[0].describe(), "raw_tp sys_enter");
         assert_eq!(
             PROBES[5].variants[0].describe(),
-            "tracepoint syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \
-             syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
+            "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \
+             syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
         );
     }
 }

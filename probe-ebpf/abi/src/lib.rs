@@ -12,6 +12,9 @@ use core::mem::size_of;
 /// Map names, as the userspace loader looks them up.
 pub mod maps {
     /// `HashMap<u32 tid, Wait>`: every watched wait still open, keyed by thread.
+    /// Userspace only inserts (the startup sweep, with `BPF_NOEXIST`) and never
+    /// deletes: a delete by tid could hit the thread's next wait. A wait it
+    /// judges over by `/proc` is hidden until the kernel replaces or removes it.
     pub const INFLIGHT: &str = "INFLIGHT";
     /// `RingBuf` of [`super::WaitEnd`] records for waits longer than `REPORT_MIN_NS`.
     pub const EVENTS: &str = "EVENTS";
@@ -19,9 +22,17 @@ pub mod maps {
     pub const STATS: &str = "STATS";
     /// `PerCpuArray<u64>` log2 latency histogram, `slot * HIST_BUCKETS + bucket`.
     pub const HIST: &str = "HIST";
-    /// `Array<u64>` with two entries: how many umount2 waits sit in their task_work
-    /// tail; slot 0 counts those the kernel saw start, slot 1 those found by the
-    /// startup sweep (see [`super::WAIT_BEFORE_ATTACH`]).
+    /// `Array<u64>` with two entries, the gate of the tail-end probe (open while
+    /// either is non-zero). Each slot has one writer, so neither can leak:
+    /// - slot 0, written by the kernel only: the number of [`INFLIGHT`] entries
+    ///   in their task_work tail without [`super::WAIT_SWEPT_TAIL`]. +1 when
+    ///   `sys_exit` of umount2 starts a tail (once per entry), -1 only when a
+    ///   delete of such an entry succeeds. Userspace never writes it, and never
+    ///   deletes entries, so the count is the entries;
+    /// - slot 1, written by userspace only, read by the kernel: the number of
+    ///   tails the startup sweep put in the map ([`super::WAIT_SWEPT_TAIL`])
+    ///   that are still there and not judged over. Set before they are
+    ///   inserted, then from each scan's snapshot.
     pub const TAIL_PENDING: &str = "TAIL_PENDING";
 }
 
@@ -30,6 +41,9 @@ pub mod sock_maps {
     /// `HashMap<u64 (tgid << 32 | fd), SockClass>`: the sockets worth looking at.
     pub const SOCKS: &str = "SOCKS";
     /// `HashMap<u32 tid, SockCall>`: send/recv calls in flight on those sockets.
+    /// Written by the kernel only; its gate `SOCK_CALLS_OPEN[0]` is the number
+    /// of entries (+1 only when an insert made one, -1 only when a delete
+    /// removed one).
     pub const SOCK_CALLS: &str = "SOCK_CALLS";
     /// `RingBuf` of [`super::SockIo`] and [`super::SockClosed`] records.
     pub const SOCK_EVENTS: &str = "SOCK_EVENTS";
@@ -438,8 +452,13 @@ const _: () = assert!(size_of::<Wait>() == 216);
 
 /// [`Wait::flags`]: the wait was found by plegwatch's startup sweep of `/proc`,
 /// so it began before the probes were attached and `start_ns` is a lower bound
-/// of its age. Its task_work tail, if any, is counted in `TAIL_PENDING[1]`.
+/// of its age.
 pub const WAIT_BEFORE_ATTACH: u32 = 1;
+/// [`Wait::flags`]: the startup sweep found the wait already in its task_work
+/// tail, and put it in the map so. Counted by userspace in `TAIL_PENDING[1]`,
+/// never by the kernel (a swept wait whose tail starts later, at the kernel's
+/// `sys_exit`, lacks it and is counted in slot 0 like any other).
+pub const WAIT_SWEPT_TAIL: u32 = 2;
 
 /// The kind of a ring-buffer record, first in every record.
 #[repr(u32)]
