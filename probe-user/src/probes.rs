@@ -168,6 +168,31 @@ pub const PROBES: &[Probe] = &[
         ],
     },
     Probe {
+        name: "socket_reuse",
+        about: "forgets a socket's class when its fd names another file: dup2/dup3 onto it, close_range over it, exec",
+        required: false,
+        // The exits first, so that no dup call is remembered without its end.
+        // close_range's tracepoint is Linux >= 5.9: without it, dup and exec still.
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup2")),
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup3")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup2")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup3")),
+                tp("close_range_enter", "syscalls", Names::One("sys_enter_close_range")),
+                tp("sock_exec", "sched", Names::One("sched_process_exec")),
+            ]),
+            Variant::Tracepoints(&[
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup2")),
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup3")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup2")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup3")),
+                tp("sock_exec", "sched", Names::One("sched_process_exec")),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
         name: "lock_contention",
         about: "who holds the kernel mutex a thread waits on (rtnl_mutex behind a netlink request)",
         required: false,

@@ -39,13 +39,24 @@ pub mod maps {
 /// Socket maps (netlink and D-Bus request/reply tracking).
 pub mod sock_maps {
     /// `HashMap<u64 (tgid << 32 | fd), SockClass>`: the sockets worth looking at.
+    /// An entry holds only while its [`super::SockClass::gen`] is the process's
+    /// [`SOCK_GEN`]; a stale one is ignored, then replaced or removed.
     pub const SOCKS: &str = "SOCKS";
+    /// `HashMap<u32 tgid, u32>`: how many times the process forgot all its
+    /// sockets at once (an exec, which may have closed any of them by
+    /// CLOEXEC; a `close_range` too wide to walk). Created at 0 when the
+    /// process's first socket is tracked (absent: nothing tracked, generation
+    /// 0); the kernel bumps it, and the kernel or the seeding userspace stamps
+    /// it into each new [`SOCKS`] entry. The kernel cannot walk `SOCKS` to
+    /// delete a process's keys; with this it needs no walk.
+    pub const SOCK_GEN: &str = "SOCK_GEN";
     /// `HashMap<u32 tid, SockCall>`: send/recv calls in flight on those sockets.
     /// Written by the kernel only; its gate `SOCK_CALLS_OPEN[0]` is the number
     /// of entries (+1 only when an insert made one, -1 only when a delete
     /// removed one).
     pub const SOCK_CALLS: &str = "SOCK_CALLS";
-    /// `RingBuf` of [`super::SockIo`] and [`super::SockClosed`] records.
+    /// `RingBuf` of [`super::SockIo`], [`super::SockClosed`] and
+    /// [`super::SocksForgotten`] records, in the order each process made them.
     pub const SOCK_EVENTS: &str = "SOCK_EVENTS";
 }
 
@@ -314,8 +325,11 @@ pub struct SockClass {
     pub kind: u32,
     /// The netlink protocol, for [`SockKind::Netlink`].
     pub proto: u32,
+    /// The process's [`sock_maps::SOCK_GEN`] when the entry was made.
+    pub gen: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<SockClass>() == 8);
+const _: () = assert!(size_of::<SockClass>() == 16);
 
 /// The value of [`sock_maps::SOCK_CALLS`]: a send or recv in flight.
 #[repr(C)]
@@ -340,7 +354,7 @@ pub struct SockCall {
     pub nl_dst: u32,
     pub class: SockClass,
 }
-const _: () = assert!(size_of::<SockCall>() == 56);
+const _: () = assert!(size_of::<SockCall>() == 64);
 
 /// Bytes of a socket buffer copied into a [`SockIo`] record (the first ones).
 pub const SOCK_DATA_CAP: usize = 2048;
@@ -391,10 +405,11 @@ pub struct SockIo {
     pub data: [u8; SOCK_DATA_CAP],
 }
 /// Bytes of a [`SockIo`] before `data`.
-pub const SOCK_IO_HEADER_LEN: usize = 88 + NL_SUMMARIES * 20;
+pub const SOCK_IO_HEADER_LEN: usize = 96 + NL_SUMMARIES * 20;
 const _: () = assert!(size_of::<SockIo>() == SOCK_IO_HEADER_LEN + SOCK_DATA_CAP);
 
-/// A tracked socket was closed (or its fd replaced).
+/// A tracked socket was closed (or its fd replaced: `dup2`/`dup3` onto it,
+/// `close_range` over it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SockClosed {
@@ -403,6 +418,17 @@ pub struct SockClosed {
     pub fd: u32,
 }
 const _: () = assert!(size_of::<SockClosed>() == 16);
+
+/// A process with tracked sockets forgot them all (an exec, a wide
+/// `close_range`): none of its fds is tracked until classified again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SocksForgotten {
+    pub header: EventHeader,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<SocksForgotten>() == 16);
 
 /// Where a wait stands.
 #[repr(u32)]
@@ -474,6 +500,8 @@ pub enum EventKind {
     GoCallEnd = 4,
     /// An [`ExecEvent`].
     Exec = 5,
+    /// A [`SocksForgotten`].
+    SocksForgotten = 6,
 }
 
 /// Header first in every ring-buffer record.
@@ -540,7 +568,7 @@ pub enum Stat {
     EndedByExit = 5,
     /// Socket records lost: `SOCK_EVENTS` was full.
     SockEventsFull = 6,
-    /// Sockets that could not be tracked: `SOCKS` was full.
+    /// Sockets that could not be tracked: `SOCKS` (or `SOCK_GEN`) was full.
     SocksFull = 7,
     /// Socket calls that could not be tracked: `SOCK_CALLS` was full.
     SockCallsFull = 8,
