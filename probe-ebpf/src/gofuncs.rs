@@ -3,8 +3,8 @@
 //! goroutine's stack moves). Userspace finds both in `.gopclntab` and decodes
 //! the RETs; the attach cookie names the function.
 //!
-//! Calls are keyed by goroutine: under Go's register ABI (Go >= 1.17, amd64)
-//! R14 holds the current `g` at function entry and at return.
+//! Calls are keyed by process and goroutine: under Go's register ABI (Go >=
+//! 1.17, amd64) R14 holds the current `g` at function entry and at return.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -98,12 +98,12 @@ fn capture_arg(ctx: &ProbeContext, func: u32, call: &mut GoCall) {
 }
 
 #[inline(always)]
-fn key(ctx: &ProbeContext) -> GoCallKey {
+fn key(ctx: &ProbeContext, tgid: u32) -> GoCallKey {
     // SAFETY: a plain helper call on this program's context.
     let func = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
     // SAFETY: `regs` is the probed task's saved registers, readable here.
     let g = unsafe { (*ctx.regs).r14 };
-    GoCallKey { g, func, _pad: 0 }
+    GoCallKey { g, func, tgid }
 }
 
 /// Entry of a probed Go function (Go >= 1.17 amd64 register ABI: `g` in R14,
@@ -116,7 +116,7 @@ pub fn go_entry(ctx: ProbeContext) -> u32 {
     if tgid == tracer_tgid() {
         return 0;
     }
-    let k = key(&ctx);
+    let k = key(&ctx, tgid);
     // SAFETY: as above.
     let receiver = unsafe { (*ctx.regs).rax };
     let mut call = GoCall {
@@ -139,7 +139,8 @@ pub fn go_entry(ctx: ProbeContext) -> u32 {
 /// A RET instruction of a probed Go function: `g` is still in R14.
 #[uprobe]
 pub fn go_ret(ctx: ProbeContext) -> u32 {
-    let k = key(&ctx);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let k = key(&ctx, (pid_tgid >> 32) as u32);
     // SAFETY: copied out before removal.
     let Some(call) = (unsafe { GO_CALLS.get(&k) }).copied() else { return 0 };
     let _ = GO_CALLS.remove(&k);
@@ -152,7 +153,7 @@ pub fn go_ret(ctx: ProbeContext) -> u32 {
         receiver: call.receiver,
         func: k.func,
         tgid: call.tgid,
-        tid: bpf_get_current_pid_tgid() as u32,
+        tid: pid_tgid as u32,
         arg_len: call.arg_len,
         arg: call.arg,
     };

@@ -64,10 +64,7 @@ fn switch_out<C: StackIdContextExt>(ctx: &C, prev_state: u64) {
     let stack_id = ctx.kernel_stack_id();
     // SAFETY: a plain helper call.
     let start = OffCpuStart { start_ns: unsafe { bpf_ktime_get_ns() }, stack_id, tgid };
-    let fresh = OFFCPU_START.get_ptr(&tid).is_none();
-    if OFFCPU_START.insert(&tid, &start, 0).is_ok() && fresh {
-        crate::gate::add(&OFFCPU_OPEN, 0, 1);
-    }
+    let _ = crate::gate::insert_counted(&OFFCPU_START, &tid, &start, &OFFCPU_OPEN, 0);
 }
 
 #[inline(always)]

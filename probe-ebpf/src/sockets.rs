@@ -7,7 +7,11 @@
 //! - `connect()` of an AF_UNIX socket marks it a [`SockKind::UnixCandidate`],
 //!   and its first send decides: a D-Bus client starts with a NUL byte (then
 //!   the SASL `AUTH`), anything else is forgotten;
-//! - `close()` forgets the fd.
+//! - `close()` forgets the fd, and so does anything else that puts another
+//!   file at that fd: `dup2`/`dup3` onto it (the fd then takes the class of
+//!   the fd duplicated, if tracked), `close_range` over it, and an exec (which
+//!   may close any fd by CLOEXEC; every socket of the process is forgotten,
+//!   through its [`SOCK_GEN`]).
 //!
 //! Userspace seeds the map with sockets that existed before it started. For a
 //! tracked socket, each send or receive sends one [`SockIo`] record with the
@@ -22,13 +26,20 @@ use aya_ebpf::{
 };
 use plegwatch_abi::{
     COMM_LEN, EventHeader, EventKind, NL_SUMMARIES, NlSummary, SOCK_DATA_CAP, SOCK_FIRST_RECV, SOCK_IO_HEADER_LEN,
-    SOCK_SLOTS, SockCall, SockClass, SockClosed, SockIo, SockKind, Stat,
+    SOCK_SLOTS, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, Stat,
 };
 
 use crate::waits::{count, tracer_tgid};
 
 #[map]
 static SOCKS: HashMap<u64, SockClass> = HashMap::with_max_entries(16_384, 0);
+/// tgid → socket generation: an entry of [`SOCKS`] holds only while its
+/// `gen` is its process's (see the ABI's `sock_maps::SOCK_GEN`).
+#[map]
+static SOCK_GEN: HashMap<u32, u32> = HashMap::with_max_entries(16_384, 0);
+/// `dup2`/`dup3` calls in flight that touch a tracked fd: tid → `oldfd << 32 | newfd`.
+#[map]
+static DUP_CALLS: HashMap<u32, u64> = HashMap::with_max_entries(1_024, 0);
 #[map]
 static SOCK_CALLS: HashMap<u32, SockCall> = HashMap::with_max_entries(8_192, 0);
 #[map]
@@ -40,7 +51,9 @@ static SOCK_SCRATCH: PerCpuArray<SockIo> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static SOCKET_CALLS: HashMap<u32, u32> = HashMap::with_max_entries(1_024, 0);
 /// Slot 0: how many [`SOCK_CALLS`] entries are open, so that `sys_exit` costs
-/// one array read while none is.
+/// one array read while none is. Kernel-owned: up only when an insert made an
+/// entry ([`crate::gate::insert_counted`]), down only when `sock_exit`'s delete
+/// removed one; userspace never writes `SOCK_CALLS`.
 #[map]
 static SOCK_CALLS_OPEN: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -48,6 +61,13 @@ static SOCK_CALLS_OPEN: Array<u64> = Array::with_max_entries(1, 0);
 static SOCK_NR: [u32; SOCK_SLOTS] = [u32::MAX; SOCK_SLOTS];
 
 const AF_UNIX: u16 = 1;
+/// `close_range` flag: mark the fds close-on-exec, close nothing now.
+const CLOSE_RANGE_CLOEXEC: u64 = 1 << 2;
+/// Widest `close_range` forgotten fd by fd; a wider one forgets the process's
+/// every socket (see [`close_range_enter`]).
+const CLOSE_RANGE_WALK: u32 = 64;
+/// `bpf_map_update_elem` flag (include/uapi/linux/bpf.h).
+const BPF_NOEXIST: u64 = 1;
 const AF_NETLINK: u64 = 16;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_HDRLEN: u64 = 16;
@@ -67,6 +87,88 @@ const MSGHDR_IOV: u64 = 16;
 #[inline(always)]
 fn key(tgid: u32, fd: u32) -> u64 {
     ((tgid as u64) << 32) | fd as u64
+}
+
+/// The process's socket generation (0 while it has none).
+#[inline(always)]
+fn gen_of(tgid: u32) -> u32 {
+    // SAFETY: copied out at once.
+    unsafe { SOCK_GEN.get(&tgid) }.copied().unwrap_or(0)
+}
+
+/// The class of `(tgid, fd)`, if it is tracked and was not forgotten since.
+#[inline(always)]
+fn class_of(tgid: u32, fd: u32) -> Option<SockClass> {
+    // SAFETY: copied out at once.
+    let class = (unsafe { SOCKS.get(&key(tgid, fd)) }).copied()?;
+    if class.gen != gen_of(tgid) {
+        return None;
+    }
+    Some(class)
+}
+
+/// Tracks `(tgid, fd)` as `kind`, stamped with the process's generation
+/// (created at 0 for its first socket, so that an exec can bump it).
+#[inline(always)]
+fn track(tgid: u32, fd: u32, kind: SockKind, proto: u32) {
+    // On the stack: a `&0` would be promoted to a constant in .rodata, which
+    // the loader does not place where the program reads it.
+    let zero: u32 = 0;
+    // SAFETY: copied out at once.
+    let gen = match unsafe { SOCK_GEN.get(&tgid) }.copied() {
+        Some(g) => g,
+        // NOEXIST: a concurrent first insert by another thread is as good.
+        None if SOCK_GEN.insert(&tgid, &zero, BPF_NOEXIST).is_ok() => 0,
+        None => match unsafe { SOCK_GEN.get(&tgid) }.copied() {
+            Some(g) => g,
+            None => {
+                // SOCK_GEN is full: untracked, rather than tracked past the next exec.
+                count(Stat::SocksFull);
+                return;
+            }
+        },
+    };
+    let class = SockClass { kind: kind as u32, proto, gen, _pad: 0 };
+    if SOCKS.insert(&key(tgid, fd), &class, 0).is_err() {
+        count(Stat::SocksFull);
+    }
+}
+
+/// Forgets `(tgid, fd)`: its file was closed or replaced. Tells userspace,
+/// which holds protocol state for netlink and D-Bus sockets (none for a
+/// candidate).
+#[inline(always)]
+fn forget(tgid: u32, fd: u32) {
+    let k = key(tgid, fd);
+    // SAFETY: read-only peek.
+    let Some(class) = (unsafe { SOCKS.get(&k) }).copied() else { return };
+    if SOCKS.remove(&k).is_ok() && class.kind != SockKind::UnixCandidate as u32 {
+        let rec = SockClosed {
+            header: EventHeader { kind: EventKind::SockClosed as u32, _pad: 0 },
+            tgid,
+            fd,
+        };
+        if SOCK_EVENTS.output::<SockClosed>(&rec, 0).is_err() {
+            count(Stat::SockEventsFull);
+        }
+    }
+}
+
+/// Forgets every socket of `tgid` at once, by bumping its generation, and
+/// tells userspace. Nothing to do for a process with no tracked socket.
+#[inline(always)]
+fn forget_all(tgid: u32) {
+    let Some(gen) = SOCK_GEN.get_ptr_mut(&tgid) else { return };
+    // SAFETY: `gen` points at a live map value; the add is atomic.
+    unsafe { core::intrinsics::atomic_xadd::<u32, u32, { core::intrinsics::AtomicOrdering::Relaxed }>(gen, 1) };
+    let rec = SocksForgotten {
+        header: EventHeader { kind: EventKind::SocksForgotten as u32, _pad: 0 },
+        tgid,
+        _pad: 0,
+    };
+    if SOCK_EVENTS.output::<SocksForgotten>(&rec, 0).is_err() {
+        count(Stat::SockEventsFull);
+    }
 }
 
 
@@ -116,10 +218,7 @@ pub fn socket_exit(ctx: TracePointContext) -> u32 {
     if ret < 0 || (pid_tgid >> 32) as u32 == tracer_tgid() {
         return 0;
     }
-    let class = SockClass { kind: SockKind::Netlink as u32, proto };
-    if SOCKS.insert(&key((pid_tgid >> 32) as u32, ret as u32), &class, 0).is_err() {
-        count(Stat::SocksFull);
-    }
+    track((pid_tgid >> 32) as u32, ret as u32, SockKind::Netlink, proto);
     0
 }
 
@@ -139,10 +238,7 @@ pub fn connect_enter(ctx: TracePointContext) -> u32 {
     if family != AF_UNIX {
         return 0;
     }
-    let class = SockClass { kind: SockKind::UnixCandidate as u32, proto: 0 };
-    if SOCKS.insert(&key(tgid, fd as u32), &class, 0).is_err() {
-        count(Stat::SocksFull);
-    }
+    track(tgid, fd as u32, SockKind::UnixCandidate, 0);
     0
 }
 
@@ -153,19 +249,114 @@ pub fn close_enter(ctx: TracePointContext) -> u32 {
     let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: offset from the format above.
     let fd: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG0) };
-    let k = key(tgid, fd as u32);
-    // SAFETY: read-only peek.
-    let Some(class) = (unsafe { SOCKS.get(&k) }).copied() else { return 0 };
-    if SOCKS.remove(&k).is_ok() && class.kind != SockKind::UnixCandidate as u32 {
-        let rec = SockClosed {
-            header: EventHeader { kind: EventKind::SockClosed as u32, _pad: 0 },
-            tgid,
-            fd: fd as u32,
-        };
-        if SOCK_EVENTS.output::<SockClosed>(&rec, 0).is_err() {
-            count(Stat::SockEventsFull);
+    forget(tgid, fd as u32);
+    0
+}
+
+/// `syscalls:sys_enter_dup2`: `(unsigned int oldfd, unsigned int newfd)`, and
+/// `syscalls:sys_enter_dup3`: `(unsigned int oldfd, unsigned int newfd, int
+/// flags)` (Linux 6.18, checked: oldfd at 16, newfd at 24). Remembers the call
+/// for [`dup_exit`] when either fd is tracked.
+#[tracepoint]
+pub fn dup_enter(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == tracer_tgid() {
+        return 0;
+    }
+    // SAFETY: offsets from the formats above.
+    let old: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG0) };
+    let new: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG1) };
+    let (old, new) = (old as u32, new as u32);
+    // dup2(fd, fd) changes nothing (dup3 refuses it).
+    if old == new {
+        return 0;
+    }
+    // SAFETY: read-only peeks.
+    let tracked = unsafe { SOCKS.get(&key(tgid, old)).is_some() || SOCKS.get(&key(tgid, new)).is_some() };
+    if tracked {
+        let _ = DUP_CALLS.insert(&(pid_tgid as u32), &(((old as u64) << 32) | new as u64), 0);
+    }
+    0
+}
+
+/// `syscalls:sys_exit_dup2` and `sys_exit_dup3`: `long ret` at 16, the new fd
+/// on success (Linux 6.18, checked). newfd's old file was closed: it is
+/// forgotten as at `close()`; then newfd takes oldfd's class if oldfd is
+/// tracked (the same socket), else stays untracked.
+#[tracepoint]
+pub fn dup_exit(ctx: TracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tid = pid_tgid as u32;
+    // SAFETY: copied out before removal.
+    let Some(fds) = (unsafe { DUP_CALLS.get(&tid) }).copied() else { return 0 };
+    let _ = DUP_CALLS.remove(&tid);
+    // SAFETY: offset from the format above.
+    let ret: i64 = unsafe { crate::ctxread::field(&ctx, OFF_RET) };
+    if ret < 0 {
+        return 0;
+    }
+    let tgid = (pid_tgid >> 32) as u32;
+    let (old, new) = ((fds >> 32) as u32, fds as u32);
+    let class = class_of(tgid, old);
+    forget(tgid, new);
+    if let Some(class) = class {
+        if SOCKS.insert(&key(tgid, new), &class, 0).is_err() {
+            count(Stat::SocksFull);
         }
     }
+    0
+}
+
+/// `syscalls:sys_enter_close_range`: `(unsigned int fd, unsigned int max_fd,
+/// unsigned int flags)` (Linux 6.18, checked: at 16, 24 and 32).
+///
+/// Forgotten here, in the kernel, not by a record for userspace to act on: at
+/// the syscall nothing can reuse the fds yet, while a record leaves a window
+/// in which a reused fd is still parsed under its old class, and userspace
+/// would have to walk all of `SOCKS` for the process's keys. A range of up to
+/// [`CLOSE_RANGE_WALK`] fds is forgotten fd by fd in a bounded loop. A wider
+/// one (typically `close_range(3, ~0U)` before an exec or as a daemon starts)
+/// forgets all the process's sockets through its generation, as an exec does:
+/// no bounded loop covers it, and what that forgets beyond the range (sockets
+/// below `fd`, seldom there) only goes untracked, never misparsed.
+/// With `CLOSE_RANGE_CLOEXEC` nothing is closed now; the exec forgets them.
+#[tracepoint]
+pub fn close_range_enter(ctx: TracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: offsets from the format above.
+    let first: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG0) };
+    let last: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG1) };
+    let flags: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG2) };
+    let (first, last) = (first as u32, last as u32);
+    if flags & CLOSE_RANGE_CLOEXEC != 0 || first > last {
+        return 0;
+    }
+    if last - first >= CLOSE_RANGE_WALK {
+        forget_all(tgid);
+        return 0;
+    }
+    let mut i = 0;
+    while i < CLOSE_RANGE_WALK {
+        if i > last - first {
+            break;
+        }
+        forget(tgid, first + i);
+        i += 1;
+    }
+    0
+}
+
+/// `sched:sched_process_exec` (format on Linux 6.18, checked: `__data_loc
+/// char[] filename` at 8, `pid_t pid` at 12, `pid_t old_pid` at 16; only the
+/// current task's tgid is used). The exec may have closed any of the old
+/// program's sockets (CLOEXEC) and freed their fds for the new one: every
+/// socket of the process is forgotten. [`crate::gofuncs::proc_exec`] sits on
+/// the same tracepoint for the Go targets; this one sends its record on
+/// `SOCK_EVENTS`, in order with the process's socket I/O records.
+#[tracepoint]
+pub fn sock_exec(_ctx: TracePointContext) -> u32 {
+    forget_all((bpf_get_current_pid_tgid() >> 32) as u32);
     0
 }
 
@@ -186,7 +377,8 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
     let fd: u64 = unsafe { crate::ctxread::field(ctx, OFF_ARG0) };
     // SAFETY: read-only peek; the hot path ends here for untracked fds.
     let Some(class) = (unsafe { SOCKS.get(&key(tgid, fd as u32)) }).copied() else { return Ok(()) };
-    if tgid == tracer_tgid() {
+    // Forgotten since (an exec, a wide close_range): another file now.
+    if class.gen != gen_of(tgid) || tgid == tracer_tgid() {
         return Ok(());
     }
     let nr: i32 = unsafe { crate::ctxread::field(ctx, OFF_NR) };
@@ -237,11 +429,9 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
         }
     }
     let tid = pid_tgid as u32;
-    if SOCK_CALLS.insert(&tid, &call, 0).is_err() {
+    if crate::gate::insert_counted(&SOCK_CALLS, &tid, &call, &SOCK_CALLS_OPEN, 0).is_err() {
         count(Stat::SockCallsFull);
-        return Ok(());
     }
-    crate::gate::add(&SOCK_CALLS_OPEN, 0, 1);
     Ok(())
 }
 

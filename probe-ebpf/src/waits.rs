@@ -22,7 +22,7 @@ use aya_ebpf::{
 use plegwatch_abi::{
     hist_bucket, EndReason, EventHeader, EventKind, Stat, Wait, WaitEnd, COMM_LEN, EVENTS_BYTES,
     HIST_BUCKETS, HIST_ENTRIES, INFLIGHT_MAX, PATH_LEN, SLOT_UMOUNT2, STAT_COUNT,
-    WAIT_BEFORE_ATTACH, WATCHED_SLOTS,
+    WAIT_SWEPT_TAIL, WATCHED_SLOTS,
 };
 
 #[map]
@@ -85,12 +85,18 @@ fn slot_of(nr: u32) -> Option<u32> {
     None
 }
 
-/// Adds `delta` to the count of umount2 waits in their task_work tail (slot 1
-/// for the waits userspace's startup sweep found).
+/// Adds `delta` to the kernel's count of umount2 waits in their task_work
+/// tail, `TAIL_PENDING[0]`: +1 when `wait_exit` starts a tail, -1 when a delete
+/// of a tail entry succeeds (the invariant is in the ABI's
+/// `maps::TAIL_PENDING`). A tail the startup sweep put in the map already
+/// ([`WAIT_SWEPT_TAIL`]) is userspace's to count, in slot 1, which the kernel
+/// only reads.
 #[inline(always)]
 fn tail_pending_add(wait_flags: u32, delta: i64) {
-    let slot = if wait_flags & WAIT_BEFORE_ATTACH != 0 { 1 } else { 0 };
-    crate::gate::add(&TAIL_PENDING, slot, delta);
+    if wait_flags & WAIT_SWEPT_TAIL != 0 {
+        return;
+    }
+    crate::gate::add(&TAIL_PENDING, 0, delta);
 }
 
 #[inline(always)]

@@ -9,6 +9,7 @@
 
 use crate::{
     detail,
+    ended::EndedWaits,
     inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
     levels::{Thresholds, budget_used},
     loader::{self, LoadError, LoadOptions},
@@ -81,11 +82,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 
     let mut inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
     let mut tails: Array<MapData, u64> = take_map(&mut ebpf, maps::TAIL_PENDING)?;
-    let swept = seed_swept(&mut inflight, &mut tails);
+    let (swept, raced) = seed_swept(&mut inflight, &mut tails);
     tracing::info!(swept, "startup sweep: threads already in a watched wait");
     let mut ring = async_ring(&mut ebpf, maps::EVENTS)?;
 
-    let mut engine = Engine::new(&cfg, mounts, &choices, inflight);
+    let mut engine = Engine::new(&cfg, mounts, &choices, inflight, raced, tails);
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     let go_paths: Vec<(&str, std::path::PathBuf)> = cfg.go_paths.iter().map(|(t, p)| (*t, p.clone())).collect();
@@ -232,45 +233,38 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 }
 
 /// Puts the waits that began before the probes were attached into the
-/// kernel's map, so the kernel closes them like its own. Returns how many.
+/// kernel's map, so the kernel closes them like its own. Returns how many, and
+/// those that ended as they were put in (marked over, never deleted: see
+/// [`EndedWaits`]).
 fn seed_swept(
     inflight: &mut BpfHashMap<MapData, u32, Wait>,
     tails: &mut Array<MapData, u64>,
-) -> usize {
+) -> (usize, EndedWaits) {
     const BPF_NOEXIST: u64 = 1;
     let mut n = 0;
-    for s in sweep::sweep(std::process::id(), monotonic_ns()) {
+    let mut raced = EndedWaits::default();
+    let found = sweep::sweep(std::process::id(), monotonic_ns());
+    // The gate opens before the tails go in: a tail's end (the thread's next
+    // syscall) may come at once. The first scan sets it from the map.
+    let tails_found = found.iter().filter(|s| s.tail).count() as u64;
+    if tails_found > 0 {
+        let _ = tails.set(1, tails_found, 0);
+    }
+    for s in found {
         let tid = s.wait.tid;
-        if s.tail {
-            adjust_swept_tails(tails, 1);
-        }
         // NOEXIST: a wait the kernel saw start after attach knows better.
         if inflight.insert(tid, s.wait, BPF_NOEXIST).is_err() {
-            if s.tail {
-                adjust_swept_tails(tails, -1);
-            }
             continue;
         }
-        // It may have ended between the look and the insert.
+        // It may have ended between the look and the insert: hidden, not
+        // deleted (the thread's next wait may have replaced it already).
         if !sweep::still_in(&s.wait) {
-            if matches!(inflight.get(&tid, 0), Ok(w) if w.start_ns == s.wait.start_ns)
-                && inflight.remove(&tid).is_ok()
-                && s.tail
-            {
-                adjust_swept_tails(tails, -1);
-            }
+            raced.mark((tid, s.wait.start_ns));
             continue;
         }
         n += 1;
     }
-    n
-}
-
-/// Userspace's share of `TAIL_PENDING` (slot 1). Only the startup sweep writes it
-/// from here; the kernel decrements it atomically as those tails end.
-fn adjust_swept_tails(tails: &mut Array<MapData, u64>, delta: i64) {
-    let cur = tails.get(&1, 0).unwrap_or(0);
-    let _ = tails.set(1, cur.wrapping_add(delta as u64), 0);
+    (n, raced)
 }
 
 /// A ring buffer map, registered with the runtime to wake the loop when it has records.
@@ -503,6 +497,12 @@ struct Engine {
     open_infos: Vec<WaitInfo>,
     /// The device each wait's writeback goes to, looked up once per wait.
     devices: HashMap<WaitKey, Option<DeviceFound>>,
+    /// Waits judged over by `/proc` whose entries the kernel still holds.
+    ended: EndedWaits,
+    /// `TAIL_PENDING`: userspace writes slot 1 only (see the ABI's invariant).
+    tails: Array<MapData, u64>,
+    /// What slot 1 was last set to, if it was.
+    swept_tails: Option<u64>,
 }
 
 impl Engine {
@@ -511,6 +511,8 @@ impl Engine {
         mounts: SharedMounts,
         choices: &[Choice],
         inflight: BpfHashMap<MapData, u32, Wait>,
+        ended: EndedWaits,
+        tails: Array<MapData, u64>,
     ) -> Self {
         let poll_tails = choices
             .iter()
@@ -529,17 +531,21 @@ impl Engine {
             open_waits: Vec::new(),
             open_infos: Vec::new(),
             devices: HashMap::new(),
+            ended,
+            tails,
+            swept_tails: None,
         }
     }
 
     fn scan(&mut self, sink: &mut dyn Sink) {
         let now = monotonic_ns();
-        let open: Vec<WaitInfo> = self
-            .inflight
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(_, w)| WaitInfo::from(&w))
-            .collect();
+        let snapshot: Vec<Wait> = self.inflight.iter().filter_map(Result::ok).map(|(_, w)| w).collect();
+        let live = self.ended.open(snapshot, |w| (w.tid, w.start_ns), now);
+        let swept_tails = sweep::swept_tails_open(&live);
+        if self.swept_tails != Some(swept_tails) && self.tails.set(1, swept_tails, 0).is_ok() {
+            self.swept_tails = Some(swept_tails);
+        }
+        let open: Vec<WaitInfo> = live.iter().map(WaitInfo::from).collect();
         self.open_tgids = open.iter().map(|w| w.tgid).collect();
         self.open_by_pid.clear();
         self.open_by_tid.clear();
@@ -605,10 +611,11 @@ impl Engine {
                 false
             };
             // Only when the kernel still holds it: otherwise the kernel closed it
-            // and its exact end record is on the way.
+            // and its exact end record is on the way. The entry stays: marked
+            // over, never deleted by tid (see `EndedWaits`).
             let in_kernel = matches!(self.inflight.get(&tid, 0), Ok(w) if w.start_ns == key.1);
             if ended && in_kernel {
-                let _ = self.inflight.remove(&tid);
+                self.ended.mark(key);
                 if let Some(a) = self.registry.vanished(key, now) {
                     self.act(vec![a], sink);
                 }
@@ -659,7 +666,12 @@ impl Engine {
                 tracing::warn!(kind = rec.header.kind, "unknown ring buffer record skipped");
                 continue;
             }
-            let actions = self.registry.end(WaitInfo::from(&rec), rec.end_ns);
+            let info = WaitInfo::from(&rec);
+            if self.ended.take_end(&info.key()) {
+                // Already resolved as over; the kernel only now saw its end.
+                continue;
+            }
+            let actions = self.registry.end(info, rec.end_ns);
             self.act(actions, sink);
         }
     }

@@ -15,6 +15,7 @@ pub mod devices;
 pub mod doctor;
 pub mod durations;
 pub mod events;
+pub mod ended;
 pub mod gosym;
 pub mod gowatch;
 pub mod graph;

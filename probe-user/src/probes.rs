@@ -223,8 +223,35 @@ pub const PROBES: &[Probe] = &[
         name: "socket_io",
         about: "records sends and receives on netlink and D-Bus sockets",
         required: false,
+        // The exits first: a call whose sys_enter is seen always has its
+        // sys_exit seen, so no SOCK_CALLS entry (and its gate count) is left behind.
         variants: &[
-            Variant::Tracepoints(&[tp("sock_enter", "syscalls", Names::SockEnter), tp("sock_exit", "syscalls", Names::SockExit)]),
+            Variant::Tracepoints(&[tp("sock_exit", "syscalls", Names::SockExit), tp("sock_enter", "syscalls", Names::SockEnter)]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "socket_reuse",
+        about: "forgets a socket's class when its fd names another file: dup2/dup3 onto it, close_range over it, exec",
+        required: false,
+        // The exits first, so that no dup call is remembered without its end.
+        // close_range's tracepoint is Linux >= 5.9: without it, dup and exec still.
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup2")),
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup3")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup2")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup3")),
+                tp("close_range_enter", "syscalls", Names::One("sys_enter_close_range")),
+                tp("sock_exec", "sched", Names::One("sched_process_exec")),
+            ]),
+            Variant::Tracepoints(&[
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup2")),
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup3")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup2")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup3")),
+                tp("sock_exec", "sched", Names::One("sched_process_exec")),
+            ]),
             Variant::Off,
         ],
     },
@@ -474,8 +501,8 @@ mod tests {
         assert_eq!(PROBES[2].variants[0].describe(), "raw_tp sys_enter");
         assert_eq!(
             PROBES[5].variants[0].describe(),
-            "tracepoint syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \
-             syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
+            "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \
+             syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
         );
     }
 }

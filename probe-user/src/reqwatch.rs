@@ -30,7 +30,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
 };
-use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, sock_maps};
+use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, sock_maps};
 use serde_json::{Value, json};
 use std::{
     collections::HashMap,
@@ -46,6 +46,8 @@ pub struct ReqWatch {
     holders: DbusHolders,
     sockets: Sockets,
     socks: BpfHashMap<MapData, u64, SockClass>,
+    /// `SOCK_GEN`: each process's socket generation, stamped into the entries seeded.
+    gens: BpfHashMap<MapData, u32, u32>,
     calls: BpfHashMap<MapData, u32, SockCall>,
     /// Threads found blocked in a receive on a request socket (no multicast
     /// groups) when plegwatch started: what they sent is unknown.
@@ -89,6 +91,7 @@ impl ReqWatch {
                 Default::default()
             })),
             socks: take_map(ebpf, sock_maps::SOCKS)?,
+            gens: take_map(ebpf, sock_maps::SOCK_GEN)?,
             calls: take_map(ebpf, sock_maps::SOCK_CALLS)?,
             swept: Vec::new(),
             swept_dbus: Vec::new(),
@@ -127,7 +130,8 @@ impl ReqWatch {
             let comm = procfs::comm(tgid).unwrap_or_default();
             for (fd, inode) in fds {
                 let Some(nl) = table.get(&inode) else { continue };
-                let class = SockClass { kind: SockKind::Netlink as u32, proto: nl.protocol };
+                let Some(gen) = self.seed_gen(tgid) else { continue };
+                let class = SockClass { kind: SockKind::Netlink as u32, proto: nl.protocol, gen, _pad: 0 };
                 let _ = self.socks.insert(sock_key(tgid, fd), class, BPF_NOEXIST);
                 self.sockets.seed_netlink(tgid, fd, nl.protocol, comm.clone());
                 if nl.groups == 0 {
@@ -168,13 +172,23 @@ impl ReqWatch {
         (seeded, self.swept.len())
     }
 
+    /// The socket generation to stamp on a seeded entry of `tgid`'s, made 0 if
+    /// the process has none yet (as the kernel does for its first socket), so
+    /// that an exec forgets the seeded sockets too. `None` if `SOCK_GEN` is full.
+    fn seed_gen(&mut self, tgid: u32) -> Option<u32> {
+        const BPF_NOEXIST: u64 = 1;
+        let _ = self.gens.insert(tgid, 0, BPF_NOEXIST);
+        self.gens.get(&tgid, 0).ok()
+    }
+
     /// Tracks the bus connections that existed, and turns calls found queued
     /// unread into open calls. Returns (connections, calls).
     fn seed_dbus(&mut self, self_tgid: u32) -> (usize, usize) {
         const BPF_NOEXIST: u64 = 1;
         let found = dbus_sweep::sweep(self_tgid);
         for c in found.connections.iter().filter(|c| !c.daemon_side) {
-            let class = SockClass { kind: SockKind::Dbus as u32, proto: 0 };
+            let Some(gen) = self.seed_gen(c.tgid) else { continue };
+            let class = SockClass { kind: SockKind::Dbus as u32, proto: 0, gen, _pad: 0 };
             let _ = self.socks.insert(sock_key(c.tgid, c.fd), class, BPF_NOEXIST);
             self.sockets.seed_dbus(c.tgid, c.fd, procfs::comm(c.tgid).unwrap_or_default());
         }
@@ -225,6 +239,12 @@ impl ReqWatch {
             let c: SockClosed = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
             self.sockets.on_closed(c.tgid, c.fd);
             self.swept.retain(|s| s.sock != sock_key(c.tgid, c.fd));
+        } else if kind == EventKind::SocksForgotten as u32 && bytes.len() >= std::mem::size_of::<SocksForgotten>() {
+            // SAFETY: as above.
+            let f: SocksForgotten = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            self.sockets.forget_process(f.tgid);
+            self.swept.retain(|s| s.tgid != f.tgid);
+            self.swept_dbus.retain(|c| (c.sock >> 32) as u32 != f.tgid);
         } else if kind == EventKind::SockIo as u32 && bytes.len() >= plegwatch_abi::SOCK_IO_HEADER_LEN {
             // The record is sent cut after its captured bytes: copy into a whole one.
             let mut rec = std::mem::MaybeUninit::<SockIo>::zeroed();
@@ -279,6 +299,10 @@ impl ReqWatch {
                 .collect();
             for k in dead {
                 let _ = self.socks.remove(&k);
+            }
+            let dead: Vec<u32> = self.gens.keys().filter_map(Result::ok).filter(|t| !procfs::thread_exists(*t)).collect();
+            for t in dead {
+                let _ = self.gens.remove(&t);
             }
         }
     }

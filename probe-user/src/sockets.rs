@@ -363,10 +363,19 @@ impl Sockets {
         out
     }
 
-    /// A socket was closed: its requests are gone with it.
+    /// A socket was closed, or its fd given to another file (`dup2` onto
+    /// it, `close_range`): its requests are gone with it.
     pub fn on_closed(&mut self, tgid: u32, fd: u32) {
         self.netlink.remove(&sock_key(tgid, fd));
         self.dbus.remove(&sock_key(tgid, fd));
+    }
+
+    /// A process forgot all its sockets (an exec, a wide `close_range`): what
+    /// it sent and read is gone; a socket it still uses starts anew.
+    pub fn forget_process(&mut self, tgid: u32) {
+        self.netlink.retain(|_, s| s.tgid != tgid);
+        self.dbus.retain(|_, s| s.tgid != tgid);
+        self.replies.retain(|(k, _)| (k >> 32) as u32 != tgid);
     }
 
     /// The processes holding tracked netlink sockets.
@@ -506,7 +515,7 @@ mod tests {
             tid: 8,
             fd: 3,
             slot,
-            class: SockClass { kind: SockKind::Netlink as u32, proto: 0 },
+            class: SockClass { kind: SockKind::Netlink as u32, proto: 0, gen: 0, _pad: 0 },
             n_nl: msgs.len() as u32,
             captured: 0,
             nl_dst: 0,
@@ -518,7 +527,7 @@ mod tests {
     }
 
     fn recv_call(start_ns: u64) -> (u32, SockCall) {
-        let class = SockClass { kind: SockKind::Netlink as u32, proto: 0 };
+        let class = SockClass { kind: SockKind::Netlink as u32, proto: 0, gen: 0, _pad: 0 };
         (8, SockCall { start_ns, buf: 1, buf_len: 4096, tgid: 7, fd: 3, slot: 6, nl_seq: 0, nl_type: 0, nl_flags: 0, nl_dst: 0, class })
     }
 
@@ -561,6 +570,36 @@ mod tests {
         assert!(s.open_netlink(&[recv_call(200)], 10_000_000_000).is_empty());
         s.on_closed(7, 3);
         assert!(s.netlink.is_empty());
+    }
+
+    #[test]
+    fn a_reused_fd_starts_anew() {
+        let mut s = Sockets::default();
+        // A no-reply request, then one that expects an ack, on fd 3.
+        s.on_io(&rec(2, 100, &[(RTM_NEWADDR, REQUEST, 41, 0)]));
+        s.on_io(&rec(2, 110, &[(RTM_NEWADDR, REQUEST | ACK, 42, 0)]));
+        assert_eq!(s.open_netlink(&[recv_call(150)], 200).len(), 1);
+        // dup2 onto fd 3 (or close_range over it): the kernel sends SockClosed.
+        s.on_closed(7, 3);
+        assert!(s.open_netlink(&[recv_call(300)], 400).is_empty(), "a read on the new file at fd 3 waits for nothing");
+    }
+
+    #[test]
+    fn forgetting_a_process_keeps_the_others_sockets() {
+        let mut s = Sockets::default();
+        s.on_io(&rec(2, 100, &[(RTM_NEWADDR, REQUEST | ACK, 1, 0)]));
+        let mut other = rec(2, 100, &[(RTM_NEWADDR, REQUEST | ACK, 2, 0)]);
+        other.tgid = 70;
+        other.tid = 71;
+        s.on_io(&other);
+        assert_eq!(s.open_netlink(&[], 150).len(), 2);
+        // Process 7 execs: everything it had is forgotten; 70's request stays.
+        s.forget_process(7);
+        let open = s.open_netlink(&[], 150);
+        assert_eq!(open.iter().map(|o| (o.tgid, o.seq)).collect::<Vec<_>>(), [(70, Some(2))]);
+        // The new program's first send on fd 3 is a new socket's.
+        s.on_io(&rec(2, 200, &[(RTM_NEWADDR, REQUEST | ACK, 3, 0)]));
+        assert_eq!(s.open_netlink(&[], 250).iter().filter(|o| o.tgid == 7).map(|o| o.seq).collect::<Vec<_>>(), [Some(3)]);
     }
 
     #[test]

@@ -13,14 +13,15 @@ use crate::{
     procfs::{self, SyscallState},
     syscalls::{Arg0, WATCHED},
 };
-use plegwatch_abi::{COMM_LEN, PATH_LEN, WAIT_BEFORE_ATTACH, Wait};
+use plegwatch_abi::{COMM_LEN, PATH_LEN, WAIT_BEFORE_ATTACH, WAIT_SWEPT_TAIL, Wait};
 use std::fs;
 
 /// A wait found by the sweep.
 #[derive(Clone, Copy, Debug)]
 pub struct Swept {
     pub wait: Wait,
-    /// A umount2 in its task_work tail (counted in `TAIL_PENDING[1]`).
+    /// A umount2 in its task_work tail (flagged [`WAIT_SWEPT_TAIL`], counted by
+    /// userspace in `TAIL_PENDING[1]`).
     pub tail: bool,
 }
 
@@ -178,7 +179,7 @@ fn check_thread(b: &Blocked, clock: &AgeClock) -> Option<Swept> {
             tid,
             nr: nr as u32,
             slot: slot as u32,
-            flags: WAIT_BEFORE_ATTACH,
+            flags: if tail { WAIT_BEFORE_ATTACH | WAIT_SWEPT_TAIL } else { WAIT_BEFORE_ATTACH },
             _pad: 0,
             // No fsbase from /proc: swept waits carry no goroutine.
             g: 0,
@@ -189,7 +190,71 @@ fn check_thread(b: &Blocked, clock: &AgeClock) -> Option<Swept> {
     })
 }
 
+/// Userspace's slot of the tail gate, `TAIL_PENDING[1]`: how many of the
+/// `open` waits (the kernel's map, less those judged over) are tails the sweep
+/// put there. The kernel counts every other tail itself, in slot 0.
+pub fn swept_tails_open(open: &[Wait]) -> u64 {
+    open.iter().filter(|w| w.flags & WAIT_SWEPT_TAIL != 0 && w.sys_exit_ns != 0).count() as u64
+}
+
 /// Whether a swept wait's thread is still in the same syscall.
 pub fn still_in(w: &Wait) -> bool {
     matches!(procfs::syscall(w.tid), Some(SyscallState::In { nr, .. }) if nr as u32 == w.nr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ended::EndedWaits;
+
+    fn wait(tid: u32, sys_exit_ns: u64, flags: u32) -> Wait {
+        Wait {
+            start_ns: 100,
+            sys_exit_ns,
+            arg0: 0,
+            arg1: 0,
+            ret: 0,
+            tgid: tid,
+            tid,
+            nr: libc::SYS_umount2 as u32,
+            slot: plegwatch_abi::SLOT_UMOUNT2,
+            flags,
+            _pad: 0,
+            g: 0,
+            comm: [0; COMM_LEN],
+            path: [0; PATH_LEN],
+        }
+    }
+
+    #[test]
+    fn userspace_counts_only_the_tails_the_sweep_put_in_the_map() {
+        let map = [
+            // Swept in its tail: userspace's to count.
+            wait(1, 100, WAIT_BEFORE_ATTACH | WAIT_SWEPT_TAIL),
+            // Swept inside umount2, whose tail the kernel then started: slot 0's.
+            wait(2, 200, WAIT_BEFORE_ATTACH),
+            // Swept, still inside the syscall: no tail yet.
+            wait(3, 0, WAIT_BEFORE_ATTACH),
+            // The kernel's own tail.
+            wait(4, 300, 0),
+        ];
+        assert_eq!(swept_tails_open(&map), 1);
+        assert_eq!(swept_tails_open(&[]), 0);
+    }
+
+    #[test]
+    fn the_swept_tail_gate_closes_when_its_tails_are_gone_or_judged_over() {
+        let mut ended = EndedWaits::default();
+        let a = wait(1, 100, WAIT_BEFORE_ATTACH | WAIT_SWEPT_TAIL);
+        let b = wait(2, 100, WAIT_BEFORE_ATTACH | WAIT_SWEPT_TAIL);
+        let key = |w: &Wait| (w.tid, w.start_ns);
+        assert_eq!(swept_tails_open(&ended.open(vec![a, b], key, 1)), 2);
+        // The kernel closed a's tail at its thread's next syscall: one left.
+        assert_eq!(swept_tails_open(&ended.open(vec![b], key, 2)), 1);
+        // b's thread went back to user space without a syscall, or vanished:
+        // /proc says it is over. Its entry stays in the map, but the gate
+        // closes; it does not wait for a delete that may never come.
+        ended.mark(key(&b));
+        assert_eq!(swept_tails_open(&ended.open(vec![b], key, 3)), 0);
+    }
 }

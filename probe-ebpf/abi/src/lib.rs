@@ -12,6 +12,9 @@ use core::mem::size_of;
 /// Map names, as the userspace loader looks them up.
 pub mod maps {
     /// `HashMap<u32 tid, Wait>`: every watched wait still open, keyed by thread.
+    /// Userspace only inserts (the startup sweep, with `BPF_NOEXIST`) and never
+    /// deletes: a delete by tid could hit the thread's next wait. A wait it
+    /// judges over by `/proc` is hidden until the kernel replaces or removes it.
     pub const INFLIGHT: &str = "INFLIGHT";
     /// `RingBuf` of [`super::WaitEnd`] records for waits longer than `REPORT_MIN_NS`.
     pub const EVENTS: &str = "EVENTS";
@@ -19,19 +22,41 @@ pub mod maps {
     pub const STATS: &str = "STATS";
     /// `PerCpuArray<u64>` log2 latency histogram, `slot * HIST_BUCKETS + bucket`.
     pub const HIST: &str = "HIST";
-    /// `Array<u64>` with two entries: how many umount2 waits sit in their task_work
-    /// tail; slot 0 counts those the kernel saw start, slot 1 those found by the
-    /// startup sweep (see [`super::WAIT_BEFORE_ATTACH`]).
+    /// `Array<u64>` with two entries, the gate of the tail-end probe (open while
+    /// either is non-zero). Each slot has one writer, so neither can leak:
+    /// - slot 0, written by the kernel only: the number of [`INFLIGHT`] entries
+    ///   in their task_work tail without [`super::WAIT_SWEPT_TAIL`]. +1 when
+    ///   `sys_exit` of umount2 starts a tail (once per entry), -1 only when a
+    ///   delete of such an entry succeeds. Userspace never writes it, and never
+    ///   deletes entries, so the count is the entries;
+    /// - slot 1, written by userspace only, read by the kernel: the number of
+    ///   tails the startup sweep put in the map ([`super::WAIT_SWEPT_TAIL`])
+    ///   that are still there and not judged over. Set before they are
+    ///   inserted, then from each scan's snapshot.
     pub const TAIL_PENDING: &str = "TAIL_PENDING";
 }
 
 /// Socket maps (netlink and D-Bus request/reply tracking).
 pub mod sock_maps {
     /// `HashMap<u64 (tgid << 32 | fd), SockClass>`: the sockets worth looking at.
+    /// An entry holds only while its [`super::SockClass::gen`] is the process's
+    /// [`SOCK_GEN`]; a stale one is ignored, then replaced or removed.
     pub const SOCKS: &str = "SOCKS";
+    /// `HashMap<u32 tgid, u32>`: how many times the process forgot all its
+    /// sockets at once (an exec, which may have closed any of them by
+    /// CLOEXEC; a `close_range` too wide to walk). Created at 0 when the
+    /// process's first socket is tracked (absent: nothing tracked, generation
+    /// 0); the kernel bumps it, and the kernel or the seeding userspace stamps
+    /// it into each new [`SOCKS`] entry. The kernel cannot walk `SOCKS` to
+    /// delete a process's keys; with this it needs no walk.
+    pub const SOCK_GEN: &str = "SOCK_GEN";
     /// `HashMap<u32 tid, SockCall>`: send/recv calls in flight on those sockets.
+    /// Written by the kernel only; its gate `SOCK_CALLS_OPEN[0]` is the number
+    /// of entries (+1 only when an insert made one, -1 only when a delete
+    /// removed one).
     pub const SOCK_CALLS: &str = "SOCK_CALLS";
-    /// `RingBuf` of [`super::SockIo`] and [`super::SockClosed`] records.
+    /// `RingBuf` of [`super::SockIo`], [`super::SockClosed`] and
+    /// [`super::SocksForgotten`] records, in the order each process made them.
     pub const SOCK_EVENTS: &str = "SOCK_EVENTS";
 }
 
@@ -84,7 +109,7 @@ pub mod offcpu_maps {
 
 /// Go function timing (uprobes at the entry and at every RET).
 pub mod go_maps {
-    /// `HashMap<GoCallKey, GoCall>`: Go calls in progress, by goroutine.
+    /// `HashMap<GoCallKey, GoCall>`: Go calls in progress, by process, goroutine and function.
     pub const GO_CALLS: &str = "GO_CALLS";
     /// `RingBuf` of [`super::GoCallEnd`] and [`super::ExecEvent`] records.
     pub const GO_EVENTS: &str = "GO_EVENTS";
@@ -148,15 +173,18 @@ pub struct ExecEvent {
 }
 const _: () = assert!(size_of::<ExecEvent>() == 32);
 
-/// A Go call in progress is named by its goroutine (`g`, in R14 under the
-/// register ABI at entry and at return) and the probed function's id (the
-/// uprobe's attach cookie).
+/// A Go call in progress is named by its process, its goroutine (`g`, in R14
+/// under the register ABI at entry and at return) and the probed function's
+/// id (the uprobe's attach cookie). The process is part of the key: function
+/// ids are per binary inode, shared by every process running it, and Go heap
+/// addresses (`g`) repeat from process to process, so two shims' concurrent
+/// calls would otherwise overwrite or close each other's entries.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GoCallKey {
     pub g: u64,
     pub func: u32,
-    pub _pad: u32,
+    pub tgid: u32,
 }
 const _: () = assert!(size_of::<GoCallKey>() == 16);
 
@@ -297,8 +325,11 @@ pub struct SockClass {
     pub kind: u32,
     /// The netlink protocol, for [`SockKind::Netlink`].
     pub proto: u32,
+    /// The process's [`sock_maps::SOCK_GEN`] when the entry was made.
+    pub gen: u32,
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<SockClass>() == 8);
+const _: () = assert!(size_of::<SockClass>() == 16);
 
 /// The value of [`sock_maps::SOCK_CALLS`]: a send or recv in flight.
 #[repr(C)]
@@ -323,7 +354,7 @@ pub struct SockCall {
     pub nl_dst: u32,
     pub class: SockClass,
 }
-const _: () = assert!(size_of::<SockCall>() == 56);
+const _: () = assert!(size_of::<SockCall>() == 64);
 
 /// Bytes of a socket buffer copied into a [`SockIo`] record (the first ones).
 pub const SOCK_DATA_CAP: usize = 2048;
@@ -374,10 +405,11 @@ pub struct SockIo {
     pub data: [u8; SOCK_DATA_CAP],
 }
 /// Bytes of a [`SockIo`] before `data`.
-pub const SOCK_IO_HEADER_LEN: usize = 88 + NL_SUMMARIES * 20;
+pub const SOCK_IO_HEADER_LEN: usize = 96 + NL_SUMMARIES * 20;
 const _: () = assert!(size_of::<SockIo>() == SOCK_IO_HEADER_LEN + SOCK_DATA_CAP);
 
-/// A tracked socket was closed (or its fd replaced).
+/// A tracked socket was closed (or its fd replaced: `dup2`/`dup3` onto it,
+/// `close_range` over it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SockClosed {
@@ -386,6 +418,17 @@ pub struct SockClosed {
     pub fd: u32,
 }
 const _: () = assert!(size_of::<SockClosed>() == 16);
+
+/// A process with tracked sockets forgot them all (an exec, a wide
+/// `close_range`): none of its fds is tracked until classified again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SocksForgotten {
+    pub header: EventHeader,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<SocksForgotten>() == 16);
 
 /// Where a wait stands.
 #[repr(u32)]
@@ -435,8 +478,13 @@ const _: () = assert!(size_of::<Wait>() == 216);
 
 /// [`Wait::flags`]: the wait was found by plegwatch's startup sweep of `/proc`,
 /// so it began before the probes were attached and `start_ns` is a lower bound
-/// of its age. Its task_work tail, if any, is counted in `TAIL_PENDING[1]`.
+/// of its age.
 pub const WAIT_BEFORE_ATTACH: u32 = 1;
+/// [`Wait::flags`]: the startup sweep found the wait already in its task_work
+/// tail, and put it in the map so. Counted by userspace in `TAIL_PENDING[1]`,
+/// never by the kernel (a swept wait whose tail starts later, at the kernel's
+/// `sys_exit`, lacks it and is counted in slot 0 like any other).
+pub const WAIT_SWEPT_TAIL: u32 = 2;
 
 /// The kind of a ring-buffer record, first in every record.
 #[repr(u32)]
@@ -452,6 +500,8 @@ pub enum EventKind {
     GoCallEnd = 4,
     /// An [`ExecEvent`].
     Exec = 5,
+    /// A [`SocksForgotten`].
+    SocksForgotten = 6,
 }
 
 /// Header first in every ring-buffer record.
@@ -554,7 +604,7 @@ pub enum Stat {
     EndedByExit = 5,
     /// Socket records lost: `SOCK_EVENTS` was full.
     SockEventsFull = 6,
-    /// Sockets that could not be tracked: `SOCKS` was full.
+    /// Sockets that could not be tracked: `SOCKS` (or `SOCK_GEN`) was full.
     SocksFull = 7,
     /// Socket calls that could not be tracked: `SOCK_CALLS` was full.
     SockCallsFull = 8,

@@ -3,8 +3,8 @@
 //!
 //! [`attach`] finds the binaries and puts a uprobe at the entry and at every
 //! RET of each function in [`targets`] (see `probe-ebpf/src/gofuncs.rs`);
-//! calls are keyed by goroutine. Calls still open past the thresholds are
-//! stalls:
+//! calls are keyed by process and goroutine. Calls still open past the
+//! thresholds are stalls:
 //! - `pleg_relist`: a relist still running; its wait is the time since that
 //!   relist started, kubelet's own clock (`relistTime` is stamped at the start);
 //! - `go_lock`: containerd's Status write lock held by `Update`/`UpdateSync`,
@@ -74,14 +74,24 @@ impl GoOpen {
     }
 }
 
+/// An open Go call's key: (process, goroutine, function id), as the kernel's
+/// [`GoCallKey`]. Goroutine addresses repeat across processes and function ids
+/// are per binary, so the process is part of it.
+pub type GoKey = (u32, u64, u32);
+
+/// The registry key of a call's end record.
+fn end_key(rec: &GoCallEnd) -> GoKey {
+    (rec.tgid, rec.g, rec.func)
+}
+
 fn captured(arg: &[u8], len: u32) -> Option<String> {
     arg.get(..len as usize).and_then(arg_text)
 }
 
 impl Item for GoOpen {
-    type Key = (u64, u32);
+    type Key = GoKey;
     fn key(&self) -> Self::Key {
-        (self.g, self.func)
+        (self.tgid, self.g, self.func)
     }
     fn tgid(&self) -> u32 {
         self.tgid
@@ -244,7 +254,7 @@ impl GoWatch {
                 l.container = container.and_then(|o| o.arg.clone()).or(l.container.take());
             }
         }
-        if !self.registry.wants_end(&(rec.g, rec.func), took) {
+        if !self.registry.wants_end(&end_key(rec), took) {
             return;
         }
         let call = GoCall {
@@ -307,7 +317,7 @@ impl GoWatch {
         })
     }
 
-    fn act(&mut self, actions: Vec<Action<(u64, u32)>>, now_ns: u64, waits: &KernelWaits<'_>, sink: &mut dyn Sink) {
+    fn act(&mut self, actions: Vec<Action<GoKey>>, now_ns: u64, waits: &KernelWaits<'_>, sink: &mut dyn Sink) {
         for a in actions {
             match a {
                 Action::Report { key, level, waited } => {
@@ -565,5 +575,69 @@ impl GoWatch {
             .collect();
         out.sort_by_key(|v| v["pid"].as_u64());
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+    /// Pids no process has, so /proc lookups find nothing.
+    const SHIM_A: u32 = u32::MAX - 11;
+    const SHIM_B: u32 = u32::MAX - 12;
+
+    /// A shim's `(*service).Delete` on goroutine 0xc000602000: Go heap
+    /// addresses repeat from process to process, and function ids are per binary.
+    fn delete_call(tgid: u32, start_ns: u64) -> GoOpen {
+        GoOpen {
+            g: 0xc000_602000,
+            func: 4,
+            tgid,
+            tid: tgid,
+            comm: "containerd-shim".into(),
+            start_ns,
+            receiver: 0xc000_0a0000,
+            arg: None,
+        }
+    }
+
+    fn end_of(o: &GoOpen, end_ns: u64) -> GoCallEnd {
+        GoCallEnd {
+            header: EventHeader { kind: EventKind::GoCallEnd as u32, _pad: 0 },
+            g: o.g,
+            start_ns: o.start_ns,
+            end_ns,
+            receiver: o.receiver,
+            func: o.func,
+            tgid: o.tgid,
+            tid: o.tid,
+            arg_len: 0,
+            arg: [0; plegwatch_abi::GO_ARG_LEN],
+        }
+    }
+
+    #[test]
+    fn two_shims_calls_on_the_same_g_and_function_are_tracked_apart() {
+        let t = Thresholds::new(Duration::from_secs(2), Duration::from_secs(10), Duration::from_secs(150)).unwrap();
+        let mut reg: Registry<GoOpen> = Registry::new(t, Filter::default());
+        let a = delete_call(SHIM_A, 0);
+        let b = delete_call(SHIM_B, S / 2);
+        let reported = reg.scan([&a, &b], 3 * S).iter().filter(|x| matches!(x, Action::Report { .. })).count();
+        assert_eq!(reported, 2, "each shim's call is its own stall");
+        assert_eq!(reg.open().count(), 2);
+
+        // Shim A's call returns: its end record names A's call, not B's.
+        let rec = end_of(&a, 4 * S);
+        let key = end_key(&rec);
+        assert_eq!(key, a.key());
+        assert_ne!(key, b.key());
+        assert!(reg.wants_end(&key, Duration::from_secs(4)));
+        let actions = reg.end(a.clone(), rec.end_ns);
+        assert_eq!(actions, vec![Action::Resolve { key: a.key(), waited: Duration::from_secs(4), exact: true }]);
+        reg.forget(&key);
+        // B's call is still open, and still reported as one.
+        assert!(reg.get(&b.key()).is_some_and(|t| t.info.tgid == SHIM_B));
+        assert!(reg.scan([&b], 5 * S).is_empty());
     }
 }

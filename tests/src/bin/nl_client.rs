@@ -5,6 +5,7 @@
 //! nl_client route-noreply    [--netns NAME] [--seq N]
 //! nl_client usersock-peer    [--netns NAME] --portid P
 //! nl_client usersock-request [--netns NAME] --portid P [--seq N] [--type T]
+//! nl_client route-then-reuse [--netns NAME] [--seq N] --reuse HOW [--reuse-seq M] [--first-wait-ms T]
 //! ```
 //!
 //! - `route-noreply`: a NETLINK_ROUTE socket sends RTM_NEWLINK for ifindex 1 (lo) with only
@@ -13,6 +14,19 @@
 //! - `usersock-peer`: binds a NETLINK_USERSOCK socket to portid P and never reads it.
 //! - `usersock-request`: sends a NETLINK_USERSOCK message of type T (NLM_F_REQUEST|NLM_F_ACK)
 //!   to portid P and blocks in `recvfrom` for the reply, which the peer never sends.
+//!
+//! - `route-then-reuse`: as `route-noreply`, but the blocking `recvfrom` times out after T ms
+//!   (`SO_RCVTIMEO`, default 3500). Then the netlink socket's fd is reused for one end of an
+//!   AF_UNIX socketpair, HOW being `dup2` or `dup3` (the end is duplicated onto it),
+//!   `close-range` (`close_range(fd, fd, 0)`, then the socketpair takes the freed fd),
+//!   `close-range-all` (`close_range(3, ~0U, 0)`, likewise) or `exec` (the process execs itself;
+//!   the socket was opened with SOCK_CLOEXEC, so the new program's socketpair takes its fd). For
+//!   `exec` the socket is made above seven fds on /dev/null (3 to 9), of which the first is
+//!   closed before the exec: the dynamic loader's own open and close then use fd 3, and leave
+//!   the socket's fd for the socketpair's second end, with no close(2) of it in between.
+//!   On that fd the process writes the bytes of a netlink request that expects a reply
+//!   (RTM_GETLINK with NLM_F_REQUEST|NLM_F_ACK, seq M), prints `PID TID reused fd=FD` and blocks
+//!   reading it: the other end never writes. No netlink request is open there.
 //!
 //! With `--netns NAME` the process first enters `/run/netns/NAME` (made by `ip netns add`).
 //! Once the request is sent (or the peer bound) it prints one line, `PID TID sent fd=FD` (or
@@ -25,6 +39,7 @@ use std::mem;
 use std::process::ExitCode;
 
 const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 
@@ -35,6 +50,10 @@ struct Opts {
     seq: u32,
     portid: u32,
     msg_type: u16,
+    reuse: String,
+    reuse_seq: u32,
+    first_wait_ms: u32,
+    fd: i32,
 }
 
 fn main() -> ExitCode {
@@ -55,14 +74,7 @@ fn run() -> Result<(), String> {
     match opts.mode.as_str() {
         "route-noreply" => {
             let fd = netlink_socket(libc::NETLINK_ROUTE, 0)?;
-            let mut msg = nlmsghdr(32, RTM_NEWLINK, NLM_F_REQUEST, opts.seq);
-            // struct ifinfomsg: family, pad, type, index = 1 (lo), flags = 0, change = 0.
-            msg.extend_from_slice(&[libc::AF_UNSPEC as u8, 0]);
-            msg.extend_from_slice(&0u16.to_ne_bytes());
-            msg.extend_from_slice(&1i32.to_ne_bytes());
-            msg.extend_from_slice(&0u32.to_ne_bytes());
-            msg.extend_from_slice(&0u32.to_ne_bytes());
-            send_to(fd, &msg, 0)?;
+            send_to(fd, &newlink_lo(opts.seq), 0)?;
             announce("sent", fd)?;
             block_in_recv(fd)
         }
@@ -73,6 +85,21 @@ fn run() -> Result<(), String> {
                 // SAFETY: pause(2) takes no arguments; it returns only after a caught signal.
                 unsafe { libc::pause() };
             }
+        }
+        "route-then-reuse" => {
+            if opts.reuse == "exec" {
+                hold_low_fds()?;
+            }
+            let fd = netlink_socket(libc::NETLINK_ROUTE, 0)?;
+            send_to(fd, &newlink_lo(opts.seq), 0)?;
+            announce("sent", fd)?;
+            recv_until_timeout(fd, opts.first_wait_ms)?;
+            reuse(fd, &opts)
+        }
+        // What `route-then-reuse --reuse exec` runs after its exec.
+        "after-exec" => {
+            let fd = socketpair_at(opts.fd)?;
+            write_request_and_block(fd, opts.reuse_seq)
         }
         "usersock-request" => {
             let fd = netlink_socket(libc::NETLINK_USERSOCK, 0)?;
@@ -95,6 +122,10 @@ fn parse_args() -> Result<Opts, String> {
         seq: 42,
         portid: 0,
         msg_type: 0x10,
+        reuse: String::new(),
+        reuse_seq: 43,
+        first_wait_ms: 3500,
+        fd: -1,
     };
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -107,6 +138,10 @@ fn parse_args() -> Result<Opts, String> {
             "--netns" => opts.netns = Some(value.clone()),
             "--seq" => opts.seq = number()?,
             "--portid" => opts.portid = number()?,
+            "--reuse" => opts.reuse = value.clone(),
+            "--reuse-seq" => opts.reuse_seq = number()?,
+            "--first-wait-ms" => opts.first_wait_ms = number()?,
+            "--fd" => opts.fd = i32::try_from(number()?).map_err(|e| format!("--fd: {e}"))?,
             "--type" => {
                 opts.msg_type = u16::try_from(number()?).map_err(|e| format!("--type: {e}"))?
             }
@@ -174,6 +209,161 @@ fn netlink_socket(protocol: i32, portid: u32) -> Result<i32, String> {
         return Err(os_err(&format!("bind netlink portid {portid}")));
     }
     Ok(fd)
+}
+
+/// RTM_NEWLINK for ifindex 1 (lo) that changes nothing, with only NLM_F_REQUEST: applied
+/// silently, never answered.
+fn newlink_lo(seq: u32) -> Vec<u8> {
+    let mut msg = nlmsghdr(32, RTM_NEWLINK, NLM_F_REQUEST, seq);
+    // struct ifinfomsg: family, pad, type, index = 1 (lo), flags = 0, change = 0.
+    msg.extend_from_slice(&[libc::AF_UNSPEC as u8, 0]);
+    msg.extend_from_slice(&0u16.to_ne_bytes());
+    msg.extend_from_slice(&1i32.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes());
+    msg
+}
+
+/// Blocks in `recvfrom` on `fd` for at most `ms` milliseconds; an error if anything comes.
+fn recv_until_timeout(fd: i32, ms: u32) -> Result<(), String> {
+    let tv = libc::timeval {
+        tv_sec: libc::time_t::from(ms / 1000),
+        tv_usec: libc::suseconds_t::from((ms % 1000) * 1000),
+    };
+    // SAFETY: tv is a valid timeval and the length is its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(os_err("setsockopt SO_RCVTIMEO"));
+    }
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: buf is valid for its length; no source address is asked for.
+    let n = unsafe {
+        libc::recvfrom(
+            fd,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    let err = io::Error::last_os_error();
+    match n {
+        n if n >= 0 => Err(format!("recvfrom got {n} bytes: the request was answered")),
+        _ if err.kind() == io::ErrorKind::WouldBlock => Ok(()),
+        _ => Err(format!("recvfrom failed: {err}")),
+    }
+}
+
+/// Makes the netlink socket's fd `fd` one end of an AF_UNIX socketpair, as `opts.reuse`
+/// says, then writes a netlink-looking request there and blocks reading it.
+fn reuse(fd: i32, opts: &Opts) -> Result<(), String> {
+    let end = match opts.reuse.as_str() {
+        "dup2" | "dup3" => {
+            let (a, _b) = socketpair()?;
+            // SAFETY: dup2/dup3 on fds this process owns; the results are checked.
+            let rc = unsafe {
+                if opts.reuse == "dup2" {
+                    libc::dup2(a, fd)
+                } else {
+                    libc::dup3(a, fd, libc::O_CLOEXEC)
+                }
+            };
+            if rc != fd {
+                return Err(os_err(&opts.reuse));
+            }
+            // SAFETY: closing the fd we made; its file lives on at `fd`. `_b`, the other
+            // end, stays open and silent.
+            unsafe { libc::close(a) };
+            fd
+        }
+        "close-range" | "close-range-all" => {
+            let (first, last) = if opts.reuse == "close-range" { (fd as u32, fd as u32) } else { (3, u32::MAX) };
+            // SAFETY: close_range(2) on this process's own fds (stdio is below 3).
+            if unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) } != 0 {
+                return Err(os_err("close_range"));
+            }
+            socketpair_at(fd)?
+        }
+        "exec" => {
+            // SAFETY: fd 3 is the first /dev/null of `hold_low_fds`: the loader will use it.
+            unsafe { libc::close(3) };
+            let exe = CString::new("/proc/self/exe").map_err(|e| e.to_string())?;
+            let args: Vec<CString> = ["nl_client", "after-exec", "--fd", &fd.to_string(), "--reuse-seq", &opts.reuse_seq.to_string()]
+                .iter()
+                .map(|a| CString::new(*a).map_err(|e| e.to_string()))
+                .collect::<Result<_, _>>()?;
+            let mut argv: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
+            argv.push(std::ptr::null());
+            // SAFETY: NUL-terminated strings and a NULL-terminated argv that outlive the call;
+            // execv returns only on failure.
+            unsafe { libc::execv(exe.as_ptr(), argv.as_ptr()) };
+            return Err(os_err("execv /proc/self/exe"));
+        }
+        other => return Err(format!("unknown --reuse {other:?}")),
+    };
+    write_request_and_block(end, opts.reuse_seq)
+}
+
+/// Opens /dev/null on fds 3 to 9 (not close-on-exec), so that the next socket lands above
+/// them; `reuse` closes fd 3 again just before the exec.
+fn hold_low_fds() -> Result<(), String> {
+    let null = CString::new("/dev/null").map_err(|e| e.to_string())?;
+    for want in 3..10 {
+        // SAFETY: a NUL-terminated path; the fd is checked.
+        let fd = unsafe { libc::open(null.as_ptr(), libc::O_RDONLY) };
+        if fd != want {
+            return Err(format!("/dev/null opened as fd {fd}, not {want}"));
+        }
+    }
+    Ok(())
+}
+
+/// An AF_UNIX stream socketpair.
+fn socketpair() -> Result<(i32, i32), String> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for the two fds returned.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()) } != 0 {
+        return Err(os_err("socketpair"));
+    }
+    Ok((fds[0], fds[1]))
+}
+
+/// A socketpair one of whose ends is `fd`, a freed fd (an error otherwise). The other end
+/// stays open and silent.
+fn socketpair_at(fd: i32) -> Result<i32, String> {
+    let (a, b) = socketpair()?;
+    if a != fd && b != fd {
+        return Err(format!("the socketpair took fds {a} and {b}, not the freed fd {fd}"));
+    }
+    Ok(fd)
+}
+
+/// Writes a netlink request that expects a reply (RTM_GETLINK for lo, NLM_F_REQUEST|NLM_F_ACK,
+/// sequence number `seq`) on `fd`, which is not a netlink socket, says `reused`, and blocks
+/// reading `fd` forever.
+fn write_request_and_block(fd: i32, seq: u32) -> Result<(), String> {
+    let mut msg = newlink_lo(seq);
+    msg[4..6].copy_from_slice(&RTM_GETLINK.to_ne_bytes());
+    msg[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_ACK).to_ne_bytes());
+    // SAFETY: msg is valid for its length.
+    let n = unsafe { libc::write(fd, msg.as_ptr().cast(), msg.len()) };
+    if n != msg.len() as isize {
+        return Err(os_err("write the request-looking bytes"));
+    }
+    announce("reused", fd)?;
+    let mut buf = [0u8; 4096];
+    // SAFETY: buf is valid for its length.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    Err(format!("the blocking read on fd {fd} returned {n}"))
 }
 
 /// A `struct nlmsghdr` (portid 0: the kernel fills in ours).
