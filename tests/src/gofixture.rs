@@ -704,6 +704,19 @@ impl FakeKubelet {
         Ok(())
     }
 
+    /// Stops the relist loop before its next relist (outside `Relist`), until
+    /// [`FakeKubelet::release_loop`]; returns once acknowledged.
+    pub fn hold_loop(&mut self) -> Result<()> {
+        self.command("hold-loop", "ack hold-loop", |k| matches!(k, Kind::Ack { command } if command == "hold-loop"))?;
+        Ok(())
+    }
+
+    /// Lets a held relist loop go on; returns once acknowledged.
+    pub fn release_loop(&mut self) -> Result<()> {
+        self.command("release-loop", "ack release-loop", |k| matches!(k, Kind::Ack { command } if command == "release-loop"))?;
+        Ok(())
+    }
+
     /// Calls the fixture's `Healthy()`: `(ok, message)`.
     pub fn healthy(&mut self) -> Result<(bool, String)> {
         let i = self.command("health", "healthy …", |k| {

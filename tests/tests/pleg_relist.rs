@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::gofixture::{self, FakeKubelet, RELIST_SYMBOL};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
-use plegwatch_scenarios::{preflight, Plegwatch};
+use plegwatch_scenarios::{incidents, preflight, Plegwatch};
 
 const WARN_S: f64 = 2.0;
 const SLACK_S: f64 = 1.0;
@@ -96,6 +96,49 @@ fn a_parked_relist_is_reported_then_timed() -> anyhow::Result<()> {
     assert!(
         recent.iter().any(|r| (r["took_s"].as_f64().unwrap_or(f64::NAN) - held_s).abs() < 0.1),
         "the parked relist ({held_s:.3}s) is not among the recent relists: {clock}"
+    );
+    Ok(())
+}
+
+/// A relist loop stuck outside `Relist` (no relist open, none started since one was due) is
+/// an incident of its own, raised within 1 s of --warn after the missed relist was due, and
+/// resolved when the loop goes on; the relists before it raised nothing.
+#[test]
+fn an_overdue_relist_with_none_open_is_an_incident() -> anyhow::Result<()> {
+    preflight::require();
+    let bin = gofixture::build_fake_kubelet()?;
+    let mut kubelet = FakeKubelet::start(&bin)?;
+    let pid = kubelet.pid();
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    // Discovery runs at start and every 2 s; then a few normal relists.
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = kubelet.wait_relist_start(Duration::from_secs(3)).context("the fixture does not relist")?;
+    anyhow::ensure!(kubelet.wait_relist_end(before, Duration::from_secs(3)).is_some(), "relist {before} did not end");
+    kubelet.hold_loop()?;
+    let held = Instant::now();
+    let overdue = |h: &serde_json::Value| h["kind"] == "pleg_relist" && h["pid"].as_u64() == Some(u64::from(pid)) && h["what"].as_str().is_some_and(|w| w.contains("no relist started"));
+    let raised = plegwatch.wait_for(Duration::from_secs(8), |e| e.is("incident") && incidents::Incident::chain(e).iter().any(overdue));
+    kubelet.release_loop()?;
+    let released = Instant::now();
+    let next = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist after the loop was released")?;
+    anyhow::ensure!(kubelet.wait_relist_end(next, Duration::from_secs(3)).is_some(), "relist {next} did not end");
+    plegwatch.wait_for(Duration::from_secs(3), |e| e.is("incident_resolved"));
+    let events = plegwatch.stop()?;
+    let status = kubelet.quit()?;
+    assert!(status.success(), "the fixture exited badly: {status}");
+    let all = || dump(&events, held);
+    assert!(raised.is_some(), "no incident for the held relist loop:\n{}", all());
+    let i = incidents::the_one(&events, Duration::from_secs_f64(WARN_S), Some(released), overdue).unwrap_or_else(|e| panic!("{e}\n{}", all()));
+    // Nothing about this kubelet before the hold: normal relists are not incidents.
+    let early = incidents::incidents(&events).into_iter().filter(|x| x.id != i.id && x.any_hop(|h| h["pid"].as_u64() == Some(u64::from(pid)))).count();
+    assert_eq!(early, 0, "other incidents for the fixture:\n{}", all());
+    eprintln!(
+        "overdue-relist incident #{} raised {:.3}s after crossing --warn ({:.3}s after the hold): {}",
+        i.id,
+        i.raised_after_warn(Duration::from_secs_f64(WARN_S)).as_secs_f64(),
+        i.first().at.duration_since(held).as_secs_f64(),
+        incidents::chain_text(&incidents::Incident::chain(i.first()))
     );
     Ok(())
 }
