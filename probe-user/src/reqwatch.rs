@@ -15,6 +15,7 @@ use crate::{
     holders::{
         SocketOwners, UnixPeers,
         bus_owner::{self, Owner},
+        owner_lookups::OwnerLookups,
     },
     dbus_sweep,
     graph::{
@@ -34,7 +35,7 @@ use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind
 use serde_json::{Value, json};
 use std::{
     collections::HashMap,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 /// The receive syscalls a thread blocked on a netlink reply may sit in.
@@ -85,7 +86,11 @@ impl ReqWatch {
         Ok(ReqWatch {
             registry: Registry::new(thresholds, filter.clone()),
             dbus: Registry::new(thresholds, filter),
-            holders: DbusHolders::default(),
+            holders: DbusHolders {
+                peers: UnixPeers::default(),
+                owners: SocketOwners::new(),
+                lookups: OwnerLookups::start(ask_owner).map_err(|e| WatchError::Io("starting the bus-owner lookup thread", e))?,
+            },
             sockets: Sockets::with_families(crate::netlink::genl::GenlFamilies::from_kernel().unwrap_or_else(|e| {
                 tracing::warn!("generic netlink families unknown until seen on the wire: {e}");
                 Default::default()
@@ -198,8 +203,9 @@ impl ReqWatch {
             // the other end of the daemon's socket the call sits in.
             let caller = match (&q.sender, q.peer_pid) {
                 (Some(sender), _) if !found.connections.iter().any(|c| c.tgid == q.holder_pid && c.daemon_side) => {
-                    match bus_owner::owner_of(std::path::Path::new(&q.bus_path), sender, OWNER_TIMEOUT) {
-                        Owner::Pid(p) => Some(p),
+                    // At startup, before the scan loop: waiting here delays nothing.
+                    match self.holders.lookups.wait(&q.bus_path, sender, OWNER_TIMEOUT * 2) {
+                        Some(Owner::Pid(p)) => Some(p),
                         _ => None,
                     }
                 }
@@ -401,8 +407,12 @@ impl ReqWatch {
             let a = match self.answerers.get(&key) {
                 Some(a) => a.clone(),
                 None => {
-                    let a = dbus_answerer(&self.holders.holder_of(&o));
-                    self.answerers.insert(key, a.clone());
+                    let holder = self.holders.holder_of(&o);
+                    let a = dbus_answerer(&holder);
+                    // Asked off the loop: looked up again at the next scan.
+                    if holder.get("kind").and_then(Value::as_str) != Some("pending") {
+                        self.answerers.insert(key, a.clone());
+                    }
                     a
                 }
             };
@@ -521,17 +531,20 @@ fn netlink_holder(o: &NetlinkOpen, protocol: &str) -> Value {
 
 /// How long the bus daemon gets to say who owns a name.
 const OWNER_TIMEOUT: Duration = Duration::from_millis(500);
-/// How long an answer is reused.
-const OWNER_TTL: Duration = Duration::from_secs(10);
 
 /// Finds who holds a D-Bus call: the owner of its destination, asked of the
 /// bus daemon; the daemon itself when it does not answer; the socket's peer
 /// for a peer-to-peer connection (no bus).
-#[derive(Default)]
 struct DbusHolders {
     peers: UnixPeers,
     owners: SocketOwners,
-    cache: HashMap<(String, String), (Instant, Owner)>,
+    /// Name owners, asked of the bus daemon off the scan loop.
+    lookups: OwnerLookups,
+}
+
+/// The blocking lookup the worker thread makes.
+fn ask_owner(path: &std::path::Path, name: &str) -> Owner {
+    bus_owner::owner_of(path, name, OWNER_TIMEOUT)
 }
 
 fn process(pid: u32) -> serde_json::Map<String, Value> {
@@ -576,17 +589,12 @@ impl DbusHolders {
         let Some(path) = bus_path else {
             return json!({ "kind": "unknown", "name": dest, "why": "the bus socket's path is unknown" });
         };
-        let key = (path.clone(), dest.clone());
-        let owner = match self.cache.get(&key) {
-            Some((at, o)) if at.elapsed() < OWNER_TTL => o.clone(),
-            _ => {
-                let o = if dest == "org.freedesktop.DBus" {
-                    Owner::BusNotAnswering
-                } else {
-                    bus_owner::owner_of(std::path::Path::new(&path), &dest, OWNER_TIMEOUT)
-                };
-                self.cache.insert(key, (Instant::now(), o.clone()));
-                o
+        let owner = if dest == "org.freedesktop.DBus" {
+            Owner::BusNotAnswering
+        } else {
+            match self.lookups.get(&path, &dest) {
+                Some(o) => o,
+                None => return json!({ "kind": "pending", "name": dest, "bus": path, "why": "asking the bus daemon who owns the name" }),
             }
         };
         match owner {

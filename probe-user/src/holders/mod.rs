@@ -4,6 +4,7 @@
 //! `/run/systemd/private`.
 
 pub mod bus_owner;
+pub mod owner_lookups;
 pub mod unix_peer;
 
 pub use unix_peer::{PeerInfo, SocketOwners, UnixPeers, UnixSocketInfo};
