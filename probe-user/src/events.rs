@@ -137,6 +137,10 @@ pub struct Summary {
     /// containerd's CRI Status locks held longest (write holds, and the
     /// longest read wait on each).
     pub go_locks: Vec<Value>,
+    /// Go function ids (attach cookies) in use at exit, and probed binaries
+    /// given up because they were replaced on disk and no longer run.
+    pub go_funcs_in_use: usize,
+    pub go_binaries_retired: u64,
     /// Incidents raised, and resolved, over the run.
     pub incidents: u64,
     pub incidents_resolved: u64,

@@ -137,3 +137,43 @@ fn tempdir(tag: &str) -> Result<std::path::PathBuf> {
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }
+
+/// Upgrades that replace the binary on disk: once no process runs an old copy and its file
+/// is gone, plegwatch gives its probes and function ids back (before, ids were never reused
+/// and after a few dozen upgrades nothing new was probed). Every new copy is still probed.
+#[test]
+fn upgraded_binaries_give_their_ids_back() -> Result<()> {
+    const UPGRADES: usize = 4;
+    preflight::require();
+    let bin = gofixture::build_fake_kubelet()?;
+    let mut plegwatch = Plegwatch::start(&["--warn", "1s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    let dir = tempdir("retire")?;
+    let started = Instant::now();
+    for n in 0..UPGRADES {
+        // Each upgrade: a new file (new inode) at a new path, run, stopped, then deleted.
+        let copy = dir.join(format!("fake-kubelet-{n}"));
+        std::fs::copy(&bin, &copy).context("copying the fixture")?;
+        let spawned = Instant::now();
+        let mut kubelet = FakeKubelet::start(&copy)?;
+        target_line(&mut plegwatch, kubelet.pid(), spawned, "probed");
+        ensure!(kubelet.quit()?.success(), "the fixture exited badly under the probes");
+        std::fs::remove_file(&copy).context("deleting the old copy")?;
+    }
+    // The 2 s poll notices the deleted copies.
+    std::thread::sleep(Duration::from_millis(4500));
+    let events = plegwatch.stop()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let summary = events.iter().find(|e| e.is("summary")).context("no summary")?;
+    let retired = summary.u64("/go_binaries_retired").unwrap_or(0);
+    assert!(
+        retired >= UPGRADES as u64,
+        "{retired} binaries retired after {UPGRADES} upgrades whose old copies were deleted:\n{}",
+        dump(&events, started)
+    );
+    eprintln!(
+        "{retired} binaries retired; {} function ids in use at exit",
+        summary.u64("/go_funcs_in_use").unwrap_or(0)
+    );
+    Ok(())
+}

@@ -41,10 +41,11 @@ pub struct ProbedFunc {
 }
 
 /// What became of a binary.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 enum Binary {
-    /// Probed; processes running it get `g_tls` in `GO_PROCS`.
-    Probed { target: &'static Target, g_tls: Option<i64> },
+    /// Probed; processes running it get `g_tls` in `GO_PROCS`. Its function
+    /// ids and links are kept so that they can be given back (see [`retire`]).
+    Probed { target: &'static Target, g_tls: Option<i64>, ids: Vec<u32>, links: Vec<Link>, path: PathBuf, by_flag: bool },
     /// Looked at and left alone.
     Skipped,
 }
@@ -140,6 +141,17 @@ fn stable_path(pid: u32, key: (u64, u64)) -> (PathBuf, PathBuf) {
     (if same { path.clone() } else { exe }, path)
 }
 
+/// The smallest function id (attach cookie) not in use, if any is left.
+pub fn free_id(in_use: &HashMap<u32, ProbedFunc>) -> Option<u32> {
+    (1..GO_FUNCS_MAX).find(|id| !in_use.contains_key(id))
+}
+
+/// Whether a probed binary can be given up: no process runs it any more, and
+/// its file was replaced or deleted (an upgrade), so none ever will again.
+pub fn retire(running: bool, file_is_same: bool) -> bool {
+    !running && !file_is_same
+}
+
 pub struct Attacher {
     pub funcs: HashMap<u32, ProbedFunc>,
     binaries: HashMap<(u64, u64), Binary>,
@@ -148,6 +160,8 @@ pub struct Attacher {
     /// Processes in `GO_PROCS`.
     known: HashSet<u32>,
     last_poll: Option<Instant>,
+    /// Binaries given up after an upgrade (see [`Attacher::retire_upgraded`]).
+    retired: u64,
 }
 
 impl Attacher {
@@ -159,6 +173,7 @@ impl Attacher {
             args: take_map(ebpf, go_maps::GO_ARGS)?,
             known: HashSet::new(),
             last_poll: None,
+            retired: 0,
         })
     }
 
@@ -181,11 +196,13 @@ impl Attacher {
         self.last_poll = Some(Instant::now());
         let Ok(dir) = std::fs::read_dir("/proc") else { return };
         let mut alive = HashSet::new();
+        let mut running = HashSet::new();
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
             alive.insert(pid);
-            self.look_at(ebpf, pid, found_by, sink);
+            running.extend(self.look_at(ebpf, pid, found_by, sink));
         }
+        self.retire_upgraded(ebpf, &running, sink);
         // Forget processes that are gone, so a reused pid is not read as Go.
         let gone: Vec<u32> = self.known.iter().copied().filter(|p| !alive.contains(p)).collect();
         for pid in gone {
@@ -200,18 +217,59 @@ impl Attacher {
         if self.known.remove(&pid) {
             let _ = self.procs.remove(&pid);
         }
-        self.look_at(ebpf, pid, "exec", sink);
+        let _ = self.look_at(ebpf, pid, "exec", sink);
+    }
+
+    /// Gives back the ids and links of probed binaries that were replaced
+    /// or deleted on disk and that no process runs any more (an upgrade
+    /// leaves the old inode behind): without this, ids run out after a few
+    /// dozen upgrades and nothing new gets probed. A binary named by flag is
+    /// probed again at its path.
+    fn retire_upgraded(&mut self, ebpf: &mut Ebpf, running: &HashSet<(u64, u64)>, sink: &mut dyn Sink) {
+        let gone: Vec<(u64, u64)> = self
+            .binaries
+            .iter()
+            .filter_map(|(key, b)| match b {
+                Binary::Probed { path, .. } => {
+                    let same = std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == *key);
+                    retire(running.contains(key), same).then_some(*key)
+                }
+                Binary::Skipped => None,
+            })
+            .collect();
+        for key in gone {
+            let Some(Binary::Probed { target, ids, links, path, by_flag, .. }) = self.binaries.remove(&key) else { continue };
+            detach_all(ebpf, links);
+            for id in &ids {
+                self.funcs.remove(id);
+            }
+            self.retired += 1;
+            tracing::info!(target = target.name, binary = %path.display(), ids = ids.len(), "binary replaced on disk and no longer run: probes removed, ids freed");
+            if by_flag {
+                let _ = self.attach_path(ebpf, target.name, &path, sink);
+            }
+        }
+    }
+
+    /// Function ids in use, and binaries retired so far.
+    pub fn ids_in_use(&self) -> (usize, u64) {
+        (self.funcs.len(), self.retired)
     }
 
     /// Probes the binary of `pid` if it is a target not seen yet, and
-    /// registers the process for goroutine ids at kernel probes.
-    fn look_at(&mut self, ebpf: &mut Ebpf, pid: u32, found_by: &'static str, sink: &mut dyn Sink) {
-        if pid == std::process::id() || self.known.contains(&pid) {
-            return;
+    /// registers the process for goroutine ids at kernel probes. Returns the
+    /// binary's (dev, inode) when the process runs a target.
+    fn look_at(&mut self, ebpf: &mut Ebpf, pid: u32, found_by: &'static str, sink: &mut dyn Sink) -> Option<(u64, u64)> {
+        if pid == std::process::id() {
+            return None;
         }
-        let Some(comm) = procfs::comm(pid) else { return };
-        let Some(target) = target_of(&comm) else { return };
-        let Ok(meta) = std::fs::metadata(format!("/proc/{pid}/exe")) else { return };
+        if self.known.contains(&pid) {
+            let meta = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+            return Some((meta.dev(), meta.ino()));
+        }
+        let comm = procfs::comm(pid)?;
+        let target = target_of(&comm)?;
+        let meta = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
         let key = (meta.dev(), meta.ino());
         let (open_path, path) = stable_path(pid, key);
         if !self.binaries.contains_key(&key) {
@@ -226,6 +284,7 @@ impl Attacher {
                 self.known.insert(pid);
             }
         }
+        Some(key)
     }
 
     /// Inspects and attaches one binary; reports it with a `target` line.
@@ -244,7 +303,7 @@ impl Attacher {
         let mut line = crate::events::Target::new(target.name, "probed", pid, path, found_by);
         let mut links: Vec<Link> = Vec::new();
         let mut transient = false;
-        let first_id = self.funcs.len() as u32 + 1;
+        let mut ids: Vec<u32> = Vec::new();
         let outcome = inspect(open_path, target).map_err(|e| {
             // The process may be gone already (a short-lived runc): try again with the next one.
             transient = !open_path.exists();
@@ -266,10 +325,9 @@ impl Attacher {
                 tracing::warn!(binary = %path.display(), "no goroutine ids at kernel probes: {e}");
             }
             for (spec, points) in &i.found {
-                let id = self.funcs.len() as u32 + 1;
-                if id >= GO_FUNCS_MAX {
-                    return Err(format!("more than {GO_FUNCS_MAX} probed functions"));
-                }
+                let Some(id) = free_id(&self.funcs) else {
+                    return Err(format!("all {} function ids are in use by other binaries", GO_FUNCS_MAX - 1));
+                };
                 let _ = self.args.set(id, Arg::spec(spec.arg), 0);
                 let attached = attach_point(ebpf, "go_entry", open_path, points.entry_offset, id).and_then(|l| {
                     links.push(l);
@@ -286,6 +344,7 @@ impl Attacher {
                     id,
                     ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() },
                 );
+                ids.push(id);
                 line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
             }
             line.g_tls_offset = g_tls;
@@ -294,11 +353,14 @@ impl Attacher {
         match outcome {
             Ok(g_tls) => {
                 tracing::info!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", line.functions.join(", "));
-                self.binaries.insert(key, Binary::Probed { target, g_tls });
+                let links = std::mem::take(&mut links);
+                self.binaries.insert(key, Binary::Probed { target, g_tls, ids, links, path: path.to_path_buf(), by_flag: found_by == "flag" });
             }
             Err(why) => {
                 detach_all(ebpf, std::mem::take(&mut links));
-                self.funcs.retain(|id, _| *id < first_id);
+                for id in &ids {
+                    self.funcs.remove(id);
+                }
                 if line.status == "probed" {
                     line.status = "failed";
                 }
@@ -358,4 +420,35 @@ pub fn survey() -> Vec<Found> {
     let mut out: Vec<Found> = by_inode.into_values().collect();
     out.sort_by(|a, b| (a.target.name, &a.path).cmp(&(b.target.name, &b.path)));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gowatch::targets::Role;
+
+    fn func() -> ProbedFunc {
+        ProbedFunc { symbol: "f", role: Role::Relist, arg: None, target: "kubelet", binary: PathBuf::from("/x") }
+    }
+
+    #[test]
+    fn ids_given_back_are_reused_and_none_is_handed_out_twice() {
+        let mut in_use = HashMap::new();
+        for _ in 0..5 {
+            let id = free_id(&in_use).unwrap();
+            in_use.insert(id, func());
+        }
+        assert_eq!(in_use.keys().copied().max(), Some(5));
+        in_use.remove(&2);
+        assert_eq!(free_id(&in_use), Some(2), "the smallest id given back");
+        let all: HashMap<u32, ProbedFunc> = (1..GO_FUNCS_MAX).map(|i| (i, func())).collect();
+        assert_eq!(free_id(&all), None, "none left: the caller reports it, nothing is overwritten");
+    }
+
+    #[test]
+    fn only_an_upgraded_binary_nobody_runs_is_retired() {
+        assert!(retire(false, false), "replaced on disk, not running: retired");
+        assert!(!retire(true, false), "replaced but still running: kept");
+        assert!(!retire(false, true), "not running now but still the file at its path (runc between runs): kept");
+    }
 }

@@ -280,12 +280,13 @@ impl GoWatch {
         self.get_by_g.clear();
         let mut dead = Vec::new();
         for (k, c) in self.calls.iter().filter_map(Result::ok) {
-            let Some(f) = self.attacher.funcs.get(&k.func) else { continue };
             // A process that died (or restarted) inside a call never returns from it.
+            // Checked first: its function id may have been given back and reused.
             if !procfs::thread_exists(c.tgid) {
                 dead.push(k);
                 continue;
             }
+            let Some(f) = self.attacher.funcs.get(&k.func) else { continue };
             if f.role == Role::Relist {
                 let clock = self.relists.entry(c.tgid).or_default();
                 clock.last_start_ns = clock.last_start_ns.max(c.start_ns);
@@ -519,6 +520,11 @@ impl GoWatch {
     pub fn counts(&self) -> (u64, u64, u64) {
         let (s, r) = self.registry.counts();
         (s, r, self.registry.open().count() as u64)
+    }
+
+    /// (Go function ids in use, binaries given up after an upgrade), for the summary.
+    pub fn ids_in_use(&self) -> (usize, u64) {
+        self.attacher.ids_in_use()
     }
 
     /// The latency tables, for the summary.
