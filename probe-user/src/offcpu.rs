@@ -41,6 +41,9 @@ pub struct OffCpu {
     comm_of: HashMap<u32, String>,
 }
 
+/// Most comms kept for processes that exited.
+const COMM_MAX: usize = 4096;
+
 fn comm_matches(patterns: &[String], comm: &str) -> bool {
     patterns.iter().any(|p| match p.strip_suffix('*') {
         Some(prefix) => comm.starts_with(prefix),
@@ -101,6 +104,13 @@ impl OffCpu {
             }
         }
         self.marked = want;
+        // Bounded in a long run: keep the comms the summary can still name (processes
+        // marked now, or with D time in the kernel's aggregate).
+        if self.comm_of.len() > COMM_MAX {
+            let mut keep: HashSet<u32> = self.agg.keys().filter_map(Result::ok).map(|k| k.tgid).collect();
+            keep.extend(self.marked.iter().copied());
+            self.comm_of.retain(|pid, _| keep.contains(pid));
+        }
     }
 
     fn symbolize(&self, stack_id: i32) -> Vec<String> {

@@ -125,6 +125,9 @@ struct LockStats {
 /// How many Status locks' histories are kept.
 const LOCKS_MAX: usize = 4096;
 
+/// How many kubelet relist clocks are kept before those of exited processes are dropped.
+const RELIST_CLOCKS_MAX: usize = 64;
+
 /// How many finished relists each kubelet's clock keeps.
 const RECENT_RELISTS: usize = 10;
 
@@ -304,6 +307,11 @@ impl GoWatch {
         }
         for k in dead {
             let _ = self.calls.remove(&k);
+        }
+        // Bounded in a long run (a clock per kubelet process ever seen, restarts
+        // included): past RELIST_CLOCKS_MAX, the clocks of exited processes go.
+        if self.relists.len() > RELIST_CLOCKS_MAX {
+            self.relists.retain(|pid, _| procfs::thread_exists(*pid));
         }
         let open = std::mem::take(&mut self.open);
         let actions = self.registry.scan(open.iter(), now_ns);
