@@ -100,6 +100,7 @@ impl WaitInfo {
             what,
             start_ns: self.start_ns,
             start: if self.before_attach { StartTiming::LowerBound } else { StartTiming::Exact },
+            pleg_path: false,
         }
     }
 }

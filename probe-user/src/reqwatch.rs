@@ -383,6 +383,7 @@ impl ReqWatch {
             what,
             start_ns: o.start_ns,
             start: if o.before_attach { StartTiming::LowerBound } else { StartTiming::Exact },
+            pleg_path: false,
         }
     }
 
@@ -454,6 +455,7 @@ fn dbus_node(o: &DbusOpen) -> OpenWait {
         what,
         start_ns: o.start_ns,
         start: if o.before_attach { StartTiming::LowerBound } else { StartTiming::Exact },
+        pleg_path: false,
     }
 }
 

@@ -125,6 +125,11 @@ struct LockStats {
 /// How many Status locks' histories are kept.
 const LOCKS_MAX: usize = 4096;
 
+/// Whether a CRI handler is one kubelet's relist calls (ListPodSandbox, ListContainers).
+fn is_list_call(symbol: &str) -> bool {
+    matches!(short(symbol).rsplit('.').next(), Some("ListContainers" | "ListPodSandbox"))
+}
+
 /// How many kubelet relist clocks are kept before those of exited processes are dropped.
 const RELIST_CLOCKS_MAX: usize = 64;
 
@@ -457,6 +462,7 @@ impl GoWatch {
                     what,
                     start_ns: o.start_ns,
                     start: StartTiming::Exact,
+                    pleg_path: f.role == Role::Relist || (f.role == Role::CriHandler && is_list_call(f.symbol)),
                 })
             })
             .collect();
@@ -478,6 +484,7 @@ impl GoWatch {
                 what: format!("no relist started since one was due ({:.1}s after the last ended): the relist loop is stuck outside Relist", period as f64 / 1e9),
                 start_ns: due,
                 start: StartTiming::Exact,
+                pleg_path: true,
             });
         }
         out
@@ -497,7 +504,7 @@ impl GoWatch {
                 let role = match f.role {
                     Role::Relist => CallRole::Relist,
                     Role::StatusUpdate => CallRole::StatusHolder,
-                    Role::CriHandler => CallRole::CriHandler { list: matches!(short(f.symbol).rsplit('.').next(), Some("ListContainers" | "ListPodSandbox")) },
+                    Role::CriHandler => CallRole::CriHandler { list: is_list_call(f.symbol) },
                     Role::ShimTask => CallRole::ShimTask,
                     Role::RuncSystemd => CallRole::RuncSystemd,
                     Role::LockWait => return None,

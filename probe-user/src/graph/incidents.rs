@@ -434,12 +434,13 @@ fn rfc3339(clocks: Clocks, start_ns: u64) -> String {
 }
 
 /// The chain's start: a relist if the incident has one (the symptom kubelet
-/// shows), else the wait with the longest path to the root, then the oldest.
+/// shows), else a CRI call on the relist's path (what kubelet would wait
+/// on), else the wait with the longest path to the root, then the oldest.
 fn symptom(graph: &Graph<'_>, members: &[(WaitKey, usize)]) -> WaitKey {
     members
         .iter()
         .filter_map(|(k, len)| graph.waits.get(k).map(|w| (*k, *len, w)))
-        .max_by_key(|(k, len, w)| (w.kind == WaitKind::PlegRelist, *len, std::cmp::Reverse(w.start_ns), std::cmp::Reverse(*k)))
+        .max_by_key(|(k, len, w)| (w.kind == WaitKind::PlegRelist, w.pleg_path, *len, std::cmp::Reverse(w.start_ns), std::cmp::Reverse(*k)))
         .map(|(k, _, _)| k)
         .unwrap_or(members[0].0)
 }
@@ -458,6 +459,7 @@ mod tests {
 
     fn wait(tid: u32, kind: WaitKind, what: &str, start_s: u64) -> OpenWait {
         OpenWait {
+            pleg_path: kind == WaitKind::PlegRelist,
             key: WaitKey::Kernel { tid, start_ns: start_s * S },
             who: Who { pid: tid, tid, comm: format!("c{tid}"), goroutine: None },
             kind,
@@ -543,6 +545,23 @@ mod tests {
         assert_eq!(raised(&c)[0].changed, vec!["level"]);
         assert_eq!(raised(&c)[0].id, i.id, "same incident");
         assert!(run(&mut b, &waits, &edges, 156).is_empty());
+    }
+
+    #[test]
+    fn without_a_relist_the_list_call_is_the_symptom() {
+        let (mut waits, edges) = chain_9770();
+        waits.remove(0);
+        // UpdateContainerResources also waits on the holder, from further up.
+        let ucr = wait(5, WaitKind::CriCall, "UpdateContainerResources", 98);
+        let nested = wait(6, WaitKind::CriCall, "outer", 97);
+        let mut edges = edges[1..].to_vec();
+        edges.push(edge(&nested, &ucr, EdgeKind::NestedCall, Exactness::Exact));
+        edges.push(edge(&ucr, &waits[1], EdgeKind::NestedCall, Exactness::Exact));
+        waits[0].pleg_path = true;
+        waits.extend([ucr, nested]);
+        let mut b = builder();
+        let c = run(&mut b, &waits, &edges, 111);
+        assert_eq!(raised(&c)[0].symptom.what, "ListContainers", "{c:?}");
     }
 
     #[test]

@@ -64,6 +64,9 @@ pub struct OpenWait {
     /// CLOCK_MONOTONIC ns.
     pub start_ns: u64,
     pub start: StartTiming,
+    /// On kubelet's relist path: a relist, or a CRI call a relist makes
+    /// (ListPodSandbox, ListContainers). Such a wait is an incident's symptom first.
+    pub pleg_path: bool,
 }
 
 /// How an edge was established.

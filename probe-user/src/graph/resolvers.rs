@@ -315,6 +315,7 @@ mod tests {
             what: "umount2 /rootfs (task_work)".into(),
             start_ns,
             start: StartTiming::Exact,
+            pleg_path: false,
         }
     }
 
