@@ -8,15 +8,17 @@
 //!   waits ended and how long they took, to the nanosecond.
 
 use crate::{
+    inflight::note_open,
+    loader::{WatchError, take_map},
     detail,
     ended::EndedWaits,
     inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
     levels::{Thresholds, budget_used},
-    loader::{self, LoadError, LoadOptions},
+    loader::{self, LoadOptions},
     mounts::{self, SharedMounts},
     clock::{monotonic_ns, wall_of},
     events::{Event, Ready, Sink, Stall, Summary},
-    probes::{self, Choice, ProbeError},
+    probes::{self, Choice},
     gowatch::{GoWatch, chain::KernelWaits},
     graph::{
         ids,
@@ -39,7 +41,6 @@ use std::{
     collections::HashMap,
     time::{Duration, Instant, SystemTime},
 };
-use thiserror::Error;
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
 /// What `plegwatch watch` was asked to do.
@@ -55,19 +56,6 @@ pub struct WatchConfig {
     pub go_paths: Vec<(&'static str, std::path::PathBuf)>,
 }
 
-#[derive(Debug, Error)]
-pub enum WatchError {
-    #[error(transparent)]
-    Load(#[from] LoadError),
-    #[error(transparent)]
-    Probe(#[from] ProbeError),
-    #[error("eBPF map {0} is missing or has the wrong type: {1}")]
-    Map(&'static str, String),
-    #[error("{0}: {1}")]
-    Io(&'static str, std::io::Error),
-    #[error("Go target: {0}")]
-    Target(String),
-}
 
 /// Runs until Ctrl-C, SIGTERM or `--duration`; returns the summary it printed.
 pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, WatchError> {
@@ -277,15 +265,6 @@ fn async_ring(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<AsyncFd<RingBu
     unsafe { AsyncFd::register(ring) }.map_err(|e| WatchError::Map(name, format!("cannot poll it: {e}")))
 }
 
-pub(crate) fn take_map<T>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, WatchError>
-where
-    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
-{
-    let map = ebpf
-        .take_map(name)
-        .ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
-    T::try_from(map).map_err(|e| WatchError::Map(name, e.to_string()))
-}
 
 /// Adds what the kernel's off-CPU aggregates say of a stall's thread to its
 /// `detail.offcpu` on the way out.
@@ -296,13 +275,6 @@ struct Enrich<'a> {
     open_waits: &'a HashMap<u32, (&'static str, u64)>,
 }
 
-/// Notes in `longest` each process's earliest-started open wait.
-pub(crate) fn note_open(longest: &mut HashMap<u32, (&'static str, u64)>, tgid: u32, kind: &'static str, start_ns: u64) {
-    let e = longest.entry(tgid).or_insert((kind, start_ns));
-    if start_ns < e.1 {
-        *e = (kind, start_ns);
-    }
-}
 
 impl Sink for Enrich<'_> {
     fn emit(&mut self, event: &Event) {

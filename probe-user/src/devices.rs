@@ -6,7 +6,7 @@
 //! the CPUs and keeps a short history of bytes written to turn into a rate.
 
 use crate::{
-    collector::{WatchError, take_map},
+    loader::{WatchError, take_map},
     graph::model::{HolderId, Terminal},
 };
 use aya::maps::{MapData, PerCpuHashMap};

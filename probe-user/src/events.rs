@@ -1,5 +1,5 @@
 //! The output contract: the typed events the engine hands to its sinks, and
-//! the [`Sink`] port they go through. Sinks (`crate::sinks`) format them;
+//! the [`Sink`] port they go through. Sinks format them;
 //! nothing here writes anything.
 //!
 //! Types: `ready` (probes attached), `target` (a Go binary looked at),
@@ -40,37 +40,6 @@ pub struct Stall {
     pub user_stack: Vec<String>,
 }
 
-impl Stall {
-    /// A line about `item` with who, when and what only: no holder, cause,
-    /// chain or stacks (callers add those with struct update syntax).
-    pub fn about<T: crate::inflight::Item>(
-        item: &T,
-        level: Level,
-        id: u64,
-        kind: WaitKind,
-        waited: std::time::Duration,
-        detail: Value,
-    ) -> Stall {
-        Stall {
-            level,
-            id,
-            kind,
-            pid: item.tgid(),
-            tid: item.tid(),
-            comm: item.comm().to_string(),
-            waited_s: waited.as_secs_f64(),
-            started_at: humantime::format_rfc3339_millis(crate::clock::wall_of(item.start_ns())).to_string(),
-            budget_used: crate::levels::budget_used(waited),
-            started_before_attach: false,
-            detail,
-            holder: None,
-            cause: None,
-            chain: Vec::new(),
-            kernel_stack: Vec::new(),
-            user_stack: Vec::new(),
-        }
-    }
-}
 
 /// A reported wait that ended.
 #[derive(Clone, Debug, Serialize)]

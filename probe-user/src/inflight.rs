@@ -396,6 +396,36 @@ impl<T: Item> Registry<T> {
     }
 }
 
+/// A line about `item` with who, when and what only: no holder, cause,
+/// chain or stacks (callers add those with struct update syntax).
+pub fn stall_line<T: Item>(
+    item: &T,
+    level: Level,
+    id: u64,
+    kind: crate::syscalls::WaitKind,
+    waited: std::time::Duration,
+    detail: serde_json::Value,
+) -> crate::events::Stall {
+    crate::events::Stall {
+        level,
+        id,
+        kind,
+        pid: item.tgid(),
+        tid: item.tid(),
+        comm: item.comm().to_string(),
+        waited_s: waited.as_secs_f64(),
+        started_at: humantime::format_rfc3339_millis(crate::clock::wall_of(item.start_ns())).to_string(),
+        budget_used: crate::levels::budget_used(waited),
+        started_before_attach: false,
+        detail,
+        holder: None,
+        cause: None,
+        chain: Vec::new(),
+        kernel_stack: Vec::new(),
+        user_stack: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -606,5 +636,13 @@ mod tests {
             ("umount", "/mnt", (6, 1))
         );
         assert!(i.before_attach);
+    }
+}
+
+/// Notes in `longest` each process's earliest-started open wait.
+pub fn note_open(longest: &mut HashMap<u32, (&'static str, u64)>, tgid: u32, kind: &'static str, start_ns: u64) {
+    let e = longest.entry(tgid).or_insert((kind, start_ns));
+    if start_ns < e.1 {
+        *e = (kind, start_ns);
     }
 }

@@ -21,6 +21,8 @@ pub mod gowatch;
 pub mod graph;
 pub mod holders;
 pub mod inflight;
+#[cfg(test)]
+mod layers;
 pub mod latency;
 pub mod levels;
 pub mod loader;

@@ -134,3 +134,29 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
         .load(PROBES_OBJ)?;
     Ok((ebpf, offsets))
 }
+
+/// What can stop `plegwatch watch`: loading, attaching, a map, or a Go target.
+#[derive(Debug, Error)]
+pub enum WatchError {
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    Probe(#[from] crate::probes::ProbeError),
+    #[error("eBPF map {0} is missing or has the wrong type: {1}")]
+    Map(&'static str, String),
+    #[error("{0}: {1}")]
+    Io(&'static str, std::io::Error),
+    #[error("Go target: {0}")]
+    Target(String),
+}
+
+/// A map taken out of the loaded object, as the type it must have.
+pub fn take_map<T>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, WatchError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf
+        .take_map(name)
+        .ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
+    T::try_from(map).map_err(|e| WatchError::Map(name, e.to_string()))
+}

@@ -6,7 +6,7 @@
 //! of a stall's detail and the summary's top stacks.
 
 use crate::{
-    collector::{WatchError, take_map},
+    loader::{WatchError, take_map},
     procfs,
 };
 use aya::{

@@ -7,7 +7,7 @@
 
 use crate::{
     clock::monotonic_ns,
-    collector::{WatchError, take_map},
+    loader::{WatchError, take_map},
     inflight::{Action, Filter, Registry},
     levels::Thresholds,
     events::{Event, Sink, Stall},
@@ -275,7 +275,7 @@ impl ReqWatch {
         open.extend(self.swept.iter().cloned());
         self.open_by_pid.clear();
         for o in &open {
-            crate::collector::note_open(&mut self.open_by_pid, o.tgid, "netlink_request", o.start_ns);
+            crate::inflight::note_open(&mut self.open_by_pid, o.tgid, "netlink_request", o.start_ns);
         }
         let actions = self.registry.scan(open.iter(), now_ns);
         self.act(actions, now_ns, sink);
@@ -285,7 +285,7 @@ impl ReqWatch {
         let mut open = self.sockets.open_dbus(now_ns);
         open.extend(self.swept_dbus.iter().cloned());
         for o in &open {
-            crate::collector::note_open(&mut self.open_by_pid, o.tgid, "dbus_call", o.start_ns);
+            crate::inflight::note_open(&mut self.open_by_pid, o.tgid, "dbus_call", o.start_ns);
         }
         let actions = self.dbus.scan(open.iter(), now_ns);
         self.act_dbus(actions, sink);
@@ -327,7 +327,7 @@ impl ReqWatch {
                         started_before_attach: o.before_attach,
                         holder: Some(netlink_holder(o, protocol)),
                         kernel_stack: procfs::kernel_stack(tid).unwrap_or_default(),
-                        ..Stall::about(o, level, t.id, WaitKind::NetlinkRequest, waited, detail)
+                        ..crate::inflight::stall_line(o, level, t.id, WaitKind::NetlinkRequest, waited, detail)
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
@@ -350,7 +350,7 @@ impl ReqWatch {
                         started_before_attach: o.before_attach,
                         holder: Some(holder),
                         kernel_stack: procfs::kernel_stack(o.tid).unwrap_or_default(),
-                        ..Stall::about(&o, level, t.id, WaitKind::DbusCall, waited, o.detail())
+                        ..crate::inflight::stall_line(&o, level, t.id, WaitKind::DbusCall, waited, o.detail())
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {

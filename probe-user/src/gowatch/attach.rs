@@ -10,7 +10,7 @@
 //! that its kernel waits carry the goroutine that made them.
 
 use super::targets::{Arg, GoFuncSpec, Role, Target, short, target_named, target_of};
-use crate::{collector::take_map, collector::WatchError, gosym::GoBinary, events::Event, events::Sink, procfs};
+use crate::{loader::take_map, loader::WatchError, gosym::GoBinary, events::Event, events::Sink, procfs};
 use aya::{
     Ebpf,
     maps::{Array, HashMap as BpfHashMap, MapData},

@@ -20,7 +20,7 @@ pub mod targets;
 
 use crate::{
     clock::wall_of,
-    collector::{WatchError, take_map},
+    loader::{WatchError, take_map},
     graph::{
         model::{OpenWait, StartTiming, WaitKey, Who},
         resolvers::{CallRole, GoCallFact, GoFacts},
@@ -412,7 +412,7 @@ impl GoWatch {
                         holder: blame.holder,
                         cause: blame.cause,
                         chain: blame.chain,
-                        ..Stall::about(&o, level, id, kind, waited, detail)
+                        ..crate::inflight::stall_line(&o, level, id, kind, waited, detail)
                     }));
                 }
                 Action::Resolve { key, waited, exact } => {
