@@ -426,6 +426,14 @@ pub fn stall_line<T: Item>(
     }
 }
 
+/// Notes in `longest` each process's earliest-started open wait.
+pub fn note_open(longest: &mut HashMap<u32, (&'static str, u64)>, tgid: u32, kind: &'static str, start_ns: u64) {
+    let e = longest.entry(tgid).or_insert((kind, start_ns));
+    if start_ns < e.1 {
+        *e = (kind, start_ns);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -636,13 +644,5 @@ mod tests {
             ("umount", "/mnt", (6, 1))
         );
         assert!(i.before_attach);
-    }
-}
-
-/// Notes in `longest` each process's earliest-started open wait.
-pub fn note_open(longest: &mut HashMap<u32, (&'static str, u64)>, tgid: u32, kind: &'static str, start_ns: u64) {
-    let e = longest.entry(tgid).or_insert((kind, start_ns));
-    if start_ns < e.1 {
-        *e = (kind, start_ns);
     }
 }
