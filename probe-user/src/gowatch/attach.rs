@@ -102,7 +102,8 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::gosym:
 /// One link per point: aya 0.14 (pinned: later releases need a newer rustc)
 /// has no `uprobe_multi` link, so each entry and RET is its own perf-event
 /// uprobe with a BPF cookie (Linux ≥ 5.15). On Debian's containerd 1.6.20
-/// that is 39 links for 9 functions; its shim 8, runc 8.
+/// that is 119 links for 12 functions (RunPodSandbox alone has 36 RETs);
+/// its shim 16, runc 8.
 fn attach_point(ebpf: &mut Ebpf, program: &'static str, target: &Path, offset: u64, cookie: u32) -> Result<Link, String> {
     let prog: &mut UProbe = crate::probes::program_mut(ebpf, program)?;
     prog.load()
