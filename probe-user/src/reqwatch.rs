@@ -551,14 +551,20 @@ impl DbusHolders {
         let Some(path) = bus_path else {
             return json!({ "kind": "unknown", "name": dest, "why": "the bus socket's path is unknown" });
         };
-        let key = (path.clone(), dest.clone());
+        // The path is the daemon's: reach it in the daemon's mount namespace.
+        let daemon_pid = daemon(self);
+        let same_ns = daemon_pid.is_none_or(bus_owner::in_my_mount_ns);
+        let Some(reach) = bus_owner::reachable_bus_path(&path, daemon_pid, same_ns) else {
+            return json!({ "kind": "unknown", "name": dest, "bus": path, "why": "the bus daemon is in another mount namespace and /proc/PID/root plus the path is too long for a socket address" });
+        };
+        let key = (reach.clone(), dest.clone());
         let owner = match self.cache.get(&key) {
             Some((at, o)) if at.elapsed() < OWNER_TTL => o.clone(),
             _ => {
                 let o = if dest == "org.freedesktop.DBus" {
                     Owner::BusNotAnswering
                 } else {
-                    bus_owner::owner_of(std::path::Path::new(&path), &dest, OWNER_TIMEOUT)
+                    bus_owner::owner_of(std::path::Path::new(&reach), &dest, OWNER_TIMEOUT)
                 };
                 self.cache.insert(key, (Instant::now(), o.clone()));
                 o
@@ -569,11 +575,14 @@ impl DbusHolders {
                 let mut m = process(pid);
                 m.insert("kind".into(), json!("name_owner"));
                 m.insert("name".into(), json!(dest));
+                if reach != path {
+                    m.insert("bus_reached_at".into(), json!(reach));
+                }
                 m.insert("bus".into(), json!(path));
                 Value::Object(m)
             }
             Owner::BusNotAnswering => {
-                let mut m = daemon(self).map(process).unwrap_or_default();
+                let mut m = daemon_pid.map(process).unwrap_or_default();
                 m.insert("kind".into(), json!("bus_daemon"));
                 m.insert("name".into(), json!(dest));
                 m.insert("bus".into(), json!(path));
