@@ -504,9 +504,9 @@ const CONTAINERD_SYMBOLS: &[&str] = &[
     "github.com/containerd/containerd/pkg/cri/server.(*criService).PodSandboxStatus",
     "github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources",
     "github.com/containerd/containerd/pkg/cri/server.handleContainerExit",
-    "github.com/containerd/containerd/pkg/cri/server.(*criService).RunPodSandbox",
-    "github.com/containerd/containerd/pkg/cri/server.(*criService).CreateContainer",
-    "github.com/containerd/containerd/pkg/cri/server.(*criService).StartContainer",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).RunPodSandbox",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).CreateContainer",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).StartContainer",
     "runtime.main",
 ];
 
