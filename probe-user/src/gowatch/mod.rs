@@ -170,6 +170,11 @@ impl GoWatch {
         Ok(())
     }
 
+    /// Detaches the Go probes (before the eBPF object is dropped: faster, see `attach`).
+    pub fn detach(&mut self, ebpf: &mut Ebpf) {
+        self.attacher.detach(ebpf);
+    }
+
     /// Looks for target processes the exec records missed.
     pub fn poll(&mut self, ebpf: &mut Ebpf, sink: &mut dyn Sink) {
         self.attacher.poll(ebpf, "poll", sink);
