@@ -203,6 +203,9 @@ impl GoWatch {
 
     fn on_end(&mut self, rec: &GoCallEnd, sink: &mut dyn Sink) {
         let took = Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns));
+        // Ended: no longer one of the calls open since the last scan (the graph's
+        // last step at exit runs on these without another scan).
+        self.open.retain(|o| !(o.tgid == rec.tgid && o.g == rec.g && o.func == rec.func && o.start_ns == rec.start_ns));
         let Some(f) = self.attacher.funcs.get(&rec.func) else { return };
         let (role, target, symbol) = (f.role, f.target, f.symbol);
         if role != Role::LockWait {
