@@ -218,7 +218,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         );
     }
     sink.emit(&Event::Summary(summary.clone()));
-    drop(ebpf); // detaches every program
+    go.detach(&mut ebpf);
+    drop(ebpf); // detaches every other program
     Ok(summary)
 }
 

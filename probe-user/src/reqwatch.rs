@@ -591,10 +591,16 @@ impl DbusHolders {
         let Some(path) = bus_path else {
             return json!({ "kind": "unknown", "name": dest, "why": "the bus socket's path is unknown" });
         };
+        // The path is the daemon's: reach it in the daemon's mount namespace.
+        let daemon_pid = daemon(self);
+        let same_ns = daemon_pid.is_none_or(bus_owner::in_my_mount_ns);
+        let Some(reach) = bus_owner::reachable_bus_path(&path, daemon_pid, same_ns) else {
+            return json!({ "kind": "unknown", "name": dest, "bus": path, "why": "the bus daemon is in another mount namespace and /proc/PID/root plus the path is too long for a socket address" });
+        };
         let owner = if dest == "org.freedesktop.DBus" {
             Owner::BusNotAnswering
         } else {
-            match self.lookups.get(&path, &dest) {
+            match self.lookups.get(&reach, &dest) {
                 Some(o) => o,
                 None => return json!({ "kind": "pending", "name": dest, "bus": path, "why": "asking the bus daemon who owns the name" }),
             }
@@ -604,11 +610,14 @@ impl DbusHolders {
                 let mut m = process(pid);
                 m.insert("kind".into(), json!("name_owner"));
                 m.insert("name".into(), json!(dest));
+                if reach != path {
+                    m.insert("bus_reached_at".into(), json!(reach));
+                }
                 m.insert("bus".into(), json!(path));
                 Value::Object(m)
             }
             Owner::BusNotAnswering => {
-                let mut m = daemon(self).map(process).unwrap_or_default();
+                let mut m = daemon_pid.map(process).unwrap_or_default();
                 m.insert("kind".into(), json!("bus_daemon"));
                 m.insert("name".into(), json!(dest));
                 m.insert("bus".into(), json!(path));

@@ -66,12 +66,27 @@ impl PrivateBus {
             .tempdir()
             .context("make a temp dir for the bus")?;
         let socket = dir.path().join("bus");
+        Self::launch(dir, Command::new("dbus-daemon"), &socket, &socket)
+    }
+
+    /// A bus whose daemon runs as `daemon` (`dbus-daemon`, e.g. behind `nsenter` in another
+    /// mount namespace) and listens on `listen` as it sees that path; clients started here
+    /// reach it at `reach` (the same socket, as this process sees it).
+    pub fn start_listening(daemon: Command, listen: &Path, reach: &Path) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("plegwatch-dbus-")
+            .tempdir()
+            .context("make a temp dir for the bus config")?;
+        Self::launch(dir, daemon, listen, reach)
+    }
+
+    fn launch(dir: tempfile::TempDir, mut daemon: Command, listen: &Path, reach: &Path) -> Result<Self> {
         let config = dir.path().join("bus.conf");
-        std::fs::write(&config, bus_config(&socket))
+        std::fs::write(&config, bus_config(listen))
             .with_context(|| format!("write {}", config.display()))?;
         let mut daemon = spawn(
             "dbus-daemon",
-            Command::new("dbus-daemon")
+            daemon
                 .arg(format!("--config-file={}", config.display()))
                 .args(["--nofork", "--print-address"]),
         )?;
@@ -81,15 +96,15 @@ impl PrivateBus {
                 daemon.pid()
             );
         };
-        let address = format!("unix:path={}", socket.display());
+        let listening = format!("unix:path={}", listen.display());
         ensure!(
-            printed.starts_with(&address),
-            "dbus-daemon listens on {printed}, not {address}"
+            printed.starts_with(&listening),
+            "dbus-daemon listens on {printed}, not {listening}"
         );
         Ok(Self {
             daemon,
-            socket,
-            address,
+            socket: reach.to_path_buf(),
+            address: format!("unix:path={}", reach.display()),
             _dir: dir,
         })
     }

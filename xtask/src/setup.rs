@@ -31,6 +31,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "dbus-tests",
     // gdbus: a GLib D-Bus client that waits in poll on a worker thread.
     "libglib2.0-bin",
+    // The stand-in for systemd that runc's systemd cgroup driver calls (containerd_systemd_dbus).
+    "python3-dbus-next",
     "busybox-static",
     "golang-go",
     // The fake-kubelet fixture's CRI mode: Go gRPC and protobuf sources (built in GOPATH

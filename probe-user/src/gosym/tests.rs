@@ -420,6 +420,9 @@ fn is_go_prologue(i: &Instruction) -> bool {
     match i.mnemonic() {
         Mnemonic::Cmp => i.op0_kind() == OpKind::Register && mem_r14_0x10(1),
         Mnemonic::Lea => i.op0_register() == Register::R12 && i.memory_base() == Register::RSP,
+        // A frame over StackBig (4 KiB, e.g. RunPodSandbox): `MOVQ SP, R12; SUBQ $n, R12; JCS
+        // morestack; CMPQ R12, 16(R14)`.
+        Mnemonic::Mov => i.op0_register() == Register::R12 && i.op1_register() == Register::RSP,
         Mnemonic::Sub | Mnemonic::Add => i.op0_register() == Register::RSP,
         Mnemonic::Push => i.op0_register() == Register::RBP,
         _ => false,
@@ -501,6 +504,9 @@ const CONTAINERD_SYMBOLS: &[&str] = &[
     "github.com/containerd/containerd/pkg/cri/server.(*criService).PodSandboxStatus",
     "github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources",
     "github.com/containerd/containerd/pkg/cri/server.handleContainerExit",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).RunPodSandbox",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).CreateContainer",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).StartContainer",
     "runtime.main",
 ];
 
@@ -674,6 +680,8 @@ fn shim_symbols() {
     for name in [
         "github.com/containerd/containerd/runtime/v2/runc/task.(*service).Update",
         "github.com/containerd/containerd/runtime/v2/runc/task.(*service).Delete",
+        "github.com/containerd/containerd/runtime/v2/runc/task.(*service).Create",
+        "github.com/containerd/containerd/runtime/v2/runc/task.(*service).Start",
         "github.com/containerd/containerd/pkg/process.(*Init).Update",
         "github.com/containerd/containerd/pkg/process.(*Init).Delete",
         "github.com/containerd/containerd/mount.UnmountAll",

@@ -188,6 +188,11 @@ impl GoWatch {
         Ok(())
     }
 
+    /// Detaches the Go probes (before the eBPF object is dropped: faster, see `attach`).
+    pub fn detach(&mut self, ebpf: &mut Ebpf) {
+        self.attacher.detach(ebpf);
+    }
+
     /// Looks for target processes the exec records missed.
     pub fn poll(&mut self, ebpf: &mut Ebpf, sink: &mut dyn Sink) {
         self.attacher.poll(ebpf, "poll", sink);
@@ -216,6 +221,9 @@ impl GoWatch {
 
     fn on_end(&mut self, rec: &GoCallEnd, sink: &mut dyn Sink) {
         let took = Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns));
+        // Ended: no longer one of the calls open since the last scan (the graph's
+        // last step at exit runs on these without another scan).
+        self.open.retain(|o| !(o.tgid == rec.tgid && o.g == rec.g && o.func == rec.func && o.start_ns == rec.start_ns));
         let Some(f) = self.attacher.funcs.get(&rec.func) else { return };
         let (role, target, symbol) = (f.role, f.target, f.symbol);
         if role != Role::LockWait {

@@ -23,7 +23,19 @@
 //! | `pkg/cri/server.(*criService).ListContainers`, `ListPodSandbox` | `func (c *criService) ListContainers(ctx context.Context, r *runtime.ListContainersRequest) (*runtime.ListContainersResponse, error)` | nothing |
 //! | `(*criService).ContainerStatus`, `PodSandboxStatus`, `UpdateContainerResources` | `func (c *criService) UpdateContainerResources(ctx context.Context, r *runtime.UpdateContainerResourcesRequest) (*runtime.UpdateContainerResourcesResponse, error)` | RDI = r; its first field is the id |
 //! | `pkg/cri/server.handleContainerExit` | `func handleContainerExit(ctx context.Context, e *eventtypes.TaskExit, cntr containerstore.Container) error` | RCX = e; `ContainerID` first |
+//! | `pkg/cri/server.(*instrumentedService).StartContainer` (1.7: `pkg/cri/instrument.`) | `func (in *instrumentedService) StartContainer(ctx context.Context, r *runtime.StartContainerRequest) (_ *runtime.StartContainerResponse, err error)`: the v1 API's logging wrapper of `(*criService).StartContainer`, which creates the task (shim `Create`, `runc create`) and starts it | RDI = r; `ContainerId` first |
+//! | `(*instrumentedService).CreateContainer` | `func (in *instrumentedService) CreateContainer(ctx context.Context, r *runtime.CreateContainerRequest) (res *runtime.CreateContainerResponse, err error)`: metadata and snapshot only, no task | nothing (its first field is the `PodSandboxId`; the container id is made inside) |
+//! | `(*instrumentedService).RunPodSandbox` | `func (in *instrumentedService) RunPodSandbox(ctx context.Context, r *runtime.RunPodSandboxRequest) (res *runtime.RunPodSandboxResponse, err error)`: starts the shim, creates and starts the pause task | nothing (`Config` pointer first; the sandbox id is made inside) |
+//!
+//! Those three are probed on their wrappers (3 RETs each in 1.6.20) rather
+//! than on `(*criService)`'s methods (16, 26 and 36 RETs): every probe point
+//! is a perf-event link, and closing one takes about 100 ms in the kernel
+//! (`uprobe_unregister_sync`, serialized), so the 81 links of the handlers
+//! themselves would add 8 s to plegwatch's exit. The wrappers serve the v1
+//! CRI API only; 1.6/1.7's v1alpha2 (`instrumentedAlphaService`) is not probed.
 //! | shim `runtime/v2/runc/task.(*service).Update` / `Delete` | `func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error)` | RDI = r; `ID` first |
+//! | shim `runtime/v2/runc/task.(*service).Create` | `func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, err error)`: runs `runc create` (where runc's systemd driver calls `StartTransientUnit`) | RDI = r; `ID` first |
+//! | shim `runtime/v2/runc/task.(*service).Start` | `func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error)`: runs `runc start` | RDI = r; `ID` first |
 //! | runc `libcontainer/cgroups/systemd.startUnit` | `func startUnit(cm *dbusConnManager, unitName string, properties []systemdDbus.Property) error` (1.1; 1.2 adds `ignoreExist bool`) | nothing |
 //! | runc `systemd.setUnitProperties` | `func setUnitProperties(cm *dbusConnManager, name string, properties ...systemdDbus.Property) error` | nothing |
 //! | kubelet `pkg/kubelet/pleg.(*GenericPLEG).Relist` (`relist` ≤ 1.25) | `func (g *GenericPLEG) Relist()` | nothing (R14 = g at entry and RET, as everywhere) |
@@ -183,6 +195,21 @@ pub const CONTAINERD: &[Group] = &[
         with_arg("github.com/containerd/containerd/pkg/cri/server.handleContainerExit", Role::CriHandler, EXIT_CONTAINER),
         spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).handleContainerExit", Role::CriHandler),
     ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).StartContainer", Role::CriHandler, CRI_CONTAINER),
+        with_arg("github.com/containerd/containerd/pkg/cri/instrument.(*instrumentedService).StartContainer", Role::CriHandler, CRI_CONTAINER),
+        spec("github.com/containerd/containerd/v2/internal/cri/instrument.(*instrumentedService).StartContainer", Role::CriHandler),
+    ]),
+    need(&[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).CreateContainer", Role::CriHandler),
+        spec("github.com/containerd/containerd/pkg/cri/instrument.(*instrumentedService).CreateContainer", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/instrument.(*instrumentedService).CreateContainer", Role::CriHandler),
+    ]),
+    need(&[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).RunPodSandbox", Role::CriHandler),
+        spec("github.com/containerd/containerd/pkg/cri/instrument.(*instrumentedService).RunPodSandbox", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/instrument.(*instrumentedService).RunPodSandbox", Role::CriHandler),
+    ]),
     opt(&[spec("github.com/containerd/containerd/pkg/cri/sbserver.(*criService).ListContainers", Role::CriHandler)]),
     opt(&[with_arg(
         "github.com/containerd/containerd/pkg/cri/sbserver.(*criService).UpdateContainerResources",
@@ -201,6 +228,14 @@ pub const SHIM: &[Group] = &[
     need(&[
         with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Delete", Role::ShimTask, SHIM_CONTAINER),
         spec("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Delete", Role::ShimTask),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Create", Role::ShimTask, SHIM_CONTAINER),
+        spec("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Create", Role::ShimTask),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Start", Role::ShimTask, SHIM_CONTAINER),
+        spec("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Start", Role::ShimTask),
     ]),
 ];
 

@@ -403,6 +403,48 @@ mod tests {
         assert_eq!((e[0].kind, &e[0].to), (EdgeKind::NestedCall, &HeldBy::Wait(dbus.key)));
     }
 
+    /// Seed incident 002: a container start whose `runc create` waits on systemd over D-Bus.
+    /// StartContainer → the shim's Create for the same container → its runc child (beside the
+    /// pod's running pause process) → runc's startUnit → its D-Bus call. The call's owner edge
+    /// (to the frozen systemd) comes from the socket source.
+    #[test]
+    fn a_container_start_leads_to_runcs_systemd_call() {
+        const RUNC: u32 = 400;
+        const PAUSE: u32 = 401;
+        let id = "c0ffee00c0ffee00c0ffee00";
+        let start = call(CTRD, 0x3, 3, CallRole::CriHandler { list: false }, 5, Some(id));
+        let create = call(SHIM, 0x5, 5, CallRole::ShimTask, 6, Some(id));
+        let pause_start = call(SHIM, 0x6, 6, CallRole::ShimTask, 1, Some("the-pods-sandbox"));
+        let startunit = call(RUNC, 0x9, 9, CallRole::RuncSystemd, 7, None);
+        let dbus = OpenWait { key: WaitKey::Dbus { sock: 1, tag: 2 }, ..kernel(RUNC, 402, None, WaitKind::DbusCall, 8) };
+        let mut procs = FakeProcs {
+            children: HashMap::from([(SHIM, vec![PAUSE, RUNC])]),
+            states: HashMap::from([(PAUSE, 'S'), (RUNC, 'S')]),
+            ..Default::default()
+        };
+        let facts = GoFacts { calls: vec![start.clone(), create.clone(), pause_start, startunit.clone()], parked: HashMap::new() };
+        // The graph's waits hold the Go calls too (runc's startUnit began first).
+        let startunit_wait = OpenWait { key: startunit.key, what: "systemd.startUnit".into(), ..kernel(RUNC, 403, Some(0x9), WaitKind::GoCall, 7) };
+        let waits = vec![dbus.clone(), startunit_wait];
+        let edges = go_edges(&facts, &waits, &mut procs);
+        let one = |from: &GoCallFact| {
+            let e = find(&edges, from.key);
+            assert_eq!(e.len(), 1, "{edges:?}");
+            (e[0].to.clone(), e[0].kind, e[0].exactness)
+        };
+        assert_eq!(one(&start), (HeldBy::Wait(create.key), EdgeKind::Ttrpc, Exactness::Exact), "by container id");
+        // Another container's task call in the same shim is no mutex for this one; the child
+        // with an open wait is runc, picked among two running children: inferred.
+        assert_eq!(one(&create), (HeldBy::Wait(startunit.key), EdgeKind::Child, Exactness::Inferred), "runc's oldest open wait");
+        assert_eq!(one(&startunit), (HeldBy::Wait(dbus.key), EdgeKind::NestedCall, Exactness::Inferred));
+        // runc's startUnit missed (runc probed only after it began): the child edge goes
+        // straight to the D-Bus call.
+        let facts = GoFacts { calls: vec![start, create.clone()], parked: HashMap::new() };
+        let edges = go_edges(&facts, std::slice::from_ref(&dbus), &mut procs);
+        let e = find(&edges, create.key);
+        assert_eq!((e[0].to.clone(), e[0].kind), (HeldBy::Wait(dbus.key), EdgeKind::Child));
+    }
+
     #[test]
     fn a_retry_links_to_the_shim_call_already_running() {
         let exit = call(CTRD, 0x3, 3, CallRole::CriHandler { list: false }, 50, Some("abc"));

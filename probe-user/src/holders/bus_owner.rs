@@ -143,9 +143,52 @@ fn ask(bus_path: &Path, name: &str, timeout: Duration) -> std::io::Result<Owner>
     }
 }
 
+/// The longest path a unix socket address holds (`sun_path` is 108 bytes, NUL included).
+const SUN_PATH_MAX: usize = 107;
+
+/// Where plegwatch can connect to the bus socket that the daemon `daemon`
+/// bound at `path` (the address sock_diag reports, as the daemon named it).
+///
+/// The path means something only in the daemon's mount namespace. When that
+/// is plegwatch's own (`same_mount_ns`), it is used as it is. Otherwise (a
+/// bus daemon in a container, or plegwatch in one) it is reached under the
+/// daemon's root, `/proc/PID/root`, which the kernel walks in the daemon's
+/// namespace; the plain path could name another bus, or none. `None` when
+/// that form is too long for a socket address.
+pub fn reachable_bus_path(path: &str, daemon: Option<u32>, same_mount_ns: bool) -> Option<String> {
+    let Some(pid) = daemon.filter(|_| !same_mount_ns && path.starts_with('/')) else {
+        return Some(path.to_string());
+    };
+    let via = format!("/proc/{pid}/root{path}");
+    (via.len() <= SUN_PATH_MAX).then_some(via)
+}
+
+/// Whether process `pid` shares plegwatch's mount namespace (true when
+/// either link can't be read: the plain path is then the best guess).
+pub fn in_my_mount_ns(pid: u32) -> bool {
+    let mine = std::fs::read_link("/proc/self/ns/mnt");
+    let theirs = std::fs::read_link(format!("/proc/{pid}/ns/mnt"));
+    match (mine, theirs) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bus_in_another_mount_namespace_is_reached_under_its_root() {
+        let bus = "/run/dbus/system_bus_socket";
+        assert_eq!(reachable_bus_path(bus, Some(42), true).as_deref(), Some(bus));
+        assert_eq!(reachable_bus_path(bus, None, false).as_deref(), Some(bus), "no daemon known: the path as it is");
+        assert_eq!(reachable_bus_path(bus, Some(42), false).as_deref(), Some("/proc/42/root/run/dbus/system_bus_socket"));
+        assert_eq!(reachable_bus_path("@abstract", Some(42), false).as_deref(), Some("@abstract"), "not a path");
+        let long = format!("/{}", "x".repeat(100));
+        assert_eq!(reachable_bus_path(&long, Some(42), false), None, "too long for sun_path");
+        assert!(in_my_mount_ns(std::process::id()));
+    }
 
     #[test]
     fn built_calls_parse_back() {

@@ -65,7 +65,11 @@ impl Stage {
     /// Starts containerd (its shims running `runc` as `runc` says), imports the test images
     /// and runs a host-network pod named `pod_name`.
     pub fn start(placement: Placement, runc: Runc, pod_name: &str) -> Result<Self> {
-        let containerd = Containerd::start_with(placement, runc)?;
+        Self::on(Containerd::start_with(placement, runc)?, pod_name)
+    }
+
+    /// [`Stage::start`] on a containerd started already (e.g. [`Containerd::start_systemd`]).
+    pub fn on(containerd: Containerd, pod_name: &str) -> Result<Self> {
         image::import_test_images(&containerd)?;
         let cri = containerd.cri()?;
         let pod = Pod::run(
@@ -384,7 +388,13 @@ pub struct Watched<B: StallBed> {
 impl<B: StallBed> Watched<B> {
     /// Starts `plegwatch watch --warn 2s` on the prepared `bed`, triggers the stall and
     /// stops plegwatch once the lock hold resolved (or 5 s later).
-    pub fn run(mut bed: B) -> Result<Self> {
+    pub fn run(bed: B) -> Result<Self> {
+        Self::run_until(bed, |e| e.is("resolved") && e.str("/kind") == Some("go_lock"))
+    }
+
+    /// [`Watched::run`], stopping plegwatch once it printed a line `done` accepts (or 5 s
+    /// after the trigger returned).
+    pub fn run_until(mut bed: B, done: impl Fn(&Event) -> bool) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
         let fixture = build_fake_kubelet()?;
         let socket = bed.stage().containerd().socket().display().to_string();
@@ -392,9 +402,7 @@ impl<B: StallBed> Watched<B> {
         let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", WARN.as_millis())])?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let outcome = bed.trigger()?;
-        plegwatch.wait_for(Duration::from_secs(5), |e| {
-            e.is("resolved") && e.str("/kind") == Some("go_lock")
-        });
+        plegwatch.wait_for(Duration::from_secs(5), done);
         let events = plegwatch.stop()?;
         eprintln!("{}", outcome.summary());
         Ok(Self {

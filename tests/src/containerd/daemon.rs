@@ -44,11 +44,23 @@ pub enum Runc {
     StopBefore(&'static str),
 }
 
+/// runc's systemd cgroup driver (the runc runtime's `SystemdCgroup = true`), with containerd,
+/// its shims and their runc in the mount namespace of process `ns_pid`, where `/run` holds a
+/// `systemd/system` dir and the system bus socket the test serves
+/// ([`super::systemd_dbus::NodeRun`]). The pods' cgroup parent is then a systemd slice
+/// (`plegwatchXXXX.slice`, which runc expands to `/plegwatchXXXX.slice`), and containerd 1.6
+/// passes runc `SLICE:cri-containerd:ID` cgroup paths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SystemdCgroups {
+    pub ns_pid: u32,
+}
+
 /// A running `containerd --config FILE` whose every path is its own: a temp dir holds the
 /// config, `root`, `state`, the gRPC socket, runc's state, the pods' log dirs and the daemon's
 /// log; its containers go into a cgroup parent of its own. Nothing outside is touched except
 /// `/run/containerd/s/`, where containerd 1.6 always puts shim sockets (named by a hash of
-/// the daemon's socket, so they are told apart).
+/// the daemon's socket, so they are told apart); with [`SystemdCgroups`], that is the `/run`
+/// of its own mount namespace.
 ///
 /// Dropping it stops containerd by PID (SIGTERM, then SIGKILL after
 /// [`Containerd::STOP_TIMEOUT`]) and then undoes what it may have left: containers still
@@ -74,6 +86,8 @@ pub struct Containerd {
     runc_wrapper: Option<PathBuf>,
     /// Of [`RUN_DIRS`], those that did not exist before this daemon started.
     new_run_dirs: Vec<&'static str>,
+    /// The mount namespace it runs in ([`SystemdCgroups`]), if not this process's.
+    ns_pid: Option<u32>,
     started: Instant,
 }
 
@@ -99,6 +113,18 @@ impl Containerd {
 
     /// [`Containerd::start`], with its shims running `runc` as `runc` says.
     pub fn start_with(placement: Placement, runc: Runc) -> Result<Self> {
+        Self::start_inner(placement, runc, None)
+    }
+
+    /// [`Containerd::start_with`], with runc's systemd cgroup driver, in the mount namespace
+    /// `systemd` names. Nothing of it touches this process's `/run`: its shim sockets go to
+    /// `/run/containerd/s` of that namespace.
+    pub fn start_systemd(placement: Placement, runc: Runc, systemd: SystemdCgroups) -> Result<Self> {
+        Self::start_inner(placement, runc, Some(systemd))
+    }
+
+    fn start_inner(placement: Placement, runc: Runc, systemd: Option<SystemdCgroups>) -> Result<Self> {
+        let ns_pid = systemd.map(|s| s.ns_pid);
         let dir = tempfile::Builder::new()
             .prefix("plegwatch-containerd-")
             .tempdir()
@@ -141,10 +167,18 @@ impl Containerd {
             runc_root: dir.join("state").join("runc"),
             snapshots,
             dir: dir.clone(),
+            systemd_cgroup: systemd.is_some(),
         };
         let config = dir.join("config.toml");
         let log = dir.join("containerd.log");
-        let cgroup_parent = format!("/{name}");
+        let cgroup_parent = match systemd {
+            None => format!("/{name}"),
+            // A slice name's dashes are its hierarchy: keep only the random part.
+            Some(_) => format!(
+                "plegwatch{}.slice",
+                name.rsplit('-').next().unwrap_or_default().replace(|c: char| !c.is_ascii_alphanumeric(), "")
+            ),
+        };
         let setup = (|| -> Result<File> {
             for d in ["tmp", "opt", "cni/bin", "cni/conf", "pod-logs"] {
                 std::fs::create_dir_all(dir.join(d))?;
@@ -163,11 +197,12 @@ impl Containerd {
                 return Err(e);
             }
         };
+        // In a namespace of its own it makes them there, not here.
         let new_run_dirs: Vec<&'static str> = RUN_DIRS
             .into_iter()
-            .filter(|d| !Path::new(d).exists())
+            .filter(|d| ns_pid.is_none() && !Path::new(d).exists())
             .collect();
-        let child = Command::new(Self::BINARY)
+        let child = in_ns(ns_pid, Self::BINARY)
             .arg("--config")
             .arg(&config)
             .stdin(Stdio::null())
@@ -182,9 +217,10 @@ impl Containerd {
             }
         };
         eprintln!(
-            "started containerd (pid {}) with {} ({placement:?})",
+            "started containerd (pid {}) with {} ({placement:?}{})",
             child.id(),
-            config.display()
+            config.display(),
+            ns_pid.map(|p| format!(", systemd cgroups, in the mount namespace of pid {p}")).unwrap_or_default()
         );
         let mut daemon = Self {
             child,
@@ -199,6 +235,7 @@ impl Containerd {
             cgroup_parent,
             runc_wrapper,
             new_run_dirs,
+            ns_pid,
             started: Instant::now(),
         };
         daemon.wait_ready()?;
@@ -388,7 +425,8 @@ impl Containerd {
             .unwrap_or_default();
         for id in &leftover {
             eprintln!("cleanup: runc delete --force {id}");
-            if let Err(e) = run(Command::new("runc")
+            // In its namespace: a systemd-driven runc needs that namespace's bus.
+            if let Err(e) = run(in_ns(self.ns_pid, "runc")
                 .arg("--root")
                 .arg(&ns_dir)
                 .args(["delete", "--force", id]))
@@ -414,7 +452,8 @@ impl Containerd {
         while shims.iter().any(|s| procs::alive(s.pid)) && Instant::now() < deadline {
             thread::sleep(Self::POLL);
         }
-        for shim in &shims {
+        // In a namespace of its own, the sockets went into its `/run`, which its owner removes.
+        for shim in shims.iter().filter(|_| self.ns_pid.is_none()) {
             let socket = shim_socket(&self.socket, &shim.namespace, &shim.id);
             if std::fs::symlink_metadata(&socket).is_ok_and(|m| m.file_type().is_socket()) {
                 if let Err(e) = std::fs::remove_file(&socket) {
@@ -458,7 +497,7 @@ impl Drop for Containerd {
         self.clean_leftovers();
         let mut clean = true;
         for dir in std::iter::once(&self.dir).chain(self.placed.as_ref()) {
-            clean &= unmount_under(dir);
+            clean &= unmount_under(dir, self.ns_pid);
         }
         self.remove_cgroups();
         for d in self.new_run_dirs.iter().rev() {
@@ -476,6 +515,7 @@ impl Drop for Containerd {
     }
 }
 
+#[derive(Clone)]
 struct Paths {
     dir: PathBuf,
     /// The runc runtime's `BinaryName`, if not the `runc` in PATH.
@@ -485,6 +525,8 @@ struct Paths {
     socket: PathBuf,
     runc_root: PathBuf,
     snapshots: Option<PathBuf>,
+    /// runc's systemd cgroup driver ([`SystemdCgroups`]).
+    systemd_cgroup: bool,
 }
 
 /// A TOML basic string (paths here hold no quotes or control characters).
@@ -554,7 +596,7 @@ disabled_plugins = [
 
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         Root = {runc_root}
-        SystemdCgroup = false
+        SystemdCgroup = {systemd_cgroup}
 {binary_name}
   # No CNI: the scenarios run host-network pods only.
   [plugins."io.containerd.grpc.v1.cri".cni]
@@ -570,6 +612,7 @@ disabled_plugins = [
         sandbox = Containerd::SANDBOX_IMAGE,
         runc_root = quoted(&p.runc_root),
         binary_name = binary_name,
+        systemd_cgroup = p.systemd_cgroup,
         cni_bin = quoted(&p.dir.join("cni/bin")),
         cni_conf = quoted(&p.dir.join("cni/conf")),
     )
@@ -635,27 +678,46 @@ pub fn shim_socket(address: &Path, namespace: &str, id: &str) -> PathBuf {
     Path::new("/run/containerd/s").join(hex)
 }
 
-/// Unmounts every mount at or under `dir` (deepest first, lazily if a plain umount fails);
-/// whether none is left.
-fn unmount_under(dir: &Path) -> bool {
-    let mut targets = mounts_under(dir);
+/// `program`, run in the mount namespace of process `ns_pid` if one is given (`nsenter
+/// --mount`, which execs it: the child's PID is the program's), else as it is.
+pub fn in_ns(ns_pid: Option<u32>, program: &str) -> Command {
+    match ns_pid {
+        None => Command::new(program),
+        Some(pid) => {
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--target={pid}")).args(["--mount", "--"]).arg(program);
+            cmd
+        }
+    }
+}
+
+/// Unmounts every mount at or under `dir` (deepest first, lazily if a plain umount fails),
+/// in the mount namespace of `ns_pid` if given (the shims mount the rootfs there); whether
+/// none is left. A namespace gone already has no mounts left to undo.
+fn unmount_under(dir: &Path, ns_pid: Option<u32>) -> bool {
+    if ns_pid.is_some_and(|p| !procs::alive(p)) {
+        return true;
+    }
+    let mut targets = mounts_under(dir, ns_pid);
     targets.sort_by_key(|t| std::cmp::Reverse(t.len()));
     for target in &targets {
         eprintln!("cleanup: unmounting {target}");
-        if let Err(e) = run(Command::new("umount").arg(target)) {
+        if let Err(e) = run(in_ns(ns_pid, "umount").arg(target)) {
             eprintln!("cleanup: {e:#}; trying a lazy unmount");
-            if let Err(e) = run(Command::new("umount").arg("-l").arg(target)) {
+            if let Err(e) = run(in_ns(ns_pid, "umount").arg("-l").arg(target)) {
                 eprintln!("cleanup: {e:#}");
             }
         }
     }
-    mounts_under(dir).is_empty()
+    mounts_under(dir, ns_pid).is_empty()
 }
 
-/// Mount points at or under `dir`, from `/proc/self/mountinfo` (escapes undone).
-fn mounts_under(dir: &Path) -> Vec<String> {
+/// Mount points at or under `dir`, from the `mountinfo` of this process or of `ns_pid`
+/// (escapes undone).
+fn mounts_under(dir: &Path, ns_pid: Option<u32>) -> Vec<String> {
     let prefix = dir.to_string_lossy().into_owned();
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let mountinfo = ns_pid.map_or("/proc/self/mountinfo".to_string(), |p| format!("/proc/{p}/mountinfo"));
+    let Ok(info) = std::fs::read_to_string(mountinfo) else {
         return Vec::new();
     };
     info.lines()
@@ -709,6 +771,7 @@ mod tests {
             runc_root: "/tmp/x/state/runc".into(),
             snapshots: Some("/mnt/y/snapshots".into()),
             runc_binary: None,
+            systemd_cgroup: false,
         };
         let toml = config_toml(&p);
         assert!(toml.contains("root = \"/tmp/x/root\""));
@@ -718,6 +781,11 @@ mod tests {
         assert!(toml.contains("sandbox_image = \"docker.io/local/pause:1\""));
         assert!(!toml.contains("/var/lib/containerd"));
         assert!(!toml.contains("BinaryName"));
+        let systemd = config_toml(&Paths {
+            systemd_cgroup: true,
+            ..p.clone()
+        });
+        assert!(systemd.contains("        SystemdCgroup = true\n"));
         let wrapped = config_toml(&Paths {
             runc_binary: Some("/tmp/x/runc-wrapper/runc".into()),
             ..p

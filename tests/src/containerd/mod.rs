@@ -23,6 +23,9 @@
 //! - [`runc_stopped`]: the same lock held by `UpdateContainerResources` while the
 //!   `runc update` it starts under the shim is stopped (SIGSTOP), for as long as the test
 //!   keeps it so.
+//! - [`systemd_dbus`]: seed incident 002: a container start whose `runc create` (systemd
+//!   cgroup driver) waits on a frozen stand-in for systemd over D-Bus, with containerd, its
+//!   shims and runc in a mount namespace whose `/run` is the test's.
 //! - [`bed`]: what those two beds and their scenarios share: the [`bed::Stage`] (containerd,
 //!   images, pod, relist driver), the `UpdateContainerResources` they send and measure
 //!   against the relists, and [`bed::Watched`], a stall staged with plegwatch looking on.
@@ -39,9 +42,10 @@ pub mod image;
 pub mod issue9770;
 pub mod procs;
 pub mod runc_stopped;
+pub mod systemd_dbus;
 
 pub use cri::{Cri, Pod, RelistDriver};
-pub use daemon::{Containerd, Placement, Runc};
+pub use daemon::{Containerd, Placement, Runc, SystemdCgroups};
 
 /// The CRI namespace kubelet's containers live in; images must be imported into it.
 pub const K8S_NAMESPACE: &str = "k8s.io";

@@ -1,0 +1,84 @@
+#!/usr/bin/python3
+# plegwatch scenario harness: a stand-in for systemd on a private bus, enough for runc 1.1.5's
+# systemd cgroup driver (libcontainer/cgroups/systemd, through go-systemd's dbus package).
+#
+# Owns org.freedesktop.systemd1 and answers, on /org/freedesktop/systemd1 and unit paths:
+# - Manager.StartTransientUnit, StopUnit: a job path, then the JobRemoved signal with result
+#   "done" (runc waits up to 30 s for it after the call returns);
+# - Manager.SetUnitProperties, ResetFailedUnit: an empty reply;
+# - Properties.Get: Manager.Version ("252"); a unit's DevicePolicy ("auto") and DeviceAllow
+#   (empty), which runc's Set reads; anything else is an UnknownProperty error.
+# Any other call gets an UnknownMethod error. It never touches a cgroup: with cgroup v1, runc
+# joins the cgroups itself after StartTransientUnit.
+#
+# Prints "ready UNIQUE_NAME" once it owns the name, then one line per call it answers
+# ("call MEMBER PATH ARG0"), flushed, so that a test can follow it.
+#
+# Usage: fake_systemd.py BUS_ADDRESS  (e.g. unix:path=/run/dbus/system_bus_socket)
+
+import asyncio
+import sys
+
+from dbus_next import Message, MessageType, Variant
+from dbus_next.aio import MessageBus
+from dbus_next.constants import RequestNameReply
+
+NAME = "org.freedesktop.systemd1"
+PATH = "/org/freedesktop/systemd1"
+MANAGER = "org.freedesktop.systemd1.Manager"
+PROPERTIES = "org.freedesktop.DBus.Properties"
+UNIT_PATH = PATH + "/unit/"
+
+
+def log(*words):
+    print(*words, flush=True)
+
+
+async def main(address):
+    bus = await MessageBus(bus_address=address).connect()
+    loop = asyncio.get_running_loop()
+    jobs = [0]
+
+    def job_done(job_id, job, unit):
+        bus.send(Message.new_signal(PATH, MANAGER, "JobRemoved", "uoss", [job_id, job, unit, "done"]))
+
+    def handler(msg):
+        if msg.message_type != MessageType.METHOD_CALL or msg.destination != NAME:
+            return None
+        arg0 = msg.body[0] if msg.body else ""
+        log("call", msg.member, msg.path, arg0 if isinstance(arg0, str) else "")
+        if msg.interface == MANAGER and msg.member in ("StartTransientUnit", "StopUnit"):
+            jobs[0] += 1
+            job = f"{PATH}/job/{jobs[0]}"
+            # After the reply: go-systemd registers the job under a lock it holds across the call.
+            loop.call_soon(job_done, jobs[0], job, arg0)
+            return Message.new_method_return(msg, "o", [job])
+        if msg.interface == MANAGER and msg.member in ("SetUnitProperties", "ResetFailedUnit"):
+            return Message.new_method_return(msg)
+        if msg.interface == PROPERTIES and msg.member == "Get" and len(msg.body) == 2:
+            iface, prop = msg.body
+            value = None
+            if msg.path == PATH and iface == MANAGER and prop == "Version":
+                value = Variant("s", "252")
+            elif msg.path.startswith(UNIT_PATH) and prop == "DevicePolicy":
+                value = Variant("s", "auto")
+            elif msg.path.startswith(UNIT_PATH) and prop == "DeviceAllow":
+                value = Variant("a(ss)", [])
+            if value is not None:
+                return Message.new_method_return(msg, "v", [value])
+            return Message.new_error(msg, "org.freedesktop.DBus.Error.UnknownProperty", f"no {iface}.{prop}")
+        return Message.new_error(msg, "org.freedesktop.DBus.Error.UnknownMethod", f"no {msg.interface}.{msg.member}")
+
+    bus.add_message_handler(handler)
+    reply = await bus.request_name(NAME)
+    if reply != RequestNameReply.PRIMARY_OWNER:
+        log("error: could not own", NAME, reply)
+        sys.exit(1)
+    log("ready", bus.unique_name)
+    await loop.create_future()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: fake_systemd.py BUS_ADDRESS")
+    asyncio.run(main(sys.argv[1]))

@@ -1,0 +1,196 @@
+//! Seed incident 002: a container start held by systemd over D-Bus (stall-catalog.md,
+//! pattern 4).
+//!
+//! A private containerd 1.6.20 with `SystemdCgroup = true`, its shim and runc 1.1.5 run in a
+//! mount namespace whose `/run` holds `systemd/system/` and a private system bus; a stand-in
+//! for systemd owns `org.freedesktop.systemd1` there and answers runc's calls until it is
+//! frozen (SIGSTOP). A pod runs (its pause container went through the stand-in) and a
+//! container is created; then the stand-in is frozen and the container started: its `runc
+//! create`'s `StartTransientUnit` is never answered until the stand-in is thawed, 6 s after
+//! the call went out. See `plegwatch_scenarios::containerd::systemd_dbus`.
+//!
+//! - `baseline_start_waits_while_systemd_is_frozen`, with no plegwatch: the stall is real,
+//!   lasts as long as the freeze, and the start succeeds after the thaw.
+//! - `one_incident_from_the_container_start_to_the_frozen_systemd`, with `plegwatch watch
+//!   --warn 2s` started before the trigger: one incident whose chain runs StartContainer →
+//!   the shim's Create → runc (its `systemd.startUnit`, when probed) → its `dbus_call`
+//!   `StartTransientUnit` → the frozen stand-in (state T), raised within 1 s of crossing
+//!   --warn and resolved after the thaw.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use plegwatch_scenarios::containerd;
+use plegwatch_scenarios::containerd::bed::{short, StallBed, StallOutcome, Watched, WARN};
+use plegwatch_scenarios::containerd::systemd_dbus::{self, Bed, Options, BUS_SOCKET, MANAGER, START_UNIT, SYSTEMD};
+use plegwatch_scenarios::dbus::MsgKind;
+use plegwatch_scenarios::incidents::{self, Incident};
+use plegwatch_scenarios::preflight;
+use serde_json::Value;
+
+const SCENARIO: &str = "containerd_systemd_dbus";
+/// How far StartContainer's block may be above the freeze: runc's call goes out after the
+/// shim has started it, and the start's own work follows the thaw.
+const BLOCK_SLACK: Duration = Duration::from_millis(3000);
+
+/// Everything this bed needs, or why it can't run (a failure under CI).
+fn ready(scenario: &str) -> bool {
+    containerd::require();
+    systemd_dbus::require();
+    if !systemd_dbus::cgroup_v1() {
+        preflight::skip(
+            scenario,
+            "the cpu controller is not a cgroup v1 hierarchy: runc's v1 systemd driver joins \
+             the cgroups itself, the stand-in for systemd never makes them",
+        );
+        return false;
+    }
+    true
+}
+
+#[test]
+fn baseline_start_waits_while_systemd_is_frozen() -> Result<()> {
+    if !ready(&format!("{SCENARIO}::baseline")) {
+        return Ok(());
+    }
+    let options = Options::default();
+    let mut bed = Bed::prepare(options.clone())?;
+    let o = bed.trigger()?;
+    eprintln!("{}", o.summary());
+    let context = || bed.context(&o);
+    assert_eq!(o.call.destination.as_deref(), Some(SYSTEMD), "{}", context());
+    assert_eq!(o.call.interface.as_deref(), Some(MANAGER), "{}", context());
+    assert_eq!(o.call.path.as_deref(), Some("/org/freedesktop/systemd1"), "{}", context());
+    // The caller is `runc … --systemd-cgroup create … ID`, the pod's shim's child.
+    let argv = &o.runc_argv;
+    assert!(
+        argv.iter().any(|a| a == "--systemd-cgroup")
+            && argv.iter().any(|a| a == "create")
+            && argv.last() == Some(&o.container_id),
+        "the caller is not the shim's `runc --systemd-cgroup create … {}`: {argv:?}\n{}",
+        o.container_id,
+        context()
+    );
+    // The start blocked for as long as the stand-in was frozen, then went through.
+    let frozen = o.continued.duration_since(o.call_seen);
+    assert!(frozen >= options.stop_for, "thawed after {frozen:?}\n{}", context());
+    let blocked = o.start.latency;
+    assert!(
+        blocked >= frozen && blocked <= frozen + BLOCK_SLACK,
+        "StartContainer blocked {blocked:?}, the stand-in was frozen {frozen:?} (want within \
+         {BLOCK_SLACK:?} above)\n{}",
+        context()
+    );
+    assert_eq!(o.start.result, Ok(()), "StartContainer should succeed after the thaw\n{}", context());
+    assert!(o.reply.as_ref().is_some_and(|r| r.kind == MsgKind::Return), "no reply to the call\n{}", context());
+    assert!(o.container_pid.is_some(), "the container does not run\n{}", context());
+    Ok(())
+}
+
+/// A hop of runc's `StartTransientUnit` call.
+fn is_start_unit(h: &Value) -> bool {
+    h["kind"] == "dbus_call" && h["what"].as_str().is_some_and(|s| s.contains(START_UNIT))
+}
+
+#[test]
+fn one_incident_from_the_container_start_to_the_frozen_systemd() -> Result<()> {
+    preflight::require();
+    if !ready(&format!("{SCENARIO}::one_incident")) {
+        return Ok(());
+    }
+    // Other scenarios may run beside this one: stop at the resolution of this stall's incident.
+    let w = Watched::run_until(Bed::prepare(Options::default())?, |e| {
+        e.is("incident_resolved")
+            && e.get("/longest_chain").and_then(Value::as_array).is_some_and(|c| c.iter().any(is_start_unit))
+    })?;
+    let o = &w.outcome;
+    let all = || w.all();
+    assert_eq!(o.start.result, Ok(()), "StartContainer should succeed after the thaw\n{}", all());
+
+    // runc's own call, as the socket probes saw it: its stall line names the call the
+    // monitor saw and the frozen owner, found through the bus daemon in the other namespace.
+    let stall = w
+        .stalls("dbus_call", o.runc_pid)
+        .into_iter()
+        .find(|e| e.str("/detail/member") == Some(START_UNIT))
+        .unwrap_or_else(|| panic!("no dbus_call stall for runc pid {}'s {START_UNIT}:\n{}", o.runc_pid, all()));
+    for (field, want) in [
+        ("/comm", Value::from("runc")),
+        ("/detail/destination", Value::from(SYSTEMD)),
+        ("/detail/interface", Value::from(MANAGER)),
+        ("/detail/serial", Value::from(o.call.serial)),
+        ("/detail/sender", Value::from(o.call.sender.clone())),
+        ("/holder/kind", Value::from("name_owner")),
+        ("/holder/pid", Value::from(o.systemd_pid)),
+        ("/holder/state", Value::from("T")),
+        ("/holder/bus", Value::from(BUS_SOCKET)),
+        ("/holder/bus_reached_at", Value::from(format!("/proc/{}/root{BUS_SOCKET}", o.bus_daemon_pid))),
+    ] {
+        assert_eq!(stall.get(field), Some(&want), "dbus_call stall {field}:\n{}", all());
+    }
+
+    // One incident, raised within 1 s of --warn, resolved after the thaw.
+    let i = incidents::the_one(&w.events, WARN, Some(o.continued), is_start_unit).map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
+    let line = i
+        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process") && c.first().is_some_and(|h| h["kind"] == "cri_call"))
+        .unwrap_or_else(|| panic!("incident #{} never ran from the CRI call to the frozen systemd:\n{}", i.id, all()));
+    let chain = Incident::chain(line);
+    let text = incidents::chain_text(&chain);
+    let pid = |h: &Value| h["pid"].as_u64();
+    let what = |h: &Value| h["what"].as_str().unwrap_or_default().to_string();
+
+    // 1. containerd's StartContainer for the container → the shim's task call, by its id.
+    let start = &chain[0];
+    assert_eq!(pid(start), Some(u64::from(w.containerd_pid)), "{text}");
+    assert!(what(start).contains("(*instrumentedService).StartContainer") && what(start).contains(short(&o.container_id)), "{text}");
+    assert_eq!((start["edge"].as_str(), start["exactness"].as_str()), (Some("ttrpc"), Some("exact")), "{text}");
+    // 2. The shim's Create for the same container → its child, runc.
+    let create = &chain[1];
+    assert_eq!((create["kind"].as_str(), pid(create)), (Some("go_call"), Some(u64::from(o.shim_pid))), "{text}");
+    assert!(what(create).contains("(*service).Create") && what(create).contains(short(&o.container_id)), "{text}");
+    assert_eq!(create["edge"], "child", "{text}");
+    // 3. runc's startUnit → its D-Bus call. With runc probed before the start (the bed's
+    //    warm-up runc, or any other runc on the machine), the hop must be there; without
+    //    (plegwatch saw no runc alive before) it may be missing.
+    let probed_early = w.events.iter().any(|e| {
+        e.is("target") && e.str("/target") == Some("runc") && e.str("/status") == Some("probed") && e.at < o.start.sent
+    });
+    assert!(
+        !probed_early || chain[2]["kind"] == "go_call",
+        "runc was probed before the start, but the chain has no startUnit hop:\n{text}"
+    );
+    if !probed_early {
+        eprintln!("note: no runc was probed before the start (warm-up pid {}); the startUnit hop is optional", o.warm_up_pid);
+    }
+    let mut at = 2;
+    if chain[at]["kind"] == "go_call" {
+        let unit = &chain[at];
+        assert_eq!(pid(unit), Some(u64::from(o.runc_pid)), "{text}");
+        assert!(what(unit).contains("systemd.startUnit"), "{text}");
+        assert_eq!(unit["edge"], "nested_call", "{text}");
+        at += 1;
+    }
+    // 4. runc's StartTransientUnit → the owner of org.freedesktop.systemd1.
+    let call = &chain[at];
+    assert_eq!((call["kind"].as_str(), pid(call), call["comm"].as_str()), (Some("dbus_call"), Some(u64::from(o.runc_pid)), Some("runc")), "{text}");
+    assert_eq!(what(call), format!("D-Bus {MANAGER}.{START_UNIT} to {SYSTEMD}"), "{text}");
+    assert_eq!((call["edge"].as_str(), call["exactness"].as_str()), (Some("dbus_owner"), Some("exact")), "{text}");
+    assert_eq!(call["root"], true, "the D-Bus call is the deepest open wait:\n{text}");
+    // 5. The frozen stand-in, the end of the chain.
+    let end = &chain[at + 1];
+    assert_eq!((end["kind"].as_str(), pid(end)), (Some("process"), Some(u64::from(o.systemd_pid))), "{text}");
+    assert_eq!(what(end), "stopped (state T)", "{text}");
+    assert_eq!(chain.len(), at + 2, "nothing after the frozen process:\n{text}");
+    assert_eq!(line.get("/root/pid").and_then(Value::as_u64), Some(u64::from(o.runc_pid)), "{text}");
+
+    let longest = i.resolved.as_ref().and_then(|r| r.get("/longest_chain")).and_then(Value::as_array).map_or(0, Vec::len);
+    assert!(longest >= chain.len(), "the resolution keeps the longest chain ({longest} hops)");
+    w.assert_containerd_answers();
+    eprintln!(
+        "incident #{} raised {:.3}s after crossing --warn; resolved {:.3}s after the thaw; chain:\n{text}",
+        i.id,
+        i.raised_after_warn(WARN).as_secs_f64(),
+        i.resolved.as_ref().map_or(f64::NAN, |r| r.at.saturating_duration_since(o.continued).as_secs_f64()),
+    );
+    Ok(())
+}
