@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 /// How many resolved incidents the footer keeps.
 pub const RESOLVED_SHOWN: usize = 5;
-/// How many log lines (plegwatch's own stderr) the footer keeps.
+/// How many warnings and errors from plegwatch's log the footer keeps.
 const LOGS_SHOWN: usize = 2;
 
 /// Something received at `at`.
@@ -75,9 +75,10 @@ impl LiveState {
         }
     }
 
-    /// Takes in one line plegwatch logged (ANSI colours already stripped).
+    /// Takes in one line plegwatch logged (ANSI colours already stripped);
+    /// only warnings and errors are shown.
     pub fn note_log(&mut self, line: &str) {
-        if line.trim().is_empty() {
+        if !is_warning(line) {
             return;
         }
         self.logs.push_back(line.to_string());
@@ -200,6 +201,18 @@ impl LiveState {
     }
 }
 
+/// Whether a log line is a warning or an error: `TIME  WARN message` in
+/// text, `"level":"WARN"` in JSON.
+fn is_warning(line: &str) -> bool {
+    let level = match line.trim_start().starts_with('{') {
+        true => serde_json::from_str::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("level").and_then(|l| l.as_str()).map(str::to_string)),
+        false => line.split_whitespace().nth(1).map(str::to_string),
+    };
+    matches!(level.as_deref(), Some("WARN" | "ERROR"))
+}
+
 /// `i` as it stands `dt` after its line: its waits are that much older.
 fn aged(i: &Incident, dt: Duration) -> Incident {
     let dt_s = dt.as_secs_f64();
@@ -226,9 +239,9 @@ fn level_style(level: Level) -> Style {
 /// symptom down to the root (and the root's terminal holder).
 fn incident_lines(i: &Incident) -> Vec<Line<'static>> {
     let mut about = format!(
-        " waited {:.1}s · PLEG budget {:.0}% used · since {} · {} wait(s)",
+        " waited {:.1}s · PLEG budget {} used · since {} · {} wait(s)",
         i.waited_s,
-        i.budget_used * 100.0,
+        percent(i.budget_used),
         clock_of(&i.started_at),
         i.waits.len()
     );
@@ -243,7 +256,18 @@ fn incident_lines(i: &Incident) -> Vec<Line<'static>> {
         Span::styled(format!("{:<8}", i.level.as_str().to_uppercase()), level_style(i.level)),
         Span::raw(about),
     ])];
-    for (n, h) in i.chain.iter().enumerate() {
+    let links: Vec<String> = i
+        .chain
+        .iter()
+        .map(|h| match (h.edge, h.exactness) {
+            (Some(e), Some(x)) => format!("↓ {} ({})", e.as_str(), x.as_str()),
+            (Some(e), None) => format!("↓ {}", e.as_str()),
+            _ => String::new(),
+        })
+        .collect();
+    // As wide as this chain's links need, so a chain without any wastes no room.
+    let link_w = links.iter().map(|l| l.chars().count() + 2).max().unwrap_or(0);
+    for ((n, h), link) in i.chain.iter().enumerate().zip(links) {
         let mark = if h.root {
             "ROOT"
         } else if h.wait_id.is_none() {
@@ -252,12 +276,7 @@ fn incident_lines(i: &Incident) -> Vec<Line<'static>> {
             ""
         };
         let age = h.waited_s.map(|w| format!("{w:.1}s")).unwrap_or_default();
-        let link = match (h.edge, h.exactness) {
-            (Some(e), Some(x)) => format!("↓ {} ({})", e.as_str(), x.as_str()),
-            (Some(e), None) => format!("↓ {}", e.as_str()),
-            _ => String::new(),
-        };
-        let text = format!("   {mark:<4} {:>2}. {:<14} {age:>8}  {link:<28} {}  [{}]", n + 1, h.kind, h.what, who(h));
+        let text = format!("   {mark:<4} {:>2}. {:<14} {age:>7}  {link:<link_w$}{}  [{}]", n + 1, h.kind, h.what, who(h));
         let style = if h.root { Style::default().add_modifier(Modifier::BOLD) } else { Style::default() };
         out.push(Line::styled(text, style));
     }
@@ -297,6 +316,12 @@ fn clock_of(rfc3339: &str) -> String {
         Some(t) => format!("{t} UTC"),
         None => rfc3339.to_string(),
     }
+}
+
+/// `1.2%` below 10 %, `34%` above.
+fn percent(share: f64) -> String {
+    let p = share * 100.0;
+    if p < 10.0 { format!("{p:.1}%") } else { format!("{p:.0}%") }
 }
 
 /// `2s`, `1.5s`.
@@ -538,11 +563,19 @@ pub(crate) mod tests {
         let t0 = Instant::now();
         let mut s = LiveState::default();
         s.apply(&ready(), t0);
-        for l in ["one", "", "two", "three"] {
+        for l in [
+            "2026-11-22T02:45:01.1Z  WARN one",
+            "2026-11-22T02:45:01.2Z  INFO startup sweep: not shown",
+            "",
+            r#"{"timestamp":"2026-11-22T02:45:01.3Z","level":"ERROR","fields":{"message":"two"}}"#,
+            "2026-11-22T02:45:01.4Z  WARN three",
+            "2026-11-22T02:45:01.5Z  INFO not shown either",
+        ] {
             s.note_log(l);
         }
-        let rows = screen(&s, t0, 100, 12);
-        assert!(find(&rows, "log: two").is_some() && find(&rows, "log: three").is_some() && find(&rows, "log: one").is_none(), "{rows:#?}");
+        let rows = screen(&s, t0, 120, 12);
+        assert!(find(&rows, "\"message\":\"two\"").is_some() && find(&rows, "WARN three").is_some(), "{rows:#?}");
+        assert!(find(&rows, "one").is_none() && find(&rows, "not shown").is_none(), "{rows:#?}");
     }
 
     #[test]
@@ -559,5 +592,6 @@ pub(crate) mod tests {
         assert_eq!(ago_text(Duration::from_secs(3720)), "1h02m");
         assert_eq!(secs_text(2.0), "2s");
         assert_eq!(secs_text(0.5), "0.5s");
+        assert_eq!((percent(0.012), percent(0.34)), ("1.2%".to_string(), "34%".to_string()));
     }
 }
