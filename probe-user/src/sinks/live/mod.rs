@@ -8,9 +8,11 @@
 //!   for a drawing thread, so a slow or stuck terminal never holds up the
 //!   engine's loop. That thread draws at most every [`FRAME`] (4 times a
 //!   second) while anything changes or an incident's clock runs, at least
-//!   every [`IDLE_FRAME`] otherwise, and when the sink is dropped it leaves
-//!   the alternate screen and prints, as plain text, the incidents still open
-//!   and the summary, so they stay on the terminal.
+//!   every [`IDLE_FRAME`] otherwise. At the summary (the engine's last event),
+//!   or when the sink is dropped without one, it leaves the alternate screen
+//!   and prints, as plain text, the incidents still open and the summary, so
+//!   they stay on the terminal. It does not wait for the drop: the engine
+//!   detaches its probes between the two, which can take seconds.
 
 mod screen;
 mod state;
@@ -117,6 +119,10 @@ fn draw_loop(rx: Receiver<Msg>) {
                 }
                 state.apply(&e, Instant::now());
                 dirty = true;
+                if let (Event::Summary(_), Output::Live(screen)) = (e.as_ref(), &mut out) {
+                    give_back(screen, &state);
+                    out = Output::Text;
+                }
             }
             Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => break,
             Err(RecvTimeoutError::Timeout) => {}
@@ -140,10 +146,16 @@ fn draw_loop(rx: Receiver<Msg>) {
         }
     }
     if let Output::Live(mut screen) = out {
-        let logs = screen.leave();
-        screen::write_logs(&logs);
-        let _ = write!(io::stdout().lock(), "{}", exit_text(&state, Instant::now()));
+        give_back(&mut screen, &state);
     }
+}
+
+/// Leaves the view for good: the terminal as it was, then the logs kept
+/// meanwhile and [`exit_text`].
+fn give_back(screen: &mut Screen, state: &LiveState) {
+    let logs = screen.leave();
+    screen::write_logs(&logs);
+    let _ = write!(io::stdout().lock(), "{}", exit_text(state, Instant::now()));
 }
 
 /// What stays on the terminal after the view: the incidents still open, then

@@ -266,7 +266,7 @@ fn incident_lines(i: &Incident) -> Vec<Line<'static>> {
         })
         .collect();
     // As wide as this chain's links need, so a chain without any wastes no room.
-    let link_w = links.iter().map(|l| l.chars().count() + 2).max().unwrap_or(0);
+    let link_w = links.iter().filter(|l| !l.is_empty()).map(|l| l.chars().count() + 2).max().unwrap_or(0);
     for ((n, h), link) in i.chain.iter().enumerate().zip(links) {
         let mark = if h.root {
             "ROOT"
