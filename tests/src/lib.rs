@@ -20,7 +20,9 @@
 //!   containerd#9770 test bed, and a `runc update` frozen with SIGSTOP under
 //!   `UpdateContainerResources`;
 //! - [`gofixture::FakeKubelet`]: a stripped Go test fixture (not kubelet) that carries
-//!   kubelet's relist symbol.
+//!   kubelet's relist symbol;
+//! - [`tmux::Tmux`]: a program on a real terminal (a detached tmux session of its own),
+//!   whose screen is read with `capture-pane`.
 //!
 //! Declare guards in the order they are set up: Rust drops locals in reverse, so the throttle
 //! goes before the umount that would otherwise crawl through it, and plegwatch goes first.
@@ -45,6 +47,7 @@ pub mod preflight;
 pub mod stall;
 pub mod sys;
 pub mod throttle;
+pub mod tmux;
 
 pub use events::Event;
 pub use loopfs::LoopFs;

@@ -47,6 +47,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "protoc-gen-go-grpc",
     "iproute2",
     "gcc",
+    // The live view scenario runs `plegwatch watch` in a detached tmux and reads its screen.
+    "tmux",
 ];
 
 /// bpf-linker must be built against this LLVM; without `LLVM_PREFIX` its build finds

@@ -6,22 +6,31 @@ use crate::{
     inflight::Filter,
     levels::Thresholds,
     events::Sink,
-    sinks::{JsonSink, TextOptions, TextSink},
+    sinks::{JsonSink, LiveSink, TextOptions, TextSink},
 };
 use clap::Args;
 use std::time::Duration;
 
 /// Thresholds accept `150ms`, `10s`, `2m`, or bare seconds.
+///
+/// On a terminal, the open incidents are redrawn in place (the live view);
+/// with `--no-live`, `--json`, `--waits`, or stdout not a terminal, each is
+/// printed as lines when it is raised, changes or ends.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
   plegwatch watch --warn 2s --duration 30
+  plegwatch watch --no-live | tee plegwatch.log
   plegwatch watch --json --pid 1234 --comm umount
   plegwatch watch --comm 'containerd-shim*'")]
 pub struct WatchArgs {
     /// Print one JSON object per line instead of text.
     #[arg(long)]
     pub json: bool,
-    /// In text, also print each wait's own stall and resolved lines (JSON always has them).
+    /// Print lines, not the live view, even on a terminal.
+    #[arg(long)]
+    pub no_live: bool,
+    /// In text, also print each wait's own stall and resolved lines (JSON always
+    /// has them); implies --no-live.
     #[arg(long)]
     pub waits: bool,
     /// Report a wait once it has lasted this long.
@@ -87,15 +96,45 @@ impl WatchArgs {
     }
 }
 
+/// Which sink `watch` prints through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Json,
+    Text,
+    Live,
+}
+
+impl WatchArgs {
+    /// The sink for these flags, given whether stdout is a terminal that can show the live view.
+    pub fn output(&self, terminal: bool) -> Output {
+        if self.json {
+            Output::Json
+        } else if self.no_live || self.waits || !terminal {
+            Output::Text
+        } else {
+            Output::Live
+        }
+    }
+}
+
 /// Runs `watch`; the error is one line.
 pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let cfg = args.config().map_err(anyhow::Error::msg)?;
     let stdout = std::io::stdout();
-    let mut sink: Box<dyn Sink> = if args.json {
-        Box::new(JsonSink(stdout.lock()))
-    } else {
-        Box::new(TextSink::new(stdout.lock(), TextOptions { waits: args.waits }))
+    let text = || Box::new(TextSink::new(std::io::stdout().lock(), TextOptions { waits: args.waits }));
+    let mut sink: Box<dyn Sink> = match args.output(LiveSink::supported()) {
+        Output::Json => Box::new(JsonSink(stdout.lock())),
+        Output::Text => text(),
+        Output::Live => match LiveSink::start() {
+            Ok(live) => Box::new(live),
+            Err(e) => {
+                tracing::warn!("live view: cannot start its thread ({e}); printing lines");
+                text()
+            }
+        },
     };
+    // On an error the sink is dropped here, before main prints it: the live
+    // view has given the terminal back by then.
     collector::watch(cfg, sink.as_mut()).await?;
     Ok(())
 }
@@ -145,6 +184,21 @@ mod tests {
         assert_eq!(w.warn, Duration::from_secs(2));
         assert_eq!(w.duration, Some(Duration::from_secs(30)));
         assert_eq!((w.pids, w.comms), (vec![7], vec!["umount".to_string()]));
+    }
+
+    #[test]
+    fn the_live_view_is_for_terminals_only() {
+        use super::Output;
+        let out = |args: &[&str], terminal: bool| {
+            let Command::Watch(w) = parse(args).unwrap().command else { panic!() };
+            w.output(terminal)
+        };
+        assert_eq!(out(&["watch"], true), Output::Live);
+        assert_eq!(out(&["watch"], false), Output::Text);
+        assert_eq!(out(&["watch", "--no-live"], true), Output::Text);
+        assert_eq!(out(&["watch", "--waits"], true), Output::Text);
+        assert_eq!(out(&["watch", "--json"], true), Output::Json);
+        assert_eq!(out(&["watch", "--json", "--no-live"], false), Output::Json);
     }
 
     #[test]

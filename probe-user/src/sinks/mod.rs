@@ -2,10 +2,13 @@
 //! format them; they never call back into the engine.
 //!
 //! - [`JsonSink`]: one JSON object per line (`--json`), the contract in the README;
-//! - [`TextSink`]: human lines, by default one block per incident.
+//! - [`TextSink`]: human lines, by default one block per incident;
+//! - [`LiveSink`]: on a terminal, the open incidents redrawn in place (`live`).
 
+mod live;
 mod text;
 
+pub use live::{LiveSink, LiveState};
 pub use text::{TextOptions, TextSink, render_text};
 
 use crate::events::{Event, Sink};
