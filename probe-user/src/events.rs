@@ -84,7 +84,7 @@ pub struct SyscallSummary {
 }
 
 /// Printed at exit.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Summary {
     pub ran_s: f64,
     pub stalls: u64,
@@ -115,6 +115,23 @@ pub struct Summary {
     pub incidents_resolved: u64,
     /// How late the scans ran after their tick, and how long they took.
     pub scans: ScanSummary,
+    /// Netlink requests and D-Bus calls the socket probes saw go by.
+    pub requests_seen: RequestsSeen,
+}
+
+/// Requests and calls the socket probes saw over the run, answered or not:
+/// what shows, on a quiet run, that they were attached and parsing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RequestsSeen {
+    /// Netlink requests sent that the kernel answers (a get, a dump, or an
+    /// ack asked for): the ones tracked until their reply.
+    pub netlink_requests: u64,
+    /// Of those, the ones closed by their reply (or a dump's end).
+    pub netlink_answered: u64,
+    /// D-Bus METHOD_CALLs written on client connections, expecting a reply.
+    pub dbus_calls: u64,
+    /// Of those, the ones whose METHOD_RETURN or ERROR was read.
+    pub dbus_answered: u64,
 }
 
 /// The scan loop's timing over the run (hdrhistogram, µs resolution).

@@ -432,6 +432,11 @@ impl ReqWatch {
         self.sockets.tgids()
     }
 
+    /// The netlink requests and D-Bus calls seen since the start.
+    pub fn seen(&self) -> crate::events::RequestsSeen {
+        self.sockets.seen
+    }
+
     /// (stall lines, resolutions, still open).
     pub fn counts(&self) -> (u64, u64, u64) {
         let (s, r) = self.registry.counts();

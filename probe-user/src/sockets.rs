@@ -16,6 +16,7 @@ use crate::{
         calls::{Connection, Side},
         header::MessageKind,
     },
+    events::RequestsSeen,
     graph::model::WaitKey,
     inflight::{Item, cstr},
     netlink::{
@@ -212,6 +213,8 @@ pub struct Sockets {
     /// Replies read on D-Bus connections since last taken: (socket, reply_serial).
     replies: Vec<(SockKey, u32)>,
     pub families: GenlFamilies,
+    /// Requests and calls seen since the start, for the summary.
+    pub seen: RequestsSeen,
 }
 
 /// The bytes of netlink headers the kernel walked, rebuilt as a buffer the
@@ -277,7 +280,8 @@ impl Sockets {
         // All headers walked unless the kernel's summary table filled up.
         let total = if n == rec.nl.len() { buf.len() + 1 } else { buf.len() };
         if rec.slot < SOCK_FIRST_RECV {
-            s.tracker.on_send_captured(&buf, total, rec.end_ns);
+            let opened = s.tracker.on_send_captured(&buf, total, rec.end_ns);
+            self.seen.netlink_requests += opened as u64;
             if let Some(m) = rec.nl[..n].iter().rev().find(|m| m.msg_type >= 16) {
                 s.last_sent = Some(Sent {
                     dst: rec.nl_dst,
@@ -290,7 +294,8 @@ impl Sockets {
                 s.replied_since = false;
             }
         } else {
-            s.tracker.on_recv_captured(&buf, total, rec.end_ns, Some(&mut self.families));
+            let done = s.tracker.on_recv_captured(&buf, total, rec.end_ns, Some(&mut self.families));
+            self.seen.netlink_answered += done.iter().filter(|c| !c.assumed).count() as u64;
             if n > 0 {
                 s.replied_since = true;
             }
@@ -310,9 +315,12 @@ impl Sockets {
         let total = usize::try_from(rec.ret).unwrap_or(0);
         if rec.slot < SOCK_FIRST_RECV {
             s.writer_tid = rec.tid;
-            s.conn.on_write(&rec.data[..n], total, rec.start_ns);
+            let fed = s.conn.on_write(&rec.data[..n], total, rec.start_ns);
+            self.seen.dbus_calls +=
+                fed.messages.iter().filter(|m| m.kind == MessageKind::MethodCall && !m.no_reply_expected()).count() as u64;
         } else {
-            let (fed, _) = s.conn.on_read(&rec.data[..n], total, rec.end_ns);
+            let (fed, answered) = s.conn.on_read(&rec.data[..n], total, rec.end_ns);
+            self.seen.dbus_answered += answered.len() as u64;
             for m in &fed.messages {
                 if let (MessageKind::MethodReturn | MessageKind::Error, Some(r)) = (m.kind, m.reply_serial) {
                     self.replies.push((key, r));
@@ -570,6 +578,61 @@ mod tests {
         assert!(s.open_netlink(&[recv_call(200)], 10_000_000_000).is_empty());
         s.on_closed(7, 3);
         assert!(s.netlink.is_empty());
+    }
+
+    /// A D-Bus client's send (`slot` < SOCK_FIRST_RECV) or receive of `bytes`.
+    fn dbus_rec(slot: u32, start_ns: u64, bytes: &[u8]) -> SockIo {
+        let mut r = rec(slot, start_ns, &[]);
+        r.class = SockClass { kind: SockKind::Dbus as u32, proto: 0, gen: 0, _pad: 0 };
+        r.captured = bytes.len() as u32;
+        r.ret = bytes.len() as i64;
+        r.data[..bytes.len()].copy_from_slice(bytes);
+        r
+    }
+
+    #[test]
+    fn seen_counts_requests_that_expect_a_reply_and_their_answers() {
+        let mut s = Sockets::default();
+        // A get answered, a dump ended by NLMSG_DONE.
+        s.on_io(&rec(2, 100, &[(RTM_GETLINK, REQUEST, 1, 0)]));
+        s.on_io(&rec(6, 110, &[(16, 0, 1, 0)]));
+        s.on_io(&rec(2, 200, &[(RTM_GETLINK, REQUEST | DUMP, 2, 0)]));
+        s.on_io(&rec(6, 210, &[(16, MULTI, 2, 0)]));
+        s.on_io(&rec(6, 220, &[(3, MULTI, 2, 0)]));
+        // Not requests: a NEW without an ack (the kernel answers only failures), and what
+        // a multicast listener reads.
+        s.on_io(&rec(2, 300, &[(RTM_NEWADDR, REQUEST, 3, 0)]));
+        let mut listener = rec(6, 400, &[(RTM_NEWADDR, 0, 0, 0), (RTM_NEWADDR, 0, 0, 0)]);
+        listener.fd = 4;
+        s.on_io(&listener);
+        // One still waiting.
+        s.on_io(&rec(2, 500, &[(RTM_NEWADDR, REQUEST | ACK, 4, 0)]));
+        assert_eq!(
+            s.seen,
+            RequestsSeen { netlink_requests: 3, netlink_answered: 2, dbus_calls: 0, dbus_answered: 0 }
+        );
+    }
+
+    #[test]
+    fn seen_counts_dbus_calls_written_and_answered() {
+        use crate::dbus::header::{
+            build::{call, reply},
+            Endian, FLAG_NO_REPLY_EXPECTED,
+        };
+        let mut s = Sockets::default();
+        let first = [b"\0AUTH EXTERNAL 30\r\nBEGIN\r\n".as_slice(), &call(Endian::Little, 1, "Hello").build()].concat();
+        s.on_io(&dbus_rec(2, 100, &first));
+        s.on_io(&dbus_rec(2, 110, &call(Endian::Little, 2, "NoReply").flags(FLAG_NO_REPLY_EXPECTED).build()));
+        s.on_io(&dbus_rec(2, 120, &call(Endian::Little, 3, "GetId").build()));
+        let got = [b"OK 0123456789abcdef\r\n".as_slice(), &reply(Endian::Little, 7, 1, ":1.42").build()].concat();
+        s.on_io(&dbus_rec(6, 130, &got));
+        // A second reply to the same serial answers nothing more.
+        s.on_io(&dbus_rec(6, 140, &reply(Endian::Little, 8, 1, ":1.42").build()));
+        assert_eq!(
+            s.seen,
+            RequestsSeen { netlink_requests: 0, netlink_answered: 0, dbus_calls: 2, dbus_answered: 1 }
+        );
+        assert_eq!(s.open_dbus(200).iter().map(|o| o.serial).collect::<Vec<_>>(), [3]);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use clap::{Parser, Subcommand};
 ///   cargo xtask setup                  # install what is missing (quick when all is there)
 ///   cargo xtask run -- --json          # build and run `plegwatch watch --json` (root)
 ///   cargo xtask test                   # unit tests, then privileged scenarios (root)
+///   cargo xtask test --soak            # the same, with the negative soak run for 10 minutes
 ///   cargo xtask bench --rounds 1       # overhead vs. untraced and bpftrace (root)
 ///   cargo xtask bench --only relist    # ListContainers latency with and without plegwatch
 #[derive(Parser)]
@@ -35,8 +36,13 @@ enum Task {
     /// Example: cargo xtask run -- --json
     #[command(verbatim_doc_comment)]
     Run(run::Args),
-    /// Unit tests, then (as root) the privileged scenario tests.
-    Test,
+    /// Unit tests, then (as root) the privileged scenario tests
+    ///
+    /// Examples:
+    ///   cargo xtask test
+    ///   cargo xtask test --soak     # negative_soak runs 10 minutes instead of 60 s
+    #[command(verbatim_doc_comment)]
+    Test(test::Args),
     /// Overhead benchmark: syscall loops untraced, under plegwatch and under bpftrace; containerd's
     /// ListContainers latency under the relist driver, untraced and under plegwatch (needs root)
     ///
@@ -52,7 +58,7 @@ fn main() -> ExitCode {
     let result = match cli.task {
         Task::Setup => setup::run(),
         Task::Run(args) => run::run(&args),
-        Task::Test => test::run(),
+        Task::Test(args) => test::run(&args),
         Task::Bench(args) => bench::run(&args),
     };
     match result {

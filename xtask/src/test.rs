@@ -5,6 +5,11 @@
 //! 2. the privileged scenarios against the real kernel (root; one thread, since they
 //!    share mounts, throttles and daemons);
 //! 3. a short fuzz run of each parser target (cargo-fuzz, nightly).
+//!
+//! `--soak` runs the scenarios' negative soak (`negative_soak`: ordinary container,
+//! D-Bus, netlink, sync and mount traffic that must raise no incident) for
+//! [`SOAK_SECS`] instead of its default 60 s, through the scenario crate's
+//! `PLEGWATCH_SOAK_SECS`.
 
 use anyhow::{bail, Result};
 
@@ -12,12 +17,25 @@ use crate::{cmd, run, setup};
 
 /// The privileged scenario crate in `tests/`.
 const SCENARIOS: &str = "plegwatch-scenarios";
+/// How the scenario crate is told how long its negative soak runs, in seconds.
+const SOAK_ENV: &str = "PLEGWATCH_SOAK_SECS";
+/// The soak's length under `--soak`: 10 minutes.
+const SOAK_SECS: u32 = 600;
 
-pub fn run() -> Result<()> {
+/// Arguments of `cargo xtask test`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Run the negative soak scenario (negative_soak) for 10 minutes instead of 60 s
+    /// (sets PLEGWATCH_SOAK_SECS=600 for the scenario crate).
+    #[arg(long)]
+    pub soak: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
     cmd::header("setup");
     setup::ensure()?;
     unit_tests()?;
-    scenarios()?;
+    scenarios(args.soak.then_some(SOAK_SECS))?;
     fuzz()?;
     eprintln!("\nxtask test: all stages passed");
     Ok(())
@@ -53,15 +71,18 @@ fn fuzz() -> Result<()> {
     Ok(())
 }
 
-fn scenarios() -> Result<()> {
+/// The scenarios, with the negative soak run for `soak_secs` when given.
+fn scenarios(soak_secs: Option<u32>) -> Result<()> {
     cmd::header("privileged scenarios");
     if !cmd::is_root() {
         bail!("the privileged scenarios (cargo test -p {SCENARIOS}) need root: run `cargo xtask test` as root");
     }
     run::build_debug()?;
-    cmd::run(
-        cmd::cargo()
-            .env("PLEGWATCH_BIN", run::debug_binary())
-            .args(["test", "-p", SCENARIOS, "--", "--test-threads=1"]),
-    )
+    let mut cargo = cmd::cargo();
+    cargo.env("PLEGWATCH_BIN", run::debug_binary());
+    if let Some(secs) = soak_secs {
+        eprintln!("negative soak: {secs} s ({SOAK_ENV}={secs})");
+        cargo.env(SOAK_ENV, secs.to_string());
+    }
+    cmd::run(cargo.args(["test", "-p", SCENARIOS, "--", "--test-threads=1"]))
 }

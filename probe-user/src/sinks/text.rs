@@ -266,6 +266,11 @@ pub fn render_text(event: &Event) -> String {
                 "\n    incidents: {} raised, {} resolved; scans: {} (late p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; took p99 {:.1} ms)",
                 s.incidents, s.incidents_resolved, s.scans.scans, s.scans.late_p50_ms, s.scans.late_p99_ms, s.scans.late_max_ms, s.scans.took_p99_ms
             ));
+            let q = &s.requests_seen;
+            out.push_str(&format!(
+                "\n    requests seen: {} netlink ({} answered), {} D-Bus calls ({} answered)",
+                q.netlink_requests, q.netlink_answered, q.dbus_calls, q.dbus_answered
+            ));
             for c in &s.syscalls {
                 out.push_str(&format!(
                     "\n    {:<16} {:>8} calls  p99 <= {:.6}s  max <= {:.6}s",

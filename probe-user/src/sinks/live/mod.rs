@@ -197,11 +197,10 @@ mod tests {
             go_latency: vec![],
             relists: vec![],
             go_locks: vec![],
-            go_funcs_in_use: 0,
-            go_binaries_retired: 0,
             incidents: 2,
             incidents_resolved: 1,
             scans: ScanSummary::default(),
+            ..Default::default()
         }
     }
 
