@@ -26,3 +26,12 @@ pub fn write_file(path: &Path, bytes: usize) -> io::Result<File> {
     fill(&mut file, bytes)?;
     Ok(file)
 }
+
+/// `sync_file_range(fd, 0, 0, WAIT_BEFORE | WRITE | WAIT_AFTER)`: the whole file, waited for.
+pub fn sync_file_range_all(file: &File) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: a valid open fd; offset 0 and length 0 mean the whole file.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}

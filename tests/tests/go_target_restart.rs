@@ -155,7 +155,7 @@ fn upgraded_binaries_give_their_ids_back() -> Result<()> {
         let copy = dir.join(format!("fake-kubelet-{n}"));
         std::fs::copy(&bin, &copy).context("copying the fixture")?;
         let spawned = Instant::now();
-        let mut kubelet = FakeKubelet::start(&copy)?;
+        let kubelet = FakeKubelet::start(&copy)?;
         target_line(&mut plegwatch, kubelet.pid(), spawned, "probed");
         ensure!(kubelet.quit()?.success(), "the fixture exited badly under the probes");
         std::fs::remove_file(&copy).context("deleting the old copy")?;

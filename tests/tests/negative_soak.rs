@@ -603,16 +603,7 @@ fn synced_writes(dir: &Path, io: &mut Io) -> Result<()> {
     write("fdatasync.bin")?.sync_data()?;
     io.fdatasync += 1;
     let file = write("sync_file_range.bin")?;
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
-        | libc::SYNC_FILE_RANGE_WRITE
-        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    // SAFETY: a valid open fd; offset 0 and length 0 mean the whole file.
-    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
-    ensure!(
-        rc == 0,
-        "sync_file_range: {}",
-        std::io::Error::last_os_error()
-    );
+    plegwatch_scenarios::dirty::sync_file_range_all(&file).context("sync_file_range")?;
     io.sync_file_range += 1;
     // SAFETY: a valid open fd.
     let rc = unsafe { libc::syncfs(file.as_raw_fd()) };

@@ -215,3 +215,21 @@ pub struct Hop {
     /// The root: the deepest open wait, where the chain's cause sits.
     pub root: bool,
 }
+
+impl Hop {
+    /// Who waits (or holds), in words: `comm pid=1 tid=2 g=0x…` (the tid
+    /// only when it is not the pid).
+    pub fn who(&self) -> String {
+        let mut who = self.comm.clone().unwrap_or_else(|| "?".into());
+        if let Some(p) = self.pid {
+            who.push_str(&format!(" pid={p}"));
+        }
+        if let Some(t) = self.tid.filter(|t| Some(*t) != self.pid) {
+            who.push_str(&format!(" tid={t}"));
+        }
+        if let Some(g) = self.goroutine {
+            who.push_str(&format!(" g={g:#x}"));
+        }
+        who
+    }
+}

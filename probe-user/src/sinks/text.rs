@@ -37,16 +37,7 @@ impl<W: Write> Sink for TextSink<W> {
 
 /// One hop of a chain, as a line: who, how long, what.
 fn hop_line(h: &Hop) -> String {
-    let mut who = h.comm.clone().unwrap_or_else(|| "?".into());
-    if let Some(p) = h.pid {
-        who.push_str(&format!(" pid={p}"));
-    }
-    if let Some(t) = h.tid.filter(|t| Some(*t) != h.pid) {
-        who.push_str(&format!(" tid={t}"));
-    }
-    if let Some(g) = h.goroutine {
-        who.push_str(&format!(" g={g:#x}"));
-    }
+    let who = h.who();
     let age = h.waited_s.map(|w| format!("{w:>7.1}s")).unwrap_or_else(|| "        ".into());
     if h.comm.is_none() && h.pid.is_none() {
         return format!("{:<12} {age}  {}", h.kind, h.what);

@@ -187,7 +187,7 @@ impl LiveState {
                 Some(into) => format!("  #{} merged into #{into} {ago} ago", r.item.id),
                 None => {
                     let root = root_of(&r.item.longest_chain)
-                        .map(|h| format!("; root was {}  [{}]", h.what, who(h)))
+                        .map(|h| format!("; root was {}  [{}]", h.what, h.who()))
                         .unwrap_or_default();
                     format!("  #{} resolved {ago} ago, after {:.1}s{root}", r.item.id, r.item.waited_s)
                 }
@@ -276,7 +276,7 @@ fn incident_lines(i: &Incident) -> Vec<Line<'static>> {
             ""
         };
         let age = h.waited_s.map(|w| format!("{w:.1}s")).unwrap_or_default();
-        let text = format!("   {mark:<4} {:>2}. {:<14} {age:>7}  {link:<link_w$}{}  [{}]", n + 1, h.kind, h.what, who(h));
+        let text = format!("   {mark:<4} {:>2}. {:<14} {age:>7}  {link:<link_w$}{}  [{}]", n + 1, h.kind, h.what, h.who());
         let style = if h.root { Style::default().add_modifier(Modifier::BOLD) } else { Style::default() };
         out.push(Line::styled(text, style));
     }
@@ -290,20 +290,6 @@ fn incident_lines(i: &Incident) -> Vec<Line<'static>> {
     out
 }
 
-/// Who waits (or holds), in words: `comm pid=1 tid=2 g=0x…`.
-fn who(h: &Hop) -> String {
-    let mut who = h.comm.clone().unwrap_or_else(|| "?".into());
-    if let Some(p) = h.pid {
-        who.push_str(&format!(" pid={p}"));
-    }
-    if let Some(t) = h.tid.filter(|t| Some(*t) != h.pid) {
-        who.push_str(&format!(" tid={t}"));
-    }
-    if let Some(g) = h.goroutine {
-        who.push_str(&format!(" g={g:#x}"));
-    }
-    who
-}
 
 /// The root of a chain: the hop marked so, else its deepest wait.
 fn root_of(chain: &[Hop]) -> Option<&Hop> {
