@@ -204,7 +204,7 @@ fn one_incident_ends_at_the_stopped_runc() -> Result<()> {
     let end = chain.last().expect("a chain");
     assert_eq!(end["pid"].as_u64(), Some(u64::from(o.runc_pid)), "the chain should end at the stopped runc:\n{text}");
     assert!(end["what"].as_str().is_some_and(|s| s.contains("state T")), "{text}");
-    let holder = chain.iter().position(|h| is_holder(h)).expect("the holder is on the chain");
+    let holder = chain.iter().position(is_holder).expect("the holder is on the chain");
     assert_eq!(chain[holder]["edge"], "ttrpc", "the holder waits on the shim's reply:\n{text}");
     assert_eq!(chain[holder]["exactness"], "exact", "{text}");
     let shim = &chain[holder + 1];
