@@ -18,7 +18,7 @@ use aya_ebpf::{
 };
 use plegwatch_abi::{
     COMM_LEN, EventHeader, GO_EVENTS_BYTES, EventKind, ExecEvent, GO_ARG_LEN, GO_FUNCS_MAX, GoArgSpec, GoCall, GoCallEnd, GoCallKey,
-    GoProc, Stat,
+    GoExit, GoProc, Stat,
 };
 
 use crate::waits::{count, report_min_ns, tracer_tgid};
@@ -162,6 +162,34 @@ pub fn go_ret(ctx: ProbeContext) -> u32 {
     // reported stall, so it wakes userspace at once.
     let flags = if rec.end_ns.saturating_sub(rec.start_ns) >= report_min_ns() { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
     if GO_EVENTS.output::<GoCallEnd>(&rec, flags).is_err() {
+        count(Stat::RingbufFull);
+    }
+    0
+}
+
+/// Entry of `runtime.goexit0(gp *g)`: the goroutine `gp` is done, and its `g`
+/// goes back to the free list for reuse. It runs on g0 (`mcall` switched
+/// stacks), so R14 is g0 and the dead goroutine is the argument, in RAX
+/// (register ABI). Checked on Go 1.19 (Debian's containerd, its shim, runc,
+/// the fake-kubelet fixture); the same signature through Go 1.26. Sent
+/// without a wakeup: userspace drains it at its next scan and drops any call
+/// still open on that goroutine that began before it ended.
+#[uprobe]
+pub fn go_exit(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid == tracer_tgid() {
+        return 0;
+    }
+    let rec = GoExit {
+        header: EventHeader { kind: EventKind::GoExit as u32, _pad: 0 },
+        // SAFETY: `regs` is the probed task's saved registers, readable here.
+        g: unsafe { (*ctx.regs).rax },
+        // SAFETY: a plain helper call.
+        exit_ns: unsafe { bpf_ktime_get_ns() },
+        tgid,
+        _pad: 0,
+    };
+    if GO_EVENTS.output::<GoExit>(&rec, BPF_RB_NO_WAKEUP).is_err() {
         count(Stat::RingbufFull);
     }
     0

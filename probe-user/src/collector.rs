@@ -206,6 +206,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         go_locks: go.locks(10),
         go_funcs_in_use: go.ids_in_use().0,
         go_binaries_retired: go.ids_in_use().1,
+        go_calls_orphaned: go.orphaned(),
         incidents: incidents.counts().0,
         incidents_resolved: incidents.counts().1,
         scans: scans.summary(),

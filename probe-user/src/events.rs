@@ -110,6 +110,9 @@ pub struct Summary {
     /// given up because they were replaced on disk and no longer run.
     pub go_funcs_in_use: usize,
     pub go_binaries_retired: u64,
+    /// Go calls dropped because their goroutine ended without returning
+    /// through a probed RET (a panic unwound past them, or `runtime.Goexit`).
+    pub go_calls_orphaned: u64,
     /// Incidents raised, and resolved, over the run.
     pub incidents: u64,
     pub incidents_resolved: u64,

@@ -704,6 +704,13 @@ impl FakeKubelet {
         Ok(())
     }
 
+    /// Makes the next relist end its goroutine inside `Relist` (`runtime.Goexit`), which then
+    /// never returns; returns once acknowledged.
+    pub fn goexit_next(&mut self) -> Result<()> {
+        self.command("goexit", "ack goexit", |k| matches!(k, Kind::Ack { command } if command == "goexit"))?;
+        Ok(())
+    }
+
     /// Stops the relist loop before its next relist (outside `Relist`), until
     /// [`FakeKubelet::release_loop`]; returns once acknowledged.
     pub fn hold_loop(&mut self) -> Result<()> {

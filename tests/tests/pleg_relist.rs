@@ -142,3 +142,35 @@ fn an_overdue_relist_with_none_open_is_an_incident() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A relist whose goroutine ends inside `Relist` (`runtime.Goexit`, as when a panic unwinds
+/// past it) never returns through a probed RET. plegwatch sees the goroutine end
+/// (`runtime.goexit0`) and drops the call, counted, instead of reporting a relist open for
+/// ever; the dead relist loop then shows as an overdue relist.
+#[test]
+fn a_relist_whose_goroutine_ends_is_dropped_not_reported() -> anyhow::Result<()> {
+    preflight::require();
+    let bin = gofixture::build_fake_kubelet()?;
+    let mut kubelet = FakeKubelet::start(&bin)?;
+    let pid = kubelet.pid();
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    std::thread::sleep(Duration::from_millis(2500));
+    kubelet.goexit_next()?;
+    let gone = Instant::now();
+    kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after goexit")?;
+    let overdue = |h: &serde_json::Value| h["kind"] == "pleg_relist" && h["pid"].as_u64() == Some(u64::from(pid)) && h["what"].as_str().is_some_and(|w| w.contains("no relist started"));
+    let raised = plegwatch.wait_for(Duration::from_secs(6), |e| e.is("incident") && incidents::Incident::chain(e).iter().any(overdue));
+    anyhow::ensure!(kubelet.is_running(), "the fixture (pid {pid}) died");
+    let events = plegwatch.stop()?;
+    let _ = kubelet.quit();
+    let all = || dump(&events, gone);
+    let open_relist = events.iter().find(|e| e.is_about_pid("stall", pid) && e.str("/kind") == Some("pleg_relist"));
+    assert!(open_relist.is_none(), "the relist whose goroutine ended was reported as still open:\n{}", all());
+    let summary = events.iter().rev().find(|e| e.is("summary")).expect("stop() checks for a summary");
+    let orphaned = summary.u64("/go_calls_orphaned").unwrap_or(0);
+    assert!(orphaned >= 1, "no Go call counted as orphaned:\n{}", all());
+    assert!(raised.is_some(), "the dead relist loop was not an overdue-relist incident:\n{}", all());
+    eprintln!("{orphaned} orphaned Go call(s) dropped; overdue-relist incident raised {:.3}s after the goroutine ended", raised.map(|r| r.at.duration_since(gone).as_secs_f64()).unwrap_or(f64::NAN));
+    Ok(())
+}

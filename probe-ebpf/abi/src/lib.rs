@@ -206,6 +206,21 @@ pub struct GoCall {
 }
 const _: () = assert!(size_of::<GoCall>() == 96);
 
+/// A goroutine of a probed process ended (`runtime.goexit0`): any call
+/// still open on it that began before `exit_ns` never returns through a
+/// probed RET (a panic unwound past it, or `runtime.Goexit`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct GoExit {
+    pub header: EventHeader,
+    /// The goroutine (`g`).
+    pub g: u64,
+    pub exit_ns: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<GoExit>() == 32);
+
 /// A Go call that returned.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -502,6 +517,8 @@ pub enum EventKind {
     Exec = 5,
     /// A [`SocksForgotten`].
     SocksForgotten = 6,
+    /// A [`GoExit`].
+    GoExit = 7,
 }
 
 /// Header first in every ring-buffer record.

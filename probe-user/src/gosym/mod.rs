@@ -296,6 +296,17 @@ impl GoBinary {
         self.symbols.probe_points(&self.data, name)
     }
 
+    /// The file offset of the entry of `name`, for an entry-only probe (no
+    /// RETs decoded: a function like `runtime.goexit0` never returns).
+    pub fn entry_offset(&self, name: &str) -> Result<u64, GoSymError> {
+        let f = self.symbols.require(name)?;
+        self.symbols.elf.file_offset(f.entry).ok_or_else(|| GoSymError::NotInFile {
+            binary: self.path.clone(),
+            function: f.name.clone(),
+            va: f.entry,
+        })
+    }
+
     /// Where `g` sits in thread-local storage (see [`tls`]).
     pub fn g_tls(&self) -> Result<GTls, GoSymError> {
         g_tls_offset(&self.symbols, &self.data)

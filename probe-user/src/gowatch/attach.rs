@@ -59,7 +59,12 @@ pub struct Inspection {
     /// Groups with no match, by their first name.
     pub missing: Vec<&'static str>,
     pub g_tls: Result<i64, String>,
+    /// The entry of `runtime.goexit0`, where goroutines end (see `go_exit`).
+    pub goexit: Option<u64>,
 }
+
+/// Where a goroutine ends: `func goexit0(gp *g)` (Go 1.19–1.26), entry only.
+pub const GOEXIT: &str = "runtime.goexit0";
 
 /// Reads `path` and picks, for each of `target`'s groups, the first function it has.
 pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::gosym::GoSymError> {
@@ -94,6 +99,7 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::gosym:
         found,
         missing,
         g_tls: bin.g_tls().map(|t| t.offset).map_err(|e| e.to_string()),
+        goexit: bin.entry_offset(GOEXIT).ok(),
     })
 }
 
@@ -392,6 +398,11 @@ impl Attacher {
                 );
                 ids.push(id);
                 line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
+            }
+            // Goroutine ends, so that a call a panic unwound past is dropped.
+            match i.goexit {
+                Some(off) => links.push(attach_point(ebpf, "go_exit", open_path, off, 0).inspect_err(|_| transient = !open_path.exists())?),
+                None => tracing::warn!(binary = %path.display(), "no {GOEXIT}: a call a panic unwinds past stays open until its process exits"),
             }
             line.g_tls_offset = g_tls;
             Ok(g_tls)

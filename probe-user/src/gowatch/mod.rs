@@ -38,7 +38,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData},
 };
 use chain::{Blame, Calls, KernelWaits};
-use plegwatch_abi::{EventHeader, EventKind, ExecEvent, GoCall, GoCallEnd, GoCallKey, go_maps};
+use plegwatch_abi::{EventHeader, EventKind, ExecEvent, GoCall, GoCallEnd, GoCallKey, GoExit, go_maps};
 use serde_json::{Value, json};
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 use targets::{READER_SEM_OFF, Role, arg_text, short};
@@ -111,6 +111,38 @@ impl Item for GoOpen {
     }
 }
 
+/// Goroutines that ended lately: (tgid, g) → when. A `g` is reused for new
+/// goroutines, so only calls that began before its end are its orphans; kept
+/// a few scans, bounded.
+#[derive(Debug, Default)]
+pub struct GoExits {
+    ended: HashMap<(u32, u64), u64>,
+}
+
+impl GoExits {
+    /// How long an end is kept: longer than a scan, so every call open then is judged.
+    const KEEP_NS: u64 = 5_000_000_000;
+    const MAX: usize = 65_536;
+
+    pub fn note(&mut self, tgid: u32, g: u64, exit_ns: u64) {
+        if self.ended.len() >= Self::MAX {
+            let newest = self.ended.values().copied().max().unwrap_or(exit_ns);
+            self.ended.retain(|_, t| newest.saturating_sub(*t) < Self::KEEP_NS / 5);
+        }
+        let e = self.ended.entry((tgid, g)).or_insert(exit_ns);
+        *e = (*e).max(exit_ns);
+    }
+
+    /// When goroutine `g` of `tgid` ended, if it did after `start_ns`.
+    pub fn ended_after(&self, tgid: u32, g: u64, start_ns: u64) -> Option<u64> {
+        self.ended.get(&(tgid, g)).copied().filter(|t| *t > start_ns)
+    }
+
+    pub fn expire(&mut self, now_ns: u64) {
+        self.ended.retain(|_, t| now_ns.saturating_sub(*t) < Self::KEEP_NS);
+    }
+}
+
 /// One Status lock's history: write holds and read waits.
 #[derive(Clone, Debug, Default)]
 struct LockStats {
@@ -159,6 +191,10 @@ pub struct GoWatch {
     /// Every Go call open at the last scan (Gets excluded).
     open: Vec<GoOpen>,
     latency: LatencyTables,
+    /// Goroutines that ended lately (`runtime.goexit0`).
+    exits: GoExits,
+    /// Calls dropped because their goroutine ended without returning from them.
+    orphaned: u64,
     /// Per Status lock, by (process, lock address).
     locks: HashMap<(u32, u64), LockStats>,
 }
@@ -174,6 +210,8 @@ impl GoWatch {
             get_by_g: HashMap::new(),
             open: Vec::new(),
             latency: LatencyTables::default(),
+            exits: GoExits::default(),
+            orphaned: 0,
             locks: HashMap::new(),
         })
     }
@@ -209,6 +247,12 @@ impl GoWatch {
             // SAFETY: as above.
             let rec: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
             self.attacher.on_exec(ebpf, rec.tgid, sink);
+            return;
+        }
+        if header.kind == EventKind::GoExit as u32 && bytes.len() >= std::mem::size_of::<GoExit>() {
+            // SAFETY: as above.
+            let rec: GoExit = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            self.exits.note(rec.tgid, rec.g, rec.exit_ns);
             return;
         }
         if header.kind != EventKind::GoCallEnd as u32 || bytes.len() < std::mem::size_of::<GoCallEnd>() {
@@ -294,6 +338,22 @@ impl GoWatch {
         self.open.clear();
         self.gets.clear();
         self.get_by_g.clear();
+        let mut resolved = Vec::new();
+        // Calls on a goroutine that ended after they began never return through
+        // a probed RET (a panic unwound past them, or Goexit): dropped, counted.
+        let orphans: Vec<(GoCallKey, GoCall)> =
+            self.calls.iter().filter_map(Result::ok).filter(|(k, c)| self.exits.ended_after(c.tgid, k.g, c.start_ns).is_some()).collect();
+        for (k, c) in orphans {
+            let still_same = matches!(self.calls.get(&k, 0), Ok(now) if now.start_ns == c.start_ns);
+            if still_same && self.calls.remove(&k).is_ok() {
+                self.orphaned += 1;
+                let end = self.exits.ended_after(c.tgid, k.g, c.start_ns).unwrap_or(now_ns);
+                if let Some(a) = self.registry.vanished((c.tgid, k.g, k.func), end) {
+                    resolved.push(a);
+                }
+            }
+        }
+        self.exits.expire(now_ns);
         let mut dead = Vec::new();
         for (k, c) in self.calls.iter().filter_map(Result::ok) {
             // A process that died (or restarted) inside a call never returns from it.
@@ -327,8 +387,9 @@ impl GoWatch {
             self.relists.retain(|pid, _| procfs::thread_exists(*pid));
         }
         let open = std::mem::take(&mut self.open);
-        let actions = self.registry.scan(open.iter(), now_ns);
+        let mut actions = self.registry.scan(open.iter(), now_ns);
         self.open = open;
+        actions.extend(resolved);
         self.act(actions, now_ns, waits, sink);
     }
 
@@ -545,6 +606,11 @@ impl GoWatch {
         (s, r, self.registry.open().count() as u64)
     }
 
+    /// Calls dropped because their goroutine ended without returning from them.
+    pub fn orphaned(&self) -> u64 {
+        self.orphaned
+    }
+
     /// (Go function ids in use, binaries given up after an upgrade), for the summary.
     pub fn ids_in_use(&self) -> (usize, u64) {
         self.attacher.ids_in_use()
@@ -609,6 +675,17 @@ impl GoWatch {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_calls_that_began_before_their_goroutine_ended_are_orphans() {
+        let mut e = super::GoExits::default();
+        e.note(7, 0xc000, 5_000);
+        assert_eq!(e.ended_after(7, 0xc000, 4_000), Some(5_000), "began before the end: an orphan");
+        assert_eq!(e.ended_after(7, 0xc000, 6_000), None, "began after: the g was reused by a new goroutine");
+        assert_eq!(e.ended_after(8, 0xc000, 4_000), None, "another process's g");
+        e.expire(5_000 + super::GoExits::KEEP_NS);
+        assert_eq!(e.ended_after(7, 0xc000, 4_000), None, "forgotten after a while");
+    }
+
     use super::*;
 
     const S: u64 = 1_000_000_000;

@@ -39,6 +39,7 @@
 //! | runc `libcontainer/cgroups/systemd.startUnit` | `func startUnit(cm *dbusConnManager, unitName string, properties []systemdDbus.Property) error` (1.1; 1.2 adds `ignoreExist bool`) | nothing |
 //! | runc `systemd.setUnitProperties` | `func setUnitProperties(cm *dbusConnManager, name string, properties ...systemdDbus.Property) error` | nothing |
 //! | kubelet `pkg/kubelet/pleg.(*GenericPLEG).Relist` (`relist` ≤ 1.25) | `func (g *GenericPLEG) Relist()` | nothing (R14 = g at entry and RET, as everywhere) |
+//! | `runtime.goexit0` (every probed binary, entry only: it never returns) | `func goexit0(gp *g)`: the goroutine `gp` ended; runs on g0 through `mcall` | RAX = gp (R14 is g0 here): calls still open on it are dropped |
 
 use plegwatch_abi::{GO_ARG_NONE, GoArgSpec};
 
