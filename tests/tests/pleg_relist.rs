@@ -100,19 +100,25 @@ fn a_parked_relist_is_reported_then_timed() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The fixture relisting, and `plegwatch watch --warn 2s` ready and past its first
+/// discovery pass (at start, then every 2 s).
+fn relisting_under_plegwatch() -> anyhow::Result<(FakeKubelet, Plegwatch)> {
+    preflight::require();
+    let bin = gofixture::build_fake_kubelet()?;
+    let kubelet = FakeKubelet::start(&bin)?;
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    std::thread::sleep(Duration::from_millis(2500));
+    Ok((kubelet, plegwatch))
+}
+
 /// A relist loop stuck outside `Relist` (no relist open, none started since one was due) is
 /// an incident of its own, raised within 1 s of --warn after the missed relist was due, and
 /// resolved when the loop goes on; the relists before it raised nothing.
 #[test]
 fn an_overdue_relist_with_none_open_is_an_incident() -> anyhow::Result<()> {
-    preflight::require();
-    let bin = gofixture::build_fake_kubelet()?;
-    let mut kubelet = FakeKubelet::start(&bin)?;
+    let (mut kubelet, mut plegwatch) = relisting_under_plegwatch()?;
     let pid = kubelet.pid();
-    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
-    plegwatch.wait_ready(READY_TIMEOUT)?;
-    // Discovery runs at start and every 2 s; then a few normal relists.
-    std::thread::sleep(Duration::from_millis(2500));
     let before = kubelet.wait_relist_start(Duration::from_secs(3)).context("the fixture does not relist")?;
     anyhow::ensure!(kubelet.wait_relist_end(before, Duration::from_secs(3)).is_some(), "relist {before} did not end");
     kubelet.hold_loop()?;
@@ -149,13 +155,8 @@ fn an_overdue_relist_with_none_open_is_an_incident() -> anyhow::Result<()> {
 /// ever; the dead relist loop then shows as an overdue relist.
 #[test]
 fn a_relist_whose_goroutine_ends_is_dropped_not_reported() -> anyhow::Result<()> {
-    preflight::require();
-    let bin = gofixture::build_fake_kubelet()?;
-    let mut kubelet = FakeKubelet::start(&bin)?;
+    let (mut kubelet, mut plegwatch) = relisting_under_plegwatch()?;
     let pid = kubelet.pid();
-    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
-    plegwatch.wait_ready(READY_TIMEOUT)?;
-    std::thread::sleep(Duration::from_millis(2500));
     kubelet.goexit_next()?;
     let gone = Instant::now();
     kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after goexit")?;

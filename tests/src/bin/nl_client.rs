@@ -224,6 +224,13 @@ fn newlink_lo(seq: u32) -> Vec<u8> {
     msg
 }
 
+/// One blocking `recvfrom` on `fd` into a 64 KiB buffer: its return value.
+fn recv_once(fd: i32) -> isize {
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: buf is valid for its length; no source address is asked for.
+    unsafe { libc::recvfrom(fd, buf.as_mut_ptr().cast(), buf.len(), 0, std::ptr::null_mut(), std::ptr::null_mut()) }
+}
+
 /// Blocks in `recvfrom` on `fd` for at most `ms` milliseconds; an error if anything comes.
 fn recv_until_timeout(fd: i32, ms: u32) -> Result<(), String> {
     let tv = libc::timeval {
@@ -243,18 +250,7 @@ fn recv_until_timeout(fd: i32, ms: u32) -> Result<(), String> {
     if rc != 0 {
         return Err(os_err("setsockopt SO_RCVTIMEO"));
     }
-    let mut buf = vec![0u8; 65536];
-    // SAFETY: buf is valid for its length; no source address is asked for.
-    let n = unsafe {
-        libc::recvfrom(
-            fd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            0,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    };
+    let n = recv_once(fd);
     let err = io::Error::last_os_error();
     match n {
         n if n >= 0 => Err(format!("recvfrom got {n} bytes: the request was answered")),
@@ -411,18 +407,7 @@ fn announce(what: &str, fd: i32) -> Result<(), String> {
 
 /// Blocks in one `recvfrom` on `fd`. Returning at all means the scenario went wrong.
 fn block_in_recv(fd: i32) -> ! {
-    let mut buf = vec![0u8; 65536];
-    // SAFETY: buf is valid for its length; no source address is asked for.
-    let n = unsafe {
-        libc::recvfrom(
-            fd,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            0,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    };
+    let n = recv_once(fd);
     let what = if n < 0 {
         os_err("recvfrom failed")
     } else {
