@@ -35,3 +35,24 @@ pub fn sync_file_range_all(file: &File) -> io::Result<()> {
     let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
+
+/// Writes `bytes` into a few small files in `dir` and syncs each a different way, once
+/// each: fsync, fdatasync, sync_file_range, syncfs.
+pub fn synced_writes(dir: &Path, bytes: usize) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let data = vec![0x5a_u8; bytes];
+    let write = |name: &str| -> io::Result<File> {
+        let mut file = File::create(dir.join(name))?;
+        file.write_all(&data)?;
+        Ok(file)
+    };
+    write("fsync.bin")?.sync_all()?;
+    write("fdatasync.bin")?.sync_data()?;
+    let file = write("sync_file_range.bin")?;
+    sync_file_range_all(&file)?;
+    // SAFETY: a valid open fd.
+    if unsafe { libc::syncfs(file.as_raw_fd()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

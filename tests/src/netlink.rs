@@ -7,7 +7,7 @@
 //! that live in it: locals drop in reverse, so the processes are killed before it is deleted.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -195,23 +195,7 @@ fn ip_loop(ns: &str, period: Duration, stop: &AtomicBool) -> Result<IpRounds> {
     while !stop.load(Ordering::Relaxed) {
         for args in IpTraffic::COMMANDS {
             let t = Instant::now();
-            let child = Command::new("ip")
-                .args(["-n", ns])
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .context("run ip")?;
-            done.pids.push(child.id());
-            let out = child.wait_with_output().context("wait for ip")?;
-            ensure!(
-                out.status.success(),
-                "ip -n {ns} {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            crate::sys::run_recorded(Command::new("ip").args(["-n", ns]).args(args), &mut done.pids)?;
             done.slowest = done.slowest.max(t.elapsed());
             done.commands += 1;
         }

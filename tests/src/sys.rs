@@ -3,7 +3,7 @@
 use std::fmt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
@@ -45,8 +45,21 @@ impl fmt::Display for DevNum {
 /// Runs `cmd` to completion and returns its stdout; a failure to start or a non-zero exit is
 /// an error that quotes the command line and its stderr.
 pub fn run(cmd: &mut Command) -> Result<String> {
+    run_recorded(cmd, &mut Vec::new())
+}
+
+/// [`run`], noting the child's pid in `pids` (so that a test can tell its own processes
+/// from others' in what plegwatch reports).
+pub fn run_recorded(cmd: &mut Command, pids: &mut Vec<u32>) -> Result<String> {
     let line = format!("{cmd:?}");
-    let out = cmd.output().with_context(|| format!("cannot run {line}"))?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {line}"))?;
+    pids.push(child.id());
+    let out = child.wait_with_output().with_context(|| format!("waiting for {line}"))?;
     if !out.status.success() {
         bail!(
             "{line} failed ({}): {}",

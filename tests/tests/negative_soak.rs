@@ -33,11 +33,8 @@
 //! programs in [`PROGRAMS`]; a missing program is a skip with its name, and a failure under CI.
 
 use std::collections::HashSet;
-use std::fs::File;
-use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -477,24 +474,13 @@ fn dbus_calls(address: &str, stop: &AtomicBool) -> Result<Tally> {
     while !stop.load(Ordering::Relaxed) {
         let began = Instant::now();
         let args = targets[(t.done % 2) as usize];
-        let child = Command::new("dbus-send")
-            .env("DBUS_SESSION_BUS_ADDRESS", address)
-            .args(["--session", "--print-reply", "--reply-timeout=10000"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("run dbus-send")?;
-        t.pids.push(child.id());
-        let out = child.wait_with_output().context("wait for dbus-send")?;
-        ensure!(
-            out.status.success(),
-            "dbus-send {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        plegwatch_scenarios::sys::run_recorded(
+            Command::new("dbus-send")
+                .env("DBUS_SESSION_BUS_ADDRESS", address)
+                .args(["--session", "--print-reply", "--reply-timeout=10000"])
+                .args(args),
+            &mut t.pids,
+        )?;
         t.done += 1;
         pace(began, DBUS_PERIOD, stop);
     }
@@ -509,22 +495,7 @@ fn ip_requests(stop: &AtomicBool) -> Result<Tally> {
     while !stop.load(Ordering::Relaxed) {
         let began = Instant::now();
         for args in COMMANDS {
-            let child = Command::new("ip")
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .context("run ip")?;
-            t.pids.push(child.id());
-            let out = child.wait_with_output().context("wait for ip")?;
-            ensure!(
-                out.status.success(),
-                "ip {} failed ({}): {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            plegwatch_scenarios::sys::run_recorded(Command::new("ip").args(args), &mut t.pids)?;
             t.done += 1;
         }
         pace(began, IP_PERIOD, stop);
@@ -590,24 +561,12 @@ fn run_quiet(cmd: &mut Command) -> Result<()> {
     plegwatch_scenarios::sys::run(cmd).map(drop)
 }
 
-/// Writes small files in `dir` and syncs each a different way.
+/// Writes small files in `dir` and syncs each a different way, counting each.
 fn synced_writes(dir: &Path, io: &mut Io) -> Result<()> {
-    let data = vec![0x5a_u8; SMALL];
-    let write = |name: &str| -> Result<File> {
-        let mut file = File::create(dir.join(name))?;
-        file.write_all(&data)?;
-        Ok(file)
-    };
-    write("fsync.bin")?.sync_all()?;
+    plegwatch_scenarios::dirty::synced_writes(dir, SMALL)?;
     io.fsync += 1;
-    write("fdatasync.bin")?.sync_data()?;
     io.fdatasync += 1;
-    let file = write("sync_file_range.bin")?;
-    plegwatch_scenarios::dirty::sync_file_range_all(&file).context("sync_file_range")?;
     io.sync_file_range += 1;
-    // SAFETY: a valid open fd.
-    let rc = unsafe { libc::syncfs(file.as_raw_fd()) };
-    ensure!(rc == 0, "syncfs: {}", std::io::Error::last_os_error());
     io.syncfs += 1;
     Ok(())
 }

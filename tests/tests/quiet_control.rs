@@ -1,15 +1,11 @@
 //! Negative control: 30 s of ordinary, fast file I/O on healthy disks (small writes, every
 //! flavour of sync, mounts and umounts) must not produce a single stall line.
 
-use std::fs::File;
-use std::io::Write;
-use std::os::fd::AsRawFd;
-use std::path::Path;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
@@ -35,9 +31,9 @@ fn ordinary_io_and_mounts_report_no_stall() -> Result<()> {
     let started = Instant::now();
     let mut rounds = 0;
     while started.elapsed() < DURATION {
-        synced_writes(fs.mount_point()).context("small synced writes on the loop ext4")?;
+        plegwatch_scenarios::dirty::synced_writes(fs.mount_point(), SMALL).context("small synced writes on the loop ext4")?;
         let tmpfs = Mount::new("tmpfs", &tmpfs_dir, "tmpfs", Some("size=8m"))?;
-        synced_writes(tmpfs.target()).context("small synced writes on a tmpfs")?;
+        plegwatch_scenarios::dirty::synced_writes(tmpfs.target(), SMALL).context("small synced writes on a tmpfs")?;
         tmpfs.unmount()?;
         if rounds % 4 == 3 {
             run(&mut Command::new("sync"))?;
@@ -68,21 +64,3 @@ fn ordinary_io_and_mounts_report_no_stall() -> Result<()> {
     Ok(())
 }
 
-/// Writes small files in `dir` and syncs each a different way: fsync, fdatasync,
-/// sync_file_range, syncfs.
-fn synced_writes(dir: &Path) -> Result<()> {
-    let data = vec![0x5a_u8; SMALL];
-    let write = |name: &str| -> Result<File> {
-        let mut file = File::create(dir.join(name))?;
-        file.write_all(&data)?;
-        Ok(file)
-    };
-    write("fsync.bin")?.sync_all()?;
-    write("fdatasync.bin")?.sync_data()?;
-    let file = write("sync_file_range.bin")?;
-    plegwatch_scenarios::dirty::sync_file_range_all(&file).context("sync_file_range")?;
-    // SAFETY: a valid open fd.
-    let rc = unsafe { libc::syncfs(file.as_raw_fd()) };
-    ensure!(rc == 0, "syncfs: {}", std::io::Error::last_os_error());
-    Ok(())
-}
