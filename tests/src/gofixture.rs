@@ -705,9 +705,11 @@ impl FakeKubelet {
     }
 
     /// Makes the next relist end its goroutine inside `Relist` (`runtime.Goexit`), which then
-    /// never returns; returns once acknowledged.
+    /// never returns; returns once acknowledged. As with [`block_next`](Self::block_next), the
+    /// next [`wait_relist_start`](Self::wait_relist_start) returns that relist.
     pub fn goexit_next(&mut self) -> Result<()> {
-        self.command("goexit", "ack goexit", |k| matches!(k, Kind::Ack { command } if command == "goexit"))?;
+        let i = self.command("goexit", "ack goexit", |k| matches!(k, Kind::Ack { command } if command == "goexit"))?;
+        self.start_cursor = self.start_cursor.max(i + 1);
         Ok(())
     }
 

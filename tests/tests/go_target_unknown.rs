@@ -77,6 +77,8 @@ fn unknown_binaries_are_reported_and_left_alone() -> Result<()> {
     // The other probes go on: the real fixture's parked relist is caught.
     let mut kubelet = FakeKubelet::start(&fixture)?;
     let pid = kubelet.pid();
+    // Found at its exec; a relist begun before its uprobes are on would not be seen.
+    plegwatch.wait_probed(pid, Duration::from_secs(5))?;
     kubelet.block_next()?;
     kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist after block")?;
     let stall = plegwatch.wait_for(Duration::from_secs(4), |e| e.is_about_pid("stall", pid) && e.str("/kind") == Some("pleg_relist"));

@@ -30,8 +30,8 @@ fn a_parked_relist_is_reported_then_timed() -> anyhow::Result<()> {
 
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
     plegwatch.wait_ready(READY_TIMEOUT)?;
-    // Discovery runs at start and every 2 s: give it one pass.
-    std::thread::sleep(Duration::from_millis(2500));
+    // Found by the startup scan: its uprobes are on once the target line is out.
+    plegwatch.wait_probed(pid, Duration::from_secs(5))?;
 
     kubelet.block_next()?;
     let n = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
@@ -100,15 +100,18 @@ fn a_parked_relist_is_reported_then_timed() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The fixture relisting, and `plegwatch watch --warn 2s` ready and past its first
-/// discovery pass (at start, then every 2 s).
+/// The fixture relisting, and `plegwatch watch --warn 2s` ready with the fixture's uprobes
+/// attached and one whole relist seen by them (the relist clock starts from it).
 fn relisting_under_plegwatch() -> anyhow::Result<(FakeKubelet, Plegwatch)> {
     preflight::require();
     let bin = gofixture::build_fake_kubelet()?;
-    let kubelet = FakeKubelet::start(&bin)?;
+    let mut kubelet = FakeKubelet::start(&bin)?;
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
     plegwatch.wait_ready(READY_TIMEOUT)?;
-    std::thread::sleep(Duration::from_millis(2500));
+    plegwatch.wait_probed(kubelet.pid(), Duration::from_secs(5))?;
+    let probed = gofixture::monotonic_now();
+    let n = kubelet.wait_relist_started_since(probed, Duration::from_secs(3)).context("no relist after the fixture was probed")?;
+    kubelet.wait_relist_end(n, Duration::from_secs(3)).context("the first probed relist did not end")?;
     Ok((kubelet, plegwatch))
 }
 
