@@ -8,30 +8,30 @@
 //!   waits ended and how long they took, to the nanosecond.
 
 use crate::{
-    inflight::note_open,
-    loader::{WatchError, take_map},
-    detail,
-    ended::EndedWaits,
-    inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
+    sources::inflight::note_open,
+    kernel::loader::{WatchError, take_map},
+    sources::detail,
+    sources::ended::EndedWaits,
+    sources::inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
     levels::{Thresholds, budget_used},
-    loader::{self, LoadOptions},
-    mounts::{self, SharedMounts},
+    kernel::loader::{self, LoadOptions},
+    observe::mounts::{self, SharedMounts},
     clock::{monotonic_ns, wall_of},
     events::{Event, Ready, Sink, Stall, Summary},
-    probes::{self, Choice},
-    gowatch::{GoWatch, chain::KernelWaits},
+    kernel::probes::{self, Choice},
+    sources::gowatch::{GoWatch, chain::KernelWaits},
     graph::{
         ids,
         incidents::{Change, Clocks, Incidents},
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
         resolvers::{self, Procs},
     },
-    devices::DeviceIo,
+    sources::devices::DeviceIo,
     observe::Observe,
-    offcpu::OffCpu,
-    reqwatch::ReqWatch,
-    procfs::{self, SyscallState},
-    stats, sweep,
+    sources::offcpu::OffCpu,
+    sources::reqwatch::ReqWatch,
+    observe::procfs::{self, SyscallState},
+    sources::stats, sources::sweep,
     syscalls::{WaitKind, by_slot},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
@@ -620,7 +620,7 @@ impl Engine {
             let Some((dev, how)) = found else { continue };
             let Some(state) = io.state(dev) else { continue };
             out.push(Edge {
-                from: crate::inflight::Item::wait_key(info),
+                from: crate::sources::inflight::Item::wait_key(info),
                 to: HeldBy::Terminal(state.terminal()),
                 kind: EdgeKind::Device,
                 evidence: format!("{how}; block:block_rq_issue/complete count its requests"),

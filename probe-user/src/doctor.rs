@@ -2,8 +2,8 @@
 //! variant each probe will use.
 
 use crate::{
-    loader::{self, LoadOptions},
-    probes::{self, program_mut},
+    kernel::loader::{self, LoadOptions},
+    kernel::probes::{self, program_mut},
 };
 use aya::{
     Btf, Ebpf,
@@ -70,7 +70,7 @@ pub struct GoTargetReport {
 
 /// Looks at every target binary without attaching anything.
 pub fn go_targets() -> Vec<GoTargetReport> {
-    use crate::gowatch::{attach, targets::short};
+    use crate::sources::gowatch::{attach, targets::short};
     attach::survey()
         .into_iter()
         .map(|f| {
@@ -99,7 +99,7 @@ pub fn go_targets() -> Vec<GoTargetReport> {
                     r.detail = i.g_tls.err().map(|e| format!("no goroutine ids at kernel probes: {e}"));
                 }
                 Err(e) => {
-                    if !matches!(e, crate::gosym::GoSymError::Io { .. }) {
+                    if !matches!(e, crate::proto::gosym::GoSymError::Io { .. }) {
                         r.status = "unmatched";
                     }
                     r.detail = Some(e.to_string());
