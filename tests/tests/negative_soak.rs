@@ -647,7 +647,7 @@ fn describe_stall(e: &Event, ours: &HashSet<u32>) -> String {
 }
 
 /// What plegwatch's summary says it saw.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Seen {
     netlink_requests: u64,
     netlink_answered: u64,
