@@ -166,7 +166,8 @@ mod tests {
     fn peeks_without_consuming() {
         use std::io::Write as _;
         let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let call = crate::observe::holders::bus_owner::method_call(7, "Hello", None);
+        use crate::proto::dbus::header::{build, Endian};
+        let call = build::call(Endian::Little, 7, "Hello").build();
         a.write_all(&call).unwrap();
         let me = std::process::id();
         let calls = peek_calls(me, b.as_raw_fd() as u32, false);
