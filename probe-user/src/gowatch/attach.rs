@@ -82,7 +82,13 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::gosym:
         match bin.probe_points(spec.symbol) {
             Ok(p) => {
                 own += usize::from(!group.runtime);
-                found.push((*spec, p));
+                // The argument's field offset as this binary lays it out.
+                let arg = spec.arg.and_then(|a| {
+                    a.resolve(&bin)
+                        .inspect_err(|e| tracing::warn!(symbol = spec.symbol, "{} not captured: {e}", a.name))
+                        .ok()
+                });
+                found.push((GoFuncSpec { arg, ..*spec }, p));
             }
             Err(e) => {
                 tracing::warn!(symbol = spec.symbol, "not probed: {e}");
