@@ -58,20 +58,28 @@ pub struct GoTargetReport {
     pub binary: String,
     /// Processes running it now.
     pub pids: Vec<u32>,
-    /// `supported` (every expected function found), `partial`, `unmatched`
-    /// (none, or not a Go binary: not probed) or `unreadable`.
+    /// `supported` (every expected function found and decoded), `partial`
+    /// (some left out: see `missing`), `unmatched` (none, or not a Go
+    /// binary: not probed) or `unreadable`.
     pub status: &'static str,
     pub go_version: Option<String>,
     pub functions: Vec<String>,
+    /// Expected functions left out, each as `pkg.(*T).M (why)`.
     pub missing: Vec<String>,
     pub g_tls_offset: Option<i64>,
     pub detail: Option<String>,
 }
 
-/// Looks at every target binary without attaching anything.
-pub fn go_targets() -> Vec<GoTargetReport> {
+/// Target binaries named on the command line (`--containerd PATH`, ...),
+/// looked at besides those running now or at their usual paths.
+#[derive(Clone, Debug, Default)]
+pub struct Named(pub Vec<(&'static str, std::path::PathBuf)>);
+
+/// Looks at every target binary without attaching anything: running now,
+/// at the usual paths, or `named`. Needs no privileges.
+pub fn go_targets(named: &Named) -> Vec<GoTargetReport> {
     use crate::gowatch::{attach, targets::short};
-    attach::survey()
+    attach::survey_with(&named.0)
         .into_iter()
         .map(|f| {
             let mut r = GoTargetReport {
@@ -94,7 +102,7 @@ pub fn go_targets() -> Vec<GoTargetReport> {
                     };
                     r.go_version = i.go_version;
                     r.functions = i.found.iter().map(|(s, p)| format!("{} ({} RETs)", short(s.symbol), p.ret_offsets.len())).collect();
-                    r.missing = i.missing.iter().map(|s| short(s).to_string()).collect();
+                    r.missing = i.missing.iter().map(attach::Missing::describe).collect();
                     r.g_tls_offset = i.g_tls.as_ref().ok().copied();
                     r.detail = i.g_tls.err().map(|e| format!("no goroutine ids at kernel probes: {e}"));
                 }
@@ -141,7 +149,7 @@ fn kernel_release() -> String {
 }
 
 /// Runs every check. Fixes what it can: mounts tracefs if it is not mounted.
-pub fn run() -> Report {
+pub fn run(named: &Named) -> Report {
     let mut checks = Vec::new();
     let root = loader::require_root();
     checks.push(check(
@@ -229,7 +237,7 @@ pub fn run() -> Report {
         checks,
         program_types,
         probes: probes_out,
-        go_targets: go_targets(),
+        go_targets: go_targets(named),
         problem,
     }
 }
@@ -394,7 +402,7 @@ pub fn render(r: &Report) -> String {
                 pids
             ));
             if !t.missing.is_empty() {
-                out.push_str(&format!("      not found: {}\n", t.missing.join(", ")));
+                out.push_str(&format!("      left out: {}\n", t.missing.join(", ")));
             }
             if let Some(d) = &t.detail {
                 out.push_str(&format!("      {d}\n"));
