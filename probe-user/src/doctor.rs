@@ -415,3 +415,56 @@ pub fn render(r: &Report) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `doctor --containerd X --shim Y --runc Z` (the Go target part needs no
+    /// root): the release builds in /work/shared/bin are `supported`, with
+    /// every expected function and `g`'s TLS offset. Under `CI` a missing
+    /// binary fails naming it.
+    #[test]
+    fn named_binaries_are_supported() {
+        let dir = std::path::Path::new("/work/shared/bin");
+        let named: Vec<(&'static str, std::path::PathBuf)> = [
+            ("containerd", "containerd-1.7.34"),
+            ("containerd", "containerd-2.3.4"),
+            ("containerd-shim", "containerd-shim-runc-v2-1.7.34"),
+            ("containerd-shim", "containerd-shim-runc-v2-2.3.4"),
+            ("runc", "runc-1.4.3"),
+        ]
+        .into_iter()
+        .map(|(t, f)| (t, dir.join(f)))
+        .filter(|(_, p)| {
+            let there = p.exists();
+            assert!(there || std::env::var_os("CI").is_none(), "{}: required under CI", p.display());
+            if !there {
+                println!("SKIP {}: missing; under CI this fails", p.display());
+            }
+            there
+        })
+        .collect();
+        let report = go_targets(&Named(named.clone()));
+        for (target, path) in &named {
+            let r = report
+                .iter()
+                .find(|r| std::path::Path::new(&r.binary) == path)
+                .unwrap_or_else(|| panic!("{} not in the report", path.display()));
+            assert_eq!((r.target.as_str(), r.status), (*target, "supported"), "{}: {:?}", path.display(), r.missing);
+            assert!(r.missing.is_empty() && !r.functions.is_empty(), "{r:?}");
+            assert_eq!(r.g_tls_offset, Some(-8), "{r:?}");
+        }
+        let text = render(&Report {
+            kernel: "test".into(),
+            checks: Vec::new(),
+            program_types: Vec::new(),
+            probes: Vec::new(),
+            go_targets: report,
+            problem: None,
+        });
+        for (_, path) in &named {
+            assert!(text.lines().any(|l| l.contains("supported") && l.contains(&*path.to_string_lossy())), "{text}");
+        }
+    }
+}

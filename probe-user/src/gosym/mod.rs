@@ -34,6 +34,8 @@ pub mod version;
 mod synth;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod real_tests;
 
 use std::path::Path;
 
