@@ -34,8 +34,6 @@ pub mod version;
 mod synth;
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod real_tests;
 
 use std::path::Path;
 

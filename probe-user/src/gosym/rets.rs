@@ -24,7 +24,7 @@
 //! `moduledata.rs`). iced-x86 (anchors.md's pick) stays the decoder; on
 //! containerd 1.7.34 and 2.3.4, their shims, runc 1.4.3 and
 //! node-problem-detector it also refuses only the `sig` marker, and its RETs
-//! match GNU objdump's (`real_tests.rs`).
+//! match GNU objdump's (`probe-user/tests/real_binaries.rs`).
 //!
 //! A function that leaves only by a tail jump or a panic has no RET and so
 //! no return probe; callers see an empty `ret_offsets`.

@@ -453,7 +453,7 @@ fn check_real_function(data: &[u8], syms: &GoSymbols, name: &str) -> ProbePoints
 
 /// Checks one function; `prologue` is false for frameless leaf functions,
 /// which start straight with their body.
-pub(super) fn check_function(data: &[u8], syms: &GoSymbols, name: &str, prologue: bool) -> ProbePoints {
+fn check_function(data: &[u8], syms: &GoSymbols, name: &str, prologue: bool) -> ProbePoints {
     let f = syms
         .lookup(name)
         .unwrap_or_else(|| panic!("{name} not found"));

@@ -7,7 +7,7 @@
 //! and left alone; the other probes go on.
 //!
 //! Checked on binaries here (every non-optional group found, entry and
-//! RETs decoded, by `gosym::real_tests`): Debian's containerd 1.6.20, its
+//! RETs decoded, by `probe-user/tests/real_binaries.rs`): Debian's containerd 1.6.20, its
 //! containerd-shim-runc-v2 and runc 1.1.5 (Go 1.19.8); containerd 1.7.34
 //! (Go 1.25.5) and 2.3.4 (Go 1.26.6) with their shims; runc 1.4.3 (Go
 //! 1.26.6); and the fake-kubelet fixture (Go 1.19). kubelet's
