@@ -283,13 +283,14 @@ pub fn render_text(event: &Event) -> String {
             out
         }
         Event::Target(t) => format!(
-            "{clock} target {} {} pid={} {}{}{}{}",
+            "{clock} target {} {} pid={} {}{}{}{}{}",
             t.target,
             t.status,
             t.pid,
             t.binary,
             t.go_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
             if t.functions.is_empty() { String::new() } else { format!(": {}", t.functions.join(", ")) },
+            if t.left_out.is_empty() { String::new() } else { format!("; left out: {}", t.left_out.join(", ")) },
             t.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
         ),
     }

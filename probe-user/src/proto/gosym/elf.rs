@@ -243,6 +243,46 @@ impl Elf {
     }
 }
 
+impl Elf {
+    /// The addresses patched by an `R_*_RELATIVE` relocation whose addend is
+    /// `addend`, at most `limit` of them: in a PIE whose file copies of
+    /// pointers are unrelocated, where a pointer to `addend` is stored.
+    pub fn relative_targets(&self, data: &[u8], addend: u64, limit: usize) -> Vec<u64> {
+        let relative = match self.machine {
+            elf::EM_X86_64 => elf::R_X86_64_RELATIVE,
+            elf::EM_AARCH64 => elf::R_AARCH64_RELATIVE,
+            elf::EM_386 => elf::R_386_RELATIVE,
+            elf::EM_ARM => elf::R_ARM_RELATIVE,
+            _ => return Vec::new(),
+        };
+        let w: u8 = if self.is_64 { 8 } else { 4 };
+        let entsize = 3 * usize::from(w);
+        let mut out = Vec::new();
+        for sec in self.sections.iter().filter(|s| s.sh_type == elf::SHT_RELA) {
+            let Some(bytes) = self.section_data(data, sec) else {
+                continue;
+            };
+            for base in (0..bytes.len() / entsize).map(|i| i * entsize) {
+                let (Some(r_offset), Some(r_info), Some(a)) = (
+                    read_uint(bytes, base, w, self.big_endian),
+                    read_uint(bytes, base + usize::from(w), w, self.big_endian),
+                    read_uint(bytes, base + 2 * usize::from(w), w, self.big_endian),
+                ) else {
+                    break;
+                };
+                let ty = if self.is_64 { (r_info & 0xffff_ffff) as u32 } else { (r_info & 0xff) as u32 };
+                if ty == relative && a == addend {
+                    out.push(r_offset);
+                    if out.len() >= limit {
+                        return out;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Maps a virtual address to a file offset; see [`Elf::file_offset`].
 pub fn file_offset(elf: &Elf, va: u64) -> Option<u64> {
     elf.file_offset(va)

@@ -24,6 +24,7 @@
 //! and 1.20+ follow Go's `debug/gosym` and are covered by synthetic tables.
 
 pub mod elf;
+mod moduledata;
 pub mod pclntab;
 pub mod rets;
 pub mod tls;
@@ -129,6 +130,9 @@ pub enum GoSymError {
         function: String,
         va: u64,
     },
+    /// The function is not a plain string getter (`return x.Field`).
+    #[error("{binary}: {function} is not a string field getter (no `mov r, [rax+off]` pair)")]
+    NotAGetter { binary: String, function: String },
     /// RET finding is implemented for x86 only.
     #[error("{binary}: RET probes are not supported for ELF machine {machine}")]
     UnsupportedArch { binary: String, machine: u16 },
@@ -310,5 +314,43 @@ impl GoBinary {
     /// Where `g` sits in thread-local storage (see [`tls`]).
     pub fn g_tls(&self) -> Result<GTls, GoSymError> {
         g_tls_offset(&self.symbols, &self.data)
+    }
+}
+
+impl GoBinary {
+    /// The offset of the `string` field that the getter `name` returns
+    /// (`func (x *T) GetID() string { if x != nil { return x.ID }; return "" }`,
+    /// as protoc-gen-go and gogo write it): its first load off the receiver
+    /// (RAX), `mov r, [rax+off]`, followed by the length at `off+8`. This
+    /// reads the layout from the binary itself, whichever generator made it.
+    pub fn string_getter_offset(&self, name: &str) -> Result<u64, GoSymError> {
+        let f = self.symbols.require(name)?;
+        let len = f.end.saturating_sub(f.entry).min(64);
+        let not_found = || GoSymError::NotAGetter { binary: self.path.clone(), function: name.to_string() };
+        let bytes = self.symbols.elf.read_va(&self.data, f.entry, len).ok_or_else(not_found)?;
+        let mut d = iced_x86::Decoder::with_ip(64, bytes, f.entry, iced_x86::DecoderOptions::NONE);
+        let mut loads = Vec::new();
+        for _ in 0..6 {
+            if !d.can_decode() {
+                break;
+            }
+            let i = d.decode();
+            if i.mnemonic() == iced_x86::Mnemonic::Ret {
+                break;
+            }
+            if i.mnemonic() == iced_x86::Mnemonic::Mov
+                && i.op_count() == 2
+                && i.op0_kind() == iced_x86::OpKind::Register
+                && i.op1_kind() == iced_x86::OpKind::Memory
+                && i.memory_base() == iced_x86::Register::RAX
+                && i.memory_index() == iced_x86::Register::None
+            {
+                loads.push(i.memory_displacement64());
+            }
+        }
+        match loads.as_slice() {
+            [off, len, ..] if *len == off.wrapping_add(8) => Ok(*off),
+            _ => Err(not_found()),
+        }
     }
 }

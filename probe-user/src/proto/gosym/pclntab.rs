@@ -497,13 +497,15 @@ fn is_candidate(b: &[u8], big: bool) -> bool {
 
 /// Picks `runtime.text` for a Go 1.18+ table: the header word if it points
 /// into executable code, else the `R_*_RELATIVE` addend that patches it (a
-/// PIE's file copy may be unrelocated), else the `.text` section.
+/// PIE's file copy may be unrelocated), else `moduledata.text` (Go 1.26+
+/// writes 0 there: see [`super::moduledata`]), else the `.text` section.
 fn resolve_text_start(
     ctx: &Ctx<'_>,
     elf: &Elf,
     data: &[u8],
     raw: u64,
     field_va: u64,
+    module: super::moduledata::Expect,
 ) -> Result<u64, GoSymError> {
     if raw != 0 && elf.is_executable(raw) {
         return Ok(raw);
@@ -513,19 +515,23 @@ fn resolve_text_start(
             return Ok(a);
         }
     }
+    if let Some((text, from)) = super::moduledata::text_start(elf, data, module) {
+        tracing::debug!(binary = ctx.binary, text, from, "runtime.text from the moduledata");
+        return Ok(text);
+    }
     if let Some(text) = elf.section(".text") {
         tracing::debug!(
             binary = ctx.binary,
             raw,
             text = text.addr,
-            "pclntab textStart not usable; falling back to the .text section address"
+            "pclntab textStart not usable and no moduledata found; falling back to the .text section address"
         );
         return Ok(text.addr);
     }
     if raw != 0 {
         return Ok(raw);
     }
-    Err(ctx.corrupt("textStart is 0, with no relocation and no .text section".to_string()))
+    Err(ctx.corrupt("textStart is 0, with no relocation, no moduledata and no .text section".to_string()))
 }
 
 fn parse_table(
@@ -539,13 +545,16 @@ fn parse_table(
     let ps = h.ptr_size;
     let psz = usize::from(ps);
     let text_start = match h.text_start {
-        Some((raw, field_off)) => resolve_text_start(
-            ctx,
-            elf,
-            data,
-            raw,
-            source.va.wrapping_add(field_off as u64),
-        )?,
+        Some((raw, field_off)) => {
+            let module = super::moduledata::Expect {
+                table_va: source.va,
+                funcname_off: h.names.0 as u64,
+                first_off: ctx.uint(t, h.functab, 4, "functab entryoff")?,
+                end_off: ctx.uint(t, h.functab + h.nfunc as usize * 8, 4, "functab end")?,
+                ptr_size: h.ptr_size,
+            };
+            resolve_text_start(ctx, elf, data, raw, source.va.wrapping_add(field_off as u64), module)?
+        }
         None => 0,
     };
     let new_layout = matches!(h.version, PclnVersion::Go118 | PclnVersion::Go120);

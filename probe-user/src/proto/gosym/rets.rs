@@ -15,6 +15,17 @@
 //! boundary corrupts the traced process. On Debian's containerd this refuses
 //! exactly one of 51,283 functions, the `crypto/internal/boring/sig` marker.
 //!
+//! An instruction that runs past `end` also decodes as invalid: the function
+//! bounds, not the code, are wrong, and probing would be a guess. That is how
+//! Go 1.26's externally linked binaries showed up (containerd 2.3.4: "5 of 9
+//! functions undecodable", an ordinary `lea` cut at the next "entry"): from
+//! Go 1.26 the pclntab's `textStart` is 0 and every entry came out 256 bytes
+//! early until `runtime.text` was taken from the moduledata (see
+//! `moduledata.rs`). iced-x86 (anchors.md's pick) stays the decoder; on
+//! containerd 1.7.34 and 2.3.4, their shims, runc 1.4.3 and
+//! node-problem-detector it also refuses only the `sig` marker, and its RETs
+//! match GNU objdump's (`probe-user/tests/real_binaries.rs`).
+//!
 //! A function that leaves only by a tail jump or a panic has no RET and so
 //! no return probe; callers see an empty `ret_offsets`.
 

@@ -55,7 +55,7 @@ impl LiveState {
     pub fn apply(&mut self, event: &Event, now: Instant) {
         match event {
             Event::Ready(r) => self.ready = Some(r.clone()),
-            Event::Target(t) if t.status == "probed" => {
+            Event::Target(t) if matches!(t.status, "probed" | "partial") => {
                 self.targets.insert(t.binary.clone());
             }
             Event::Incident(i) => {

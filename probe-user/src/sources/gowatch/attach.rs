@@ -56,11 +56,26 @@ pub struct Inspection {
     pub go_version: Option<String>,
     /// The function chosen for each group the binary has, with its probe points.
     pub found: Vec<(GoFuncSpec, crate::proto::gosym::ProbePoints)>,
-    /// Groups with no match, by their first name.
-    pub missing: Vec<&'static str>,
+    /// Groups left out: none of their names is in the binary (named by the
+    /// first), or the one found could not be probed.
+    pub missing: Vec<Missing>,
     pub g_tls: Result<i64, String>,
     /// The entry of `runtime.goexit0`, where goroutines end (see `go_exit`).
     pub goexit: Option<u64>,
+}
+
+/// An expected function that is not probed, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Missing {
+    pub symbol: &'static str,
+    pub why: String,
+}
+
+impl Missing {
+    /// `pkg.(*T).M (why)`, for the target line and `doctor`.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", short(self.symbol), self.why)
+    }
 }
 
 /// Where a goroutine ends: `func goexit0(gp *g)` (Go 1.19–1.26), entry only.
@@ -75,18 +90,24 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto:
     for group in target.groups {
         let Some(spec) = group.funcs.iter().find(|s| bin.symbols().lookup(s.symbol).is_some()) else {
             if !group.optional {
-                missing.push(group.funcs[0].symbol);
+                missing.push(Missing { symbol: group.funcs[0].symbol, why: "not in the binary's .gopclntab".into() });
             }
             continue;
         };
         match bin.probe_points(spec.symbol) {
             Ok(p) => {
                 own += usize::from(!group.runtime);
-                found.push((*spec, p));
+                // The argument's field offset as this binary lays it out.
+                let arg = spec.arg.and_then(|a| {
+                    a.resolve(&bin)
+                        .inspect_err(|e| tracing::warn!(symbol = spec.symbol, "{} not captured: {e}", a.name))
+                        .ok()
+                });
+                found.push((GoFuncSpec { arg, ..*spec }, p));
             }
             Err(e) => {
                 tracing::warn!(symbol = spec.symbol, "not probed: {e}");
-                missing.push(spec.symbol);
+                missing.push(Missing { symbol: spec.symbol, why: e.to_string() });
             }
         }
     }
@@ -369,7 +390,7 @@ impl Attacher {
                 return Err(format!(
                     "none of the expected functions in its .gopclntab (unknown {} version?); looked for {}",
                     target.name,
-                    i.missing.iter().map(|s| short(s)).collect::<Vec<_>>().join(", ")
+                    i.missing.iter().map(|m| short(m.symbol)).collect::<Vec<_>>().join(", ")
                 ));
             }
             let g_tls = i.g_tls.as_ref().ok().copied();
@@ -405,12 +426,20 @@ impl Attacher {
                 None => tracing::warn!(binary = %path.display(), "no {GOEXIT}: a call a panic unwinds past stays open until its process exits"),
             }
             line.g_tls_offset = g_tls;
+            // Attached, but not everything expected: `partial`, never `probed`.
+            if !i.missing.is_empty() {
+                line.status = "partial";
+                line.left_out = i.missing.iter().map(Missing::describe).collect();
+            }
             Ok(g_tls)
         });
         match outcome {
             Ok(g_tls) => {
                 self.links.append(&mut links);
                 tracing::info!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", line.functions.join(", "));
+                if !line.left_out.is_empty() {
+                    tracing::warn!(pid, target = target.name, binary = %path.display(), "partly probed; left out: {}", line.left_out.join("; "));
+                }
                 let links = std::mem::take(&mut links);
                 self.binaries.insert(key, Binary::Probed { target, g_tls, ids, links, path: path.to_path_buf(), by_flag: found_by == "flag" });
             }
@@ -419,7 +448,7 @@ impl Attacher {
                 for id in &ids {
                     self.funcs.remove(id);
                 }
-                if line.status == "probed" {
+                if matches!(line.status, "probed" | "partial") {
                     line.status = "failed";
                 }
                 if transient {
@@ -460,7 +489,17 @@ pub struct Found {
 
 /// Every target binary running now (by comm, one entry per inode) or at a usual path.
 pub fn survey() -> Vec<Found> {
+    survey_with(&[])
+}
+
+/// [`survey`], plus binaries named by path with their target (`doctor
+/// --containerd PATH`); a named path comes first for its inode.
+pub fn survey_with(named: &[(&str, PathBuf)]) -> Vec<Found> {
     let mut by_inode: HashMap<(u64, u64), Found> = HashMap::new();
+    for (name, path) in named {
+        let (Some(target), Ok(meta)) = (target_named(name), std::fs::metadata(path)) else { continue };
+        by_inode.entry((meta.dev(), meta.ino())).or_insert(Found { target, path: path.clone(), pids: Vec::new() });
+    }
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for e in dir.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
