@@ -5,6 +5,7 @@
 //! can be unit-tested without root.
 
 pub mod btf;
+pub mod children;
 pub mod cli;
 pub mod clock;
 pub mod collector;
