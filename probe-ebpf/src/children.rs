@@ -40,7 +40,7 @@ const OFF_ARG3: usize = 40;
 /// struct rusage *ru)`: `upid` at 16, `options` at 32 (record 48 bytes).
 /// `waitid(int which, pid_t upid, struct siginfo *infop, int options, struct
 /// rusage *ru)`: `which` at 16, `upid` at 24, `options` at 40 (record 56
-/// bytes). Every read below (at most offset 40, 4 bytes) lies inside both.
+/// bytes). Every read below (8 bytes at 16, 24, 32 and 40) lies inside both.
 #[tracepoint]
 pub fn child_wait_enter(ctx: TracePointContext) -> u32 {
     let _ = try_enter(&ctx);
@@ -55,15 +55,15 @@ fn try_enter(ctx: &TracePointContext) -> Result<(), i32> {
     }
     // SAFETY: offsets from the formats above, inside both records.
     let nr: i32 = unsafe { crate::ctxread::field(ctx, OFF_NR) };
+    // Through the helper: direct loads here were lowered to byte loads from
+    // a moved ctx pointer, which the verifier refuses ("modified ctx ptr").
+    // wait4 and waitid are rare; the helper's cost does not matter.
+    // SAFETY: as above; the helper checks the read.
+    let arg = |off: usize| -> u64 { unsafe { ctx.read_at::<u64>(off) }.unwrap_or(0) };
+    let (a0, a1, a2, a3) = (arg(OFF_ARG0), arg(OFF_ARG1), arg(OFF_ARG2), arg(OFF_ARG3));
     let (which, id, options) = match nr {
-        // SAFETY: as above.
-        NR_WAIT4 => unsafe {
-            (CHILD_WAIT_WAIT4, crate::ctxread::field::<i32>(ctx, OFF_ARG0), crate::ctxread::field::<u32>(ctx, OFF_ARG2))
-        },
-        // SAFETY: as above.
-        NR_WAITID => unsafe {
-            (crate::ctxread::field::<u32>(ctx, OFF_ARG0), crate::ctxread::field::<i32>(ctx, OFF_ARG1), crate::ctxread::field::<u32>(ctx, OFF_ARG3))
-        },
+        NR_WAIT4 => (CHILD_WAIT_WAIT4, a0 as i32, a2 as u32),
+        NR_WAITID => (a0 as u32, a1 as i32, a3 as u32),
         _ => return Ok(()),
     };
     if options & WNOHANG != 0 {
