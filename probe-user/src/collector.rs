@@ -20,7 +20,9 @@ use crate::{
     events::{Event, Ready, Sink, Stall, Summary},
     kernel::probes::{self, Choice},
     sources::gowatch::{GoWatch, chain::KernelWaits},
+    sources::children::ChildWaits,
     graph::{
+        children as graph_children,
         ids,
         incidents::{Change, Clocks, Incidents},
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
@@ -35,7 +37,7 @@ use crate::{
     syscalls::{WaitKind, by_slot},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
-use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, go_maps, maps, sock_maps};
+use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, child_maps, go_maps, maps, sock_maps};
 use serde_json::{Map, Value};
 use std::{
     collections::HashMap,
@@ -97,6 +99,10 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         true => Some(DeviceIo::new(&mut ebpf)?),
         false => None,
     };
+    let mut children = match choices.iter().any(|c| c.probe == "child_wait" && !c.is_off()) {
+        true => Some(ChildWaits::new(take_map(&mut ebpf, child_maps::CHILD_WAITS)?)),
+        false => None,
+    };
     sink.emit(&Event::Ready(Ready {
         pid: std::process::id(),
         probes: choices.iter().map(Choice::to_output).collect(),
@@ -142,7 +148,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
                     go.scan(monotonic_ns(), &waits, &mut sink);
                 }
-                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter };
+                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter };
                 graph.step(&mut engine, &mut req, &go, sink);
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
@@ -183,7 +189,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // One last look, so that incidents whose waits just ended are resolved.
     engine.scan(sink);
     req.scan(monotonic_ns(), sink);
-    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter };
+    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter };
     graph.step(&mut engine, &mut req, &go, sink);
 
     let counters = stats::counters(&ebpf);
@@ -319,6 +325,7 @@ struct Graph<'a> {
     observe: &'a mut Observe,
     offcpu: Option<&'a OffCpu>,
     devices: Option<&'a mut DeviceIo>,
+    children: Option<&'a mut ChildWaits>,
     filter: &'a Filter,
 }
 
@@ -328,8 +335,14 @@ impl Graph<'_> {
         let mut waits = engine.open_waits.clone();
         waits.extend(req.open_waits().iter().cloned());
         waits.extend(go.open_waits(now));
-        let mut edges = req.edges(&waits, now, self.observe);
         let facts = go.facts();
+        // Threads in wait4/waitid go in first: a Go call joins them by goroutine.
+        let child_waits = self.children.as_deref_mut().map(ChildWaits::scan).unwrap_or_default();
+        let child_waits: Vec<_> = child_waits.into_iter().filter(|f| graph_children::matters(f, &facts, &waits, self.observe)).collect();
+        waits.extend(child_waits.iter().map(|f| graph_children::open_wait(f, procfs::comm(f.tid).unwrap_or_default())));
+        let mut edges = req.edges(&waits, now, self.observe);
+        edges.extend(graph_children::child_wait_edges(&child_waits, &waits, self.observe));
+        edges.extend(graph_children::shim_child_edges(&facts, &waits, self.observe, now));
         edges.extend(resolvers::go_edges(&facts, &waits, self.observe));
         edges.extend(resolvers::relist_edges(&facts, self.observe));
         if let Some(o) = self.offcpu {

@@ -23,6 +23,8 @@ pub enum WaitKind {
     CriCall,
     /// Another probed Go call still running (a shim task call, runc's systemd calls).
     GoCall,
+    /// A thread blocked in `wait4`/`waitid` for a child.
+    ChildWait,
 }
 
 impl WaitKind {
@@ -36,6 +38,7 @@ impl WaitKind {
             WaitKind::GoLock => "go_lock",
             WaitKind::CriCall => "cri_call",
             WaitKind::GoCall => "go_call",
+            WaitKind::ChildWait => "child_wait",
         }
     }
 }

@@ -211,6 +211,16 @@ fn one_incident_ends_at_the_stopped_runc() -> Result<()> {
     assert_eq!(shim["pid"].as_u64(), Some(u64::from(o.shim.pid)), "the next hop is the container's shim:\n{text}");
     assert!(shim["what"].as_str().is_some_and(|s| s.contains("(*service).Update")), "{text}");
     assert_eq!(shim["edge"], "child", "{text}");
+    // Exact: the shim's children are the pod's pause, the container's init and the runc; the
+    // runc is the one started during the call, holding the write end of a pipe the shim reads.
+    assert_eq!(shim["exactness"], "exact", "the shim -> runc hop should be exact:\n{text}");
+    let evidence = shim["evidence"].as_str().unwrap_or("");
+    assert!(
+        evidence.contains("pipe:[") && evidence.contains(&format!("pid {}", o.runc_pid)),
+        "the shim -> runc evidence should name the pipe and the runc pid {}: {evidence}",
+        o.runc_pid
+    );
+    assert_ne!(end["pid"].as_u64(), Some(u64::from(o.container_pid)), "not the container's init:\n{text}");
     // Its root is the deepest open wait, the shim's call; the runc is the terminal holder.
     assert_eq!(line.get("/root/pid").and_then(serde_json::Value::as_u64), Some(u64::from(o.shim.pid)), "{text}");
     let longest = i.resolved.as_ref().and_then(|r| r.get("/longest_chain")).and_then(serde_json::Value::as_array).map_or(0, Vec::len);

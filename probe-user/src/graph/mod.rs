@@ -6,6 +6,7 @@
 //! raised, escalated and resolved incidents. Nothing here prints: the
 //! collector hands the results to the sinks.
 
+pub mod children;
 pub mod ids;
 pub mod incidents;
 pub mod model;

@@ -256,6 +256,22 @@ pub const PROBES: &[Probe] = &[
         ],
     },
     Probe {
+        name: "child_wait",
+        about: "threads blocked in wait4/waitid for a child (a parent waiting on the process it started)",
+        required: false,
+        // The exits first, so that no entry (and its gate count) is left behind.
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("child_wait_exit", "syscalls", Names::One("sys_exit_wait4")),
+                tp("child_wait_exit", "syscalls", Names::One("sys_exit_waitid")),
+                tp("child_wait_gone", "sched", Names::One("sched_process_exit")),
+                tp("child_wait_enter", "syscalls", Names::One("sys_enter_wait4")),
+                tp("child_wait_enter", "syscalls", Names::One("sys_enter_waitid")),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
         name: "lock_contention",
         about: "who holds the kernel mutex a thread waits on (rtnl_mutex behind a netlink request)",
         required: false,

@@ -10,9 +10,14 @@
 
 pub mod holders;
 pub mod mounts;
+pub mod pipes;
 pub mod procfs;
 
-use crate::graph::resolvers::Procs;
+use crate::{
+    clock::monotonic_ns,
+    graph::children::{ChildProcs, PipeLink},
+    graph::resolvers::Procs,
+};
 use holders::{SocketOwners, UnixPeers};
 use std::{
     collections::HashMap,
@@ -29,6 +34,32 @@ pub struct Observe {
     peers: UnixPeers,
     owners: SocketOwners,
     connected: HashMap<(u32, u32), (Instant, bool)>,
+    pipes: HashMap<u32, (Instant, Vec<PipeLink>)>,
+}
+
+/// How long a process's pipes to its children are reused.
+const PIPES_TTL: Duration = Duration::from_secs(2);
+/// Most processes whose pipes are kept.
+const PIPES_MAX: usize = 256;
+
+impl ChildProcs for Observe {
+    fn child_pipes(&mut self, pid: u32) -> Vec<PipeLink> {
+        if let Some((at, links)) = self.pipes.get(&pid) {
+            if at.elapsed() < PIPES_TTL {
+                return links.clone();
+            }
+        }
+        if self.pipes.len() >= PIPES_MAX {
+            self.pipes.retain(|_, (at, _)| at.elapsed() < PIPES_TTL);
+        }
+        let links = pipes::child_pipes(pid, &procfs::children(pid));
+        self.pipes.insert(pid, (Instant::now(), links.clone()));
+        links
+    }
+
+    fn started_ns(&mut self, pid: u32) -> Option<u64> {
+        pipes::started_ns(pid, monotonic_ns())
+    }
 }
 
 

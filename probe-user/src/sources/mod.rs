@@ -6,9 +6,11 @@
 //!   fsync…), their ends, those that began before attach, and their details;
 //! - `sockets`, `reqwatch`, `dbus_sweep`: netlink and D-Bus requests;
 //! - `gowatch`: Go calls at uprobes (containerd, shims, runc, kubelet);
+//! - `children`: parents blocked in `wait4`/`waitid`;
 //! - `devices`, `offcpu`, `stats`: per-device block I/O, off-CPU stacks and
 //!   per-syscall counts.
 
+pub mod children;
 pub mod dbus_sweep;
 pub mod detail;
 pub mod devices;
