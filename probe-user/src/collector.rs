@@ -24,11 +24,13 @@ use crate::{
         ids,
         incidents::{Change, Clocks, Incidents},
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
+        parked::parked_graph,
         resolvers::{self, Procs},
     },
     devices::DeviceIo,
     observe::Observe,
     offcpu::OffCpu,
+    parked::{self, Sampler},
     reqwatch::ReqWatch,
     procfs::{self, SyscallState},
     stats, sweep,
@@ -90,6 +92,12 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
     }
     let mut drops = DropWatch::default();
+    let sampler = match choices.iter().any(|c| c.probe == "parked_threads" && !c.is_off()) {
+        true => Sampler::start(std::process::id())
+            .map_err(|e| tracing::warn!(error = %e, "parked-thread sampler not started: unix-peer and futex-sibling links are off"))
+            .ok(),
+        false => None,
+    };
     let mut incidents = Incidents::new(cfg.thresholds);
     let mut observe = Observe::default();
     let mut scans = ScanClock::default();
@@ -142,7 +150,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
                     go.scan(monotonic_ns(), &waits, &mut sink);
                 }
-                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter };
+                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter, parked: sampler.as_ref() };
                 graph.step(&mut engine, &mut req, &go, sink);
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
@@ -183,7 +191,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // One last look, so that incidents whose waits just ended are resolved.
     engine.scan(sink);
     req.scan(monotonic_ns(), sink);
-    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter };
+    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter, parked: sampler.as_ref() };
     graph.step(&mut engine, &mut req, &go, sink);
 
     let counters = stats::counters(&ebpf);
@@ -320,6 +328,8 @@ struct Graph<'a> {
     offcpu: Option<&'a OffCpu>,
     devices: Option<&'a mut DeviceIo>,
     filter: &'a Filter,
+    /// The `parked_threads` sampler (off the event loop).
+    parked: Option<&'a Sampler>,
 }
 
 impl Graph<'_> {
@@ -328,8 +338,17 @@ impl Graph<'_> {
         let mut waits = engine.open_waits.clone();
         waits.extend(req.open_waits().iter().cloned());
         waits.extend(go.open_waits(now));
-        let mut edges = req.edges(&waits, now, self.observe);
         let facts = go.facts();
+        // Threads parked where no probe sees them (last round's sample); then the next round.
+        let mut parked_edges = Vec::new();
+        if let Some(s) = self.parked {
+            let (pw, pe) = parked_graph(&s.latest(), &waits, &facts, now, self.observe);
+            waits.extend(pw);
+            parked_edges = pe;
+            s.request(waits.iter().filter(|w| now.saturating_sub(w.start_ns) >= parked::ANCHOR_MIN_NS).map(|w| w.who.pid).collect());
+        }
+        let mut edges = req.edges(&waits, now, self.observe);
+        edges.extend(parked_edges);
         edges.extend(resolvers::go_edges(&facts, &waits, self.observe));
         edges.extend(resolvers::relist_edges(&facts, self.observe));
         if let Some(o) = self.offcpu {

@@ -31,6 +31,7 @@ pub mod mounts;
 pub mod netlink;
 pub mod observe;
 pub mod offcpu;
+pub mod parked;
 pub mod probes;
 pub mod reqwatch;
 pub mod sinks;

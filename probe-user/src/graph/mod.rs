@@ -9,4 +9,5 @@
 pub mod ids;
 pub mod incidents;
 pub mod model;
+pub mod parked;
 pub mod resolvers;
