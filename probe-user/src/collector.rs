@@ -342,7 +342,8 @@ impl Graph<'_> {
         // Threads parked where no probe sees them (last round's sample); then the next round.
         let mut parked_edges = Vec::new();
         if let Some(s) = self.parked {
-            let (pw, pe) = parked_graph(&s.latest(), &waits, &facts, now, self.observe);
+            let sampled: Vec<_> = s.latest().iter().filter(|p| parked::still_parked(p)).cloned().collect();
+            let (pw, pe) = parked_graph(&sampled, &waits, &facts, now, self.observe);
             waits.extend(pw);
             parked_edges = pe;
             s.request(waits.iter().filter(|w| now.saturating_sub(w.start_ns) >= parked::ANCHOR_MIN_NS).map(|w| w.who.pid).collect());

@@ -237,6 +237,7 @@ impl Sampling {
                     comm: procfs::comm(tid).unwrap_or_default(),
                     start_ns,
                     nr: nr as u32,
+                    arg0: args[0],
                     what,
                 });
             }
@@ -268,6 +269,13 @@ impl Sampling {
         };
         Some(Parked::UnixRecv { syscall, fd, inode, sock_type: sock_type_name(me.kind), peer_inode, peer_pids, path })
     }
+}
+
+/// Whether a thread of the last round is still parked as it was: one read of
+/// `/proc/TID/syscall`, so that a wait that ended since the round (a lifted fault) is
+/// not reported on a stale sample.
+pub fn still_parked(p: &ParkedThread) -> bool {
+    matches!(procfs::syscall(p.tid), Some(SyscallState::In { nr, args }) if nr == i64::from(p.nr) && args[0] == p.arg0)
 }
 
 /// Every process's parent, from `/proc/*/stat`.

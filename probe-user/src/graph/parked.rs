@@ -33,8 +33,9 @@ pub struct ParkedThread {
     /// CLOCK_MONOTONIC ns: when the thread last ran (a lower bound of its wait's start,
     /// exact for a thread that slept since it blocked).
     pub start_ns: u64,
-    /// The syscall number.
+    /// The syscall number, and its first argument (the fd, or the futex's address).
     pub nr: u32,
+    pub arg0: u64,
     pub what: Parked,
 }
 
@@ -231,6 +232,7 @@ mod tests {
             comm: format!("c{pid}"),
             start_ns: start_s * S,
             nr: 0,
+            arg0: 3,
             what: Parked::UnixRecv {
                 syscall: "read",
                 fd: 3,
@@ -251,6 +253,7 @@ mod tests {
             comm: "daemon".into(),
             start_ns: start_s * S,
             nr: 202,
+            arg0: 0x5573fde0e1a0,
             what: Parked::Futex { uaddr: 0x5573fde0e1a0, op: "FUTEX_WAIT_PRIVATE", val: 2 },
         }
     }
