@@ -294,7 +294,7 @@ mod tests {
         (fact, wait)
     }
 
-    fn edge_from<'a>(edges: &'a [Edge], from: WaitKey) -> &'a Edge {
+    fn edge_from(edges: &[Edge], from: WaitKey) -> &Edge {
         let e: Vec<&Edge> = edges.iter().filter(|e| e.from == from).collect();
         assert_eq!(e.len(), 1, "{edges:?}");
         e[0]
@@ -396,7 +396,7 @@ mod tests {
         list.function = "server.(*criService).ListContainers";
         let plugin = recv(PLUGIN, PLUGIN, CTRD, 11, vec![DAEMON], "stream");
         let facts = GoFacts { calls: vec![list.clone()], parked: HashMap::new() };
-        let (_, edges) = parked_graph(&[plugin.clone()], &[], &facts, 20 * S, &mut FakeProcs);
+        let (_, edges) = parked_graph(std::slice::from_ref(&plugin), &[], &facts, 20 * S, &mut FakeProcs);
         assert!(edges.iter().all(|e| e.from != list.key), "{edges:?}");
         // A child that began waiting before the call is not its plugin.
         let (rps, _) = run_pod_sandbox(12);
