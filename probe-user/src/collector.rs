@@ -26,6 +26,7 @@ use crate::{
         ids,
         incidents::{Change, Clocks, Incidents},
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
+        parked::parked_graph,
         resolvers::{self, Procs},
     },
     sources::devices::DeviceIo,
@@ -34,6 +35,7 @@ use crate::{
     sources::reqwatch::ReqWatch,
     observe::procfs::{self, SyscallState},
     sources::stats, sources::sweep,
+    sources::parked::{self, Sampler},
     syscalls::{WaitKind, by_slot},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
@@ -92,6 +94,12 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
     }
     let mut drops = DropWatch::default();
+    let sampler = match choices.iter().any(|c| c.probe == "parked_threads" && !c.is_off()) {
+        true => Sampler::start(std::process::id())
+            .map_err(|e| tracing::warn!(error = %e, "parked-thread sampler not started: unix-peer and futex-sibling links are off"))
+            .ok(),
+        false => None,
+    };
     let mut incidents = Incidents::new(cfg.thresholds);
     let mut observe = Observe::default();
     let mut scans = ScanClock::default();
@@ -148,7 +156,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
                     go.scan(monotonic_ns(), &waits, &mut sink);
                 }
-                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter };
+                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref() };
                 graph.step(&mut engine, &mut req, &go, sink);
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
@@ -189,7 +197,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // One last look, so that incidents whose waits just ended are resolved.
     engine.scan(sink);
     req.scan(monotonic_ns(), sink);
-    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter };
+    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref() };
     graph.step(&mut engine, &mut req, &go, sink);
 
     let counters = stats::counters(&ebpf);
@@ -327,6 +335,8 @@ struct Graph<'a> {
     devices: Option<&'a mut DeviceIo>,
     children: Option<&'a mut ChildWaits>,
     filter: &'a Filter,
+    /// The `parked_threads` sampler (off the event loop).
+    parked: Option<&'a Sampler>,
 }
 
 impl Graph<'_> {
@@ -340,7 +350,17 @@ impl Graph<'_> {
         let child_waits = self.children.as_deref_mut().map(ChildWaits::scan).unwrap_or_default();
         let child_waits: Vec<_> = child_waits.into_iter().filter(|f| graph_children::matters(f, &facts, &waits, self.observe)).collect();
         waits.extend(child_waits.iter().map(|f| graph_children::open_wait(f, procfs::comm(f.tid).unwrap_or_default())));
+        // Threads parked where no probe sees them (last round's sample); then the next round.
+        let mut parked_edges = Vec::new();
+        if let Some(s) = self.parked {
+            let sampled: Vec<_> = s.latest().iter().filter(|p| parked::still_parked(p)).cloned().collect();
+            let (pw, pe) = parked_graph(&sampled, &waits, &facts, now, self.observe);
+            waits.extend(pw);
+            parked_edges = pe;
+            s.request(waits.iter().filter(|w| now.saturating_sub(w.start_ns) >= parked::ANCHOR_MIN_NS).map(|w| w.who.pid).collect());
+        }
         let mut edges = req.edges(&waits, now, self.observe);
+        edges.extend(parked_edges);
         edges.extend(graph_children::child_wait_edges(&child_waits, &waits, self.observe));
         edges.extend(graph_children::shim_child_edges(&facts, &waits, self.observe, now));
         edges.extend(resolvers::go_edges(&facts, &waits, self.observe));

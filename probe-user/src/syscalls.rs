@@ -25,6 +25,10 @@ pub enum WaitKind {
     GoCall,
     /// A thread blocked in `wait4`/`waitid` for a child.
     ChildWait,
+    /// A thread blocked in a receive on a unix socket, waiting on its peer.
+    UnixRecv,
+    /// A thread parked on a contended lock's futex beside a sibling thread's long wait.
+    Futex,
 }
 
 impl WaitKind {
@@ -39,6 +43,8 @@ impl WaitKind {
             WaitKind::CriCall => "cri_call",
             WaitKind::GoCall => "go_call",
             WaitKind::ChildWait => "child_wait",
+            WaitKind::UnixRecv => "unix_recv",
+            WaitKind::Futex => "futex",
         }
     }
 }

@@ -21,6 +21,9 @@
 //!   `UpdateContainerResources`;
 //! - [`gofixture::FakeKubelet`]: a stripped Go test fixture (not kubelet) that carries
 //!   kubelet's relist symbol;
+//! - [`terway`]: two C fixtures standing in for Terway (a CNI daemon stuck in a netlink
+//!   request under its mutex, a CNI plugin waiting on it over a unix socket), run through
+//!   a private containerd's own CNI invocation;
 //! - [`tmux::Tmux`]: a program on a real terminal (a detached tmux session of its own),
 //!   whose screen is read with `capture-pane`.
 //!
@@ -46,6 +49,7 @@ pub mod plegwatch;
 pub mod preflight;
 pub mod stall;
 pub mod sys;
+pub mod terway;
 pub mod throttle;
 pub mod tmux;
 

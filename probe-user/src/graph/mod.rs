@@ -10,4 +10,5 @@ pub mod children;
 pub mod ids;
 pub mod incidents;
 pub mod model;
+pub mod parked;
 pub mod resolvers;

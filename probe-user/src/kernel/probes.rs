@@ -314,6 +314,12 @@ pub const PROBES: &[Probe] = &[
             Variant::Off,
         ],
     },
+    Probe {
+        name: "parked_threads",
+        about: "threads blocked reading a unix socket (to its peer, by sock_diag) or parked on a contended lock's futex beside a sibling's long wait: /proc/TID/syscall, sampled off the event loop for processes with a wait over 1 s (see `parked`)",
+        required: false,
+        variants: &[Variant::ProcPoll],
+    },
 ];
 
 /// What some variants need besides the eBPF object.

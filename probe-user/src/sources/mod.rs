@@ -7,6 +7,7 @@
 //! - `sockets`, `reqwatch`, `dbus_sweep`: netlink and D-Bus requests;
 //! - `gowatch`: Go calls at uprobes (containerd, shims, runc, kubelet);
 //! - `children`: parents blocked in `wait4`/`waitid`;
+//! - `parked`: threads parked where no probe sees them (unix receives, futexes), sampled from `/proc`;
 //! - `devices`, `offcpu`, `stats`: per-device block I/O, off-CPU stacks and
 //!   per-syscall counts.
 
@@ -18,6 +19,7 @@ pub mod ended;
 pub mod gowatch;
 pub mod inflight;
 pub mod offcpu;
+pub mod parked;
 pub mod reqwatch;
 pub mod sockets;
 pub mod stats;

@@ -121,6 +121,11 @@ impl AgeClock {
         AgeClock { now_ns, offset_ns }
     }
 
+    /// Moves "now" (the latest a start may be) to `now_ns`, keeping the per-CPU offsets.
+    pub fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+    }
+
     /// CLOCK_MONOTONIC ns since when `tid` has not run: since it last started
     /// running (exact for a thread that slept since it blocked), or now when
     /// the kernel doesn't say (no CONFIG_SCHED_DEBUG).
