@@ -234,8 +234,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         );
     }
     sink.emit(&Event::Summary(summary.clone()));
+    // Nothing but closing is left: a child makes the last closes (see `handoff`).
+    let handoff = crate::kernel::handoff::fork_last_closer();
     go.detach(&mut ebpf);
     drop(ebpf); // detaches every other program
+    drop(handoff);
     Ok(summary)
 }
 
