@@ -22,7 +22,7 @@ use super::cri::{self, ContainerConfig, LatencyStats, ListCall, TimedCall};
 use super::daemon::{Containerd, Placement, Runc};
 use super::image;
 use super::procs::{self, Shim};
-use super::{Cri, Pod, RelistDriver};
+use super::{Cri, Pod, RelistDriver, Version};
 use crate::events::{self, dump, Event};
 use crate::plegwatch::READY_TIMEOUT;
 use crate::{DevNum, Plegwatch, WriteThrottle};
@@ -65,7 +65,20 @@ impl Stage {
     /// Starts containerd (its shims running `runc` as `runc` says), imports the test images
     /// and runs a host-network pod named `pod_name`.
     pub fn start(placement: Placement, runc: Runc, pod_name: &str) -> Result<Self> {
-        Self::on(Containerd::start_with(placement, runc)?, pod_name)
+        Self::start_version(Version::DEBIAN, placement, runc, pod_name)
+    }
+
+    /// [`Stage::start`] on the containerd, shim and runc of `version`.
+    pub fn start_version(
+        version: Version,
+        placement: Placement,
+        runc: Runc,
+        pod_name: &str,
+    ) -> Result<Self> {
+        Self::on(
+            Containerd::start_version(version, placement, runc)?,
+            pod_name,
+        )
     }
 
     /// [`Stage::start`] on a containerd started already (e.g. [`Containerd::start_systemd`]).
