@@ -234,7 +234,7 @@ impl Containerd {
             std::iter::once(bin_dir.clone()).chain(std::env::split_paths(&path)),
         )
         .context("the daemon's PATH")?;
-        let child = in_ns(ns_pid, &bin_dir.join(BinName::Containerd.file_name()))
+        let child = in_ns(ns_pid, bin_dir.join(BinName::Containerd.file_name()))
             .env("PATH", path)
             .arg("--config")
             .arg(&config)
@@ -483,7 +483,7 @@ impl Containerd {
         for id in &leftover {
             eprintln!("cleanup: runc delete --force {id}");
             // In its namespace: a systemd-driven runc needs that namespace's bus.
-            if let Err(e) = run(in_ns(self.ns_pid, &self.runc())
+            if let Err(e) = run(in_ns(self.ns_pid, self.runc())
                 .arg("--root")
                 .arg(&ns_dir)
                 .args(["delete", "--force", id]))
