@@ -396,23 +396,36 @@ pub struct Watched<B: StallBed> {
     /// The fake-kubelet fixture (a test fixture, not kubelet) relisting over CRI against
     /// the bed's containerd every second, as kubelet's PLEG does.
     pub kubelet: FakeKubelet,
+    /// The `--warn` plegwatch ran with ([`WARN`] unless [`Watched::run_warn`] said).
+    pub warn: Duration,
 }
 
 impl<B: StallBed> Watched<B> {
     /// Starts `plegwatch watch --warn 2s` on the prepared `bed`, triggers the stall and
     /// stops plegwatch once the lock hold resolved (or 5 s later).
     pub fn run(bed: B) -> Result<Self> {
-        Self::run_until(bed, |e| e.is("resolved") && e.str("/kind") == Some("go_lock"))
+        Self::run_warn(bed, WARN)
+    }
+
+    /// [`Watched::run`] with `plegwatch watch --warn WARN`, for a stall shorter than [`WARN`].
+    pub fn run_warn(bed: B, warn: Duration) -> Result<Self> {
+        Self::run_until_warn(bed, warn, |e| {
+            e.is("resolved") && e.str("/kind") == Some("go_lock")
+        })
     }
 
     /// [`Watched::run`], stopping plegwatch once it printed a line `done` accepts (or 5 s
     /// after the trigger returned).
-    pub fn run_until(mut bed: B, done: impl Fn(&Event) -> bool) -> Result<Self> {
+    pub fn run_until(bed: B, done: impl Fn(&Event) -> bool) -> Result<Self> {
+        Self::run_until_warn(bed, WARN, done)
+    }
+
+    fn run_until_warn(mut bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
         let fixture = build_fake_kubelet()?;
         let socket = bed.stage().containerd().socket().display().to_string();
         let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
-        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", WARN.as_millis())])?;
+        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", warn.as_millis())])?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let outcome = bed.trigger()?;
         plegwatch.wait_for(Duration::from_secs(5), done);
@@ -424,6 +437,7 @@ impl<B: StallBed> Watched<B> {
             events,
             containerd_pid,
             kubelet,
+            warn,
         })
     }
 

@@ -30,6 +30,7 @@ use super::cri;
 use super::daemon::{Placement, Runc};
 use super::image::BUSYBOX;
 use super::procs::{self, Shim, ThreadSnapshot};
+use super::Version;
 
 /// The runc subcommand the bed freezes.
 pub const FROZEN_SUBCOMMAND: &str = "update";
@@ -39,6 +40,8 @@ pub const RUNC_COMM: &str = "runc";
 /// How the stall is staged.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The containerd, shim and runc it is staged on.
+    pub version: Version,
     /// How long the `runc update` stays stopped once it is seen stopped.
     pub stop_for: Duration,
     /// How long the relist driver runs on the quiet node before the update goes out.
@@ -51,6 +54,7 @@ impl Default for Options {
     /// Stopped for 8 s, after 1.5 s of relists every 200 ms.
     fn default() -> Self {
         Self {
+            version: Version::DEBIAN,
             stop_for: Duration::from_secs(8),
             quiet_for: Duration::from_millis(1500),
             relist_period: Duration::from_millis(200),
@@ -188,7 +192,8 @@ impl Bed {
 
     /// Everything up to a running container, with the relist driver going.
     pub fn prepare(options: Options) -> Result<Self> {
-        let mut stage = Stage::start(
+        let mut stage = Stage::start_version(
+            options.version,
             Placement::TempDir,
             Runc::StopBefore(FROZEN_SUBCOMMAND),
             "runcstopped",
