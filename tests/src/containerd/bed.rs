@@ -499,3 +499,42 @@ impl<B: StallBed> Watched<B> {
         );
     }
 }
+
+/// What plegwatch said about a staging, one line each, for the test log: every `target`
+/// line (status, Go version, functions probed, why not), every `stall` (kind, pid,
+/// function, waited) and how many incidents it raised.
+pub fn reported(events: &[Event]) -> String {
+    let mut out = Vec::new();
+    for e in events.iter().filter(|e| e.is("target")) {
+        let functions = e
+            .get("/functions")
+            .and_then(|f| f.as_array())
+            .map_or(0, Vec::len);
+        out.push(format!(
+            "  target {} {} pid {} {} ({}), {functions} functions{}",
+            e.str("/target").unwrap_or("?"),
+            e.str("/status").unwrap_or("?"),
+            e.u64("/pid").unwrap_or(0),
+            e.str("/binary").unwrap_or("?"),
+            e.str("/go_version").unwrap_or("go?"),
+            e.str("/why").map(|w| format!(": {w}")).unwrap_or_default(),
+        ));
+    }
+    for e in events.iter().filter(|e| e.is("stall")) {
+        let function = e
+            .str("/detail/holder_function")
+            .or_else(|| e.str("/detail/function"))
+            .or_else(|| e.str("/detail/syscall"))
+            .unwrap_or("");
+        out.push(format!(
+            "  stall {} pid {} {} {function} waited {:.2}s",
+            e.str("/kind").unwrap_or("?"),
+            e.u64("/pid").unwrap_or(0),
+            e.str("/comm").unwrap_or(""),
+            e.f64("/waited_s").unwrap_or(f64::NAN),
+        ));
+    }
+    let incidents = events.iter().filter(|e| e.is("incident")).count();
+    out.push(format!("  {incidents} incident lines"));
+    out.join("\n")
+}

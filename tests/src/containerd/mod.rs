@@ -1,9 +1,13 @@
-//! A test bed of real Kubernetes node components: Debian's containerd 1.6.20 (stripped, as
-//! release builds are) with runc 1.1.5, driven over CRI the way kubelet drives it, and the
-//! containerd#9770 stall staged on it deterministically.
+//! A test bed of real Kubernetes node components: a containerd with its own shim and `ctr`,
+//! and a runc, of a [`Version`] (Debian's containerd 1.6.20 with runc 1.1.5, or the stripped
+//! 1.7.34 and 2.3.4 release builds with runc 1.4.3), driven over CRI the way kubelet drives
+//! it, and the containerd#9770 stall staged on it deterministically.
 //!
-//! - [`Containerd`] ([`daemon`]): a private `containerd` with its own config, `root`, `state`
-//!   and socket in a temp dir (its root or only its overlayfs snapshots optionally on a
+//! - [`Version`] ([`version`]): which binaries, and which config format (`version = 2` for
+//!   1.x, `version = 3` with the split CRI plugins for 2.x).
+//! - [`Containerd`] ([`daemon`]): a private `containerd` with its own config, `root`, `state`,
+//!   socket and bin dir (the version's binaries under the names containerd looks for) in a
+//!   temp dir (its root or only its overlayfs snapshots optionally on a
 //!   [`crate::LoopFs`]), its shims running the real runc or a [`Runc::StopBefore`] wrapper
 //!   that freezes one runc subcommand with SIGSTOP. Dropping it stops it by PID, then cleans
 //!   up after it: the shims and containers it left (found by the shims' `-address`

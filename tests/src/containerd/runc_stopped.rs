@@ -10,6 +10,10 @@
 //!    `runc --root … --log … --log-format json update --resources - ID` to exit;
 //! 4. that `runc`, the shim's child, in state `T` (`do_signal_stop`).
 //!
+//! containerd 1.7.34 and 2.3.4 (runc 1.4.3) take the same path: the update's task lookup
+//! (the shim's `State`) comes before `runc update` starts, so it does not time out, and the
+//! lock is held for as long as runc stays stopped.
+//!
 //! The freeze is deterministic: containerd runs with [`Runc::StopBefore`]`("update")`, whose
 //! `runc` wrapper stops itself before it runs the real runc, so nothing races the shim. The
 //! bed finds the stopped process (a child of the container's shim, comm `runc`, state `T`),
