@@ -170,6 +170,12 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 }
                 guard.clear_ready();
             }
+            done = go.inspected() => {
+                // A new Go binary, read off the loop: only the attach runs here.
+                let began = std::time::Instant::now();
+                go.on_inspected(&mut ebpf, done, sink);
+                scans.attach_took(began.elapsed());
+            }
             guard = sock_ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the socket ring buffer", e))?;
                 let ring = guard.get_inner_mut();
@@ -415,12 +421,13 @@ fn mutex_edges(waits: &[OpenWait], offcpu: &OffCpu, now_ns: u64, procs: &mut dyn
 struct ScanClock {
     late: Option<hdrhistogram::Histogram<u64>>,
     took: Option<hdrhistogram::Histogram<u64>>,
+    attach_max: Duration,
 }
 
 impl Default for ScanClock {
     fn default() -> Self {
         let h = || hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok();
-        ScanClock { late: h(), took: h() }
+        ScanClock { late: h(), took: h(), attach_max: Duration::ZERO }
     }
 }
 
@@ -437,6 +444,10 @@ impl ScanClock {
         }
     }
 
+    fn attach_took(&mut self, d: Duration) {
+        self.attach_max = self.attach_max.max(d);
+    }
+
     fn summary(&self) -> crate::events::ScanSummary {
         let q = |h: &Option<hdrhistogram::Histogram<u64>>, q: f64| h.as_ref().map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1e3);
         crate::events::ScanSummary {
@@ -446,6 +457,7 @@ impl ScanClock {
             late_max_ms: q(&self.late, 1.0),
             took_p50_ms: q(&self.took, 0.5),
             took_p99_ms: q(&self.took, 0.99),
+            go_attach_max_ms: self.attach_max.as_secs_f64() * 1e3,
             took_max_ms: q(&self.took, 1.0),
         }
     }

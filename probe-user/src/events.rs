@@ -147,6 +147,9 @@ pub struct ScanSummary {
     pub took_p50_ms: f64,
     pub took_p99_ms: f64,
     pub took_max_ms: f64,
+    /// The longest time the loop spent attaching a new Go binary's uprobes
+    /// (its reading is done off the loop).
+    pub go_attach_max_ms: f64,
 }
 
 /// A Go binary plegwatch looked at: probed, or left alone and why.

@@ -91,6 +91,21 @@ impl Plegwatch {
         self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// Whether plegwatch writes `text` to stderr within `timeout` (stderr is read by its own
+    /// thread: a log line written just before a stdout line may be read after it).
+    pub fn wait_stderr(&self, text: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.stderr().contains(text) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Waits for the `{"type":"ready"}` line, failing early, with plegwatch's stderr, if it
     /// exits first or `timeout` passes.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<Event> {

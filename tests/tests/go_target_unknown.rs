@@ -59,7 +59,7 @@ fn unknown_binaries_are_reported_and_left_alone() -> Result<()> {
         assert_eq!(line.str("/target"), Some("containerd"), "{all}");
         assert!(line.str("/why").is_some_and(|w| w.contains(why)), "why should say {why:?}:\n{all}");
     }
-    ensure!(plegwatch.stderr().contains("Go binary not probed"), "no warning on stderr:\n{}", plegwatch.stderr());
+    ensure!(plegwatch.wait_stderr("Go binary not probed", Duration::from_secs(2)), "no warning on stderr:\n{}", plegwatch.stderr());
 
     // doctor lists them too, without attaching anything.
     let out = Command::new(plegwatch_bin()?).args(["doctor", "--json"]).output().context("run doctor")?;

@@ -9,6 +9,7 @@
 //! of a probed binary also goes into `GO_PROCS` with `g`'s TLS offset, so
 //! that its kernel waits carry the goroutine that made them.
 
+use super::inspector::{Done, Inspector, Job};
 use super::targets::{Arg, GoFuncSpec, Role, Target, short, target_named, target_of};
 use crate::{kernel::loader::take_map, kernel::loader::WatchError, proto::gosym::GoBinary, events::Event, events::Sink, observe::procfs};
 use aya::{
@@ -226,6 +227,10 @@ pub struct Attacher {
     last_poll: Option<Instant>,
     /// Binaries given up after an upgrade (see [`Attacher::retire_upgraded`]).
     retired: u64,
+    /// Reads binaries found at an exec or by the poll, off the loop.
+    inspector: Option<Inspector>,
+    /// Binaries being read: the processes found running each, and how.
+    pending: HashMap<(u64, u64), Vec<(u32, &'static str)>>,
 }
 
 impl Attacher {
@@ -239,6 +244,10 @@ impl Attacher {
             links: Vec::new(),
             last_poll: None,
             retired: 0,
+            inspector: Inspector::start()
+                .inspect_err(|e| tracing::warn!("no worker thread to read Go binaries, reading them on the scan loop: {e}"))
+                .ok(),
+            pending: HashMap::new(),
         })
     }
 
@@ -344,8 +353,26 @@ impl Attacher {
         let target = target_of(&comm)?;
         let meta = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
         let key = (meta.dev(), meta.ino());
+        if let Some(pids) = self.pending.get_mut(&key) {
+            pids.push((pid, found_by));
+            return Some(key);
+        }
         let (open_path, path) = stable_path(pid, key);
         if !self.binaries.contains_key(&key) {
+            // At an exec or by the poll, the binary is read off the loop ([`Attacher::finish`]
+            // attaches it); at startup and for a flag, here.
+            let queued = match (&self.inspector, found_by) {
+                (Some(inspector), "exec" | "poll") => match std::fs::File::open(&open_path) {
+                    Ok(file) => inspector.submit(Job { key, target, file, path: path.clone() }).is_ok(),
+                    // Gone already: the next process running it is looked at again.
+                    Err(_) => return None,
+                },
+                _ => false,
+            };
+            if queued {
+                self.pending.insert(key, vec![(pid, found_by)]);
+                return Some(key);
+            }
             self.probe_binary(ebpf, target, key, &open_path, &path, pid, found_by, sink);
         } else if let Some(Binary::Probed { target, .. }) = self.binaries.get(&key) {
             if target.name != "runc" {
@@ -373,11 +400,53 @@ impl Attacher {
         found_by: &'static str,
         sink: &mut dyn Sink,
     ) {
+        let inspected = inspect(open_path, target);
+        self.attach_inspected(ebpf, target, key, open_path, path, pid, found_by, inspected, sink);
+    }
+
+    /// A binary read off the loop: attaches it, and registers the processes
+    /// found running it meanwhile.
+    pub fn finish(&mut self, ebpf: &mut Ebpf, done: Done, sink: &mut dyn Sink) {
+        let Done { job, inspected, took } = done;
+        let pids = self.pending.remove(&job.key).unwrap_or_default();
+        let Some(&(first, found_by)) = pids.first() else { return };
+        tracing::debug!(binary = %job.path.display(), took_ms = took.as_millis() as u64, "Go binary read off the scan loop");
+        self.attach_inspected(ebpf, job.target, job.key, &job.open_path(), &job.path, first, found_by, inspected, sink);
+        if let Some(Binary::Probed { g_tls: Some(off), .. }) = self.binaries.get(&job.key) {
+            if self.procs.insert(first, GoProc { g_tls_off: *off }, 0).is_ok() {
+                self.known.insert(first);
+            }
+        }
+        // The others found meanwhile: a `traced` line each, and GO_PROCS.
+        for &(pid, found_by) in pids.iter().skip(1) {
+            let _ = self.look_at(ebpf, pid, found_by, sink);
+        }
+    }
+
+    /// Binaries being read off the loop (see [`Attacher::finish`]).
+    pub fn inspector(&mut self) -> Option<&mut Inspector> {
+        self.inspector.as_mut()
+    }
+
+    /// Attaches an inspected binary; reports it with a `target` line.
+    #[allow(clippy::too_many_arguments)]
+    fn attach_inspected(
+        &mut self,
+        ebpf: &mut Ebpf,
+        target: &'static Target,
+        key: (u64, u64),
+        open_path: &Path,
+        path: &Path,
+        pid: u32,
+        found_by: &'static str,
+        inspected: Result<Inspection, crate::proto::gosym::GoSymError>,
+        sink: &mut dyn Sink,
+    ) {
         let mut line = crate::events::Target::new(target.name, "probed", pid, path, found_by);
         let mut links: Vec<Link> = Vec::new();
         let mut transient = false;
         let mut ids: Vec<u32> = Vec::new();
-        let outcome = inspect(open_path, target).map_err(|e| {
+        let outcome = inspected.map_err(|e| {
             // The process may be gone already (a short-lived runc): try again with the next one.
             transient = !open_path.exists();
             // Not a Go binary we can read (a wrapper script named runc, a stripped C binary).

@@ -16,6 +16,7 @@
 
 pub mod attach;
 pub mod chain;
+pub mod inspector;
 pub mod targets;
 
 use crate::{
@@ -229,6 +230,20 @@ impl GoWatch {
     /// Detaches the Go probes (before the eBPF object is dropped: faster, see `attach`).
     pub fn detach(&mut self, ebpf: &mut Ebpf) {
         self.attacher.detach(ebpf);
+    }
+
+    /// The next Go binary read off the loop (a `select!` branch; never ready
+    /// when binaries are read on the loop).
+    pub async fn inspected(&mut self) -> inspector::Done {
+        match self.attacher.inspector() {
+            Some(i) => i.next().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Attaches a binary read off the loop.
+    pub fn on_inspected(&mut self, ebpf: &mut Ebpf, done: inspector::Done, sink: &mut dyn Sink) {
+        self.attacher.finish(ebpf, done, sink);
     }
 
     /// Looks for target processes the exec records missed.
