@@ -120,7 +120,7 @@ pub fn child_pipes(pid: u32, children: &[u32]) -> Vec<PipeLink> {
 /// (field 22 of `/proc/PID/stat`, clock ticks since boot) against
 /// CLOCK_BOOTTIME now, moved onto CLOCK_MONOTONIC now.
 pub fn started_ns(pid: u32, monotonic_now_ns: u64) -> Option<u64> {
-    let ticks = parse_stat_starttime(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
+    let ticks = super::procfs::start_ticks(pid)?;
     // SAFETY: sysconf has no memory effects.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|h| *h > 0)?;
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -131,13 +131,6 @@ pub fn started_ns(pid: u32, monotonic_now_ns: u64) -> Option<u64> {
     let boot_now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
     let age = boot_now.saturating_sub(ticks.saturating_mul(1_000_000_000 / hz));
     Some(monotonic_now_ns.saturating_sub(age))
-}
-
-/// Field 22 (`starttime`) of a `stat` line.
-pub fn parse_stat_starttime(text: &str) -> Option<u64> {
-    let after = &text[text.rfind(')')? + 1..];
-    // Field 3 (state) is the first after the comm; field 22 is 19 further.
-    after.split_whitespace().nth(19)?.parse().ok()
 }
 
 #[cfg(test)]
@@ -156,13 +149,6 @@ mod tests {
         let pidfd = "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t1063\nPid:\t4242\nNSpid:\t4242\n";
         assert_eq!(parse_fdinfo_pid(pidfd), Some(4242));
         assert_eq!(parse_fdinfo_pid("Pid:\t-1\n"), None);
-    }
-
-    #[test]
-    fn starttime_is_field_22_whatever_the_comm() {
-        let stat = "24218 (run c) T 24043 24218 24043 0 -1 4194560 116 0 0 0 0 0 0 0 20 0 1 0 1080594 2646016 229 18446744073709551615";
-        assert_eq!(parse_stat_starttime(stat), Some(1080594));
-        assert_eq!(parse_stat_starttime("1 (x) S 0"), None);
     }
 
     /// Against this very process: a child writing a pipe we read is found.

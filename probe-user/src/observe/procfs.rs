@@ -4,7 +4,7 @@
 //! Every reader returns `None` when the thread is gone or the file can't be read;
 //! a thread that exits while we look is normal, not an error.
 
-use std::{fs, os::unix::fs::MetadataExt as _, path::PathBuf};
+use std::{collections::HashMap, fs, os::unix::fs::MetadataExt as _, path::PathBuf};
 
 /// The kernel stack of a thread, innermost first, as bare function names
 /// (`folio_wait_bit`, not `[<0>] folio_wait_bit+0x13c/0x270`). Needs root.
@@ -87,50 +87,52 @@ pub fn read_user_string(pid: u32, addr: u64, max: usize) -> Option<String> {
     Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
+/// A thread's `/proc/TID/stat` (threads are reachable as `/proc/TID` too), read by
+/// the procfs crate.
+fn stat(tid: u32) -> Option<::procfs::process::Stat> {
+    ::procfs::process::Process::new(i32::try_from(tid).ok()?).ok()?.stat().ok()
+}
+
 /// A thread's scheduler state letter (`R`, `S`, `D`, `T`, `Z`, ...) from `/proc/TID/stat`.
 pub fn state(tid: u32) -> Option<char> {
-    parse_stat_state(&fs::read_to_string(format!("/proc/{tid}/stat")).ok()?)
+    Some(stat(tid)?.state)
 }
 
-/// The CPU a thread last ran on (field 39 of `/proc/TID/stat`).
+/// The CPU a thread last ran on (`processor` in `/proc/TID/stat`).
 pub fn last_cpu(tid: u32) -> Option<u32> {
-    parse_stat_cpu(&fs::read_to_string(format!("/proc/{tid}/stat")).ok()?)
+    u32::try_from(stat(tid)?.processor?).ok()
 }
 
-/// Parses the `processor` field (39th) out of a `stat` line.
-pub fn parse_stat_cpu(text: &str) -> Option<u32> {
-    let after = &text[text.rfind(')')? + 1..];
-    // Field 3 (state) is the first after the comm; field 39 is 36 further.
-    after.split_whitespace().nth(36)?.parse().ok()
+/// A process's parent pid.
+pub fn ppid(pid: u32) -> Option<u32> {
+    u32::try_from(stat(pid)?.ppid).ok()
+}
+
+/// When a process started: `starttime`, in clock ticks since boot.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    Some(stat(pid)?.starttime)
+}
+
+/// Every process's parent, from `/proc/*/stat`.
+pub fn parents() -> HashMap<u32, u32> {
+    let Ok(all) = ::procfs::process::all_processes() else { return HashMap::new() };
+    all.flatten()
+        .filter_map(|p| {
+            let s = p.stat().ok()?;
+            Some((u32::try_from(s.pid).ok()?, u32::try_from(s.ppid).ok()?))
+        })
+        .collect()
 }
 
 /// The processes whose parent is `pid` (by `/proc/*/stat`; this kernel has
 /// no `/proc/PID/task/TID/children`).
 pub fn children(pid: u32) -> Vec<u32> {
-    let Ok(dir) = fs::read_dir("/proc") else { return Vec::new() };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&c| {
-            fs::read_to_string(format!("/proc/{c}/stat")).ok().and_then(|t| parse_stat_ppid(&t)) == Some(pid)
-        })
-        .collect()
-}
-
-/// Parses the parent pid (4th field) out of a `stat` line.
-pub fn parse_stat_ppid(text: &str) -> Option<u32> {
-    let after = &text[text.rfind(')')? + 1..];
-    after.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Parses the state letter out of a `stat` line (the comm may hold spaces and parens).
-pub fn parse_stat_state(text: &str) -> Option<char> {
-    let after = &text[text.rfind(')')? + 1..];
-    after.split_whitespace().next()?.chars().next()
+    parents().into_iter().filter(|(_, parent)| *parent == pid).map(|(child, _)| child).collect()
 }
 
 /// The kernel function a thread sleeps in, from `/proc/TID/wchan` ("0" means none).
 pub fn wchan(tid: u32) -> Option<String> {
-    let w = fs::read_to_string(format!("/proc/{tid}/wchan")).ok()?;
+    let w = ::procfs::process::Process::new(i32::try_from(tid).ok()?).ok()?.wchan().ok()?;
     let w = w.trim();
     (!w.is_empty() && w != "0").then(|| w.to_string())
 }
@@ -204,13 +206,12 @@ pub fn parse_net_netlink(text: &str) -> Vec<NetlinkSock> {
 
 /// The socket inodes among the fds of `pid`: (fd, inode).
 pub fn socket_fds(pid: u32) -> Vec<(u32, u64)> {
-    let Ok(dir) = fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
-    dir.flatten()
-        .filter_map(|e| {
-            let fd = e.file_name().to_str()?.parse().ok()?;
-            let link = fs::read_link(e.path()).ok()?;
-            let inode = link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
-            Some((fd, inode))
+    use ::procfs::process::{FDTarget, Process};
+    let Some(fds) = i32::try_from(pid).ok().and_then(|p| Process::new(p).ok()).and_then(|p| p.fd().ok()) else { return Vec::new() };
+    fds.flatten()
+        .filter_map(|f| match f.target {
+            FDTarget::Socket(inode) => Some((u32::try_from(f.fd).ok()?, inode)),
+            _ => None,
         })
         .collect()
 }
@@ -279,22 +280,12 @@ ffff8881012f1000 16  0          00000000 0        0        0     2        0     
     }
 
     #[test]
-    fn last_cpu_of_own_thread() {
+    fn own_stat_through_the_crate() {
         let me = std::process::id();
-        let cpu = last_cpu(me).expect("processor field");
-        let n = std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1);
-        assert!(cpu < n.max(256), "{cpu}");
-        let line = "1 (a b) S 0 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 10 0 0 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 3 0 0";
-        assert_eq!(parse_stat_cpu(line), Some(3));
-    }
-
-    #[test]
-    fn stat_state_survives_odd_comms() {
-        assert_eq!(parse_stat_state("1234 (umount) D 1 2 3"), Some('D'));
-        assert_eq!(parse_stat_state("1234 (a) b) (c) S 1 2 3"), Some('S'));
-        assert_eq!(parse_stat_state("nonsense"), None);
-        assert_eq!(parse_stat_ppid("1234 (a) b) (c) T 77 2 3"), Some(77));
-        assert_eq!(parse_stat_ppid("1234 (x) S"), None);
+        assert!(last_cpu(me).is_some());
+        assert_eq!(ppid(me), Some(std::os::unix::process::parent_id()));
+        assert!(start_ticks(me).is_some_and(|t| t > 0));
+        assert!(children(std::os::unix::process::parent_id()).contains(&me));
     }
 
     #[test]

@@ -192,7 +192,7 @@ impl Sampling {
             self.clock_at = Instant::now();
         }
         self.clock.set_now(now);
-        let parents = parents();
+        let parents = procfs::parents();
         let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
         for (&pid, &ppid) in &parents {
             children.entry(ppid).or_default().push(pid);
@@ -276,18 +276,6 @@ impl Sampling {
 /// not reported on a stale sample.
 pub fn still_parked(p: &ParkedThread) -> bool {
     matches!(procfs::syscall(p.tid), Some(SyscallState::In { nr, args }) if nr == i64::from(p.nr) && args[0] == p.arg0)
-}
-
-/// Every process's parent, from `/proc/*/stat`.
-fn parents() -> HashMap<u32, u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return HashMap::new() };
-    dir.flatten()
-        .filter_map(|e| {
-            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            Some((pid, procfs::parse_stat_ppid(&stat)?))
-        })
-        .collect()
 }
 
 /// The threads of `pid`.
