@@ -88,6 +88,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     if choices.iter().any(|c| c.probe == "socket_io" && !c.is_off()) {
         let (socks, waiters) = req.seed(std::process::id());
         tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
+        let shims = req.seed_ttrpc(std::process::id());
+        tracing::info!(ttrpc_connections = shims, "startup sweep: containerd → shim connections already open");
     }
     let mut drops = DropWatch::default();
     let mut incidents = Incidents::new(cfg.thresholds);
@@ -329,7 +331,8 @@ impl Graph<'_> {
         waits.extend(req.open_waits().iter().cloned());
         waits.extend(go.open_waits(now));
         let mut edges = req.edges(&waits, now, self.observe);
-        let facts = go.facts();
+        let mut facts = go.facts();
+        facts.ttrpc = req.ttrpc_facts(now);
         edges.extend(resolvers::go_edges(&facts, &waits, self.observe));
         edges.extend(resolvers::relist_edges(&facts, self.observe));
         if let Some(o) = self.offcpu {

@@ -39,3 +39,4 @@ pub mod sockets;
 pub mod stats;
 pub mod sweep;
 pub mod syscalls;
+pub mod ttrpc;

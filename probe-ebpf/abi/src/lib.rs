@@ -330,7 +330,120 @@ pub enum SockKind {
     UnixCandidate = 2,
     /// A D-Bus connection (client side).
     Dbus = 3,
+    /// A ttrpc connection to a containerd shim (client side): connected to a
+    /// socket named `…/s/<64 hex digits>` ([`TTRPC_SHIM_SUFFIX_LEN`]). Only
+    /// the 10-byte frame headers are read, never a payload.
+    Ttrpc = 4,
 }
+
+/// Bytes of a ttrpc frame header: length u32 BE, stream id u32 BE, type u8, flags u8.
+pub const TTRPC_HEADER_LEN: usize = 10;
+/// Bytes that end a shim socket's path: `/s/` then the sha256 in hex.
+pub const TTRPC_SHIM_SUFFIX_LEN: usize = 67;
+/// Frame headers one [`TtrpcIo`] record carries at most (one send or
+/// receive); a receive holding more frames ends the socket's tracking.
+pub const TTRPC_FRAMES: usize = 8;
+/// The largest frame length believed (ttrpc's default limit is 4 MiB); a
+/// bigger one, or an unknown type or flag, means the stream was joined out of
+/// step: the socket is forgotten.
+pub const TTRPC_MAX_LEN: u32 = 16 << 20;
+
+/// ttrpc maps.
+pub mod ttrpc_maps {
+    /// `HashMap<u64 (tgid << 32 | fd), TtrpcPos>`: where each ttrpc socket's
+    /// byte stream stands, each way, so that only headers are read.
+    pub const TTRPC_POS: &str = "TTRPC_POS";
+    /// `LruHashMap<TtrpcReqKey, u64 g>`: ttrpc 1.1 only, the goroutine that
+    /// called `(*Client).dispatch` with this request, until the client's
+    /// sender goroutine sends it.
+    pub const TTRPC_CALLERS: &str = "TTRPC_CALLERS";
+}
+
+/// One direction of a ttrpc byte stream.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TtrpcDir {
+    /// Bytes of the current frame's payload still to come.
+    pub skip: u32,
+    /// Bytes of a header cut by the end of the last syscall, kept in `part`.
+    pub have: u32,
+    pub part: [u8; 16],
+}
+const _: () = assert!(size_of::<TtrpcDir>() == 24);
+
+/// The value of [`ttrpc_maps::TTRPC_POS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TtrpcPos {
+    pub tx: TtrpcDir,
+    pub rx: TtrpcDir,
+    /// The socket's [`SockClass::gen`]: a stale position is started afresh.
+    pub gen: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<TtrpcPos>() == 56);
+
+/// Key of [`ttrpc_maps::TTRPC_CALLERS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TtrpcReqKey {
+    /// The `*ttrpc.Request`.
+    pub req: u64,
+    pub tgid: u32,
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<TtrpcReqKey>() == 16);
+
+/// One ttrpc frame header, as read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TtrpcFrame {
+    pub len: u32,
+    pub stream: u32,
+    /// 1 request, 2 response, 3 data.
+    pub kind: u8,
+    pub flags: u8,
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<TtrpcFrame>() == 12);
+
+/// The frame headers one send or receive on a ttrpc socket moved.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TtrpcIo {
+    pub header: EventHeader,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The goroutine that made the syscall (read from TLS; 0 if unknown).
+    pub g: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: u32,
+    /// A [`SockSlot`] as u32.
+    pub slot: u32,
+    /// Valid entries of `frames`.
+    pub n: u32,
+    pub _pad: u32,
+    pub frames: [TtrpcFrame; TTRPC_FRAMES],
+}
+const _: () = assert!(size_of::<TtrpcIo>() == 56 + TTRPC_FRAMES * 12);
+
+/// ttrpc 1.1's client writes requests from one sender goroutine per
+/// connection, not from the caller's: at `(*Client).send` the sender names
+/// the stream id and the request, which `(*Client).dispatch` had tied to its
+/// caller. Sent before the frame is written, on `SOCK_EVENTS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TtrpcBind {
+    pub header: EventHeader,
+    /// The client's sender goroutine, which writes the frame next.
+    pub sender_g: u64,
+    /// The goroutine that called `dispatch` and waits for the reply.
+    pub caller_g: u64,
+    pub tgid: u32,
+    pub stream: u32,
+}
+const _: () = assert!(size_of::<TtrpcBind>() == 32);
 
 /// The value of [`sock_maps::SOCKS`].
 #[repr(C)]
@@ -519,6 +632,10 @@ pub enum EventKind {
     SocksForgotten = 6,
     /// A [`GoExit`].
     GoExit = 7,
+    /// A [`TtrpcIo`].
+    TtrpcIo = 8,
+    /// A [`TtrpcBind`].
+    TtrpcBind = 9,
 }
 
 /// Header first in every ring-buffer record.
@@ -627,9 +744,12 @@ pub enum Stat {
     SockCallsFull = 8,
     /// User buffers that could not be read.
     SockReadFailed = 9,
+    /// ttrpc sockets forgotten because a header made no sense (the stream was
+    /// joined out of step, or more frames came at once than a record holds).
+    TtrpcDesync = 10,
 }
 /// Number of [`Stat`] slots.
-pub const STAT_COUNT: u32 = 10;
+pub const STAT_COUNT: u32 = 11;
 
 /// The histogram bucket of a duration: floor(log2(µs)), clamped to the table.
 /// Written without loops or `leading_zeros` so the eBPF verifier takes it as is.
@@ -693,6 +813,8 @@ mod pod {
     unsafe impl aya::Pod for super::GoCall {}
     unsafe impl aya::Pod for super::GoProc {}
     unsafe impl aya::Pod for super::GoArgSpec {}
+    unsafe impl aya::Pod for super::TtrpcPos {}
+    unsafe impl aya::Pod for super::TtrpcReqKey {}
 }
 
 #[cfg(test)]

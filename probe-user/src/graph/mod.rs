@@ -10,3 +10,4 @@ pub mod ids;
 pub mod incidents;
 pub mod model;
 pub mod resolvers;
+pub mod ttrpc;

@@ -1,0 +1,283 @@
+//! ttrpc between containerd and its shims: frame headers only, never payloads.
+//!
+//! A ttrpc frame is a 10-byte header (length u32 BE, stream id u32 BE, type
+//! u8, flags u8) then `length` bytes of payload. A socket is classified at
+//! `connect()` by the path it connects to: containerd's shim sockets are
+//! `<root>/s/<sha256 hex>` (`shim.SocketAddress`: `/run/containerd/s/…` in
+//! 1.6 and 1.7, under the state directory in 2.x; a debug socket's extra
+//! `.debug` suffix keeps it out). Userspace seeds the connections that
+//! existed before it started, on their peer's name.
+//!
+//! Each send or receive on such a socket walks the frames it moved, from
+//! where the last one left off ([`TtrpcPos`]: payload bytes still to skip,
+//! and a header cut in two by the end of a syscall), and sends one
+//! [`TtrpcIo`] with the headers it found. Only header bytes are ever read.
+//! A header that makes no sense (the stream joined out of step) ends the
+//! socket's tracking: it is forgotten like a closed one.
+//!
+//! ttrpc 1.1 (Debian's containerd 1.6.20 has v1.1.1) writes every request
+//! from one sender goroutine per client; two uprobes name the caller (see
+//! [`ttrpc_dispatch`], [`ttrpc_send`]). From 1.2 the caller writes its own
+//! request, and the goroutine of the write is the caller's.
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, generated},
+    macros::{map, uprobe},
+    maps::{HashMap, LruHashMap, PerCpuArray},
+    programs::ProbeContext,
+};
+use plegwatch_abi::{
+    EventHeader, EventKind, SOCK_FIRST_RECV, SockCall, Stat, TTRPC_FRAMES, TTRPC_HEADER_LEN, TTRPC_MAX_LEN,
+    TTRPC_SHIM_SUFFIX_LEN, TtrpcBind, TtrpcDir, TtrpcFrame, TtrpcIo, TtrpcPos, TtrpcReqKey,
+};
+
+use crate::waits::{count, tracer_tgid};
+
+#[map]
+static TTRPC_POS: HashMap<u64, TtrpcPos> = HashMap::with_max_entries(4_096, 0);
+#[map]
+static TTRPC_CALLERS: LruHashMap<TtrpcReqKey, u64> = LruHashMap::with_max_entries(4_096, 0);
+/// Per-CPU scratch for building a [`TtrpcIo`].
+#[map]
+static TTRPC_SCRATCH: PerCpuArray<TtrpcIo> = PerCpuArray::with_max_entries(1, 0);
+
+const HDR: u64 = TTRPC_HEADER_LEN as u64;
+/// ttrpc's known flags: remote closed, remote open, no data (v1.2).
+const KNOWN_FLAGS: u8 = 0x7;
+/// ttrpc's `messageTypeRequest`.
+const TYPE_REQUEST: u64 = 1;
+
+/// Whether the `sockaddr_un` at `addr` (`addrlen` bytes, as given to
+/// `connect`) names a shim socket: a path ending in `/s/` and 64 hex digits.
+#[inline(always)]
+pub(crate) fn is_shim_path(addr: u64, addrlen: u64) -> bool {
+    // sun_path is 108 bytes after the 2-byte family.
+    if addrlen < 2 + TTRPC_SHIM_SUFFIX_LEN as u64 || addrlen > 110 {
+        return false;
+    }
+    let mut plen = addrlen - 2;
+    // Go (and libc callers that count it) pass the NUL in addrlen.
+    // SAFETY: the helper checks the user pointer.
+    let last: u8 = unsafe { bpf_probe_read_user((addr + 2 + plen - 1) as *const u8) }.unwrap_or(1);
+    if last == 0 {
+        plen -= 1;
+    }
+    if plen < TTRPC_SHIM_SUFFIX_LEN as u64 {
+        return false;
+    }
+    // SAFETY: as above.
+    let Ok(tail) = (unsafe { bpf_probe_read_user((addr + 2 + plen - TTRPC_SHIM_SUFFIX_LEN as u64) as *const [u8; TTRPC_SHIM_SUFFIX_LEN]) })
+    else {
+        return false;
+    };
+    if tail[0] != b'/' || tail[1] != b's' || tail[2] != b'/' {
+        return false;
+    }
+    let mut i = 3;
+    while i < TTRPC_SHIM_SUFFIX_LEN {
+        let c = tail[i];
+        if !(c.is_ascii_digit() || (b'a'..=b'f').contains(&c)) {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Forgets a ttrpc socket's stream position (its fd was closed or replaced).
+#[inline(always)]
+pub(crate) fn forget_pos(key: u64) {
+    let _ = TTRPC_POS.remove(&key);
+}
+
+/// A completed send or receive of `ret` bytes on a ttrpc socket.
+#[inline(always)]
+pub(crate) fn on_io(call: &SockCall, ret: i64, tid: u32) {
+    let tgid = call.tgid;
+    let key = ((tgid as u64) << 32) | call.fd as u64;
+    if walk_call(call, ret, key, tid).is_err() {
+        count(Stat::TtrpcDesync);
+        forget_pos(key);
+        crate::sockets::forget(tgid, call.fd);
+    }
+}
+
+#[inline(always)]
+fn walk_call(call: &SockCall, ret: i64, key: u64, tid: u32) -> Result<(), ()> {
+    // Only the first buffer is walked: Go writes and reads a conn with plain
+    // write/read, so a larger count means a vectored call this cannot follow.
+    if ret as u64 > call.buf_len {
+        return Err(());
+    }
+    let fresh = TtrpcPos { gen: call.class.gen, ..Default::default() };
+    let pos = match TTRPC_POS.get_ptr_mut(&key) {
+        Some(p) => p,
+        None => {
+            TTRPC_POS.insert(&key, &fresh, 0).map_err(|_| ())?;
+            TTRPC_POS.get_ptr_mut(&key).ok_or(())?
+        }
+    };
+    // SAFETY: a live map value; one syscall per thread, and ttrpc sends and
+    // receives on one socket from one goroutine each (sendLock, the receiver).
+    let pos = unsafe { &mut *pos };
+    if pos.gen != call.class.gen {
+        *pos = fresh;
+    }
+    let rec = TTRPC_SCRATCH.get_ptr_mut(0).ok_or(())?;
+    // SAFETY: this CPU's scratch slot; programs don't nest on one CPU here.
+    let rec = unsafe { &mut *rec };
+    rec.n = 0;
+    let dir = if call.slot < SOCK_FIRST_RECV { &mut pos.tx } else { &mut pos.rx };
+    walk(dir, call.buf, ret as u64, rec)?;
+    if rec.n == 0 {
+        return Ok(());
+    }
+    let pid_tgid = bpf_get_current_pid_tgid();
+    rec.header = EventHeader { kind: EventKind::TtrpcIo as u32, _pad: 0 };
+    rec.start_ns = call.start_ns;
+    // SAFETY: a plain helper call.
+    rec.end_ns = unsafe { bpf_ktime_get_ns() };
+    rec.g = crate::gofuncs::current_g((pid_tgid >> 32) as u32);
+    rec.tgid = call.tgid;
+    rec.tid = tid;
+    rec.fd = call.fd;
+    rec.slot = call.slot;
+    crate::sockets::output(rec);
+    Ok(())
+}
+
+/// Parses a header, or refuses one that makes no sense.
+#[inline(always)]
+fn parse(h: &[u8]) -> Result<TtrpcFrame, ()> {
+    if h.len() < TTRPC_HEADER_LEN {
+        return Err(());
+    }
+    let f = TtrpcFrame {
+        len: u32::from_be_bytes([h[0], h[1], h[2], h[3]]),
+        stream: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
+        kind: h[8],
+        flags: h[9],
+        _pad: 0,
+    };
+    if f.kind == 0 || f.kind > 3 || f.flags & !KNOWN_FLAGS != 0 || f.len > TTRPC_MAX_LEN {
+        return Err(());
+    }
+    Ok(f)
+}
+
+#[inline(always)]
+fn push(rec: &mut TtrpcIo, f: TtrpcFrame) -> Result<(), ()> {
+    let i = rec.n as usize;
+    if i >= TTRPC_FRAMES {
+        return Err(());
+    }
+    rec.frames[i & (TTRPC_FRAMES - 1)] = f;
+    rec.n += 1;
+    Ok(())
+}
+
+/// Reads `n` (1..=15) user bytes at `src` into `dst[at..]`.
+#[inline(always)]
+fn read_into(dst: &mut [u8; 16], at: u32, src: u64, n: u64) -> Result<(), ()> {
+    let at = (at & 15) as usize;
+    let n = (n as u32) & 15;
+    if n == 0 || at + n as usize > 16 {
+        return Err(());
+    }
+    // SAFETY: `at + n <= 16`, inside `dst`; the helper checks the user pointer.
+    let rc = unsafe {
+        generated::bpf_probe_read_user(dst.as_mut_ptr().add(at).cast(), n, src as *const core::ffi::c_void)
+    };
+    if rc == 0 { Ok(()) } else { Err(()) }
+}
+
+/// Walks the frames in `buf[..len]` from where `d` left off.
+#[inline(always)]
+fn walk(d: &mut TtrpcDir, buf: u64, len: u64, rec: &mut TtrpcIo) -> Result<(), ()> {
+    let mut off: u64 = 0;
+    if d.have > 0 {
+        // The rest of a header the last call cut.
+        let need = HDR - (d.have as u64 & 15);
+        if d.have as u64 >= HDR || len < need {
+            return Err(());
+        }
+        read_into(&mut d.part, d.have, buf, need)?;
+        let f = parse(&d.part)?;
+        push(rec, f)?;
+        d.have = 0;
+        d.skip = f.len;
+        off = need;
+    }
+    let mut i = 0;
+    while i <= TTRPC_FRAMES {
+        let left = len - off;
+        if d.skip as u64 >= left {
+            d.skip -= left as u32;
+            return Ok(());
+        }
+        off += d.skip as u64;
+        d.skip = 0;
+        let left = len - off;
+        if left == 0 {
+            return Ok(());
+        }
+        if left < HDR {
+            read_into(&mut d.part, 0, buf + off, left)?;
+            d.have = left as u32;
+            return Ok(());
+        }
+        // SAFETY: the helper checks the user pointer.
+        let h: [u8; TTRPC_HEADER_LEN] = unsafe { bpf_probe_read_user((buf + off) as *const [u8; TTRPC_HEADER_LEN]) }.map_err(|_| ())?;
+        let f = parse(&h)?;
+        push(rec, f)?;
+        off += HDR;
+        d.skip = f.len;
+        i += 1;
+    }
+    Err(())
+}
+
+/// Entry of ttrpc v1.1's `func (c *Client) dispatch(ctx context.Context, req
+/// *Request, resp *Response) error` (v1.1.1 as built into Debian's containerd
+/// 1.6.20, Go 1.19 register ABI: RAX c, RBX:RCX ctx, RDI req, RSI resp; R14
+/// g). The caller hands the request to the client's sender goroutine and
+/// waits for the reply here: remembers who called with this request.
+#[uprobe]
+pub fn ttrpc_dispatch(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid == tracer_tgid() {
+        return 0;
+    }
+    // SAFETY: `regs` is the probed task's saved registers, readable here.
+    let (req, g) = unsafe { ((*ctx.regs).rdi, (*ctx.regs).r14) };
+    let _ = TTRPC_CALLERS.insert(&TtrpcReqKey { req, tgid, _pad: 0 }, &g, 0);
+    0
+}
+
+/// Entry of ttrpc v1.1's `func (c *Client) send(streamID uint32, mtype
+/// messageType, msg interface{}) error` (v1.1.1, Go 1.19 register ABI: RAX c,
+/// RBX streamID, RCX mtype, RDI:RSI msg, whose data word is the `*Request`;
+/// R14 the sender goroutine, which writes the frame next). Ties the stream id
+/// to the goroutine that dispatched the request.
+#[uprobe]
+pub fn ttrpc_send(ctx: ProbeContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: as above.
+    let (stream, mtype, req, sender_g) = unsafe { ((*ctx.regs).rbx, (*ctx.regs).rcx, (*ctx.regs).rsi, (*ctx.regs).r14) };
+    if mtype & 0xff != TYPE_REQUEST {
+        return 0;
+    }
+    let k = TtrpcReqKey { req, tgid, _pad: 0 };
+    // SAFETY: copied out at once.
+    let Some(caller_g) = (unsafe { TTRPC_CALLERS.get(&k) }).copied() else { return 0 };
+    let _ = TTRPC_CALLERS.remove(&k);
+    let rec = TtrpcBind {
+        header: EventHeader { kind: EventKind::TtrpcBind as u32, _pad: 0 },
+        sender_g,
+        caller_g,
+        tgid,
+        stream: stream as u32,
+    };
+    crate::sockets::output(&rec);
+    0
+}
