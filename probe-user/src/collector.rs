@@ -212,7 +212,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         incidents: incidents.counts().0,
         incidents_resolved: incidents.counts().1,
         scans: scans.summary(),
-        requests_seen: req.seen(),
+        requests_seen: crate::events::RequestsSeen { ttrpc_lost_step: stats::counter(&counters, Stat::TtrpcDesync), ..req.seen() },
     };
     if summary.dropped_waits + summary.dropped_events > 0 {
         tracing::warn!(

@@ -466,9 +466,11 @@ impl ReqWatch {
         self.sockets.tgids()
     }
 
-    /// The netlink requests and D-Bus calls seen since the start.
+    /// The netlink requests, D-Bus calls and ttrpc requests seen since the start.
     pub fn seen(&self) -> crate::events::RequestsSeen {
-        self.sockets.seen
+        let mut seen = self.sockets.seen;
+        (seen.ttrpc_requests, seen.ttrpc_answered) = self.ttrpc.seen();
+        seen
     }
 
     /// (stall lines, resolutions, still open).

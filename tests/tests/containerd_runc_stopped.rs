@@ -221,6 +221,12 @@ fn one_incident_ends_at_the_stopped_runc() -> Result<()> {
     assert!(stream % 2 == 1, "client-initiated ttrpc streams are odd, got {stream}:\n{text}");
     assert!(evidence.contains(" on socket ino "), "{text}");
     assert!(evidence.ends_with(&format!("held by pid {}", o.shim.pid)), "the stream's socket peer should be the container's shim:\n{text}");
+    // The request was answered once runc went on: the response frame read back closed it,
+    // and the kernel never lost step with the stream (headers only, payloads skipped).
+    let summary = w.events.iter().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary:\n{}", all()));
+    let seen = |f: &str| summary.u64(&format!("/requests_seen/{f}")).unwrap_or(0);
+    assert!(seen("ttrpc_requests") >= 1 && seen("ttrpc_answered") >= 1, "ttrpc requests seen: {:?}", summary.get("/requests_seen"));
+    assert_eq!(seen("ttrpc_lost_step"), 0, "a ttrpc connection lost step: {:?}", summary.get("/requests_seen"));
     let shim = &chain[holder + 1];
     assert_eq!(shim["pid"].as_u64(), Some(u64::from(o.shim.pid)), "the next hop is the container's shim:\n{text}");
     assert!(shim["what"].as_str().is_some_and(|s| s.contains("(*service).Update")), "{text}");
