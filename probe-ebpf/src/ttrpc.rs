@@ -44,6 +44,9 @@ static TTRPC_SCRATCH: PerCpuArray<TtrpcIo> = PerCpuArray::with_max_entries(1, 0)
 const HDR: u64 = TTRPC_HEADER_LEN as u64;
 /// ttrpc's known flags: remote closed, remote open, no data (v1.2).
 const KNOWN_FLAGS: u8 = 0x7;
+/// Most frames walked in one syscall's bytes; past it the socket is
+/// forgotten (a 4 KiB bufio read of the smallest responses holds fewer).
+const WALK_MAX: usize = 48;
 /// ttrpc's `messageTypeRequest`.
 const TYPE_REQUEST: u64 = 1;
 
@@ -126,23 +129,21 @@ fn walk_call(call: &SockCall, ret: i64, key: u64, tid: u32) -> Result<(), ()> {
     let rec = TTRPC_SCRATCH.get_ptr_mut(0).ok_or(())?;
     // SAFETY: this CPU's scratch slot; programs don't nest on one CPU here.
     let rec = unsafe { &mut *rec };
-    rec.n = 0;
-    let dir = if call.slot < SOCK_FIRST_RECV { &mut pos.tx } else { &mut pos.rx };
-    walk(dir, call.buf, ret as u64, rec)?;
-    if rec.n == 0 {
-        return Ok(());
-    }
-    let pid_tgid = bpf_get_current_pid_tgid();
     rec.header = EventHeader { kind: EventKind::TtrpcIo as u32, _pad: 0 };
     rec.start_ns = call.start_ns;
     // SAFETY: a plain helper call.
     rec.end_ns = unsafe { bpf_ktime_get_ns() };
-    rec.g = crate::gofuncs::current_g((pid_tgid >> 32) as u32);
+    rec.g = crate::gofuncs::current_g(call.tgid);
     rec.tgid = call.tgid;
     rec.tid = tid;
     rec.fd = call.fd;
     rec.slot = call.slot;
-    crate::sockets::output(rec);
+    rec.n = 0;
+    let dir = if call.slot < SOCK_FIRST_RECV { &mut pos.tx } else { &mut pos.rx };
+    walk(dir, call.buf, ret as u64, rec)?;
+    if rec.n > 0 {
+        crate::sockets::output(rec);
+    }
     Ok(())
 }
 
@@ -165,15 +166,16 @@ fn parse(h: &[u8]) -> Result<TtrpcFrame, ()> {
     Ok(f)
 }
 
+/// Adds a header to the record, sending it first if it is full (a read
+/// that brought many small responses at once).
 #[inline(always)]
-fn push(rec: &mut TtrpcIo, f: TtrpcFrame) -> Result<(), ()> {
-    let i = rec.n as usize;
-    if i >= TTRPC_FRAMES {
-        return Err(());
+fn push(rec: &mut TtrpcIo, f: TtrpcFrame) {
+    if rec.n as usize >= TTRPC_FRAMES {
+        crate::sockets::output(rec);
+        rec.n = 0;
     }
-    rec.frames[i & (TTRPC_FRAMES - 1)] = f;
+    rec.frames[rec.n as usize & (TTRPC_FRAMES - 1)] = f;
     rec.n += 1;
-    Ok(())
 }
 
 /// Reads `n` (1..=15) user bytes at `src` into `dst[at..]`.
@@ -203,13 +205,13 @@ fn walk(d: &mut TtrpcDir, buf: u64, len: u64, rec: &mut TtrpcIo) -> Result<(), (
         }
         read_into(&mut d.part, d.have, buf, need)?;
         let f = parse(&d.part)?;
-        push(rec, f)?;
+        push(rec, f);
         d.have = 0;
         d.skip = f.len;
         off = need;
     }
     let mut i = 0;
-    while i <= TTRPC_FRAMES {
+    while i < WALK_MAX {
         let left = len - off;
         if d.skip as u64 >= left {
             d.skip -= left as u32;
@@ -229,7 +231,7 @@ fn walk(d: &mut TtrpcDir, buf: u64, len: u64, rec: &mut TtrpcIo) -> Result<(), (
         // SAFETY: the helper checks the user pointer.
         let h: [u8; TTRPC_HEADER_LEN] = unsafe { bpf_probe_read_user((buf + off) as *const [u8; TTRPC_HEADER_LEN]) }.map_err(|_| ())?;
         let f = parse(&h)?;
-        push(rec, f)?;
+        push(rec, f);
         off += HDR;
         d.skip = f.len;
         i += 1;

@@ -33,7 +33,7 @@ use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
 };
-use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, sock_maps};
+use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, TtrpcPos, sock_maps, ttrpc_maps};
 use serde_json::{Value, json};
 use std::{
     collections::HashMap,
@@ -71,6 +71,8 @@ pub struct ReqWatch {
     last_dbus: Vec<DbusOpen>,
     /// ttrpc requests from containerd to its shims, by stream id.
     ttrpc: TtrpcWatch,
+    /// `TTRPC_POS`: the kernel's place in each ttrpc stream, dropped with dead processes.
+    ttrpc_pos: BpfHashMap<MapData, u64, TtrpcPos>,
 }
 
 /// Who answers a request.
@@ -111,6 +113,7 @@ impl ReqWatch {
             last_netlink: Vec::new(),
             last_dbus: Vec::new(),
             ttrpc: TtrpcWatch::default(),
+            ttrpc_pos: take_map(ebpf, ttrpc_maps::TTRPC_POS)?,
         })
     }
 
@@ -339,6 +342,15 @@ impl ReqWatch {
                 .collect();
             for k in dead {
                 let _ = self.socks.remove(&k);
+            }
+            let dead: Vec<u64> = self
+                .ttrpc_pos
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| !procfs::thread_exists((k >> 32) as u32))
+                .collect();
+            for k in dead {
+                let _ = self.ttrpc_pos.remove(&k);
             }
             let dead: Vec<u32> = self.gens.keys().filter_map(Result::ok).filter(|t| !procfs::thread_exists(*t)).collect();
             for t in dead {

@@ -340,8 +340,8 @@ pub enum SockKind {
 pub const TTRPC_HEADER_LEN: usize = 10;
 /// Bytes that end a shim socket's path: `/s/` then the sha256 in hex.
 pub const TTRPC_SHIM_SUFFIX_LEN: usize = 67;
-/// Frame headers one [`TtrpcIo`] record carries at most (one send or
-/// receive); a receive holding more frames ends the socket's tracking.
+/// Frame headers one [`TtrpcIo`] record carries at most; a receive that
+/// brought more sends several records.
 pub const TTRPC_FRAMES: usize = 8;
 /// The largest frame length believed (ttrpc's default limit is 4 MiB); a
 /// bigger one, or an unknown type or flag, means the stream was joined out of
