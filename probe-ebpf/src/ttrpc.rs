@@ -27,8 +27,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use plegwatch_abi::{
-    EventHeader, EventKind, SOCK_FIRST_RECV, SockCall, Stat, TTRPC_FRAMES, TTRPC_HEADER_LEN, TTRPC_MAX_LEN,
-    TTRPC_SHIM_SUFFIX_LEN, TtrpcBind, TtrpcDir, TtrpcFrame, TtrpcIo, TtrpcPos, TtrpcReqKey,
+    EventHeader, EventKind, SOCK_FIRST_RECV, SockCall, Stat, TTRPC_FRAMES, TTRPC_HEADER_LEN, TTRPC_SHIM_SUFFIX_LEN, TtrpcBind,
+    TtrpcBytes, TtrpcFrame, TtrpcIo, TtrpcPos, TtrpcReqKey, ttrpc_walk,
 };
 
 use crate::waits::{count, tracer_tgid};
@@ -41,12 +41,6 @@ static TTRPC_CALLERS: LruHashMap<TtrpcReqKey, u64> = LruHashMap::with_max_entrie
 #[map]
 static TTRPC_SCRATCH: PerCpuArray<TtrpcIo> = PerCpuArray::with_max_entries(1, 0);
 
-const HDR: u64 = TTRPC_HEADER_LEN as u64;
-/// ttrpc's known flags: remote closed, remote open, no data (v1.2).
-const KNOWN_FLAGS: u8 = 0x7;
-/// Most frames walked in one syscall's bytes; past it the socket is
-/// forgotten (a 4 KiB bufio read of the smallest responses holds fewer).
-const WALK_MAX: usize = 48;
 /// ttrpc's `messageTypeRequest`.
 const TYPE_REQUEST: u64 = 1;
 
@@ -140,30 +134,11 @@ fn walk_call(call: &SockCall, ret: i64, key: u64, tid: u32) -> Result<(), ()> {
     rec.slot = call.slot;
     rec.n = 0;
     let dir = if call.slot < SOCK_FIRST_RECV { &mut pos.tx } else { &mut pos.rx };
-    walk(dir, call.buf, ret as u64, rec)?;
+    ttrpc_walk(dir, ret as u64, &mut UserBuf(call.buf), &mut |f| push(rec, f)).ok_or(())?;
     if rec.n > 0 {
         crate::sockets::output(rec);
     }
     Ok(())
-}
-
-/// Parses a header, or refuses one that makes no sense.
-#[inline(always)]
-fn parse(h: &[u8]) -> Result<TtrpcFrame, ()> {
-    if h.len() < TTRPC_HEADER_LEN {
-        return Err(());
-    }
-    let f = TtrpcFrame {
-        len: u32::from_be_bytes([h[0], h[1], h[2], h[3]]),
-        stream: u32::from_be_bytes([h[4], h[5], h[6], h[7]]),
-        kind: h[8],
-        flags: h[9],
-        _pad: 0,
-    };
-    if f.kind == 0 || f.kind > 3 || f.flags & !KNOWN_FLAGS != 0 || f.len > TTRPC_MAX_LEN {
-        return Err(());
-    }
-    Ok(f)
 }
 
 /// Adds a header to the record, sending it first if it is full (a read
@@ -178,65 +153,29 @@ fn push(rec: &mut TtrpcIo, f: TtrpcFrame) {
     rec.n += 1;
 }
 
-/// Reads `n` (1..=15) user bytes at `src` into `dst[at..]`.
-#[inline(always)]
-fn read_into(dst: &mut [u8; 16], at: u32, src: u64, n: u64) -> Result<(), ()> {
-    let at = (at & 15) as usize;
-    let n = (n as u32) & 15;
-    if n == 0 || at + n as usize > 16 {
-        return Err(());
-    }
-    // SAFETY: `at + n <= 16`, inside `dst`; the helper checks the user pointer.
-    let rc = unsafe {
-        generated::bpf_probe_read_user(dst.as_mut_ptr().add(at).cast(), n, src as *const core::ffi::c_void)
-    };
-    if rc == 0 { Ok(()) } else { Err(()) }
-}
+/// The syscall's buffer in the traced process.
+struct UserBuf(u64);
 
-/// Walks the frames in `buf[..len]` from where `d` left off.
-#[inline(always)]
-fn walk(d: &mut TtrpcDir, buf: u64, len: u64, rec: &mut TtrpcIo) -> Result<(), ()> {
-    let mut off: u64 = 0;
-    if d.have > 0 {
-        // The rest of a header the last call cut.
-        let need = HDR - (d.have as u64 & 15);
-        if d.have as u64 >= HDR || len < need {
-            return Err(());
-        }
-        read_into(&mut d.part, d.have, buf, need)?;
-        let f = parse(&d.part)?;
-        push(rec, f);
-        d.have = 0;
-        d.skip = f.len;
-        off = need;
-    }
-    let mut i = 0;
-    while i < WALK_MAX {
-        let left = len - off;
-        if d.skip as u64 >= left {
-            d.skip -= left as u32;
-            return Ok(());
-        }
-        off += d.skip as u64;
-        d.skip = 0;
-        let left = len - off;
-        if left == 0 {
-            return Ok(());
-        }
-        if left < HDR {
-            read_into(&mut d.part, 0, buf + off, left)?;
-            d.have = left as u32;
-            return Ok(());
-        }
+impl TtrpcBytes for UserBuf {
+    #[inline(always)]
+    fn header(&mut self, off: u64) -> Option<[u8; TTRPC_HEADER_LEN]> {
         // SAFETY: the helper checks the user pointer.
-        let h: [u8; TTRPC_HEADER_LEN] = unsafe { bpf_probe_read_user((buf + off) as *const [u8; TTRPC_HEADER_LEN]) }.map_err(|_| ())?;
-        let f = parse(&h)?;
-        push(rec, f);
-        off += HDR;
-        d.skip = f.len;
-        i += 1;
+        unsafe { bpf_probe_read_user((self.0 + off) as *const [u8; TTRPC_HEADER_LEN]) }.ok()
     }
-    Err(())
+
+    #[inline(always)]
+    fn part(&mut self, dst: &mut [u8; 16], at: u32, off: u64, n: u32) -> Option<()> {
+        let at = (at & 15) as usize;
+        let n = n & 15;
+        if n == 0 || at + n as usize > 16 {
+            return None;
+        }
+        // SAFETY: `at + n <= 16`, inside `dst`; the helper checks the user pointer.
+        let rc = unsafe {
+            generated::bpf_probe_read_user(dst.as_mut_ptr().add(at).cast(), n, (self.0 + off) as *const core::ffi::c_void)
+        };
+        (rc == 0).then_some(())
+    }
 }
 
 /// Entry of ttrpc v1.1's `func (c *Client) dispatch(ctx context.Context, req

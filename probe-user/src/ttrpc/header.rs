@@ -9,7 +9,9 @@
 //!
 //! (`channel.go` in containerd/ttrpc, v1.1.1 to v1.2.x: `messageHeader`,
 //! `readMessageHeader`, `writeMessageHeader`.) Only headers are parsed:
-//! plegwatch never reads a payload.
+//! plegwatch never reads a payload. The kernel program follows the byte
+//! stream with `plegwatch_abi::ttrpc_walk`, tested here on every way of
+//! cutting a stream into syscalls.
 
 use plegwatch_abi::{TTRPC_HEADER_LEN, TTRPC_MAX_LEN, TtrpcFrame};
 
@@ -123,28 +125,10 @@ impl Header {
     }
 }
 
-/// Walks a whole byte stream of frames, as the kernel does buffer by buffer
-/// (for tests and fuzzing of the kernel's logic in userspace): the headers
-/// in `bytes`, starting at a frame boundary, and the bytes of a frame cut
-/// at the end.
-pub fn headers_in(bytes: &[u8]) -> Result<(Vec<Header>, usize), HeaderError> {
-    let mut out = Vec::new();
-    let mut off = 0usize;
-    while off < bytes.len() {
-        let h = Header::parse(&bytes[off..])?;
-        let end = off + TTRPC_HEADER_LEN + h.len as usize;
-        out.push(h);
-        if end > bytes.len() {
-            return Ok((out, end - bytes.len()));
-        }
-        off = end;
-    }
-    Ok((out, 0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use plegwatch_abi::{TTRPC_WALK_MAX, TtrpcBytes, TtrpcDir, ttrpc_parse, ttrpc_walk};
 
     /// containerd's Update request to a shim: a 10-byte header, then the
     /// marshalled `ttrpc.Request` (bytes as written by ttrpc v1.1.1's
@@ -186,17 +170,89 @@ mod tests {
         assert!(Header::from_frame(&TtrpcFrame { kind: 9, ..f }).is_err());
     }
 
-    #[test]
-    fn a_stream_of_frames_is_walked_header_to_header() {
-        let mut s = Vec::new();
-        for (stream, len) in [(1u32, 3u32), (3, 0), (5, 20)] {
-            s.extend_from_slice(&Header { len, stream, kind: FrameKind::Response, flags: 0 }.encode());
-            s.extend(std::iter::repeat_n(0xee, len as usize));
+    /// A syscall's bytes, for the kernel's own walk (`plegwatch_abi::ttrpc_walk`).
+    struct Slice<'a>(&'a [u8]);
+
+    impl TtrpcBytes for Slice<'_> {
+        fn header(&mut self, off: u64) -> Option<[u8; TTRPC_HEADER_LEN]> {
+            self.0.get(off as usize..off as usize + TTRPC_HEADER_LEN)?.try_into().ok()
         }
-        let (h, cut) = headers_in(&s).unwrap();
-        assert_eq!(h.iter().map(|h| h.stream).collect::<Vec<_>>(), vec![1, 3, 5]);
-        assert_eq!(cut, 0);
-        let (h, cut) = headers_in(&s[..s.len() - 5]).unwrap();
-        assert_eq!((h.len(), cut), (3, 5));
+        fn part(&mut self, dst: &mut [u8; 16], at: u32, off: u64, n: u32) -> Option<()> {
+            let (at, off, n) = (at as usize, off as usize, n as usize);
+            dst.get_mut(at..at + n)?.copy_from_slice(self.0.get(off..off + n)?);
+            Some(())
+        }
+    }
+
+    /// The kernel's walk over `chunks` in turn (one syscall each): the headers it hands out.
+    fn walk(chunks: &[&[u8]]) -> Option<(Vec<Header>, TtrpcDir)> {
+        let mut d = TtrpcDir::default();
+        let mut out = Vec::new();
+        for c in chunks {
+            ttrpc_walk(&mut d, c.len() as u64, &mut Slice(c), &mut |f| out.push(Header::from_frame(&f).unwrap()))?;
+        }
+        Some((out, d))
+    }
+
+    fn stream(frames: &[(FrameKind, u32, u32)]) -> (Vec<u8>, Vec<Header>) {
+        let mut bytes = Vec::new();
+        let mut headers = Vec::new();
+        for &(kind, stream, len) in frames {
+            let h = Header { len, stream, kind, flags: 0 };
+            bytes.extend_from_slice(&h.encode());
+            bytes.extend(std::iter::repeat_n(0xee, len as usize));
+            headers.push(h);
+        }
+        (bytes, headers)
+    }
+
+    /// Every way of cutting a stream into three syscalls, headers cut in two
+    /// included, yields every header once, and ends at a frame boundary.
+    #[test]
+    fn the_kernel_walk_finds_every_header_however_the_stream_is_cut() {
+        let (bytes, want) = stream(&[(FrameKind::Request, 1, 7), (FrameKind::Response, 1, 0), (FrameKind::Response, 3, 12), (FrameKind::Data, 5, 1)]);
+        for i in 0..=bytes.len() {
+            for j in i..=bytes.len() {
+                let (got, d) = walk(&[&bytes[..i], &bytes[i..j], &bytes[j..]]).unwrap_or_else(|| panic!("lost step at cuts {i}, {j}"));
+                assert_eq!(got, want, "cuts {i}, {j}");
+                assert_eq!((d.skip, d.have), (0, 0), "cuts {i}, {j}");
+            }
+        }
+    }
+
+    /// A large payload (containerd's Create with its spec) is skipped across
+    /// syscalls without being read; the next header is found after it.
+    #[test]
+    fn a_payload_longer_than_a_syscall_is_skipped() {
+        let (bytes, want) = stream(&[(FrameKind::Request, 7, 10_000), (FrameKind::Request, 9, 3)]);
+        let chunks: Vec<&[u8]> = bytes.chunks(4096).collect();
+        assert_eq!(walk(&chunks).unwrap().0, want);
+        let (_, d) = walk(&[&bytes[..5000]]).unwrap();
+        assert_eq!((d.skip, d.have), (10_000 + 10 - 5000, 0));
+    }
+
+    /// Joined mid-frame (payload bytes where a header should be), or more
+    /// frames in one syscall than the kernel walks: the place is lost.
+    #[test]
+    fn the_kernel_walk_gives_up_rather_than_misread() {
+        assert!(walk(&[b"GET / HTTP/1.1\r\n"]).is_none());
+        let many: Vec<(FrameKind, u32, u32)> = (0..=TTRPC_WALK_MAX as u32).map(|i| (FrameKind::Response, 2 * i + 1, 0)).collect();
+        let (bytes, _) = stream(&many);
+        assert!(walk(&[&bytes]).is_none());
+        let (bytes, want) = stream(&many[..TTRPC_WALK_MAX]);
+        assert_eq!(walk(&[&bytes]).unwrap().0, want);
+    }
+
+    /// The kernel's check and this parser agree on every type and flag byte.
+    #[test]
+    fn the_kernel_and_the_parser_agree() {
+        for kind in 0..=255u8 {
+            for flags in [0u8, 1, 2, 4, 7, 8, 0x80] {
+                let b = [0, 0, 1, 0, 0, 0, 0, 3, kind, flags];
+                assert_eq!(ttrpc_parse(&b).is_some(), Header::parse(&b).is_ok(), "type {kind} flags {flags}");
+            }
+        }
+        let long = [0x01, 0, 0, 1, 0, 0, 0, 3, 1, 0];
+        assert!(ttrpc_parse(&long).is_none() && Header::parse(&long).is_err());
     }
 }
