@@ -1,4 +1,4 @@
-//! Netlink and D-Bus sockets: which fds to look at, and what goes through them.
+//! Netlink, D-Bus and ttrpc sockets: which fds to look at, and what goes through them.
 //!
 //! Classification happens here, in the kernel, so that the hot `read`/`write`
 //! path costs one hash lookup that misses for every socket and file that does
@@ -6,7 +6,9 @@
 //! - `socket(AF_NETLINK, ...)` marks the returned fd [`SockKind::Netlink`];
 //! - `connect()` of an AF_UNIX socket marks it a [`SockKind::UnixCandidate`],
 //!   and its first send decides: a D-Bus client starts with a NUL byte (then
-//!   the SASL `AUTH`), anything else is forgotten;
+//!   the SASL `AUTH`), anything else is forgotten; one that connects to a
+//!   containerd shim socket (`…/s/<64 hex>`) is [`SockKind::Ttrpc`], whose
+//!   frame headers [`crate::ttrpc`] reads;
 //! - `close()` forgets the fd, and so does anything else that puts another
 //!   file at that fd: `dup2`/`dup3` onto it (the fd then takes the class of
 //!   the fd duplicated, if tracked), `close_range` over it, and an exec (which

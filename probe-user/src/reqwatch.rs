@@ -1,4 +1,5 @@
-//! The collector's request/reply part: netlink requests left unanswered.
+//! The collector's request/reply part: netlink requests left unanswered,
+//! D-Bus calls, and containerd's ttrpc requests to its shims (`crate::ttrpc`).
 //!
 //! Inputs: the kernel's `SOCK_EVENTS` records (what went through tracked
 //! sockets), its `SOCK_CALLS` map (who is blocked in a receive right now), and
