@@ -178,7 +178,7 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
 /// containerd's call → the shim it waits on: by the ttrpc stream its
 /// goroutine has outstanding (exact, see [`super::ttrpc`]), else by container.
 fn to_shim(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Option<Edge> {
-    super::ttrpc::stream_edge(c, facts, waits, procs).or_else(|| shim_edge(c, container, facts, procs))
+    super::ttrpc::stream_edge(c, container, facts, waits, procs).or_else(|| shim_edge(c, container, facts, procs))
 }
 
 /// The fallback with no ttrpc stream seen: the shim's task call for the

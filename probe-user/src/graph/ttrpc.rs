@@ -9,9 +9,12 @@
 //! that same goroutine, begun before the request, waits on that shim: the
 //! join is by goroutine alone, never by time or container.
 //!
-//! In the shim, the edge goes on to the task call that began serving it (the
-//! first one begun since the request was written), else to the shim's
-//! oldest open wait, else to the shim itself.
+//! In the shim, the edge goes on to the task call serving it: the first one
+//! begun since the request was written (one for the caller's container
+//! first, when both name theirs: a shim may serve a whole pod). The shim's
+//! end of the stream is not followed to a goroutine, so this pick within
+//! the right shim is by time. With no task call probed there: the shim's
+//! oldest open wait, else the shim itself.
 
 use super::{
     model::{Edge, EdgeKind, Exactness, HeldBy},
@@ -47,9 +50,10 @@ pub struct TtrpcFacts {
     pub requests: Vec<TtrpcRequest>,
 }
 
-/// The exact edge from `c` (innermost open Go call of its goroutine) to the
-/// shim its goroutine's oldest outstanding request is for, if there is one.
-pub fn stream_edge(c: &GoCallFact, facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Option<Edge> {
+/// The exact edge from `c` (innermost open Go call of its goroutine, made
+/// for `container` if known) to the shim its goroutine's oldest outstanding
+/// request is for, if there is one.
+pub fn stream_edge(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Option<Edge> {
     let r = facts
         .ttrpc
         .requests
@@ -58,11 +62,13 @@ pub fn stream_edge(c: &GoCallFact, facts: &GoFacts, waits: &[OpenWait], procs: &
         .filter(|r| r.shim_pid.is_some())
         .min_by_key(|r| r.start_ns)?;
     let shim = r.shim_pid?;
-    let serving = facts
-        .calls
-        .iter()
-        .filter(|s| s.role == CallRole::ShimTask && s.tgid == shim && s.start_ns >= r.start_ns)
-        .min_by_key(|s| s.start_ns);
+    // A shim may serve a pod's several containers: one for this container
+    // first, when both sides name theirs.
+    let begun_since = || facts.calls.iter().filter(|s| s.role == CallRole::ShimTask && s.tgid == shim && s.start_ns >= r.start_ns);
+    let serving = begun_since()
+        .filter(|s| container.is_some() && s.container.as_deref() == container)
+        .min_by_key(|s| s.start_ns)
+        .or_else(|| begun_since().min_by_key(|s| s.start_ns));
     let to = match serving {
         Some(s) => HeldBy::Wait(s.key),
         None => held_by_process(waits, procs, shim),
@@ -198,6 +204,19 @@ mod tests {
         let mut r = req(0x3, 1, 6 * S, SHIM_A);
         r.shim_pid = None;
         let f = facts(vec![holder.clone()], vec![r], 7 * S);
-        assert!(stream_edge(&holder, &f, &[], &mut NoProcs).is_none());
+        assert!(stream_edge(&holder, None, &f, &[], &mut NoProcs).is_none());
+    }
+
+    /// In a shim serving a pod's containers, the task call for the caller's
+    /// container is the one serving the request, even if another began first.
+    #[test]
+    fn in_a_shared_shim_the_callers_container_is_preferred() {
+        let handler = call(CTRD, 0x3, 3, CallRole::CriHandler { list: false }, 5 * S, Some("mine"));
+        let other = call(SHIM_A, 0x50, 9, CallRole::ShimTask, 6 * S + 1, Some("the-sandbox"));
+        let mine = call(SHIM_A, 0x51, 9, CallRole::ShimTask, 6 * S + 2, Some("mine"));
+        let f = facts(vec![handler.clone(), other, mine.clone()], vec![req(0x3, 3, 6 * S, SHIM_A)], 8 * S);
+        let edges = go_edges(&f, &[], &mut NoProcs);
+        let e = from(&edges, &handler);
+        assert_eq!((e[0].to.clone(), e[0].exactness), (HeldBy::Wait(mine.key), Exactness::Exact));
     }
 }
