@@ -14,6 +14,9 @@
 //! end (an accepted socket, not tracked) answers every request. At the end plegwatch's summary
 //! must count at least as many requests written and responses read as the client made (other
 //! processes on the node only add to it), and no connection that lost step.
+//!
+//! `a_stream_out_of_step_is_dropped_and_counted`: bytes that are no header (HTTP on a
+//! shim-named socket) must be counted as a connection that lost step.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -156,5 +159,29 @@ fn frame_headers_are_followed_across_any_cut() -> Result<()> {
         "plegwatch should have seen all {made} requests and their responses (dropped records: {dropped}): {:?}",
         summary.get("/requests_seen")
     );
+    Ok(())
+}
+
+/// Bytes that are no ttrpc header on a socket named like a shim's (a stream joined out of step,
+/// or not ttrpc at all): the kernel drops the socket and counts it, rather than read on.
+#[test]
+fn a_stream_out_of_step_is_dropped_and_counted() -> Result<()> {
+    preflight::require();
+    let mut plegwatch = Plegwatch::start(&["--warn", "5s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir(dir.path().join("s"))?;
+    let path = dir.path().join("s").join("0bad".repeat(16));
+    let listener = UnixListener::bind(&path)?;
+    let mut c = UnixStream::connect(&path)?;
+    let (mut server, _) = listener.accept()?;
+    c.write_all(b"GET / HTTP/1.1\r\n\r\n")?;
+    let mut buf = [0u8; 18];
+    server.read_exact(&mut buf)?;
+    thread::sleep(Duration::from_millis(500));
+    let events = plegwatch.stop()?;
+    let summary = events.iter().find(|e| e.is("summary")).context("no summary")?;
+    let lost = summary.u64("/requests_seen/ttrpc_lost_step").unwrap_or(0);
+    assert!(lost >= 1, "bytes that are no ttrpc header were not counted as a stream out of step: {:?}", summary.get("/requests_seen"));
     Ok(())
 }
