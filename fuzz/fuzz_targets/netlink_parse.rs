@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plegwatch::netlink::{
+use plegwatch::proto::netlink::{
     attr::Attrs,
     header::{self, NLMSG_HDRLEN},
     names, GenlFamilies, SocketTracker,

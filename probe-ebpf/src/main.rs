@@ -15,6 +15,8 @@
 #[cfg(target_arch = "bpf")]
 mod block;
 #[cfg(target_arch = "bpf")]
+mod children;
+#[cfg(target_arch = "bpf")]
 mod doctor;
 #[cfg(target_arch = "bpf")]
 mod ctxread;

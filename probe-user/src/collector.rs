@@ -8,34 +8,38 @@
 //!   waits ended and how long they took, to the nanosecond.
 
 use crate::{
-    inflight::note_open,
-    loader::{WatchError, take_map},
-    detail,
-    ended::EndedWaits,
-    inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
+    sources::inflight::note_open,
+    kernel::loader::{WatchError, take_map},
+    sources::detail,
+    sources::ended::EndedWaits,
+    sources::inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
     levels::{Thresholds, budget_used},
-    loader::{self, LoadOptions},
-    mounts::{self, SharedMounts},
+    kernel::loader::{self, LoadOptions},
+    observe::mounts::{self, SharedMounts},
     clock::{monotonic_ns, wall_of},
     events::{Event, Ready, Sink, Stall, Summary},
-    probes::{self, Choice},
-    gowatch::{GoWatch, chain::KernelWaits},
+    kernel::probes::{self, Choice},
+    sources::gowatch::{GoWatch, chain::KernelWaits},
+    sources::children::ChildWaits,
     graph::{
+        children as graph_children,
         ids,
         incidents::{Change, Clocks, Incidents},
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
+        parked::parked_graph,
         resolvers::{self, Procs},
     },
-    devices::DeviceIo,
+    sources::devices::DeviceIo,
     observe::Observe,
-    offcpu::OffCpu,
-    reqwatch::ReqWatch,
-    procfs::{self, SyscallState},
-    stats, sweep,
+    sources::offcpu::OffCpu,
+    sources::reqwatch::ReqWatch,
+    observe::procfs::{self, SyscallState},
+    sources::stats, sources::sweep,
+    sources::parked::{self, Sampler},
     syscalls::{WaitKind, by_slot},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
-use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, go_maps, maps, sock_maps};
+use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, child_maps, go_maps, maps, sock_maps};
 use serde_json::{Map, Value};
 use std::{
     collections::HashMap,
@@ -92,11 +96,21 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         tracing::info!(ttrpc_connections = shims, "startup sweep: containerd → shim connections already open");
     }
     let mut drops = DropWatch::default();
+    let sampler = match choices.iter().any(|c| c.probe == "parked_threads" && !c.is_off()) {
+        true => Sampler::start(std::process::id())
+            .map_err(|e| tracing::warn!(error = %e, "parked-thread sampler not started: unix-peer and futex-sibling links are off"))
+            .ok(),
+        false => None,
+    };
     let mut incidents = Incidents::new(cfg.thresholds);
     let mut observe = Observe::default();
     let mut scans = ScanClock::default();
     let mut devices = match choices.iter().any(|c| c.probe == "block_io" && !c.is_off()) {
         true => Some(DeviceIo::new(&mut ebpf)?),
+        false => None,
+    };
+    let mut children = match choices.iter().any(|c| c.probe == "child_wait" && !c.is_off()) {
+        true => Some(ChildWaits::new(take_map(&mut ebpf, child_maps::CHILD_WAITS)?)),
         false => None,
     };
     sink.emit(&Event::Ready(Ready {
@@ -144,7 +158,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
                     go.scan(monotonic_ns(), &waits, &mut sink);
                 }
-                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter };
+                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref() };
                 graph.step(&mut engine, &mut req, &go, sink);
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
@@ -185,7 +199,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // One last look, so that incidents whose waits just ended are resolved.
     engine.scan(sink);
     req.scan(monotonic_ns(), sink);
-    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), filter: &cfg.filter };
+    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref() };
     graph.step(&mut engine, &mut req, &go, sink);
 
     let counters = stats::counters(&ebpf);
@@ -222,8 +236,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         );
     }
     sink.emit(&Event::Summary(summary.clone()));
+    // Nothing but closing is left: a child makes the last closes (see `handoff`).
+    let handoff = crate::kernel::handoff::fork_last_closer();
     go.detach(&mut ebpf);
     drop(ebpf); // detaches every other program
+    drop(handoff);
     Ok(summary)
 }
 
@@ -321,7 +338,10 @@ struct Graph<'a> {
     observe: &'a mut Observe,
     offcpu: Option<&'a OffCpu>,
     devices: Option<&'a mut DeviceIo>,
+    children: Option<&'a mut ChildWaits>,
     filter: &'a Filter,
+    /// The `parked_threads` sampler (off the event loop).
+    parked: Option<&'a Sampler>,
 }
 
 impl Graph<'_> {
@@ -330,9 +350,25 @@ impl Graph<'_> {
         let mut waits = engine.open_waits.clone();
         waits.extend(req.open_waits().iter().cloned());
         waits.extend(go.open_waits(now));
-        let mut edges = req.edges(&waits, now, self.observe);
         let mut facts = go.facts();
         facts.ttrpc = req.ttrpc_facts(now);
+        // Threads in wait4/waitid go in first: a Go call joins them by goroutine.
+        let child_waits = self.children.as_deref_mut().map(ChildWaits::scan).unwrap_or_default();
+        let child_waits: Vec<_> = child_waits.into_iter().filter(|f| graph_children::matters(f, &facts, &waits, self.observe)).collect();
+        waits.extend(child_waits.iter().map(|f| graph_children::open_wait(f, procfs::comm(f.tid).unwrap_or_default())));
+        // Threads parked where no probe sees them (last round's sample); then the next round.
+        let mut parked_edges = Vec::new();
+        if let Some(s) = self.parked {
+            let sampled: Vec<_> = s.latest().iter().filter(|p| parked::still_parked(p)).cloned().collect();
+            let (pw, pe) = parked_graph(&sampled, &waits, &facts, now, self.observe);
+            waits.extend(pw);
+            parked_edges = pe;
+            s.request(waits.iter().filter(|w| now.saturating_sub(w.start_ns) >= parked::ANCHOR_MIN_NS).map(|w| w.who.pid).collect());
+        }
+        let mut edges = req.edges(&waits, now, self.observe);
+        edges.extend(parked_edges);
+        edges.extend(graph_children::child_wait_edges(&child_waits, &waits, self.observe));
+        edges.extend(graph_children::shim_child_edges(&facts, &waits, self.observe, now));
         edges.extend(resolvers::go_edges(&facts, &waits, self.observe));
         edges.extend(resolvers::relist_edges(&facts, self.observe));
         if let Some(o) = self.offcpu {
@@ -623,7 +659,7 @@ impl Engine {
             let Some((dev, how)) = found else { continue };
             let Some(state) = io.state(dev) else { continue };
             out.push(Edge {
-                from: crate::inflight::Item::wait_key(info),
+                from: crate::sources::inflight::Item::wait_key(info),
                 to: HeldBy::Terminal(state.terminal()),
                 kind: EdgeKind::Device,
                 evidence: format!("{how}; block:block_rq_issue/complete count its requests"),

@@ -161,9 +161,11 @@ pub struct ScanSummary {
 pub struct Target {
     /// `containerd`, `containerd-shim`, `kubelet`, `runc`.
     pub target: String,
-    /// `probed` (uprobes attached to this binary now), `traced` (a new
-    /// process of a binary already probed), `unmatched` (none of the
-    /// expected functions: left alone), `failed` (could not be read or attached).
+    /// `probed` (uprobes attached to every expected function of this
+    /// binary), `partial` (attached, but some expected functions were left
+    /// out: see `left_out`), `traced` (a new process of a binary already
+    /// probed), `unmatched` (none of the expected functions: left alone),
+    /// `failed` (could not be read or attached).
     pub status: &'static str,
     /// The process that led to it (0 for a binary given by path).
     pub pid: u32,
@@ -174,6 +176,10 @@ pub struct Target {
     pub go_version: Option<String>,
     /// The probed functions, with their RET counts.
     pub functions: Vec<String>,
+    /// Expected functions not probed, each as `pkg.(*T).M (why)` (only
+    /// with `partial`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
     /// Where `g` sits from fsbase (for goroutine ids at kernel probes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub g_tls_offset: Option<i64>,
@@ -192,6 +198,7 @@ impl Target {
             found_by,
             go_version: None,
             functions: Vec::new(),
+            left_out: Vec::new(),
             g_tls_offset: None,
             why: None,
         }

@@ -1,5 +1,6 @@
-//! The data flows one way, checked on the sources themselves: probes and
-//! sources → graph → events → sinks, with the CLI on top. Reading the `use`
+//! The data flows one way, checked on the sources themselves: kernel and
+//! proto → observe → sources → graph → events → sinks, with the collector
+//! running the loop and the CLI on top. Reading the `use`
 //! lines (comments and test modules left out):
 //! - no two top-level modules import each other, directly or through others;
 //! - `graph` (the model, resolvers and incidents) imports only the vocabulary
@@ -116,6 +117,26 @@ fn the_graph_and_the_sinks_import_only_what_they_may() {
     may("graph", &["levels", "syscalls"]);
     may("sinks", &["events", "graph", "levels", "latency", "syscalls"]);
     may("events", &["clock", "graph", "latency", "levels", "syscalls"]);
+}
+
+#[test]
+fn each_layer_imports_only_the_layers_before_it() {
+    let g = graph();
+    let vocabulary = ["clock", "durations", "latency", "levels", "syscalls"];
+    let may = |m: &str, layers: &[&str]| {
+        let extra: Vec<&String> = g[m].iter().filter(|i| !layers.contains(&i.as_str()) && !vocabulary.contains(&i.as_str())).collect();
+        assert!(extra.is_empty(), "{m} imports {extra:?}; besides the vocabulary it may import only {layers:?}");
+    };
+    // Pure parsers stand alone.
+    may("proto", &[]);
+    // The kernel layer names its probes in the `ready` event.
+    may("kernel", &["events"]);
+    // Cached lookups serve the graph's `Procs` and read sockets with the parsers.
+    may("observe", &["proto", "graph"]);
+    // Sources read the kernel, use the lookups and parsers, and hand open waits to the
+    // graph and events to a sink: never the sinks, the collector or the CLI.
+    may("sources", &["kernel", "proto", "observe", "graph", "events"]);
+    may("collector", &["kernel", "proto", "observe", "sources", "graph", "events"]);
 }
 
 #[test]

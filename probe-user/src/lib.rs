@@ -4,39 +4,30 @@
 //! The binary is a thin shell over this library, so every piece of logic here
 //! can be unit-tested without root.
 
-pub mod btf;
-pub mod cli;
-pub mod clock;
-pub mod collector;
-pub mod dbus;
-pub mod dbus_sweep;
-pub mod detail;
-pub mod devices;
-pub mod doctor;
-pub mod durations;
-pub mod events;
-pub mod ended;
-pub mod gosym;
-pub mod gowatch;
+// The data flows down this list: the kernel (probes, maps) and pure parsers,
+// cached /proc and socket lookups, the sources of open waits, the wait-for
+// graph and its incidents, the typed events, and the sinks that print them.
+// `collector` runs the loop; `cli` and `doctor` are on top. `layers` checks the
+// `use` lines: no cycles, the graph never reaches a source or the kernel, a
+// sink never calls back into the engine, and only `cli` and `sinks` print.
+pub mod kernel;
+pub mod proto;
+pub mod observe;
+pub mod sources;
 pub mod graph;
-pub mod holders;
-pub mod inflight;
-#[cfg(test)]
-mod layers;
+pub mod events;
+pub mod sinks;
+pub mod collector;
+pub mod cli;
+pub mod doctor;
+
+// Shared vocabulary, imported by any of the above.
+pub mod clock;
+pub mod durations;
 pub mod latency;
 pub mod levels;
-pub mod loader;
 pub mod logging;
-pub mod mounts;
-pub mod netlink;
-pub mod observe;
-pub mod offcpu;
-pub mod probes;
-pub mod reqwatch;
-pub mod sinks;
-pub mod procfs;
-pub mod sockets;
-pub mod stats;
-pub mod sweep;
 pub mod syscalls;
-pub mod ttrpc;
+
+#[cfg(test)]
+mod layers;

@@ -23,6 +23,12 @@ pub enum WaitKind {
     CriCall,
     /// Another probed Go call still running (a shim task call, runc's systemd calls).
     GoCall,
+    /// A thread blocked in `wait4`/`waitid` for a child.
+    ChildWait,
+    /// A thread blocked in a receive on a unix socket, waiting on its peer.
+    UnixRecv,
+    /// A thread parked on a contended lock's futex beside a sibling thread's long wait.
+    Futex,
 }
 
 impl WaitKind {
@@ -36,6 +42,9 @@ impl WaitKind {
             WaitKind::GoLock => "go_lock",
             WaitKind::CriCall => "cri_call",
             WaitKind::GoCall => "go_call",
+            WaitKind::ChildWait => "child_wait",
+            WaitKind::UnixRecv => "unix_recv",
+            WaitKind::Futex => "futex",
         }
     }
 }

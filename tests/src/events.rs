@@ -54,6 +54,13 @@ impl Event {
     pub fn is_about(&self, line_type: &str, tid: u32) -> bool {
         self.is(line_type) && self.u64("/tid") == Some(u64::from(tid))
     }
+
+    /// On a `summary` line: how many calls of the watched syscall `name` the probes counted
+    /// (node-wide; 0 if the `syscalls` table has no row for it).
+    pub fn syscall_count(&self, name: &str) -> u64 {
+        let rows = self.get("/syscalls").and_then(Value::as_array);
+        rows.into_iter().flatten().filter(|r| r["syscall"] == name).filter_map(|r| r["count"].as_u64()).sum()
+    }
 }
 
 /// The `stall` lines of `kind` about process `pid`.

@@ -15,12 +15,15 @@
 //! - [`dbus::PrivateBus`], [`dbus::FrozenService`] and [`dbus::BusMonitor`]: a private
 //!   `dbus-daemon` in a temp dir, a service on it frozen with SIGSTOP, and a `dbus-monitor`
 //!   timing every message to and from it;
-//! - [`containerd`]: a private containerd 1.6 (Debian's) with runc, locally built busybox
-//!   images, a CRI client and a relist driver standing in for kubelet, the
+//! - [`containerd`]: a private containerd (Debian's 1.6.20, or the 1.7.34 and 2.3.4 release
+//!   builds, each with its shim) with runc (1.1.5 or 1.4.3), locally built busybox images, a CRI client and a relist driver standing in for kubelet, the
 //!   containerd#9770 test bed, and a `runc update` frozen with SIGSTOP under
 //!   `UpdateContainerResources`;
 //! - [`gofixture::FakeKubelet`]: a stripped Go test fixture (not kubelet) that carries
 //!   kubelet's relist symbol;
+//! - [`terway`]: two C fixtures standing in for Terway (a CNI daemon stuck in a netlink
+//!   request under its mutex, a CNI plugin waiting on it over a unix socket), run through
+//!   a private containerd's own CNI invocation;
 //! - [`tmux::Tmux`]: a program on a real terminal (a detached tmux session of its own),
 //!   whose screen is read with `capture-pane`.
 //!
@@ -46,6 +49,7 @@ pub mod plegwatch;
 pub mod preflight;
 pub mod stall;
 pub mod sys;
+pub mod terway;
 pub mod throttle;
 pub mod tmux;
 

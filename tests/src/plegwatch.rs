@@ -163,11 +163,11 @@ impl Plegwatch {
     }
 
     /// Waits for the `target` line saying process `pid`'s Go functions are probed (`probed`,
-    /// or `traced` when its binary already was): the line comes after the uprobes are
+    /// `partial` when some expected ones were left out, or `traced` when its binary already was): the line comes after the uprobes are
     /// attached, so a call begun after it is seen.
     pub fn wait_probed(&mut self, pid: u32, timeout: Duration) -> Result<Event> {
         let line = self.wait_for(timeout, |e| {
-            e.is("target") && e.u64("/pid") == Some(u64::from(pid)) && matches!(e.str("/status"), Some("probed" | "traced"))
+            e.is("target") && e.u64("/pid") == Some(u64::from(pid)) && matches!(e.str("/status"), Some("probed" | "partial" | "traced"))
         });
         line.ok_or_else(|| self.failure(format!("no `target` line (probed or traced) for pid {pid} within {timeout:?}")))
     }

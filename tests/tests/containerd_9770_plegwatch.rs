@@ -15,34 +15,90 @@
 //! The lock's holder is the shim (inferred: of the shims containerd is connected to, the one
 //! with an open wait), and the shim's own longest open wait is its umount: the next link.
 
+use std::time::Duration;
+
 use anyhow::Result;
 use plegwatch_scenarios::containerd;
-use plegwatch_scenarios::containerd::bed::{Watched, WARN};
+use plegwatch_scenarios::containerd::bed::Watched;
 use plegwatch_scenarios::incidents;
-use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options};
+use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options, UpdateEnd};
+use plegwatch_scenarios::containerd::Version;
 use plegwatch_scenarios::{preflight, WriteThrottle};
 
-/// One staging of #9770 with `plegwatch watch --warn 2s` looking on; `None` (with the
-/// reason printed) when blkio throttling is missing.
-fn watch(on_disk: OnDisk) -> Result<Option<Watched<Bed>>> {
+/// The `--warn` of the stagings whose lock hold is bounded by containerd 2.3's 2 s state
+/// timeout ([`UpdateEnd::StateTimeout`]): below the hold, so that it is reported.
+const WARN_SHORT_HOLD: Duration = Duration::from_secs(1);
+/// The least block of the update that counts as the #9770 stall (24 MiB at 1 MiB/s
+/// measured 18-24 s here).
+const STALL_MIN: Duration = Duration::from_secs(10);
+/// How far above the state timeout a 2.3 update may return.
+const STATE_SLACK: Duration = Duration::from_millis(1500);
+
+/// One staging of #9770 on `version` with `plegwatch watch --warn 2s` (1 s where the hold is
+/// bounded by the state timeout) looking on; `None` (with the reason printed) when blkio
+/// throttling or a release build is missing.
+fn watch(version: Version, on_disk: OnDisk) -> Result<Option<Watched<Bed>>> {
     preflight::require();
-    containerd::require();
-    if let Some(why) = WriteThrottle::unavailable() {
-        preflight::skip("containerd_9770_plegwatch", &why);
+    let scenario = format!("containerd_9770_plegwatch on {version}");
+    if !containerd::require_version(version, &scenario) {
         return Ok(None);
     }
-    Watched::run(Bed::prepare(Options {
+    if let Some(why) = WriteThrottle::unavailable() {
+        preflight::skip(&scenario, &why);
+        return Ok(None);
+    }
+    let bed = Bed::prepare(Options {
+        version,
         on_disk,
         ..Options::default()
-    })?)
+    })?;
+    match UpdateEnd::of(version) {
+        UpdateEnd::AfterUmount => Watched::run(bed),
+        UpdateEnd::StateTimeout(_) => Watched::run_warn(bed, WARN_SHORT_HOLD),
+    }
     .map(Some)
+}
+
+/// The staging itself, as the bed measured it (whatever plegwatch says): the shim's umount
+/// lasted the stall, and the update held ListContainers up for it (1.6, 1.7) or for the
+/// state timeout (2.3).
+fn assert_staged(w: &Watched<Bed>, version: Version) {
+    let o = &w.outcome;
+    let all = || w.all();
+    let umount = o
+        .umount
+        .as_ref()
+        .unwrap_or_else(|| panic!("no shim thread was seen in umount2\n{}", all()));
+    assert!(umount.duration() >= STALL_MIN, "the shim's umount lasted only {:?}\n{}", umount.duration(), all());
+    let during = o.update.during(all);
+    let (least, most) = match UpdateEnd::of(version) {
+        UpdateEnd::AfterUmount => (STALL_MIN, umount.duration() + Duration::from_secs(2)),
+        UpdateEnd::StateTimeout(t) => (t, t + STATE_SLACK),
+    };
+    assert!(
+        (least..=most).contains(&o.update.latency),
+        "UpdateContainerResources blocked {:?} on {version} (want {least:?} to {most:?})\n{}",
+        o.update.latency,
+        all()
+    );
+    assert!(
+        during.max + Duration::from_millis(500) >= least,
+        "ListContainers during the update: {during} (want a max ≥ {least:?})\n{}",
+        all()
+    );
+    eprintln!(
+        "staged on {version}: update blocked {:.3}s, ListContainers max {:.3}s, shim umount {:.2}s",
+        o.update.latency.as_secs_f64(),
+        during.max.as_secs_f64(),
+        umount.duration().as_secs_f64()
+    );
 }
 
 /// The one incident of the staging, led by the fixture's relist: it goes through the Status
 /// lock's holder, was raised within 1 s of --warn, and resolved after the container exited.
 fn one_incident(w: &Watched<Bed>) -> Result<incidents::Incident> {
     let is_holder = |h: &serde_json::Value| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync"));
-    let i = incidents::the_one(&w.events, WARN, Some(w.outcome.exited), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", w.all()))?;
+    let i = incidents::the_one(&w.events, w.warn, Some(w.outcome.exited), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", w.all()))?;
     let top = i.line_where(|c| c.first().is_some_and(|h| h["kind"] == "pleg_relist"));
     let top = top.unwrap_or_else(|| panic!("incident #{} never had the relist at its top:\n{}", i.id, w.all()));
     let chain = incidents::Incident::chain(top);
@@ -56,14 +112,51 @@ fn one_incident(w: &Watched<Bed>) -> Result<incidents::Incident> {
 
 #[test]
 fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
-    let Some(w) = watch(OnDisk::Snapshots)? else {
+    let Some(w) = watch(Version::DEBIAN, OnDisk::Snapshots)? else {
         return Ok(());
     };
+    umount_chain_is_reported(&w, UpdateEnd::of(Version::DEBIAN))
+}
+
+/// The staging on containerd 1.7.34 (with its shim and runc 1.4.3), then the full report
+/// [`status_lock_held_across_shim_umount_is_reported`] asserts on 1.6.
+#[test]
+fn containerd_9770_on_1_7() -> Result<()> {
+    on_version(Version::V1_7)
+}
+
+/// The staging on containerd 2.3.4: the update holds the lock only until its task lookup
+/// times out on the shim's `State` (2 s), watched with `--warn 1s`; the report must still
+/// name the lock, its holder (the shim), the cause (the shim's `Delete` in umount2's
+/// task_work) and make it one incident, as on 1.6. The shim's `Update` is not on the chain:
+/// the holder waits on the shim's `State`, which is not probed.
+#[test]
+fn containerd_9770_on_2_3() -> Result<()> {
+    on_version(Version::V2_3)
+}
+
+fn on_version(version: Version) -> Result<()> {
+    let Some(w) = watch(version, OnDisk::Snapshots)? else {
+        return Ok(());
+    };
+    assert_staged(&w, version);
+    eprintln!("plegwatch on {version}:\n{}", plegwatch_scenarios::containerd::bed::reported(&w.events));
+    umount_chain_is_reported(&w, UpdateEnd::of(version))
+}
+
+/// What plegwatch must say of the umount staging: the lock, its holder and cause, the CRI
+/// handlers stuck behind it, the shim's umount, and one incident down to the loop device.
+fn umount_chain_is_reported(w: &Watched<Bed>, end: UpdateEnd) -> Result<()> {
     let all = || w.all();
 
     // The Status write lock, held by UpdateSync for as long as the update blocked.
     let (lock, held, blocked) = w.update_sync_lock();
     assert_eq!(lock.str("/level"), Some("warn"), "{}", all());
+    assert!(
+        lock.at >= w.outcome.update.sent,
+        "the lock hold was reported before the update was sent:\n{}",
+        all()
+    );
     let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
     assert!(
         gets >= 1,
@@ -147,7 +240,7 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
 
     // One incident: the relist (the fixture, not kubelet) → ListContainers → the Status
     // lock's holder → the shim's Update → the shim's Delete → its umount in task_work.
-    let i = one_incident(&w)?;
+    let i = one_incident(w)?;
     let reaches_umount = |c: &[serde_json::Value]| c.iter().any(|h| h["kind"] == "umount" && h["root"] == true);
     let line = i
         .line_where(|c| reaches_umount(c) && c.last().is_some_and(|h| h["kind"] == "device"))
@@ -165,23 +258,25 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
     assert_eq!(device["kind"], "device", "{text}");
     assert!(device["what"].as_str().is_some_and(|s| s.starts_with("block device 7:") && s.contains("/s written")), "{text}");
     let shim_hops: Vec<&str> = chain.iter().filter(|h| h["pid"].as_u64() == Some(u64::from(w.outcome.shim.pid))).filter_map(|h| h["what"].as_str()).collect();
-    assert!(
-        shim_hops.iter().any(|s| s.contains("(*service).Update")) && shim_hops.iter().any(|s| s.contains("(*service).Delete")),
-        "the shim's Update waits on its Delete:\n{text}"
-    );
-    // containerd → shim: exact by the ttrpc stream the lock holder's goroutine has outstanding
-    // on a socket whose peer is this shim, to the task call serving it (Update, not Delete).
-    let ttrpc = chain.iter().position(|h| h["edge"] == "ttrpc").unwrap_or_else(|| panic!("no ttrpc hop:\n{text}"));
-    assert_eq!(chain[ttrpc]["exactness"], "exact", "{text}");
-    let evidence = chain[ttrpc]["evidence"].as_str().unwrap_or_default();
-    assert!(
-        evidence.starts_with("ttrpc stream ") && evidence.ends_with(&format!("held by pid {}", w.outcome.shim.pid)),
-        "the ttrpc hop should name its stream and the shim as the socket's peer: {evidence}\n{text}"
-    );
-    assert!(chain[ttrpc + 1]["what"].as_str().is_some_and(|s| s.contains("(*service).Update")), "{text}");
+    assert!(shim_hops.iter().any(|s| s.contains("(*service).Delete")), "the shim's Delete is on the chain:\n{text}");
+    if end == UpdateEnd::AfterUmount {
+        assert!(shim_hops.iter().any(|s| s.contains("(*service).Update")), "the shim's Update waits on its Delete:\n{text}");
+        // containerd → shim: exact by the ttrpc stream the lock holder's goroutine has
+        // outstanding on a socket whose peer is this shim (ttrpc 1.1 on 1.6.20: bound to the
+        // caller at dispatch; 1.2 on 1.7/2.x: written by the caller), to the task call serving
+        // it (Update, not Delete).
+        let ttrpc = chain.iter().position(|h| h["edge"] == "ttrpc").unwrap_or_else(|| panic!("no ttrpc hop:\n{text}"));
+        assert_eq!(chain[ttrpc]["exactness"], "exact", "{text}");
+        let evidence = chain[ttrpc]["evidence"].as_str().unwrap_or_default();
+        assert!(
+            evidence.starts_with("ttrpc stream ") && evidence.ends_with(&format!("held by pid {}", w.outcome.shim.pid)),
+            "the ttrpc hop should name its stream and the shim as the socket's peer: {evidence}\n{text}"
+        );
+        assert!(chain[ttrpc + 1]["what"].as_str().is_some_and(|s| s.contains("(*service).Update")), "{text}");
+    }
     let before_root = &chain[at - 1];
     assert_eq!((before_root["edge"].as_str(), before_root["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");
-    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(WARN).as_secs_f64());
+    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(w.warn).as_secs_f64());
     eprintln!(
         "lock held {held:.3}s (update blocked {blocked:.3}s), {gets} Gets waiting, {} cri_call and {} umount stalls",
         calls.len(),
@@ -196,7 +291,7 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
 /// same process, the `fdatasync` wait.
 #[test]
 fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
-    let Some(w) = watch(OnDisk::Root)? else {
+    let Some(w) = watch(Version::DEBIAN, OnDisk::Root)? else {
         return Ok(());
     };
     let (lock, held, blocked) = w.update_sync_lock();
@@ -236,7 +331,7 @@ fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
     assert_eq!(root["pid"].as_u64(), Some(u64::from(w.containerd_pid)), "{text}");
     assert!(root["what"].as_str().is_some_and(|s| s.starts_with("fdatasync")), "{text}");
     assert_eq!((chain[at - 1]["edge"].as_str(), chain[at - 1]["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");
-    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(WARN).as_secs_f64());
+    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(w.warn).as_secs_f64());
     eprintln!(
         "lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls",
         syncs.len()

@@ -1,7 +1,11 @@
-//! Health check of the containerd bed, with no plegwatch and no throttle: a private
-//! containerd 1.6.20 starts, imports the locally built images, and runs a host-network pod
-//! and a busybox container over CRI as kubelet would (run, list, status, update, stop,
-//! remove, and a few relists at kubelet's period), then shuts down leaving nothing behind: no shim, no mount, no cgroup, no dir.
+//! Health check of the containerd bed, with no plegwatch and no throttle, on every
+//! [`Version`] the beds run: a private containerd (Debian's 1.6.20 with runc 1.1.5, or the
+//! 1.7.34 and 2.3.4 release builds with runc 1.4.3, each with its own shim and `ctr`)
+//! starts, imports the locally built images, and runs a host-network pod and a busybox
+//! container over CRI as kubelet would (run, list, status, update, stop, remove, and a few
+//! relists at kubelet's period), then shuts down leaving nothing behind: no shim, no mount,
+//! no cgroup, no dir. The daemon, its shim and the runc its shim ran are checked to be the
+//! version's own binaries.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -12,23 +16,61 @@ use anyhow::{ensure, Context, Result};
 use plegwatch_scenarios::containerd::cri::{self, ContainerState, LatencyStats, ListCall};
 use plegwatch_scenarios::containerd::image::{self, BUSYBOX};
 use plegwatch_scenarios::containerd::{
-    self, daemon, procs, Containerd, Placement, Pod, RelistDriver,
+    self, daemon, procs, Containerd, Placement, Pod, RelistDriver, Runc, Version,
 };
 
 /// The whole test should take well under this (about 3 s here).
 const BUDGET: Duration = Duration::from_secs(20);
 const MESSAGE: &str = "hello from busybox";
 
+/// Debian's containerd 1.6.20 and runc 1.1.5.
 #[test]
 fn pod_and_container_lifecycle_over_cri() -> Result<()> {
-    containerd::require();
+    lifecycle(Version::DEBIAN)
+}
+
+/// The containerd 1.7.34 release build, its shim and runc 1.4.3.
+#[test]
+fn pod_and_container_lifecycle_over_cri_on_1_7() -> Result<()> {
+    lifecycle(Version::V1_7)
+}
+
+/// The containerd 2.3.4 release build (config version 3), its shim and runc 1.4.3.
+#[test]
+fn pod_and_container_lifecycle_over_cri_on_2_3() -> Result<()> {
+    lifecycle(Version::V2_3)
+}
+
+fn lifecycle(v: Version) -> Result<()> {
+    if !containerd::require_version(v, &format!("containerd_cri_smoke on {v}")) {
+        return Ok(());
+    }
     let t0 = Instant::now();
-    let daemon = Containerd::start(Placement::TempDir)?;
+    let daemon = Containerd::start_version(v, Placement::TempDir, Runc::Real)?;
     image::import_test_images(&daemon)?;
     let cri = daemon.cri()?.with_timeout(Duration::from_secs(30));
     let version = cri.version()?;
     assert_eq!(version.runtime_name, "containerd");
     assert_eq!(version.runtime_api_version, "v1");
+    assert!(
+        version.runtime_version.contains(v.containerd.number()),
+        "CRI Version says {} {}, the bed wanted {v}",
+        version.runtime_name,
+        version.runtime_version
+    );
+    // The daemon runs the release binary, under the name plegwatch knows it by.
+    let binaries = daemon.binaries().clone();
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/exe", daemon.pid()))?,
+        binaries.containerd
+    );
+    assert_eq!(procs::comm(daemon.pid()).as_deref(), Some("containerd"));
+    let runc_version = plegwatch_scenarios::sys::run(std::process::Command::new(daemon.runc()).arg("--version"))?;
+    assert!(
+        runc_version.starts_with(&format!("runc version {}", v.runc.number())),
+        "{} --version: {runc_version}",
+        daemon.runc().display()
+    );
 
     let pod = Pod::run(
         &cri,
@@ -52,6 +94,14 @@ fn pod_and_container_lifecycle_over_cri() -> Result<()> {
     let shim = &shims[0];
     assert_eq!(shim.id, pod.id(), "the shim serves the pod sandbox");
     assert_eq!(shim.namespace, containerd::K8S_NAMESPACE);
+    // The version's own shim (found on the daemon's PATH; it re-executes itself by its real
+    // path, so its comm is the first 15 bytes of either name: `containerd-shim`).
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{}/exe", shim.pid))?,
+        binaries.shim,
+        "the shim is not {v}'s"
+    );
+    assert_eq!(procs::comm(shim.pid).as_deref(), Some("containerd-shim"));
     assert_eq!(
         procs::ppid(pid),
         Some(shim.pid),
@@ -144,6 +194,22 @@ fn pod_and_container_lifecycle_over_cri() -> Result<()> {
         !shim_socket.exists(),
         "{} outlived its shim",
         shim_socket.display()
+    );
+
+    // The config is the version's own: no key of it was ignored or refused.
+    let log = std::fs::read_to_string(daemon.log_path())?;
+    let complaints: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("level=warning") || l.contains("level=error"))
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            l.contains("unknown key") || l.contains("deprecated") || l.contains("failed to load plugin")
+        })
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "containerd complained about its config:\n{}",
+        complaints.join("\n")
     );
 
     // Clean shutdown: containerd gone, and nothing of it left.

@@ -20,8 +20,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 use plegwatch_scenarios::containerd;
-use plegwatch_scenarios::containerd::bed::{StallBed, StallOutcome, WARN, Watched};
-use plegwatch_scenarios::containerd::runc_stopped::{Bed, Options, RUNC_COMM};
+use plegwatch_scenarios::containerd::bed::{StallBed, StallOutcome, Watched};
+use plegwatch_scenarios::containerd::runc_stopped::{Bed, Options, Outcome, RUNC_COMM};
+use plegwatch_scenarios::containerd::Version;
 use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::preflight;
 
@@ -39,11 +40,42 @@ const QUIET_CALLS_MIN: usize = 4;
 
 #[test]
 fn baseline_update_blocks_while_runc_is_stopped() -> Result<()> {
-    containerd::require();
-    let mut bed = Bed::prepare(Options::default())?;
+    baseline(Version::DEBIAN)
+}
+
+#[test]
+fn baseline_update_blocks_while_runc_is_stopped_on_1_7() -> Result<()> {
+    baseline(Version::V1_7)
+}
+
+#[test]
+fn baseline_update_blocks_while_runc_is_stopped_on_2_3() -> Result<()> {
+    baseline(Version::V2_3)
+}
+
+fn options(version: Version) -> Options {
+    Options {
+        version,
+        ..Options::default()
+    }
+}
+
+fn baseline(version: Version) -> Result<()> {
+    if !containerd::require_version(version, &format!("containerd_runc_stopped on {version}")) {
+        return Ok(());
+    }
+    let mut bed = Bed::prepare(options(version))?;
     let outcome = bed.trigger()?;
     eprintln!("{}", outcome.summary());
-    let context = || bed.context(&outcome);
+    assert_staged(&bed, &outcome);
+    Ok(())
+}
+
+/// The stall the bed staged, as it measured it: the shim's `runc update` of the container
+/// stopped, the update blocked for as long as it stayed so and then went through, and
+/// ListContainers quick before and held up during the stop.
+fn assert_staged(bed: &Bed, outcome: &Outcome) {
+    let context = || bed.context(outcome);
 
     // The frozen process: the shim's `runc update` of this container, stopped.
     bed.stage().assert_pods_shim(&outcome.shim);
@@ -103,19 +135,53 @@ fn baseline_update_blocks_while_runc_is_stopped() -> Result<()> {
         "containerd stopped answering CRI after the stall\n{}",
         context()
     );
-    Ok(())
 }
 
-/// Prepares the bed and stages the stall with `plegwatch watch --warn 2s` looking on.
-fn watch() -> Result<Watched<Bed>> {
+/// Prepares the bed on `version` and stages the stall with `plegwatch watch --warn 2s`
+/// looking on; `None` (the reason printed) when a release build is missing.
+fn watch(version: Version) -> Result<Option<Watched<Bed>>> {
     preflight::require();
-    containerd::require();
-    Watched::run(Bed::prepare(Options::default())?)
+    if !containerd::require_version(version, &format!("containerd_runc_stopped on {version}")) {
+        return Ok(None);
+    }
+    Watched::run(Bed::prepare(options(version))?).map(Some)
 }
 
 #[test]
 fn lock_hold_is_blamed_on_the_stopped_runc() -> Result<()> {
-    let w = watch()?;
+    let Some(w) = watch(Version::DEBIAN)? else {
+        return Ok(());
+    };
+    lock_hold_is_blamed(&w);
+    Ok(())
+}
+
+/// The staging on containerd 1.7.34 + runc 1.4.3, then what plegwatch must report of it: the
+/// lock hold blamed on the stopped runc, and the one incident, as on 1.6.
+#[test]
+fn containerd_runc_stopped_on_1_7() -> Result<()> {
+    on_version(Version::V1_7)
+}
+
+/// [`containerd_runc_stopped_on_1_7`] on containerd 2.3.4 + runc 1.4.3: the update's task
+/// lookup comes before `runc update` starts, so (unlike #9770's staging) nothing times out
+/// and the lock is held for as long as runc is stopped.
+#[test]
+fn containerd_runc_stopped_on_2_3() -> Result<()> {
+    on_version(Version::V2_3)
+}
+
+fn on_version(version: Version) -> Result<()> {
+    let Some(w) = watch(version)? else {
+        return Ok(());
+    };
+    assert_staged(&w.bed, &w.outcome);
+    eprintln!("plegwatch on {version}:\n{}", plegwatch_scenarios::containerd::bed::reported(&w.events));
+    lock_hold_is_blamed(&w);
+    one_incident(&w)
+}
+
+fn lock_hold_is_blamed(w: &Watched<Bed>) {
     let all = || w.all();
     let o = &w.outcome;
 
@@ -184,7 +250,6 @@ fn lock_hold_is_blamed_on_the_stopped_runc() -> Result<()> {
         o.stopped_for().as_secs_f64(),
         o.runc_pid
     );
-    Ok(())
 }
 
 /// The whole stall is one incident: from UpdateContainerResources through the Status lock's
@@ -192,11 +257,17 @@ fn lock_hold_is_blamed_on_the_stopped_runc() -> Result<()> {
 /// --warn, and resolved once runc is continued.
 #[test]
 fn one_incident_ends_at_the_stopped_runc() -> Result<()> {
-    let w = watch()?;
+    let Some(w) = watch(Version::DEBIAN)? else {
+        return Ok(());
+    };
+    one_incident(&w)
+}
+
+fn one_incident(w: &Watched<Bed>) -> Result<()> {
     let o = &w.outcome;
     let all = || w.all();
     let is_holder = |h: &serde_json::Value| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync"));
-    let i = incidents::the_one(&w.events, WARN, Some(o.continued), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
+    let i = incidents::the_one(&w.events, w.warn, Some(o.continued), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
     // The chain as it stood before runc was continued: holder -> shim -> runc (T).
     let line = i
         .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process"))
@@ -210,8 +281,9 @@ fn one_incident_ends_at_the_stopped_runc() -> Result<()> {
     assert_eq!(chain[holder]["edge"], "ttrpc", "the holder waits on the shim's reply:\n{text}");
     assert_eq!(chain[holder]["exactness"], "exact", "{text}");
     // Exact because the holder's goroutine has a ttrpc request outstanding on a socket whose
-    // peer is this shim (Debian's containerd has ttrpc 1.1: its sender goroutine writes the
-    // frame, bound to the caller at dispatch), not because the container ids match.
+    // peer is this shim (Debian's containerd 1.6.20 has ttrpc 1.1: its sender goroutine writes
+    // the frame, bound to the caller at dispatch; 1.7.34 and 2.3.4 have ttrpc 1.2, where the
+    // caller writes it), not because the container ids match.
     let evidence = chain[holder]["evidence"].as_str().unwrap_or_default();
     let stream = evidence
         .strip_prefix("ttrpc stream ")
@@ -231,6 +303,16 @@ fn one_incident_ends_at_the_stopped_runc() -> Result<()> {
     assert_eq!(shim["pid"].as_u64(), Some(u64::from(o.shim.pid)), "the next hop is the container's shim:\n{text}");
     assert!(shim["what"].as_str().is_some_and(|s| s.contains("(*service).Update")), "{text}");
     assert_eq!(shim["edge"], "child", "{text}");
+    // Exact: the shim's children are the pod's pause, the container's init and the runc; the
+    // runc is the one started during the call, holding the write end of a pipe the shim reads.
+    assert_eq!(shim["exactness"], "exact", "the shim -> runc hop should be exact:\n{text}");
+    let evidence = shim["evidence"].as_str().unwrap_or("");
+    assert!(
+        evidence.contains("pipe:[") && evidence.contains(&format!("pid {}", o.runc_pid)),
+        "the shim -> runc evidence should name the pipe and the runc pid {}: {evidence}",
+        o.runc_pid
+    );
+    assert_ne!(end["pid"].as_u64(), Some(u64::from(o.container_pid)), "not the container's init:\n{text}");
     // Its root is the deepest open wait, the shim's call; the runc is the terminal holder.
     assert_eq!(line.get("/root/pid").and_then(serde_json::Value::as_u64), Some(u64::from(o.shim.pid)), "{text}");
     let longest = i.resolved.as_ref().and_then(|r| r.get("/longest_chain")).and_then(serde_json::Value::as_array).map_or(0, Vec::len);
@@ -238,7 +320,7 @@ fn one_incident_ends_at_the_stopped_runc() -> Result<()> {
     eprintln!(
         "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}\nttrpc hop: {evidence}",
         i.id,
-        i.raised_after_warn(WARN).as_secs_f64()
+        i.raised_after_warn(w.warn).as_secs_f64()
     );
     Ok(())
 }

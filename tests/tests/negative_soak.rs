@@ -647,7 +647,7 @@ fn describe_stall(e: &Event, ours: &HashSet<u32>) -> String {
 }
 
 /// What plegwatch's summary says it saw.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Seen {
     netlink_requests: u64,
     netlink_answered: u64,
@@ -660,8 +660,8 @@ struct Seen {
     dropped_events: u64,
     /// (target, function, count) of every `go_latency` row.
     go_calls: Vec<(String, String, u64)>,
-    /// (syscall, count) of every `syscalls` row.
-    syscalls: Vec<(String, u64)>,
+    /// The summary line, for its `syscalls` table.
+    summary: Event,
 }
 
 impl Seen {
@@ -698,10 +698,7 @@ impl Seen {
                     )
                 })
                 .collect(),
-            syscalls: rows("/syscalls")
-                .iter()
-                .map(|r| (s(r, "syscall"), r["count"].as_u64().unwrap_or(0)))
-                .collect(),
+            summary: summary.clone(),
         }
     }
 
@@ -715,10 +712,6 @@ impl Seen {
     }
 
     fn syscall(&self, name: &str) -> u64 {
-        self.syscalls
-            .iter()
-            .filter(|(s, _)| s == name)
-            .map(|r| r.1)
-            .sum()
+        self.summary.syscall_count(name)
     }
 }

@@ -1,5 +1,6 @@
 //! Negative control: 30 s of ordinary, fast file I/O on healthy disks (small writes, every
-//! flavour of sync, mounts and umounts) must not produce a single stall line.
+//! flavour of sync, mounts and umounts) must not produce a single stall line, while the
+//! probes count at least the syscalls it made (so a plegwatch that attached nothing fails).
 
 use std::process::Command;
 use std::thread;
@@ -60,7 +61,21 @@ fn ordinary_io_and_mounts_report_no_stall() -> Result<()> {
          from the start of the I/O:\n{}",
         dump(&events, started)
     );
-    assert!(events.iter().any(|e| e.is("summary")), "no summary line");
+    let summary = events.iter().rev().find(|e| e.is("summary")).context("no summary line")?;
+    // Each round: fsync, fdatasync, sync_file_range and syncfs on the loop ext4 and on a tmpfs,
+    // and one tmpfs umount. The counts are node-wide, so they are floors.
+    let made = [("fsync", 2 * rounds), ("fdatasync", 2 * rounds), ("sync_file_range", 2 * rounds), ("syncfs", 2 * rounds), ("umount2", rounds)];
+    for (syscall, floor) in made {
+        let seen = summary.syscall_count(syscall);
+        eprintln!("{syscall}: the probes counted {seen}, the test made {floor}");
+        assert!(seen >= floor, "the probes counted {seen} {syscall} calls; the test made {floor}:\n{}", dump(&events, started));
+    }
+    assert!(
+        summary.u64("/waits_started").unwrap_or(0) >= 9 * rounds,
+        "waits_started {:?} < the {} syncs and umounts made",
+        summary.u64("/waits_started"),
+        9 * rounds
+    );
     Ok(())
 }
 

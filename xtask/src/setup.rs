@@ -34,6 +34,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The stand-in for systemd that runc's systemd cgroup driver calls (containerd_systemd_dbus).
     "python3-dbus-next",
     "busybox-static",
+    // Debian's loopback CNI plugin: containerd's CRI plugin sets up a pod's lo with it
+    // (terway_seed, which drives its own CNI plugin fixture through containerd).
+    "containernetworking-plugins",
     "golang-go",
     // The fake-kubelet fixture's CRI mode: Go gRPC and protobuf sources (built in GOPATH
     // mode from /usr/share/gocode, offline) and the protoc plugins that generate its client.

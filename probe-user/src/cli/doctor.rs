@@ -2,17 +2,49 @@
 
 use crate::doctor;
 use clap::Args;
+use std::path::PathBuf;
 
+/// Besides the Go binaries running now and those at their usual paths, the
+/// ones named here are checked too (`supported`, `partial` or `unmatched`).
+///
+/// Examples:
+///   plegwatch doctor
+///   plegwatch doctor --containerd /opt/containerd-2.3.4/bin/containerd --runc /usr/local/sbin/runc
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct DoctorArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// A containerd binary to check (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub containerd: Vec<PathBuf>,
+    /// A containerd-shim-runc-v2 binary to check (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub shim: Vec<PathBuf>,
+    /// A runc binary to check (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub runc: Vec<PathBuf>,
+    /// A kubelet binary to check (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub kubelet: Vec<PathBuf>,
+}
+
+impl DoctorArgs {
+    /// The binaries named on the command line, with their target.
+    pub fn named(&self) -> doctor::Named {
+        let by = |t: &'static str, v: &[PathBuf]| v.iter().map(move |p| (t, p.clone())).collect::<Vec<_>>();
+        let mut all = by("containerd", &self.containerd);
+        all.extend(by("containerd-shim", &self.shim));
+        all.extend(by("runc", &self.runc));
+        all.extend(by("kubelet", &self.kubelet));
+        doctor::Named(all)
+    }
 }
 
 /// Prints the report; fails with a one-line reason when something required is missing.
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
-    let report = doctor::run();
+    let report = doctor::run(&args.named());
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -3,7 +3,7 @@
 use crate::{
     collector::{self, WatchConfig},
     durations,
-    inflight::Filter,
+    sources::inflight::Filter,
     levels::Thresholds,
     events::Sink,
     sinks::{JsonSink, LiveSink, TextOptions, TextSink},

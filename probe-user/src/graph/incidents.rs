@@ -38,6 +38,10 @@ pub struct Incident {
     pub chain: Vec<Hop>,
     /// Ids of every wait in the incident.
     pub waits: Vec<u64>,
+    /// The waits off the chain that a heuristic link attaches (threads parked on a lock
+    /// beside a sibling's long wait), each with its link.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attached: Vec<Hop>,
     pub budget_used: f64,
     /// RFC 3339: when its oldest wait began.
     pub started_at: String,
@@ -357,6 +361,11 @@ impl Incidents {
             }
             let root = root_key.and_then(|r| graph.hop(r, clocks.now_ns, true, ids));
             let Some(symptom_hop) = chain.first().cloned() else { continue };
+            let attached: Vec<Hop> = members
+                .iter()
+                .filter(|(k, _)| !path.contains(k) && graph.best.get(k).is_some_and(|e| e.exactness == Exactness::Heuristic))
+                .filter_map(|(k, _)| graph.hop(*k, clocks.now_ns, false, ids))
+                .collect();
             let mut wait_ids: Vec<u64> = members.iter().map(|(k, _)| ids(*k)).collect();
             wait_ids.sort_unstable();
             let budget = match clocks.relist_start_ns {
@@ -402,6 +411,7 @@ impl Incidents {
                     symptom: symptom_hop,
                     chain,
                     waits: wait_ids,
+                    attached,
                     budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
                     started_at: rfc3339(clocks, first_start),
                     waited_s: secs(clocks.now_ns.saturating_sub(first_start)),

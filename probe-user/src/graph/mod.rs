@@ -6,8 +6,10 @@
 //! raised, escalated and resolved incidents. Nothing here prints: the
 //! collector hands the results to the sinks.
 
+pub mod children;
 pub mod ids;
 pub mod incidents;
 pub mod model;
+pub mod parked;
 pub mod resolvers;
 pub mod ttrpc;

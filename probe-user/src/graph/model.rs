@@ -22,6 +22,9 @@ pub enum WaitKey {
     Go { tgid: u32, g: u64, func: u32 },
     /// A kubelet whose relist loop has not started a relist since `since_ns`.
     RelistOverdue { tgid: u32, since_ns: u64 },
+    /// A thread found parked by `/proc` sampling (see `graph::parked`): (thread,
+    /// start ns, the syscall it is parked in).
+    Parked { tid: u32, start_ns: u64, nr: u32 },
 }
 
 /// Who waits.

@@ -1,7 +1,7 @@
 //! The exact `ttrpc` edge: containerd's Go call → the shim at the other end
 //! of the socket its goroutine's request is outstanding on.
 //!
-//! The socket source (`crate::ttrpc`) reads ttrpc frame headers in the
+//! The socket source (`crate::sources::ttrpc`) reads ttrpc frame headers in the
 //! kernel and keeps, per (process, socket, stream id), each request whose
 //! response has not been read back: who made it (the calling goroutine),
 //! since when, and the shim that holds the socket's other end (sock_diag

@@ -68,7 +68,11 @@ fn incident_text(clock: &str, i: &Incident) -> String {
             out.push_str(&format!("\n           -> {} ({}): {}", edge.as_str(), x.as_str(), h.evidence.as_deref().unwrap_or("")));
         }
     }
-    let others = i.waits.len().saturating_sub(i.chain.iter().filter(|h| h.wait_id.is_some()).count());
+    for h in &i.attached {
+        let edge = h.edge.map(|e| e.as_str()).unwrap_or("?");
+        out.push_str(&format!("\n     + {}\n           -> {edge} (heuristic): {}", hop_line(h), h.evidence.as_deref().unwrap_or("")));
+    }
+    let others = i.waits.len().saturating_sub(i.chain.iter().filter(|h| h.wait_id.is_some()).count() + i.attached.len());
     if others > 0 {
         out.push_str(&format!("\n       and {others} more wait(s) behind the same root"));
     }
@@ -289,13 +293,14 @@ pub fn render_text(event: &Event) -> String {
             out
         }
         Event::Target(t) => format!(
-            "{clock} target {} {} pid={} {}{}{}{}",
+            "{clock} target {} {} pid={} {}{}{}{}{}",
             t.target,
             t.status,
             t.pid,
             t.binary,
             t.go_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
             if t.functions.is_empty() { String::new() } else { format!(": {}", t.functions.join(", ")) },
+            if t.left_out.is_empty() { String::new() } else { format!("; left out: {}", t.left_out.join(", ")) },
             t.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
         ),
     }
@@ -449,6 +454,7 @@ mod tests {
             symptom: chain[0].clone(),
             chain: chain.clone(),
             waits: vec![10, 20, 30, 40],
+            attached: Vec::new(),
             budget_used: 74.0 / 180.0,
             started_at: "2026-11-23T03:00:00.000Z".into(),
             waited_s: 74.0,

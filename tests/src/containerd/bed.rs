@@ -22,7 +22,7 @@ use super::cri::{self, ContainerConfig, LatencyStats, ListCall, TimedCall};
 use super::daemon::{Containerd, Placement, Runc};
 use super::image;
 use super::procs::{self, Shim};
-use super::{Cri, Pod, RelistDriver};
+use super::{Cri, Pod, RelistDriver, Version};
 use crate::events::{self, dump, Event};
 use crate::plegwatch::READY_TIMEOUT;
 use crate::{DevNum, Plegwatch, WriteThrottle};
@@ -65,7 +65,20 @@ impl Stage {
     /// Starts containerd (its shims running `runc` as `runc` says), imports the test images
     /// and runs a host-network pod named `pod_name`.
     pub fn start(placement: Placement, runc: Runc, pod_name: &str) -> Result<Self> {
-        Self::on(Containerd::start_with(placement, runc)?, pod_name)
+        Self::start_version(Version::DEBIAN, placement, runc, pod_name)
+    }
+
+    /// [`Stage::start`] on the containerd, shim and runc of `version`.
+    pub fn start_version(
+        version: Version,
+        placement: Placement,
+        runc: Runc,
+        pod_name: &str,
+    ) -> Result<Self> {
+        Self::on(
+            Containerd::start_version(version, placement, runc)?,
+            pod_name,
+        )
     }
 
     /// [`Stage::start`] on a containerd started already (e.g. [`Containerd::start_systemd`]).
@@ -383,23 +396,36 @@ pub struct Watched<B: StallBed> {
     /// The fake-kubelet fixture (a test fixture, not kubelet) relisting over CRI against
     /// the bed's containerd every second, as kubelet's PLEG does.
     pub kubelet: FakeKubelet,
+    /// The `--warn` plegwatch ran with ([`WARN`] unless [`Watched::run_warn`] said).
+    pub warn: Duration,
 }
 
 impl<B: StallBed> Watched<B> {
     /// Starts `plegwatch watch --warn 2s` on the prepared `bed`, triggers the stall and
     /// stops plegwatch once the lock hold resolved (or 5 s later).
     pub fn run(bed: B) -> Result<Self> {
-        Self::run_until(bed, |e| e.is("resolved") && e.str("/kind") == Some("go_lock"))
+        Self::run_warn(bed, WARN)
+    }
+
+    /// [`Watched::run`] with `plegwatch watch --warn WARN`, for a stall shorter than [`WARN`].
+    pub fn run_warn(bed: B, warn: Duration) -> Result<Self> {
+        Self::run_until_warn(bed, warn, |e| {
+            e.is("resolved") && e.str("/kind") == Some("go_lock")
+        })
     }
 
     /// [`Watched::run`], stopping plegwatch once it printed a line `done` accepts (or 5 s
     /// after the trigger returned).
-    pub fn run_until(mut bed: B, done: impl Fn(&Event) -> bool) -> Result<Self> {
+    pub fn run_until(bed: B, done: impl Fn(&Event) -> bool) -> Result<Self> {
+        Self::run_until_warn(bed, WARN, done)
+    }
+
+    fn run_until_warn(mut bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
         let fixture = build_fake_kubelet()?;
         let socket = bed.stage().containerd().socket().display().to_string();
         let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
-        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", WARN.as_millis())])?;
+        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", warn.as_millis())])?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let outcome = bed.trigger()?;
         plegwatch.wait_for(Duration::from_secs(5), done);
@@ -411,6 +437,7 @@ impl<B: StallBed> Watched<B> {
             events,
             containerd_pid,
             kubelet,
+            warn,
         })
     }
 
@@ -471,4 +498,43 @@ impl<B: StallBed> Watched<B> {
             self.all()
         );
     }
+}
+
+/// What plegwatch said about a staging, one line each, for the test log: every `target`
+/// line (status, Go version, functions probed, why not), every `stall` (kind, pid,
+/// function, waited) and how many incidents it raised.
+pub fn reported(events: &[Event]) -> String {
+    let mut out = Vec::new();
+    for e in events.iter().filter(|e| e.is("target")) {
+        let functions = e
+            .get("/functions")
+            .and_then(|f| f.as_array())
+            .map_or(0, Vec::len);
+        out.push(format!(
+            "  target {} {} pid {} {} ({}), {functions} functions{}",
+            e.str("/target").unwrap_or("?"),
+            e.str("/status").unwrap_or("?"),
+            e.u64("/pid").unwrap_or(0),
+            e.str("/binary").unwrap_or("?"),
+            e.str("/go_version").unwrap_or("go?"),
+            e.str("/why").map(|w| format!(": {w}")).unwrap_or_default(),
+        ));
+    }
+    for e in events.iter().filter(|e| e.is("stall")) {
+        let function = e
+            .str("/detail/holder_function")
+            .or_else(|| e.str("/detail/function"))
+            .or_else(|| e.str("/detail/syscall"))
+            .unwrap_or("");
+        out.push(format!(
+            "  stall {} pid {} {} {function} waited {:.2}s",
+            e.str("/kind").unwrap_or("?"),
+            e.u64("/pid").unwrap_or(0),
+            e.str("/comm").unwrap_or(""),
+            e.f64("/waited_s").unwrap_or(f64::NAN),
+        ));
+    }
+    let incidents = events.iter().filter(|e| e.is("incident")).count();
+    out.push(format!("  {incidents} incident lines"));
+    out.join("\n")
 }

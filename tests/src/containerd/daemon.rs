@@ -1,4 +1,5 @@
-//! A private `containerd` (Debian's 1.6.20) with its own config, `root`, `state` and socket.
+//! A private `containerd` of a given [`Version`] (Debian's 1.6.20, or a 1.7 or 2.x release
+//! build) with its own config, `root`, `state`, socket and bin dir.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -13,6 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::cri::Cri;
 use super::procs::{self, Shim};
+use super::version::{BinName, Binaries, ConfigFormat, ContainerdRelease, Version};
 use super::K8S_NAMESPACE;
 use crate::sys::run;
 
@@ -56,8 +58,13 @@ pub struct SystemdCgroups {
 }
 
 /// A running `containerd --config FILE` whose every path is its own: a temp dir holds the
-/// config, `root`, `state`, the gRPC socket, runc's state, the pods' log dirs and the daemon's
-/// log; its containers go into a cgroup parent of its own. Nothing outside is touched except
+/// config, `root`, `state`, the gRPC socket, runc's state, the pods' log dirs, the daemon's
+/// log and its bin dir; its containers go into a cgroup parent of its own.
+///
+/// The bin dir holds symlinks to the [`Version`]'s binaries named `containerd`,
+/// `containerd-shim-runc-v2`, `ctr` and `runc`: containerd is started through it (so its comm
+/// is `containerd`), with it first on its `PATH` (where containerd looks for the shim), and
+/// its `runc` is the runc runtime's `BinaryName`. Nothing outside is touched except
 /// `/run/containerd/s/`, where containerd 1.6 always puts shim sockets (named by a hash of
 /// the daemon's socket, so they are told apart); with [`SystemdCgroups`], that is the `/run`
 /// of its own mount namespace.
@@ -88,6 +95,11 @@ pub struct Containerd {
     new_run_dirs: Vec<&'static str>,
     /// The mount namespace it runs in ([`SystemdCgroups`]), if not this process's.
     ns_pid: Option<u32>,
+    version: Version,
+    /// The private bin dir, first on the daemon's `PATH`.
+    bin_dir: PathBuf,
+    /// The release binaries the bin dir links to.
+    binaries: Binaries,
     started: Instant,
 }
 
@@ -100,30 +112,39 @@ impl Containerd {
     pub const START_TIMEOUT: Duration = Duration::from_secs(30);
     /// How long containerd may take to exit after SIGTERM.
     pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
-    pub const BINARY: &'static str = "containerd";
     /// The pause image the CRI plugin runs in every pod sandbox.
     pub const SANDBOX_IMAGE: &'static str = super::image::PAUSE;
     const POLL: Duration = Duration::from_millis(50);
 
-    /// Writes the config and starts containerd with the real runc; returns once its CRI
-    /// service answers.
+    /// Writes the config and starts Debian's containerd with the real runc; returns once its
+    /// CRI service answers.
     pub fn start(placement: Placement) -> Result<Self> {
         Self::start_with(placement, Runc::Real)
     }
 
     /// [`Containerd::start`], with its shims running `runc` as `runc` says.
     pub fn start_with(placement: Placement, runc: Runc) -> Result<Self> {
-        Self::start_inner(placement, runc, None)
+        Self::start_version(Version::DEBIAN, placement, runc)
+    }
+
+    /// [`Containerd::start_with`] for the containerd, shim, `ctr` and runc of `version`.
+    pub fn start_version(version: Version, placement: Placement, runc: Runc) -> Result<Self> {
+        Self::start_inner(version, placement, runc, None)
     }
 
     /// [`Containerd::start_with`], with runc's systemd cgroup driver, in the mount namespace
     /// `systemd` names. Nothing of it touches this process's `/run`: its shim sockets go to
     /// `/run/containerd/s` of that namespace.
     pub fn start_systemd(placement: Placement, runc: Runc, systemd: SystemdCgroups) -> Result<Self> {
-        Self::start_inner(placement, runc, Some(systemd))
+        Self::start_inner(Version::DEBIAN, placement, runc, Some(systemd))
     }
 
-    fn start_inner(placement: Placement, runc: Runc, systemd: Option<SystemdCgroups>) -> Result<Self> {
+    fn start_inner(
+        version: Version,
+        placement: Placement,
+        runc: Runc,
+        systemd: Option<SystemdCgroups>,
+    ) -> Result<Self> {
         let ns_pid = systemd.map(|s| s.ns_pid);
         let dir = tempfile::Builder::new()
             .prefix("plegwatch-containerd-")
@@ -159,8 +180,11 @@ impl Containerd {
             Runc::Real => None,
             Runc::StopBefore(_) => Some(dir.join("runc-wrapper").join("runc")),
         };
+        let bin_dir = dir.join("bin");
+        let real_runc = bin_dir.join(BinName::Runc.file_name());
         let paths = Paths {
-            runc_binary: runc_wrapper.clone(),
+            runc_binary: runc_wrapper.clone().unwrap_or_else(|| real_runc.clone()),
+            release: version.containerd,
             root,
             state: dir.join("state"),
             socket: dir.join("containerd.sock"),
@@ -179,18 +203,21 @@ impl Containerd {
                 name.rsplit('-').next().unwrap_or_default().replace(|c: char| !c.is_ascii_alphanumeric(), "")
             ),
         };
-        let setup = (|| -> Result<File> {
+        let setup = (|| -> Result<(File, Binaries)> {
             for d in ["tmp", "opt", "cni/bin", "cni/conf", "pod-logs"] {
                 std::fs::create_dir_all(dir.join(d))?;
             }
+            let binaries = version.link_into(&bin_dir)?;
             if let (Runc::StopBefore(subcommand), Some(wrapper)) = (runc, &runc_wrapper) {
-                write_runc_wrapper(wrapper, subcommand)?;
+                write_runc_wrapper(wrapper, &real_runc, subcommand)?;
             }
             std::fs::write(&config, config_toml(&paths))
                 .with_context(|| format!("write {}", config.display()))?;
-            File::create(&log).with_context(|| format!("create {}", log.display()))
+            let log_file =
+                File::create(&log).with_context(|| format!("create {}", log.display()))?;
+            Ok((log_file, binaries))
         })();
-        let log_file = match setup {
+        let (log_file, binaries) = match setup {
             Ok(f) => f,
             Err(e) => {
                 remove_dirs(&dir, placed.as_deref());
@@ -202,7 +229,13 @@ impl Containerd {
             .into_iter()
             .filter(|d| ns_pid.is_none() && !Path::new(d).exists())
             .collect();
-        let child = in_ns(ns_pid, Self::BINARY)
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let path = std::env::join_paths(
+            std::iter::once(bin_dir.clone()).chain(std::env::split_paths(&path)),
+        )
+        .context("the daemon's PATH")?;
+        let child = in_ns(ns_pid, bin_dir.join(BinName::Containerd.file_name()))
+            .env("PATH", path)
             .arg("--config")
             .arg(&config)
             .stdin(Stdio::null())
@@ -213,11 +246,11 @@ impl Containerd {
             Ok(c) => c,
             Err(e) => {
                 remove_dirs(&dir, placed.as_deref());
-                return Err(e).context("spawn containerd (Debian package containerd)");
+                return Err(e).with_context(|| format!("spawn containerd ({version})"));
             }
         };
         eprintln!(
-            "started containerd (pid {}) with {} ({placement:?}{})",
+            "started {version} (pid {}) with {} ({placement:?}{})",
             child.id(),
             config.display(),
             ns_pid.map(|p| format!(", systemd cgroups, in the mount namespace of pid {p}")).unwrap_or_default()
@@ -236,6 +269,9 @@ impl Containerd {
             runc_wrapper,
             new_run_dirs,
             ns_pid,
+            version,
+            bin_dir,
+            binaries,
             started: Instant::now(),
         };
         daemon.wait_ready()?;
@@ -289,6 +325,27 @@ impl Containerd {
         self.child.id()
     }
 
+    /// The containerd, shim, `ctr` and runc it runs.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// The release binaries its bin dir links to (`/proc/PID/exe` of its processes).
+    pub fn binaries(&self) -> &Binaries {
+        &self.binaries
+    }
+
+    /// Its private bin dir (first on its `PATH`): `containerd`, `containerd-shim-runc-v2`,
+    /// `ctr` and `runc`.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// The `runc` its shims run (through the [`Runc::StopBefore`] wrapper, if any).
+    pub fn runc(&self) -> PathBuf {
+        self.bin_dir.join(BinName::Runc.file_name())
+    }
+
     /// The gRPC socket (also each shim's `-address`).
     pub fn socket(&self) -> &Path {
         &self.socket
@@ -331,9 +388,9 @@ impl Containerd {
         Cri::connect(&self.socket)
     }
 
-    /// `ctr --address SOCKET -n k8s.io`, ready for more arguments.
+    /// `ctr --address SOCKET -n k8s.io` (the `ctr` of its version), ready for more arguments.
     pub fn ctr(&self) -> Command {
-        let mut cmd = Command::new("ctr");
+        let mut cmd = Command::new(self.bin_dir.join(BinName::Ctr.file_name()));
         cmd.arg("--address")
             .arg(&self.socket)
             .args(["--namespace", K8S_NAMESPACE]);
@@ -426,7 +483,7 @@ impl Containerd {
         for id in &leftover {
             eprintln!("cleanup: runc delete --force {id}");
             // In its namespace: a systemd-driven runc needs that namespace's bus.
-            if let Err(e) = run(in_ns(self.ns_pid, "runc")
+            if let Err(e) = run(in_ns(self.ns_pid, self.runc())
                 .arg("--root")
                 .arg(&ns_dir)
                 .args(["delete", "--force", id]))
@@ -518,8 +575,11 @@ impl Drop for Containerd {
 #[derive(Clone)]
 struct Paths {
     dir: PathBuf,
-    /// The runc runtime's `BinaryName`, if not the `runc` in PATH.
-    runc_binary: Option<PathBuf>,
+    /// Which containerd reads the config (its format, and its plugins).
+    release: ContainerdRelease,
+    /// The runc runtime's `BinaryName`: the bin dir's `runc` or the [`Runc::StopBefore`]
+    /// wrapper.
+    runc_binary: PathBuf,
     root: PathBuf,
     state: PathBuf,
     socket: PathBuf,
@@ -534,21 +594,32 @@ fn quoted(p: &Path) -> String {
     format!("{:?}", p.to_string_lossy())
 }
 
+/// The config for the daemon's release: [`ConfigFormat::V2`] for 1.x, [`ConfigFormat::V3`]
+/// for 2.x.
 fn config_toml(p: &Paths) -> String {
-    let snapshots = p
-        .snapshots
-        .as_ref()
-        .map(|s| format!("  root_path = {}\n", quoted(s)))
-        .unwrap_or_default();
-    let binary_name = p
-        .runc_binary
-        .as_ref()
-        .map(|b| format!("        BinaryName = {}\n", quoted(b)))
-        .unwrap_or_default();
-    format!(
-        r#"# plegwatch scenario harness: a private containerd; nothing here is the node's.
-version = 2
-root = {root}
+    let common = Common::of(p);
+    match p.release.config_format() {
+        ConfigFormat::V2 => config_v2(p, &common),
+        ConfigFormat::V3 => config_v3(p, &common),
+    }
+}
+
+/// What both formats hold alike: the daemon's own dirs and socket, and no other listener.
+struct Common {
+    head: String,
+    snapshots: String,
+    options: String,
+}
+
+impl Common {
+    fn of(p: &Paths) -> Self {
+        let snapshots = p
+            .snapshots
+            .as_ref()
+            .map(|s| format!("  root_path = {}\n", quoted(s)))
+            .unwrap_or_default();
+        let head = format!(
+            r#"root = {root}
 state = {state}
 temp = {tmp}
 oom_score = 0
@@ -574,9 +645,44 @@ disabled_plugins = [
 
 [plugins."io.containerd.internal.v1.opt"]
   path = {opt}
+"#,
+            root = quoted(&p.root),
+            state = quoted(&p.state),
+            tmp = quoted(&p.dir.join("tmp")),
+            socket = quoted(&p.socket),
+            opt = quoted(&p.dir.join("opt")),
+        );
+        // The runc runtime's options (`runc.v2`'s `options.Options`), the same in both formats.
+        let options = format!(
+            "        Root = {runc_root}\n        SystemdCgroup = {systemd_cgroup}\n        \
+             BinaryName = {binary_name}\n",
+            runc_root = quoted(&p.runc_root),
+            systemd_cgroup = p.systemd_cgroup,
+            binary_name = quoted(&p.runc_binary),
+        );
+        Self {
+            head,
+            snapshots,
+            options,
+        }
+    }
+}
 
+/// containerd 1.6 and 1.7: `version = 2`, the CRI plugin's options all under
+/// `io.containerd.grpc.v1.cri`.
+fn config_v2(p: &Paths, c: &Common) -> String {
+    // 1.7 has NRI (off by default); say so rather than rely on it. 1.6 has no such plugin.
+    let nri = match p.release {
+        ContainerdRelease::V1_6_20 => "",
+        _ => "\n# NRI would listen on /var/run/nri/nri.sock, the node's.\n\
+              [plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n",
+    };
+    format!(
+        r#"# plegwatch scenario harness: a private containerd; nothing here is the node's.
+version = 2
+{head}
 [plugins."io.containerd.snapshotter.v1.overlayfs"]
-{snapshots}
+{snapshots}{nri}
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{sandbox}"
   # The pause container's oom_score_adj of -998 needs CAP_SYS_RESOURCE, which this machine
@@ -595,24 +701,76 @@ disabled_plugins = [
       runtime_type = "io.containerd.runc.v2"
 
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        Root = {runc_root}
-        SystemdCgroup = {systemd_cgroup}
-{binary_name}
+{options}
   # No CNI: the scenarios run host-network pods only.
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = {cni_bin}
     conf_dir = {cni_conf}
 "#,
-        root = quoted(&p.root),
-        state = quoted(&p.state),
-        tmp = quoted(&p.dir.join("tmp")),
-        socket = quoted(&p.socket),
-        opt = quoted(&p.dir.join("opt")),
-        snapshots = snapshots,
+        head = c.head,
+        snapshots = c.snapshots,
         sandbox = Containerd::SANDBOX_IMAGE,
-        runc_root = quoted(&p.runc_root),
-        binary_name = binary_name,
-        systemd_cgroup = p.systemd_cgroup,
+        options = c.options,
+        cni_bin = quoted(&p.dir.join("cni/bin")),
+        cni_conf = quoted(&p.dir.join("cni/conf")),
+    )
+}
+
+/// containerd 2.x: `version = 3`, the CRI options split between `io.containerd.cri.v1.images`
+/// (the snapshotter, the pinned sandbox image), `io.containerd.cri.v1.runtime` (runtimes,
+/// CNI, security options) and `io.containerd.grpc.v1.cri` (the streaming server), as
+/// docs/cri/config.md at v2.3.4 lays them out. NRI, on by default in 2.x, is switched off
+/// (it would listen on the node's `/var/run/nri/nri.sock`), and CDI (always on) is given no
+/// spec dirs (it would watch the node's `/etc/cdi` and `/var/run/cdi`). containerd 2.3's own
+/// format is version 4 (the `[grpc]`, `[ttrpc]` and `[debug]` tables become
+/// `io.containerd.server.v1.*` plugins); it migrates version 3 at start and says so
+/// ("Configuration migrated from version 3") in its log.
+fn config_v3(p: &Paths, c: &Common) -> String {
+    format!(
+        r#"# plegwatch scenario harness: a private containerd; nothing here is the node's.
+version = 3
+{head}
+[plugins."io.containerd.snapshotter.v1.overlayfs"]
+{snapshots}
+[plugins."io.containerd.nri.v1.nri"]
+  disable = true
+
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{sandbox}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  # The pause container's oom_score_adj of -998 needs CAP_SYS_RESOURCE, which this machine
+  # kind lacks (runc then fails with "can't get final child's PID from pipe: EOF").
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  enable_selinux = false
+  # CDI is always on from 2.3 (`enable_cdi` is deprecated): give it no dirs of the node's.
+  cdi_spec_dirs = []
+
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+{options}
+  # No CNI: the scenarios run host-network pods only.
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = [{cni_bin}]
+    conf_dir = {cni_conf}
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"#,
+        head = c.head,
+        snapshots = c.snapshots,
+        sandbox = Containerd::SANDBOX_IMAGE,
+        options = c.options,
         cni_bin = quoted(&p.dir.join("cni/bin")),
         cni_conf = quoted(&p.dir.join("cni/conf")),
     )
@@ -647,25 +805,15 @@ exec '{real}' "$@"
     )
 }
 
-/// Writes the [`Runc::StopBefore`] wrapper at `path` (mode 0755), running the `runc` found
-/// in PATH.
-fn write_runc_wrapper(path: &Path, stop_before: &str) -> Result<()> {
-    let real = which("runc").context("runc is not in PATH (Debian package runc)")?;
+/// Writes the [`Runc::StopBefore`] wrapper at `path` (mode 0755), running `real` (the
+/// daemon's bin dir's `runc`, so that the runc it execs keeps the comm `runc`).
+fn write_runc_wrapper(path: &Path, real: &Path, stop_before: &str) -> Result<()> {
     let dir = path.parent().context("the runc wrapper's dir")?;
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    std::fs::write(path, runc_wrapper_script(&real, stop_before))
+    std::fs::write(path, runc_wrapper_script(real, stop_before))
         .with_context(|| format!("write {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
         .with_context(|| format!("chmod {}", path.display()))
-}
-
-/// The absolute, canonical path of `program` in PATH.
-fn which(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-        .and_then(|p| p.canonicalize().ok())
 }
 
 /// Where containerd 1.6 puts the socket of the shim for (`namespace`, `id`) of the daemon on
@@ -680,7 +828,7 @@ pub fn shim_socket(address: &Path, namespace: &str, id: &str) -> PathBuf {
 
 /// `program`, run in the mount namespace of process `ns_pid` if one is given (`nsenter
 /// --mount`, which execs it: the child's PID is the program's), else as it is.
-pub fn in_ns(ns_pid: Option<u32>, program: &str) -> Command {
+pub fn in_ns(ns_pid: Option<u32>, program: impl AsRef<std::ffi::OsStr>) -> Command {
     match ns_pid {
         None => Command::new(program),
         Some(pid) => {
@@ -761,38 +909,75 @@ fn remove_dirs(dir: &Path, placed: Option<&Path>) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn config_names_private_paths() {
-        let p = Paths {
+    fn paths(release: ContainerdRelease) -> Paths {
+        Paths {
             dir: "/tmp/x".into(),
+            release,
             root: "/tmp/x/root".into(),
             state: "/tmp/x/state".into(),
             socket: "/tmp/x/containerd.sock".into(),
             runc_root: "/tmp/x/state/runc".into(),
             snapshots: Some("/mnt/y/snapshots".into()),
-            runc_binary: None,
+            runc_binary: "/tmp/x/bin/runc".into(),
             systemd_cgroup: false,
-        };
-        let toml = config_toml(&p);
-        assert!(toml.contains("root = \"/tmp/x/root\""));
-        assert!(toml.contains("address = \"/tmp/x/containerd.sock\""));
-        assert!(toml.contains("root_path = \"/mnt/y/snapshots\""));
-        assert!(toml.contains("restrict_oom_score_adj = true"));
-        assert!(toml.contains("sandbox_image = \"docker.io/local/pause:1\""));
-        assert!(!toml.contains("/var/lib/containerd"));
-        assert!(!toml.contains("BinaryName"));
-        let systemd = config_toml(&Paths {
-            systemd_cgroup: true,
-            ..p.clone()
-        });
-        assert!(systemd.contains("        SystemdCgroup = true\n"));
-        let wrapped = config_toml(&Paths {
-            runc_binary: Some("/tmp/x/runc-wrapper/runc".into()),
-            ..p
-        });
-        assert!(wrapped.contains(
-            "        SystemdCgroup = false\n        BinaryName = \"/tmp/x/runc-wrapper/runc\"\n"
-        ));
+        }
+    }
+
+    #[test]
+    fn config_names_private_paths() {
+        for release in [
+            ContainerdRelease::V1_6_20,
+            ContainerdRelease::V1_7_34,
+            ContainerdRelease::V2_3_4,
+        ] {
+            let p = paths(release);
+            let toml = config_toml(&p);
+            assert!(toml.contains("root = \"/tmp/x/root\""), "{toml}");
+            assert!(toml.contains("address = \"/tmp/x/containerd.sock\""));
+            assert!(toml.contains("root_path = \"/mnt/y/snapshots\""));
+            assert!(toml.contains("restrict_oom_score_adj = true"));
+            assert!(toml.contains("\"docker.io/local/pause:1\""));
+            assert!(!toml.contains("/var/lib/containerd"));
+            assert!(toml.contains(
+                "        SystemdCgroup = false\n        BinaryName = \"/tmp/x/bin/runc\"\n"
+            ));
+            let systemd = config_toml(&Paths {
+                systemd_cgroup: true,
+                ..p.clone()
+            });
+            assert!(systemd.contains("        SystemdCgroup = true\n"));
+            let wrapped = config_toml(&Paths {
+                runc_binary: "/tmp/x/runc-wrapper/runc".into(),
+                ..p
+            });
+            assert!(wrapped.contains("        BinaryName = \"/tmp/x/runc-wrapper/runc\"\n"));
+        }
+    }
+
+    #[test]
+    fn config_format_follows_the_release() {
+        let v2 = config_toml(&paths(ContainerdRelease::V1_7_34));
+        assert!(v2.contains("\nversion = 2\n"));
+        assert!(v2.contains("[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc.options]"));
+        assert!(v2.contains("sandbox_image = \"docker.io/local/pause:1\""));
+        assert!(v2.contains("[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true"));
+        let v16 = config_toml(&paths(ContainerdRelease::V1_6_20));
+        assert!(!v16.contains("nri"), "1.6 has no NRI plugin");
+        let v3 = config_toml(&paths(ContainerdRelease::V2_3_4));
+        assert!(v3.contains("\nversion = 3\n"));
+        for section in [
+            "[plugins.\"io.containerd.cri.v1.images\"]",
+            "[plugins.\"io.containerd.cri.v1.images\".pinned_images]\n    sandbox = \"docker.io/local/pause:1\"",
+            "[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]",
+            "[plugins.\"io.containerd.cri.v1.runtime\".cni]\n    bin_dirs = [\"/tmp/x/cni/bin\"]",
+            "[plugins.\"io.containerd.grpc.v1.cri\"]\n  stream_server_address",
+            "[plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true",
+            "cdi_spec_dirs = []",
+        ] {
+            assert!(v3.contains(section), "{section} missing:\n{v3}");
+        }
+        assert!(!v3.contains("sandbox_image"), "a version 2 key in a version 3 config");
+        assert!(!v3.contains("io.containerd.grpc.v1.cri\".containerd"));
     }
 
     /// Runs the wrapper script with `args` and `/bin/echo` for the real runc; returns whether

@@ -11,6 +11,12 @@
 //! 4. the shim's `(*service).Delete` → `(*Init).delete` → `mount.UnmountAll` → `unix.Unmount`,
 //!    holding that mutex, in umount2's task_work sync (`/proc/TID/syscall` reads 166).
 //!
+//! On containerd 2.3 the chain is cut short (see [`UpdateEnd`]): the update's `Task()` lookup
+//! asks the shim for the task's `State`, which waits on the same shim mutex as step 3; from
+//! v2.3.0 that lookup fails once containerd's 2 s `io.containerd.timeout.task.state` runs
+//! out, so `UpdateContainerResources` fails and lets go of the Status lock after ~2 s instead
+//! of holding it for the whole umount.
+//!
 //! [`Bed::prepare`] sets everything up to a running host-network pod with the relist driver
 //! going and the throttle on; [`Bed::trigger`] runs the container and causes the stall. A
 //! plegwatch scenario starts plegwatch between the two (or in the `mid_stall` hook of
@@ -29,6 +35,8 @@ use super::cri;
 use super::daemon::{Placement, Runc};
 use super::image::BUSYBOX;
 use super::procs::{self, Shim, ThreadSnapshot, UmountSpan, UmountWatch};
+use super::version::ContainerdRelease;
+use super::Version;
 use crate::LoopFs;
 
 /// Which of containerd's data sits on the throttled disk.
@@ -46,9 +54,43 @@ pub enum OnDisk {
     Snapshots,
 }
 
+/// How `UpdateContainerResources` ends in this staging, which decides how long it holds the
+/// Status lock. In every version, inside `UpdateSync`, it first looks the task up
+/// (`Container.Task` → tasks service `Get` → the shim's `State`, under the 2 s
+/// `io.containerd.timeout.task.state`), then calls `task.Update`. The shim's `State` and
+/// `Update` both wait on the init process's mutex, which `Delete` holds across the umount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateEnd {
+    /// containerd 1.6 and 1.7: the tasks service only logs a `State` that timed out
+    /// ("get state for …") and returns the task anyway, so `task.Update` goes to the shim and
+    /// waits there until `Delete` lets go of the mutex, then fails with "cannot update a
+    /// deleted process". The lock is held for the whole umount (#9770 as reported).
+    AfterUmount,
+    /// containerd 2.3 (PR #12821, "propagate `context deadline exceeded` error properly",
+    /// first in v2.3.0): the tasks service returns the `State` timeout as DeadlineExceeded,
+    /// so `Container.Task` fails, and `UpdateContainerResources` fails with "failed to get
+    /// task: context deadline exceeded" after the state timeout, letting go of the lock. The
+    /// stall is bounded by that timeout; the shim's umount goes on.
+    StateTimeout(Duration),
+}
+
+impl UpdateEnd {
+    /// containerd's default `io.containerd.timeout.task.state`.
+    pub const STATE_TIMEOUT: Duration = Duration::from_secs(2);
+
+    pub fn of(version: Version) -> Self {
+        match version.containerd {
+            ContainerdRelease::V1_6_20 | ContainerdRelease::V1_7_34 => Self::AfterUmount,
+            ContainerdRelease::V2_3_4 => Self::StateTimeout(Self::STATE_TIMEOUT),
+        }
+    }
+}
+
 /// How the stall is staged.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The containerd, shim and runc it is staged on.
+    pub version: Version,
     pub on_disk: OnDisk,
     /// Size of the loop-mounted ext4.
     pub disk_size: u64,
@@ -67,6 +109,7 @@ impl Default for Options {
     /// (measured on this machine kind).
     fn default() -> Self {
         Self {
+            version: Version::DEBIAN,
             on_disk: OnDisk::Snapshots,
             disk_size: 256 << 20,
             dirty_mib: 24,
@@ -229,7 +272,7 @@ impl Bed {
             OnDisk::Root => Placement::RootUnder(base),
             OnDisk::Snapshots => Placement::SnapshotsUnder(base),
         };
-        let stage = Stage::start(placement, Runc::Real, "stall9770")?;
+        let stage = Stage::start_version(options.version, placement, Runc::Real, "stall9770")?;
         let mut bed = Self {
             stage,
             fs,

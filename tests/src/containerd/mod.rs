@@ -1,9 +1,13 @@
-//! A test bed of real Kubernetes node components: Debian's containerd 1.6.20 (stripped, as
-//! release builds are) with runc 1.1.5, driven over CRI the way kubelet drives it, and the
-//! containerd#9770 stall staged on it deterministically.
+//! A test bed of real Kubernetes node components: a containerd with its own shim and `ctr`,
+//! and a runc, of a [`Version`] (Debian's containerd 1.6.20 with runc 1.1.5, or the stripped
+//! 1.7.34 and 2.3.4 release builds with runc 1.4.3), driven over CRI the way kubelet drives
+//! it, and the containerd#9770 stall staged on it deterministically.
 //!
-//! - [`Containerd`] ([`daemon`]): a private `containerd` with its own config, `root`, `state`
-//!   and socket in a temp dir (its root or only its overlayfs snapshots optionally on a
+//! - [`Version`] ([`version`]): which binaries, and which config format (`version = 2` for
+//!   1.x, `version = 3` with the split CRI plugins for 2.x).
+//! - [`Containerd`] ([`daemon`]): a private `containerd` with its own config, `root`, `state`,
+//!   socket and bin dir (the version's binaries under the names containerd looks for) in a
+//!   temp dir (its root or only its overlayfs snapshots optionally on a
 //!   [`crate::LoopFs`]), its shims running the real runc or a [`Runc::StopBefore`] wrapper
 //!   that freezes one runc subcommand with SIGSTOP. Dropping it stops it by PID, then cleans
 //!   up after it: the shims and containers it left (found by the shims' `-address`
@@ -43,27 +47,24 @@ pub mod issue9770;
 pub mod procs;
 pub mod runc_stopped;
 pub mod systemd_dbus;
+pub mod version;
 
 pub use cri::{Cri, Pod, RelistDriver};
 pub use daemon::{Containerd, Placement, Runc, SystemdCgroups};
+pub use version::Version;
 
 /// The CRI namespace kubelet's containers live in; images must be imported into it.
 pub const K8S_NAMESPACE: &str = "k8s.io";
 
-/// The programs the bed runs (Debian packages containerd, runc and busybox-static).
+/// The programs the bed runs on [`Version::DEBIAN`] (Debian packages containerd, runc and
+/// busybox-static).
 pub const TOOLS: &[&str] = &["containerd", "ctr", "containerd-shim-runc-v2", "runc"];
 
 /// Panics unless the test runs as root and every program in [`TOOLS`] and
 /// [`image::BUSYBOX_BIN`] is there. Unlike [`crate::preflight::require`] it does not ask for
 /// `PLEGWATCH_BIN`: the baseline scenarios of this bed run no plegwatch.
 pub fn require() {
-    // SAFETY: geteuid(2) takes no arguments and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    assert!(
-        euid == 0,
-        "the containerd scenarios need root (euid is {euid}): they run containerd and runc, \
-         attach loop devices and mount filesystems"
-    );
+    require_root_and_busybox();
     let path = std::env::var_os("PATH").unwrap_or_default();
     let missing: Vec<&str> = TOOLS
         .iter()
@@ -76,6 +77,35 @@ pub fn require() {
          installs them)",
         path.to_string_lossy(),
         missing.join(", ")
+    );
+}
+
+/// [`require`] for a bed on `version`: panics unless root and busybox are there; then
+/// whether every binary of `version` is. [`Version::DEBIAN`]'s missing fail the test as
+/// [`require`] does; a release build missing is a [`crate::preflight::skip`] of `scenario`
+/// (a failure under CI), naming each missing file.
+pub fn require_version(version: Version, scenario: &str) -> bool {
+    if version == Version::DEBIAN {
+        require();
+        return true;
+    }
+    require_root_and_busybox();
+    match version.binaries() {
+        Ok(_) => true,
+        Err(missing) => {
+            crate::preflight::skip(scenario, &missing);
+            false
+        }
+    }
+}
+
+fn require_root_and_busybox() {
+    // SAFETY: geteuid(2) takes no arguments and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "the containerd scenarios need root (euid is {euid}): they run containerd and runc, \
+         attach loop devices and mount filesystems"
     );
     assert!(
         std::path::Path::new(image::BUSYBOX_BIN).is_file(),

@@ -10,6 +10,10 @@
 //!    `runc --root … --log … --log-format json update --resources - ID` to exit;
 //! 4. that `runc`, the shim's child, in state `T` (`do_signal_stop`).
 //!
+//! containerd 1.7.34 and 2.3.4 (runc 1.4.3) take the same path: the update's task lookup
+//! (the shim's `State`) comes before `runc update` starts, so it does not time out, and the
+//! lock is held for as long as runc stays stopped.
+//!
 //! The freeze is deterministic: containerd runs with [`Runc::StopBefore`]`("update")`, whose
 //! `runc` wrapper stops itself before it runs the real runc, so nothing races the shim. The
 //! bed finds the stopped process (a child of the container's shim, comm `runc`, state `T`),
@@ -30,6 +34,7 @@ use super::cri;
 use super::daemon::{Placement, Runc};
 use super::image::BUSYBOX;
 use super::procs::{self, Shim, ThreadSnapshot};
+use super::Version;
 
 /// The runc subcommand the bed freezes.
 pub const FROZEN_SUBCOMMAND: &str = "update";
@@ -39,6 +44,8 @@ pub const RUNC_COMM: &str = "runc";
 /// How the stall is staged.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The containerd, shim and runc it is staged on.
+    pub version: Version,
     /// How long the `runc update` stays stopped once it is seen stopped.
     pub stop_for: Duration,
     /// How long the relist driver runs on the quiet node before the update goes out.
@@ -51,6 +58,7 @@ impl Default for Options {
     /// Stopped for 8 s, after 1.5 s of relists every 200 ms.
     fn default() -> Self {
         Self {
+            version: Version::DEBIAN,
             stop_for: Duration::from_secs(8),
             quiet_for: Duration::from_millis(1500),
             relist_period: Duration::from_millis(200),
@@ -188,7 +196,8 @@ impl Bed {
 
     /// Everything up to a running container, with the relist driver going.
     pub fn prepare(options: Options) -> Result<Self> {
-        let mut stage = Stage::start(
+        let mut stage = Stage::start_version(
+            options.version,
             Placement::TempDir,
             Runc::StopBefore(FROZEN_SUBCOMMAND),
             "runcstopped",

@@ -55,7 +55,7 @@ impl LiveState {
     pub fn apply(&mut self, event: &Event, now: Instant) {
         match event {
             Event::Ready(r) => self.ready = Some(r.clone()),
-            Event::Target(t) if t.status == "probed" => {
+            Event::Target(t) if matches!(t.status, "probed" | "partial") => {
                 self.targets.insert(t.binary.clone());
             }
             Event::Incident(i) => {
@@ -382,6 +382,7 @@ pub(crate) mod tests {
             symptom: chain[0].clone(),
             chain,
             waits: vec![1, 2, 3, 4, 5],
+            attached: Vec::new(),
             budget_used: waited_s / 180.0,
             started_at: "2026-11-22T02:45:01.123Z".into(),
             waited_s,
@@ -402,6 +403,7 @@ pub(crate) mod tests {
             symptom: w.clone(),
             chain: vec![w, end],
             waits: vec![9],
+            attached: Vec::new(),
             budget_used: waited_s / 180.0,
             started_at: "2026-11-22T02:44:00.000Z".into(),
             waited_s,

@@ -1,0 +1,530 @@
+//! The attach table: every probe with its variants, best first, and the one
+//! function that picks among them at startup by trying them for real.
+//!
+//! A variant that fails to load or attach is logged with the kernel's reason
+//! and the next one is tried; the choice is logged at `info` and printed by
+//! `plegwatch doctor` and in the `ready` line.
+
+use crate::{events::ProbeChoice, syscalls::WATCHED};
+use aya::{
+    Ebpf,
+    programs::{BtfTracePoint, RawTracePoint, TracePoint},
+};
+use thiserror::Error;
+
+/// Where a variant attaches.
+#[derive(Clone, Copy, Debug)]
+pub enum Variant {
+    /// Classic tracepoint programs, each attached to its tracepoints.
+    Tracepoints(&'static [Tp]),
+    /// A raw tracepoint program.
+    RawTracepoint { program: &'static str, tracepoint: &'static str },
+    /// A BTF tracepoint (tp_btf) program; needs kernel BTF, and the kernel
+    /// struct offsets it reads.
+    BtfTracepoint { program: &'static str, tracepoint: &'static str },
+    /// No kernel program: the collector polls `/proc` for this job at each scan
+    /// (coarser timing, same result).
+    ProcPoll,
+    /// Nothing: the probe is off, and what it would catch is not caught.
+    Off,
+}
+
+/// One tracepoint program and where it attaches.
+#[derive(Clone, Copy, Debug)]
+pub struct Tp {
+    pub program: &'static str,
+    pub category: &'static str,
+    pub names: Names,
+    /// Record fields the program reads at fixed offsets: (name, offset,
+    /// size), checked against the running kernel's tracefs `format` before
+    /// it attaches. Syscall records need none (their layout is ABI).
+    pub fields: &'static [(&'static str, usize, usize)],
+}
+
+/// The tracepoint names of a [`Tp`].
+#[derive(Clone, Copy, Debug)]
+pub enum Names {
+    /// `sys_enter_<tp>` for every watched syscall.
+    SyscallEnter,
+    /// `sys_exit_<tp>` for every watched syscall.
+    SyscallExit,
+    /// `sys_enter_*` of the socket send/recv syscalls.
+    SockEnter,
+    /// `sys_exit_*` of the socket send/recv syscalls.
+    SockExit,
+    One(&'static str),
+}
+
+/// The socket send and receive syscalls, in `SOCK_NR` slot order.
+pub const SOCK_SYSCALLS: [&str; plegwatch_abi::SOCK_SLOTS] =
+    ["write", "writev", "sendto", "sendmsg", "read", "readv", "recvfrom", "recvmsg"];
+
+impl Names {
+    fn prefix_and_names(self) -> (&'static str, Vec<&'static str>) {
+        match self {
+            Names::SyscallEnter => ("sys_enter_", WATCHED.iter().map(|w| w.tracepoint).collect()),
+            Names::SyscallExit => ("sys_exit_", WATCHED.iter().map(|w| w.tracepoint).collect()),
+            Names::SockEnter => ("sys_enter_", SOCK_SYSCALLS.to_vec()),
+            Names::SockExit => ("sys_exit_", SOCK_SYSCALLS.to_vec()),
+            Names::One(n) => ("", vec![n]),
+        }
+    }
+
+    fn list(self) -> Vec<String> {
+        let (prefix, names) = self.prefix_and_names();
+        names.iter().map(|n| format!("{prefix}{n}")).collect()
+    }
+
+    fn describe(self) -> String {
+        match self.prefix_and_names() {
+            (prefix, names) if names.len() > 1 => format!("{prefix}{{{}}}", names.join(",")),
+            (prefix, names) => format!("{prefix}{}", names.join(",")),
+        }
+    }
+}
+
+impl Variant {
+    /// A short description, e.g. `tracepoint syscalls:sys_enter_{umount,sync,...}`.
+    pub fn describe(&self) -> String {
+        match self {
+            Variant::Tracepoints(tps) => {
+                let parts: Vec<String> = tps.iter().map(|t| format!("{}:{}", t.category, t.names.describe())).collect();
+                format!("tracepoint {}", parts.join(" + "))
+            }
+            Variant::RawTracepoint { tracepoint, .. } => format!("raw_tp {tracepoint}"),
+            Variant::BtfTracepoint { tracepoint, .. } => format!("tp_btf {tracepoint}"),
+            Variant::ProcPoll => "/proc poll".to_string(),
+            Variant::Off => "off".to_string(),
+        }
+    }
+}
+
+/// A probe and its variants, best first.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    pub name: &'static str,
+    pub about: &'static str,
+    /// plegwatch can't run without it.
+    pub required: bool,
+    pub variants: &'static [Variant],
+}
+
+const fn tp(program: &'static str, category: &'static str, names: Names) -> Tp {
+    Tp { program, category, names, fields: &[] }
+}
+
+const fn tp_checked(program: &'static str, category: &'static str, name: &'static str, fields: &'static [(&'static str, usize, usize)]) -> Tp {
+    Tp { program, category, names: Names::One(name), fields }
+}
+
+use plegwatch_abi::block_tp;
+
+/// The fields `block_issue` and `block_complete` read (probe-ebpf/src/block.rs).
+const BLOCK_ISSUE_FIELDS: &[(&str, usize, usize)] =
+    &[("dev", block_tp::DEV_OFF, 4), ("bytes", block_tp::ISSUE_BYTES_OFF, 4), ("rwbs", block_tp::RWBS_OFF, 2)];
+const BLOCK_COMPLETE_FIELDS: &[(&str, usize, usize)] = &[("dev", block_tp::DEV_OFF, 4), ("rwbs", block_tp::RWBS_OFF, 2)];
+
+/// The fields of a tracefs `format` file: name → (offset, size). Arrays are
+/// named without their brackets (`rwbs[10]` → `rwbs`).
+pub fn parse_format(text: &str) -> std::collections::HashMap<String, (usize, usize)> {
+    let mut out = std::collections::HashMap::new();
+    for line in text.lines() {
+        let mut name = None;
+        let mut off = None;
+        let mut size = None;
+        for part in line.trim().split(';') {
+            let part = part.trim();
+            if let Some(f) = part.strip_prefix("field:") {
+                name = f.split_whitespace().last().map(|n| n.split('[').next().unwrap_or(n).to_string());
+            } else if let Some(o) = part.strip_prefix("offset:") {
+                off = o.parse().ok();
+            } else if let Some(z) = part.strip_prefix("size:") {
+                size = z.parse().ok();
+            }
+        }
+        if let (Some(n), Some(o), Some(z)) = (name, off, size) {
+            out.insert(n, (o, z));
+        }
+    }
+    out
+}
+
+/// Checks that the tracepoint's record has each field at the offset the
+/// program reads, and at least as wide.
+fn check_fields(category: &str, name: &str, fields: &[(&str, usize, usize)]) -> Result<(), String> {
+    if fields.is_empty() {
+        return Ok(());
+    }
+    // Where `loader::ensure_tracefs` found (or mounted) tracefs.
+    let paths = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].map(|t| format!("{t}/events/{category}/{name}/format"));
+    let text = paths
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .ok_or_else(|| format!("no tracefs format for {category}:{name}"))?;
+    let have = parse_format(&text);
+    for (f, off, size) in fields {
+        match have.get(*f) {
+            Some((o, z)) if o == off && z >= size => {}
+            Some((o, z)) => return Err(format!("{category}:{name} has {f} at offset {o} size {z}; the program reads offset {off} size {size}")),
+            None => return Err(format!("{category}:{name} has no field {f}")),
+        }
+    }
+    Ok(())
+}
+
+/// Every probe `plegwatch watch` attaches.
+pub const PROBES: &[Probe] = &[
+    Probe {
+        name: "wait_enter",
+        about: "opens a wait at sys_enter of umount2 and the sync family",
+        required: true,
+        variants: &[Variant::Tracepoints(&[tp("wait_enter", "syscalls", Names::SyscallEnter)])],
+    },
+    Probe {
+        name: "wait_exit",
+        about: "closes it at sys_exit (umount2 goes on in task_work)",
+        required: true,
+        variants: &[Variant::Tracepoints(&[tp("wait_exit", "syscalls", Names::SyscallExit)])],
+    },
+    Probe {
+        name: "umount_tail_end",
+        about: "closes a umount2 wait when its thread is back in user space",
+        required: false,
+        variants: &[
+            Variant::RawTracepoint { program: "tail_end_raw", tracepoint: "sys_enter" },
+            Variant::Tracepoints(&[tp("tail_end_tp", "raw_syscalls", Names::One("sys_enter"))]),
+            Variant::ProcPoll,
+        ],
+    },
+    Probe {
+        name: "thread_exit",
+        about: "closes the waits of threads that exit",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[tp("thread_exit", "sched", Names::One("sched_process_exit"))]),
+            Variant::ProcPoll,
+        ],
+    },
+    Probe {
+        name: "socket_classify",
+        about: "marks netlink sockets at socket(), unix sockets at connect() (ttrpc when they name a containerd shim socket), forgets them at close()",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("socket_enter", "syscalls", Names::One("sys_enter_socket")),
+                tp("socket_exit", "syscalls", Names::One("sys_exit_socket")),
+                tp("connect_enter", "syscalls", Names::One("sys_enter_connect")),
+                tp("close_enter", "syscalls", Names::One("sys_enter_close")),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "socket_io",
+        about: "records sends and receives on netlink and D-Bus sockets, and ttrpc frame headers to containerd shims",
+        required: false,
+        // The exits first: a call whose sys_enter is seen always has its
+        // sys_exit seen, so no SOCK_CALLS entry (and its gate count) is left behind.
+        variants: &[
+            Variant::Tracepoints(&[tp("sock_exit", "syscalls", Names::SockExit), tp("sock_enter", "syscalls", Names::SockEnter)]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "socket_reuse",
+        about: "forgets a socket's class when its fd names another file: dup2/dup3 onto it, close_range over it, exec",
+        required: false,
+        // The exits first, so that no dup call is remembered without its end.
+        // close_range's tracepoint is Linux >= 5.9: without it, dup and exec still.
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup2")),
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup3")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup2")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup3")),
+                tp("close_range_enter", "syscalls", Names::One("sys_enter_close_range")),
+                tp("sock_exec", "sched", Names::One("sched_process_exec")),
+            ]),
+            Variant::Tracepoints(&[
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup2")),
+                tp("dup_exit", "syscalls", Names::One("sys_exit_dup3")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup2")),
+                tp("dup_enter", "syscalls", Names::One("sys_enter_dup3")),
+                tp("sock_exec", "sched", Names::One("sched_process_exec")),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "child_wait",
+        about: "threads blocked in wait4/waitid for a child (a parent waiting on the process it started)",
+        required: false,
+        // The exits first, so that no entry (and its gate count) is left behind.
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("child_wait_exit", "syscalls", Names::One("sys_exit_wait4")),
+                tp("child_wait_exit", "syscalls", Names::One("sys_exit_waitid")),
+                tp("child_wait_gone", "sched", Names::One("sched_process_exit")),
+                tp("child_wait_enter", "syscalls", Names::One("sys_enter_wait4")),
+                tp("child_wait_enter", "syscalls", Names::One("sys_enter_waitid")),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "lock_contention",
+        about: "who holds the kernel mutex a thread waits on (rtnl_mutex behind a netlink request)",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[
+                tp("lock_begin", "lock", Names::One("contention_begin")),
+                tp("lock_end", "lock", Names::One("contention_end")),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "proc_exec",
+        about: "looks at each new binary at exec, so a restarted containerd or kubelet is probed again at once",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[tp("proc_exec", "sched", Names::One("sched_process_exec"))]),
+            Variant::ProcPoll,
+        ],
+    },
+    Probe {
+        name: "block_io",
+        about: "block requests in flight and bytes written per device, for waits on writeback",
+        required: false,
+        variants: &[
+            Variant::Tracepoints(&[
+                tp_checked("block_issue", "block", "block_rq_issue", BLOCK_ISSUE_FIELDS),
+                tp_checked("block_complete", "block", "block_rq_complete", BLOCK_COMPLETE_FIELDS),
+            ]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "offcpu",
+        about: "D-state sleeps by kernel stack for the processes that matter (sched_switch)",
+        required: false,
+        variants: &[
+            Variant::BtfTracepoint { program: "offcpu_switch_btf", tracepoint: "sched_switch" },
+            Variant::Tracepoints(&[tp("offcpu_switch_tp", "sched", Names::One("sched_switch"))]),
+            Variant::Off,
+        ],
+    },
+    Probe {
+        name: "parked_threads",
+        about: "threads blocked reading a unix socket (to its peer, by sock_diag) or parked on a contended lock's futex beside a sibling's long wait: /proc/TID/syscall, sampled off the event loop for processes with a wait over 1 s (see `parked`)",
+        required: false,
+        variants: &[Variant::ProcPoll],
+    },
+];
+
+/// What some variants need besides the eBPF object.
+#[derive(Default)]
+pub struct AttachEnv {
+    /// The kernel's BTF, for tp_btf.
+    pub btf: Option<aya::Btf>,
+    /// Whether the struct offsets the tp_btf programs read were found.
+    pub offsets_known: bool,
+}
+
+impl AttachEnv {
+    /// Reads the kernel's BTF (`offsets_known` as the loader found them).
+    pub fn probe(offsets_known: bool) -> Self {
+        AttachEnv { btf: aya::Btf::from_sys_fs().ok(), offsets_known }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ProbeError {
+    #[error("required probe {probe} could not attach: {reasons}")]
+    Required {
+        probe: &'static str,
+        reasons: String,
+    },
+}
+
+/// The variant a probe got, and why better ones were passed over.
+#[derive(Clone, Debug)]
+pub struct Choice {
+    pub probe: &'static str,
+    pub variant: Variant,
+    pub passed_over: Vec<String>,
+}
+
+impl Choice {
+    pub fn is_proc_poll(&self) -> bool {
+        matches!(self.variant, Variant::ProcPoll)
+    }
+
+    pub fn is_off(&self) -> bool {
+        matches!(self.variant, Variant::Off)
+    }
+
+    pub fn to_output(&self) -> ProbeChoice {
+        ProbeChoice {
+            probe: self.probe.to_string(),
+            variant: self.variant.describe(),
+        }
+    }
+}
+
+/// Attaches every probe of [`PROBES`], each with the best variant that works.
+pub fn attach_all(ebpf: &mut Ebpf, env: &AttachEnv) -> Result<Vec<Choice>, ProbeError> {
+    PROBES.iter().map(|p| attach(ebpf, env, p)).collect()
+}
+
+/// Attaches one probe with the best variant that works.
+pub fn attach(ebpf: &mut Ebpf, env: &AttachEnv, probe: &Probe) -> Result<Choice, ProbeError> {
+    let mut passed_over = Vec::new();
+    for v in probe.variants {
+        match try_variant(ebpf, env, v) {
+            Ok(()) => {
+                if matches!(v, Variant::Off) {
+                    tracing::warn!(probe = probe.name, passed_over = ?passed_over, "probe is off: {}", probe.about);
+                } else if passed_over.is_empty() {
+                    tracing::info!(probe = probe.name, variant = %v.describe(), "probe attached");
+                } else {
+                    tracing::warn!(probe = probe.name, variant = %v.describe(), passed_over = ?passed_over, "probe attached with a fallback");
+                }
+                return Ok(Choice {
+                    probe: probe.name,
+                    variant: *v,
+                    passed_over,
+                });
+            }
+            Err(e) => passed_over.push(format!("{}: {}", v.describe(), one_line(&e))),
+        }
+    }
+    // Optional probes end with ProcPoll or Off, which always "attach".
+    Err(ProbeError::Required {
+        probe: probe.name,
+        reasons: passed_over.join("; "),
+    })
+}
+
+fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), String> {
+    match *v {
+        Variant::Tracepoints(tps) => {
+            let mut attached: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)> = Vec::new();
+            for t in tps {
+                for name in t.names.list() {
+                    check_fields(t.category, &name, t.fields)?;
+                }
+            }
+            let result = tps.iter().try_for_each(|t| {
+                let prog: &mut TracePoint = program_mut(ebpf, t.program)?;
+                prog.load().or_else(already_loaded).map_err(|e| format!("load {}: {e}", t.program))?;
+                for name in t.names.list() {
+                    let link = prog.attach(t.category, &name).map_err(|e| format!("attach {} to {}:{name}: {e}", t.program, t.category))?;
+                    attached.push((t.program, link));
+                }
+                Ok(())
+            });
+            if result.is_err() {
+                for (program, link) in attached {
+                    if let Ok(prog) = program_mut::<TracePoint>(ebpf, program) {
+                        let _ = prog.detach(link);
+                    }
+                }
+            }
+            result
+        }
+        Variant::RawTracepoint { program, tracepoint } => {
+            let prog: &mut RawTracePoint = program_mut(ebpf, program)?;
+            prog.load().or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
+            prog.attach(tracepoint).map(|_| ()).map_err(|e| format!("attach {program} to {tracepoint}: {e}"))
+        }
+        Variant::BtfTracepoint { program, tracepoint } => {
+            let btf = env.btf.as_ref().ok_or("no kernel BTF")?;
+            if !env.offsets_known {
+                return Err("kernel struct offsets not found in BTF".into());
+            }
+            let prog: &mut BtfTracePoint = program_mut(ebpf, program)?;
+            prog.load(tracepoint, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
+            prog.attach().map(|_| ()).map_err(|e| format!("attach {program}: {e}"))
+        }
+        Variant::ProcPoll | Variant::Off => Ok(()),
+    }
+}
+
+/// A kernel refusal as one short line: the verifier's log can run to
+/// megabytes; its first and last lines say what failed.
+fn one_line(e: &str) -> String {
+    const KEEP: usize = 240;
+    let e = e.replace('\n', " | ");
+    if e.len() <= 2 * KEEP {
+        return e;
+    }
+    let head: String = e.chars().take(KEEP).collect();
+    let tail: String = e.chars().rev().take(KEEP).collect::<Vec<_>>().into_iter().rev().collect();
+    format!("{head} … {tail}")
+}
+
+fn already_loaded(e: aya::programs::ProgramError) -> Result<(), aya::programs::ProgramError> {
+    match e {
+        aya::programs::ProgramError::AlreadyLoaded => Ok(()),
+        e => Err(e),
+    }
+}
+
+/// The program `name` of `ebpf`, as type `T`.
+pub fn program_mut<'a, T>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut T, String>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| format!("program {name} is not in the eBPF object"))?
+        .try_into()
+        .map_err(|e| format!("program {name}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tracefs_formats_parse() {
+        let text = "name: block_rq_issue\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:char rwbs[10];\toffset:34;\tsize:10;\tsigned:0;\n\tfield:__data_loc char[] cmd;\toffset:60;\tsize:4;\tsigned:0;\n";
+        let f = super::parse_format(text);
+        assert_eq!(f.get("dev"), Some(&(8, 4)));
+        assert_eq!(f.get("rwbs"), Some(&(34, 10)));
+        assert_eq!(f.get("cmd"), Some(&(60, 4)));
+        assert_eq!(f.get("common_type"), Some(&(0, 2)));
+    }
+
+    use super::*;
+
+    #[test]
+    fn refusals_are_cut_to_one_line() {
+        let log = format!("load sock_exit: too long. Verifier output: {}BPF program is too large.\n", "0: (bf) r7 = r1\n".repeat(10_000));
+        let l = one_line(&log);
+        assert!(l.len() < 600 && !l.contains('\n'), "{l}");
+        assert!(l.starts_with("load sock_exit") && l.ends_with("too large. | "), "{l}");
+    }
+
+    #[test]
+    fn table_is_sound() {
+        for p in PROBES {
+            assert!(!p.variants.is_empty(), "{}", p.name);
+            if !p.required {
+                assert!(
+                    matches!(p.variants.last(), Some(Variant::ProcPoll | Variant::Off)),
+                    "{} needs a last-resort variant",
+                    p.name
+                );
+            }
+        }
+        assert_eq!(
+            PROBES[0].variants[0].describe(),
+            "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}"
+        );
+        assert_eq!(PROBES[2].variants[0].describe(), "raw_tp sys_enter");
+        assert_eq!(
+            PROBES[5].variants[0].describe(),
+            "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \
+             syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! Cached lookups of processes and sockets (`/proc`, sock_diag) for the
+//! resolvers: children, states, names, and who is connected to whom.
+//!
+//! Each answer is kept for a short while, so that a scan every 250 ms does
+//! not walk `/proc` again for every edge.
+
+//!
+//! Below them: `procfs` (reads of `/proc`), `mounts` (mountinfo) and
+//! `holders` (who owns a socket, a D-Bus name, a unix peer).
+
+pub mod holders;
+pub mod mounts;
+pub mod pipes;
+pub mod procfs;
+
+use crate::{
+    clock::monotonic_ns,
+    graph::children::{ChildProcs, PipeLink},
+    graph::resolvers::Procs,
+};
+use holders::{SocketOwners, UnixPeers};
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+/// How long a "connected" answer is reused.
+const CONNECTED_TTL: Duration = Duration::from_secs(5);
+/// Most (client, server) answers kept.
+const CONNECTED_MAX: usize = 4096;
+
+#[derive(Default)]
+pub struct Observe {
+    peers: UnixPeers,
+    owners: SocketOwners,
+    connected: HashMap<(u32, u32), (Instant, bool)>,
+    pipes: HashMap<u32, (Instant, Vec<PipeLink>)>,
+}
+
+/// How long a process's pipes to its children are reused.
+const PIPES_TTL: Duration = Duration::from_secs(2);
+/// Most processes whose pipes are kept.
+const PIPES_MAX: usize = 256;
+
+impl ChildProcs for Observe {
+    fn child_pipes(&mut self, pid: u32) -> Vec<PipeLink> {
+        if let Some((at, links)) = self.pipes.get(&pid) {
+            if at.elapsed() < PIPES_TTL {
+                return links.clone();
+            }
+        }
+        if self.pipes.len() >= PIPES_MAX {
+            self.pipes.retain(|_, (at, _)| at.elapsed() < PIPES_TTL);
+        }
+        let links = pipes::child_pipes(pid, &procfs::children(pid));
+        self.pipes.insert(pid, (Instant::now(), links.clone()));
+        links
+    }
+
+    fn started_ns(&mut self, pid: u32) -> Option<u64> {
+        pipes::started_ns(pid, monotonic_ns())
+    }
+}
+
+
+impl Procs for Observe {
+    fn children(&mut self, pid: u32) -> Vec<u32> {
+        procfs::children(pid)
+    }
+
+    fn state(&mut self, pid: u32) -> Option<char> {
+        procfs::state(pid)
+    }
+
+    fn comm(&mut self, pid: u32) -> Option<String> {
+        procfs::comm(pid)
+    }
+
+    fn connected(&mut self, client: u32, server: u32) -> bool {
+        if let Some((at, yes)) = self.connected.get(&(client, server)) {
+            if at.elapsed() < CONNECTED_TTL {
+                return *yes;
+            }
+        }
+        if self.connected.len() >= CONNECTED_MAX {
+            self.connected.retain(|_, (at, _)| at.elapsed() < CONNECTED_TTL);
+        }
+        let mut yes = false;
+        for (_, inode) in procfs::socket_fds(client) {
+            let Some(peer) = self.peers.peer_of(inode) else { continue };
+            if self.owners.pids_of(peer.peer_inode).contains(&server) {
+                yes = true;
+                break;
+            }
+        }
+        self.connected.insert((client, server), (Instant::now(), yes));
+        yes
+    }
+}

@@ -1,0 +1,968 @@
+//! Unit tests: synthetic tables for every layout and placement, then the real
+//! stripped Go binaries installed on this machine (Debian's containerd
+//! 1.6.20, containerd-shim-runc-v2, runc; all Go 1.19.8), then Go binaries
+//! built here from a tiny program. Each real-binary test skips with a printed
+//! reason when its binary or `go` is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
+
+use super::synth::{self, Layout, Placement};
+use super::*;
+
+// ---------------------------------------------------------------- synthetic
+
+fn check_synthetic(layout: Layout, placement: Placement, pie: bool) {
+    let mut spec = synth::spec(layout, placement);
+    spec.pie_unrelocated = pie;
+    let built = synth::build(&spec);
+    let syms = GoSymbols::from_elf(&built.bytes)
+        .unwrap_or_else(|e| panic!("{layout:?}/{placement:?}/pie={pie}: {e}"));
+    let got: Vec<(String, u64, u64)> = syms.functions().map(|f| (f.name, f.entry, f.end)).collect();
+    assert_eq!(got, built.funcs, "{layout:?}/{placement:?}");
+    assert_eq!(
+        syms.pclntab().source().scanned,
+        placement != Placement::Section
+    );
+    let want_version = match layout {
+        Layout::Go12 => PclnVersion::Go12,
+        Layout::Go116 => PclnVersion::Go116,
+        Layout::Go118 => PclnVersion::Go118,
+        Layout::Go120 => PclnVersion::Go120,
+    };
+    assert_eq!(syms.pclntab().version(), want_version);
+    // Lookups, including a miss and a prefix that is not a name.
+    for (name, entry, end) in &built.funcs {
+        let f = syms.lookup(name).unwrap_or_else(|| panic!("lookup {name}"));
+        assert_eq!((f.entry, f.end), (*entry, *end));
+        assert_eq!(syms.function_at(*entry).map(|f| f.name), Some(name.clone()));
+        assert_eq!(
+            syms.function_at(*end - 1).map(|f| f.name),
+            Some(name.clone())
+        );
+    }
+    assert!(syms.lookup("main.mai").is_none());
+    assert!(syms.lookup("main.main2").is_none());
+    assert!(syms.lookup("").is_none());
+    assert!(syms.function_at(synth::TEXT_VA - 1).is_none());
+    assert!(matches!(
+        syms.require("main.nothere"),
+        Err(GoSymError::FunctionNotFound { .. })
+    ));
+    // RETs at exactly the expected places, and file offsets that hold them.
+    for ((name, _, want), (_, entry, _)) in synth::sample_funcs().iter().zip(&built.funcs) {
+        let f = syms.require(name).unwrap();
+        let rets = ret_addresses(&built.bytes, &f).unwrap();
+        let want: Vec<u64> = want.iter().map(|o| entry + o).collect();
+        assert_eq!(rets, want, "{name}");
+        let pts = syms.probe_points(&built.bytes, name).unwrap();
+        assert_eq!(pts.entry_offset, syms.elf().file_offset(*entry).unwrap());
+        for off in &pts.ret_offsets {
+            assert!(matches!(
+                built.bytes[*off as usize],
+                0xc3 | 0xc2 | 0xcb | 0xca
+            ));
+        }
+    }
+    // Build info.
+    assert_eq!(syms.version().as_deref(), Some("go1.21.4"));
+    let bi = syms.build_info().unwrap();
+    assert_eq!(bi.path.as_deref(), Some("example.com/tiny"));
+    assert_eq!(syms.main_module(), Some(("example.com/tiny", "(devel)")));
+    assert_eq!(
+        bi.module_version("github.com/containerd/containerd"),
+        Some("v1.7.13")
+    );
+    assert_eq!(bi.module_version("github.com/x/y"), Some(""));
+    assert_eq!(
+        bi.module("github.com/x/y")
+            .and_then(|m| m.replace.as_ref())
+            .map(|r| r.path.as_str()),
+        Some("../y")
+    );
+    assert_eq!(bi.setting("CGO_ENABLED"), Some("0"));
+    assert_eq!(bi.setting("-ldflags"), Some("-s -w"));
+    assert_eq!(syms.elf().is_pie(), pie);
+}
+
+#[test]
+fn synthetic_every_layout_and_placement() {
+    for layout in [Layout::Go12, Layout::Go116, Layout::Go118, Layout::Go120] {
+        for placement in [
+            Placement::Section,
+            Placement::DataRelRo,
+            Placement::NoSections,
+        ] {
+            check_synthetic(layout, placement, false);
+        }
+    }
+}
+
+#[test]
+fn synthetic_pie_with_unrelocated_text_start() {
+    // textStart is 0 in the file; only the R_X86_64_RELATIVE addend has it.
+    for layout in [Layout::Go118, Layout::Go120] {
+        check_synthetic(layout, Placement::Section, true);
+        check_synthetic(layout, Placement::DataRelRo, true);
+    }
+}
+
+#[test]
+fn synthetic_buildinfo_pointer_format() {
+    for placement in [Placement::Section, Placement::NoSections] {
+        let mut spec = synth::spec(Layout::Go116, placement);
+        spec.buildinfo_pointers = true;
+        let built = synth::build(&spec);
+        let syms = GoSymbols::from_elf(&built.bytes).unwrap();
+        assert_eq!(syms.version().as_deref(), Some("go1.21.4"), "{placement:?}");
+        assert_eq!(syms.main_module(), Some(("example.com/tiny", "(devel)")));
+        assert_eq!(syms.build_info().unwrap().deps.len(), 2);
+    }
+    // No buildinfo at all: symbols still parse, the version is unknown.
+    let mut spec = synth::spec(Layout::Go118, Placement::Section);
+    spec.buildinfo = None;
+    let syms = GoSymbols::from_elf(&synth::build(&spec).bytes).unwrap();
+    assert_eq!(syms.version(), None);
+    assert_eq!(syms.len(), 5);
+}
+
+#[test]
+fn modinfo_lines() {
+    let mut bi = BuildInfo::default();
+    bi.parse_modinfo(
+        "path\tgithub.com/containerd/containerd/cmd/containerd\n\
+         mod\tgithub.com/containerd/containerd/v2\tv2.0.2\th1:x=\n\
+         =>\tgithub.com/fork/containerd/v2\tv2.0.3\th1:y=\n\
+         dep\tgithub.com/opencontainers/runc\tv1.2.4\th1:z=\n\
+         build\t-tags=seccomp\n\
+         garbage line\n\tdep\n",
+    );
+    assert_eq!(
+        bi.module_version("github.com/containerd/containerd/v2"),
+        Some("v2.0.3")
+    );
+    assert_eq!(
+        bi.module("github.com/containerd/containerd/v2")
+            .unwrap()
+            .version,
+        "v2.0.2"
+    );
+    assert_eq!(
+        bi.module_version("github.com/opencontainers/runc"),
+        Some("v1.2.4")
+    );
+    assert_eq!(bi.setting("-tags"), Some("seccomp"));
+    assert_eq!(bi.module("nope"), None);
+}
+
+#[test]
+fn synthetic_shared_name_suffixes() {
+    // Two functions whose nameoff point into the same string (a suffix):
+    // the backwards sweep must still give each its own end.
+    let spec = synth::spec(Layout::Go118, Placement::Section);
+    let built = synth::build(&spec);
+    let mut bytes = built.bytes.clone();
+    let syms = GoSymbols::from_elf(&bytes).unwrap();
+    let src = syms.pclntab().source().clone();
+    // Point main.pick's nameoff at "main.main"+5 ("main").
+    let t = src.file_offset as usize;
+    let pcln =
+        u64::from_le_bytes(bytes[t + 8 + 7 * 8..t + 16 + 7 * 8].try_into().unwrap()) as usize;
+    let funcoff =
+        u32::from_le_bytes(bytes[t + pcln + 12..t + pcln + 16].try_into().unwrap()) as usize;
+    let at = t + pcln + funcoff + 4;
+    bytes[at..at + 4].copy_from_slice(&5u32.to_le_bytes());
+    let syms = GoSymbols::from_elf(&bytes).unwrap();
+    let names: Vec<String> = syms.functions().map(|f| f.name).collect();
+    assert_eq!(names[0], "main.main");
+    assert_eq!(names[1], "main");
+    assert_eq!(syms.lookup("main").unwrap().entry, built.funcs[1].1);
+}
+
+#[test]
+fn synthetic_errors_are_clean() {
+    let built = synth::build(&synth::spec(Layout::Go118, Placement::Section));
+    let syms = GoSymbols::from_elf(&built.bytes).unwrap();
+    let t = syms.pclntab().source().file_offset as usize;
+
+    // Unknown magic in a .gopclntab section.
+    let mut b = built.bytes.clone();
+    b[t..t + 4].copy_from_slice(&0xffff_fff7u32.to_le_bytes());
+    let e = GoSymbols::from_elf(&b).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GoSymError::UnsupportedVersion {
+                magic: 0xffff_fff7,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains(".gopclntab"), "{e}");
+
+    // A huge nfunc: rejected before anything is reserved.
+    let mut b = built.bytes.clone();
+    b[t + 8..t + 16].copy_from_slice(&(u64::MAX / 3).to_le_bytes());
+    let e = GoSymbols::from_elf(&b).unwrap_err();
+    assert!(matches!(e, GoSymError::CorruptPclntab { .. }), "{e}");
+
+    // An offset past the end.
+    let mut b = built.bytes.clone();
+    b[t + 8 + 3 * 8..t + 16 + 3 * 8].copy_from_slice(&0x10_0000u64.to_le_bytes());
+    let e = GoSymbols::from_elf(&b).unwrap_err();
+    assert!(matches!(e, GoSymError::OutOfBounds { .. }), "{e}");
+
+    // A name that runs off the end of funcnametab.
+    let names_at = t + 8 + 8 * 8;
+    let mut b = built.bytes.clone();
+    let cu = u64::from_le_bytes(b[t + 8 + 4 * 8..t + 16 + 4 * 8].try_into().unwrap()) as usize;
+    for x in &mut b[names_at..t + cu] {
+        if *x == 0 {
+            *x = b'x';
+        }
+    }
+    let e = GoSymbols::from_elf(&b).unwrap_err();
+    assert!(e.to_string().contains("NUL"), "{e}");
+
+    // Undecodable bytes in a function: no probe points.
+    let f = syms.require("main.main").unwrap();
+    let mut b = built.bytes.clone();
+    let off = syms.elf().file_offset(f.entry).unwrap() as usize;
+    b[off] = 0x06; // PUSH ES: invalid in 64-bit mode
+    let e = ret_addresses(&b, &f).unwrap_err();
+    assert!(matches!(e, GoSymError::Decode { .. }), "{e}");
+
+    // Data in code: `jmp +1; db 0xb8; ret`. The sweep reads b8 as MOV EAX,
+    // imm32 and swallows the RET the jump lands on.
+    let mut b = built.bytes.clone();
+    b[off..off + 4].copy_from_slice(&[0xeb, 0x01, 0xb8, 0xc3]);
+    let e = ret_addresses(&b, &f).unwrap_err();
+    assert!(matches!(e, GoSymError::DataInCode { .. }), "{e}");
+    assert!(e.to_string().contains("main.main"), "{e}");
+
+    // A function range outside the file.
+    let bogus = GoFunc {
+        name: "x".into(),
+        entry: 0x10,
+        end: 0x20,
+    };
+    assert!(matches!(
+        probe_points(&built.bytes, &bogus),
+        Err(GoSymError::NotInFile { .. })
+    ));
+    let backwards = GoFunc {
+        name: "x".into(),
+        entry: f.end,
+        end: f.entry,
+    };
+    assert!(ret_addresses(&built.bytes, &backwards).is_err());
+}
+
+/// xorshift64*: deterministic noise without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+fn exercise(data: &[u8]) {
+    if let Ok(s) = GoSymbols::from_elf(data) {
+        for f in s.functions().take(64) {
+            let _ = s.lookup(&f.name);
+            let _ = probe_points(data, &f);
+            let _ = s.function_at(f.entry);
+        }
+        let _ = s.version();
+    }
+}
+
+#[test]
+fn synthetic_truncations_and_mutations_never_panic() {
+    for layout in [Layout::Go12, Layout::Go116, Layout::Go118, Layout::Go120] {
+        for placement in [
+            Placement::Section,
+            Placement::DataRelRo,
+            Placement::NoSections,
+        ] {
+            let b = synth::build(&synth::spec(layout, placement)).bytes;
+            for n in 0..b.len() {
+                exercise(&b[..n]);
+            }
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ b.len() as u64);
+            for _ in 0..300 {
+                let mut m = b.clone();
+                for _ in 0..1 + rng.next() % 4 {
+                    let i = (rng.next() % m.len() as u64) as usize;
+                    m[i] = rng.next() as u8;
+                }
+                exercise(&m);
+            }
+        }
+    }
+}
+
+#[test]
+fn not_an_elf() {
+    let mut rng = Rng(42);
+    let junk: Vec<u8> = (0..65536).map(|_| rng.next() as u8).collect();
+    let e = GoSymbols::from_elf(&junk).unwrap_err();
+    assert!(matches!(e, GoSymError::NotElf { .. }), "{e}");
+    assert!(e.to_string().contains("not an ELF"), "{e}");
+    assert!(matches!(
+        GoSymbols::from_elf(&[]),
+        Err(GoSymError::NotElf { .. })
+    ));
+    assert!(matches!(
+        GoSymbols::from_elf(b"\x7fELF"),
+        Err(GoSymError::NotElf { .. })
+    ));
+    let e = GoBinary::open("/nonexistent/plegwatch-gosym").unwrap_err();
+    assert!(
+        e.to_string().contains("/nonexistent/plegwatch-gosym"),
+        "{e}"
+    );
+}
+
+/// Writes the fuzz seeds when `PLEGWATCH_WRITE_GOSYM_SEEDS=dir` is set
+/// (`fuzz/seeds/gopclntab`); otherwise only checks they can be built.
+#[test]
+fn fuzz_seeds() {
+    let seeds = [
+        (
+            "go118_section",
+            synth::build(&synth::spec(Layout::Go118, Placement::Section)).bytes,
+        ),
+        ("go120_data_rel_ro", {
+            let mut s = synth::spec(Layout::Go120, Placement::DataRelRo);
+            s.pie_unrelocated = true;
+            synth::build(&s).bytes
+        }),
+        (
+            "go116_no_sections",
+            synth::build(&synth::spec(Layout::Go116, Placement::NoSections)).bytes,
+        ),
+        (
+            "go12_section",
+            synth::build(&synth::spec(Layout::Go12, Placement::Section)).bytes,
+        ),
+        ("go118_truncated", {
+            let b = synth::build(&synth::spec(Layout::Go118, Placement::Section)).bytes;
+            b[..b.len() * 2 / 3].to_vec()
+        }),
+    ];
+    for (name, b) in &seeds {
+        assert!(b.len() < 4096, "{name} is {} bytes", b.len());
+    }
+    if let Some(dir) = std::env::var_os("PLEGWATCH_WRITE_GOSYM_SEEDS") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, b) in &seeds {
+            std::fs::write(dir.join(name), b).unwrap();
+        }
+    }
+}
+
+/// Every seed and regression input of the `gopclntab` fuzz target replays
+/// without a panic in a normal test run (debug assertions on).
+#[test]
+fn fuzz_seeds_replay() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/gopclntab");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        println!("SKIP: {} missing", dir.display());
+        return;
+    };
+    let mut n = 0;
+    for e in entries {
+        let data = std::fs::read(e.unwrap().path()).unwrap();
+        exercise(&data);
+        n += 1;
+    }
+    assert!(n >= 5, "{n} seeds in {}", dir.display());
+}
+
+// ---------------------------------------------------------- real binaries
+
+fn read_or_skip(path: &str) -> Option<Vec<u8>> {
+    match std::fs::read(path) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("SKIP: {path} not readable ({e}); this test needs it installed");
+            None
+        }
+    }
+}
+
+/// Decodes the first instruction at `va`.
+fn first_instruction(syms: &GoSymbols, data: &[u8], va: u64) -> Instruction {
+    let off = syms.elf().file_offset(va).unwrap() as usize;
+    let end = (off + 16).min(data.len());
+    let mut d = Decoder::with_ip(64, &data[off..end], va, DecoderOptions::NONE);
+    d.decode()
+}
+
+/// Is `i` a Go amd64 prologue? The register-ABI stack check
+/// `cmp rsp, [r14+0x10]` (or `lea r12, [rsp-N]` before `cmp r12, [r14+0x10]`
+/// for big frames), or for NOSPLIT functions a frame setup.
+fn is_go_prologue(i: &Instruction) -> bool {
+    let mem_r14_0x10 = |k: u32| {
+        i.op_kind(k) == OpKind::Memory
+            && i.memory_base() == Register::R14
+            && i.memory_displacement64() == 0x10
+    };
+    match i.mnemonic() {
+        Mnemonic::Cmp => i.op0_kind() == OpKind::Register && mem_r14_0x10(1),
+        Mnemonic::Lea => i.op0_register() == Register::R12 && i.memory_base() == Register::RSP,
+        // A frame over StackBig (4 KiB, e.g. RunPodSandbox): `MOVQ SP, R12; SUBQ $n, R12; JCS
+        // morestack; CMPQ R12, 16(R14)`.
+        Mnemonic::Mov => i.op0_register() == Register::R12 && i.op1_register() == Register::RSP,
+        Mnemonic::Sub | Mnemonic::Add => i.op0_register() == Register::RSP,
+        Mnemonic::Push => i.op0_register() == Register::RBP,
+        _ => false,
+    }
+}
+
+/// The linear decode of `f` ends exactly at `f.end`: no instruction
+/// straddles the next function's entry.
+fn decodes_to_end(data: &[u8], syms: &GoSymbols, f: &GoFunc) -> bool {
+    let off = syms.elf().file_offset(f.entry).unwrap() as usize;
+    let bytes = &data[off..off + (f.end - f.entry) as usize];
+    let mut d = Decoder::with_ip(64, bytes, f.entry, DecoderOptions::NONE);
+    let mut ins = Instruction::default();
+    let mut last_end = f.entry;
+    while d.can_decode() {
+        d.decode_out(&mut ins);
+        if ins.is_invalid() {
+            return false;
+        }
+        last_end = ins.next_ip();
+    }
+    last_end == f.end
+}
+
+fn check_real_function(data: &[u8], syms: &GoSymbols, name: &str) -> ProbePoints {
+    check_function(data, syms, name, true)
+}
+
+/// Checks one function; `prologue` is false for frameless leaf functions,
+/// which start straight with their body.
+fn check_function(data: &[u8], syms: &GoSymbols, name: &str, prologue: bool) -> ProbePoints {
+    let f = syms
+        .lookup(name)
+        .unwrap_or_else(|| panic!("{name} not found"));
+    assert!(f.entry < f.end, "{name}: {f:?}");
+    assert!(syms.elf().is_executable(f.entry), "{name}");
+    let first = first_instruction(syms, data, f.entry);
+    assert!(
+        !prologue || is_go_prologue(&first),
+        "{name}: first instruction {:?} at {:#x} is no Go prologue",
+        first.mnemonic(),
+        f.entry
+    );
+    // The byte before the entry: INT3 padding, or the end of the previous
+    // function's last instruction.
+    let off = syms.elf().file_offset(f.entry).unwrap() as usize;
+    let prev = syms.function_at(f.entry - 1).unwrap();
+    assert_eq!(prev.end, f.entry);
+    assert!(
+        data[off - 1] == 0xcc || decodes_to_end(data, syms, &prev),
+        "{name}: byte before entry is {:#x}",
+        data[off - 1]
+    );
+    assert!(decodes_to_end(data, syms, &f), "{name}");
+    let pts = syms.probe_points(data, name).unwrap();
+    assert_eq!(pts.entry_offset, off as u64);
+    assert!(!pts.ret_offsets.is_empty(), "{name} has no RET");
+    for &r in &pts.ret_offsets {
+        assert!(
+            matches!(data[r as usize], 0xc3 | 0xc2 | 0xcb | 0xca),
+            "{name}: byte {:#x} at RET offset {r:#x}",
+            data[r as usize]
+        );
+        assert!(r > pts.entry_offset && r < pts.entry_offset + (f.end - f.entry));
+    }
+    assert!(pts.ret_offsets.windows(2).all(|w| w[0] < w[1]));
+    pts
+}
+
+const CONTAINERD_SYMBOLS: &[&str] = &[
+    "github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Get",
+    "github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update",
+    "github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync",
+    "github.com/containerd/containerd/pkg/cri/store/sandbox.(*statusStorage).Get",
+    "github.com/containerd/containerd/pkg/cri/store/sandbox.(*statusStorage).Update",
+    "github.com/containerd/containerd/pkg/cri/server.(*criService).ListContainers",
+    "github.com/containerd/containerd/pkg/cri/server.(*criService).ListPodSandbox",
+    "github.com/containerd/containerd/pkg/cri/server.(*criService).ContainerStatus",
+    "github.com/containerd/containerd/pkg/cri/server.(*criService).PodSandboxStatus",
+    "github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources",
+    "github.com/containerd/containerd/pkg/cri/server.handleContainerExit",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).RunPodSandbox",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).CreateContainer",
+    "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).StartContainer",
+    "runtime.main",
+];
+
+#[test]
+fn containerd_symbols_and_probe_points() {
+    let path = "/usr/bin/containerd";
+    let Some(data) = read_or_skip(path) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let syms = GoSymbols::from_elf_named(&data, path).unwrap();
+    let parse = t0.elapsed();
+    let t1 = Instant::now();
+    let _ = syms.lookup("runtime.main");
+    let index = t1.elapsed();
+    println!(
+        "{path}: {} functions, pclntab {:?} at {:#x} ({}), textStart {:#x}, parse {parse:?}, name index {index:?}",
+        syms.len(),
+        syms.pclntab().version(),
+        syms.pclntab().source().va,
+        syms.pclntab().source().region,
+        syms.pclntab().text_start(),
+    );
+    assert!(syms.len() > 20_000, "{}", syms.len());
+    assert_eq!(syms.pclntab().version(), PclnVersion::Go118);
+    assert_eq!(syms.pclntab().source().region, ".gopclntab");
+    assert!(!syms.elf().is_pie());
+    let v = syms.version().unwrap();
+    assert!(v.starts_with("go1.19."), "{v}");
+    let bi = syms.build_info().unwrap();
+    assert_eq!(
+        bi.path.as_deref(),
+        Some("github.com/containerd/containerd/cmd/containerd")
+    );
+    assert_eq!(bi.setting("CGO_ENABLED"), Some("1"));
+    assert_eq!(bi.setting("GOARCH"), Some("amd64"));
+    // PT_TLS: a cgo binary has one (the 8-byte runtime.tlsg slot).
+    assert_eq!(syms.elf().tls_segment().map(|t| t.1), Some(8));
+    for name in CONTAINERD_SYMBOLS {
+        let pts = check_real_function(&data, &syms, name);
+        let f = syms.require(name).unwrap();
+        println!(
+            "  {name}: [{:#x}, {:#x}) file offset {:#x}, {} RETs at {:x?}",
+            f.entry,
+            f.end,
+            pts.entry_offset,
+            pts.ret_offsets.len(),
+            pts.ret_offsets
+        );
+    }
+    // A sample across the whole table decodes cleanly and ends on boundaries.
+    let all: Vec<GoFunc> = syms.functions().collect();
+    for f in all.iter().step_by(97) {
+        assert!(decodes_to_end(&data, &syms, f), "{f:?}");
+        ret_addresses_in(syms.elf(), &data, f).unwrap();
+    }
+    // Lookup round-trips on a sample. Generic instantiations share a name
+    // (`pkg.F[...]`): lookup gives the first, lookup_all gives every one.
+    let mut dups = 0;
+    for f in all.iter().step_by(211) {
+        let first = syms.lookup(&f.name).unwrap();
+        assert_eq!(first.name, f.name);
+        assert!(first.entry <= f.entry);
+        let every = syms.lookup_all(&f.name);
+        assert!(every.contains(f), "{}", f.name);
+        assert!(every.windows(2).all(|w| w[0].entry < w[1].entry));
+        if every.len() > 1 {
+            assert!(
+                f.name.contains("[...]"),
+                "{} is listed {} times",
+                f.name,
+                every.len()
+            );
+            dups += 1;
+        }
+    }
+    println!("  {dups} sampled names are shared generic instantiations");
+    assert!(matches!(
+        syms.probe_points(
+            &data,
+            "github.com/containerd/containerd/v2/internal/cri/server.handleContainerExit"
+        ),
+        Err(GoSymError::FunctionNotFound { .. })
+    ));
+}
+
+/// Every function of containerd decodes with no invalid instruction; prints
+/// the total time and RET count (in a release build this is the cost of
+/// probing everything, which nobody should do).
+#[test]
+fn containerd_every_function_decodes() {
+    let path = "/usr/bin/containerd";
+    let Some(data) = read_or_skip(path) else {
+        return;
+    };
+    let syms = GoSymbols::from_elf_named(&data, path).unwrap();
+    let t0 = Instant::now();
+    let mut rets = 0usize;
+    let mut failed = Vec::new();
+    for f in syms.functions() {
+        match ret_addresses_in(syms.elf(), &data, &f) {
+            Ok(r) => rets += r.len(),
+            Err(e) => failed.push((f.name.clone(), e.to_string())),
+        }
+    }
+    println!(
+        "{path}: {} functions, {rets} RETs, decoded in {:?}; {} refused: {failed:#?}",
+        syms.len(),
+        t0.elapsed(),
+        failed.len()
+    );
+    // Only the BoringCrypto/StandardCrypto marker functions (assembly that
+    // jumps over a byte signature) may be refused.
+    assert!(
+        failed
+            .iter()
+            .all(|(n, _)| n.starts_with("crypto/internal/boring/sig.")),
+        "{failed:#?}"
+    );
+    assert!(rets > syms.len());
+}
+
+#[test]
+fn containerd_truncated_errors_cleanly() {
+    let path = "/usr/bin/containerd";
+    let Some(data) = read_or_skip(path) else {
+        return;
+    };
+    let syms = GoSymbols::from_elf(&data).unwrap();
+    let table_at = syms.pclntab().source().file_offset as usize;
+    for n in [
+        0,
+        1,
+        4,
+        16,
+        63,
+        64,
+        120,
+        4096,
+        0x10_0000,
+        table_at,
+        table_at + 4096,
+    ] {
+        let e = GoSymbols::from_elf(&data[..n]).unwrap_err();
+        println!("  first {n:#x} bytes: {e}");
+    }
+    // Past the table the section headers are still cut off; the scan may
+    // find the table or not, but never panics.
+    for n in [data.len() / 2, data.len() - 4096, data.len() - 1] {
+        match GoSymbols::from_elf(&data[..n]) {
+            Ok(s) => {
+                assert!(s.pclntab().source().scanned);
+                assert_eq!(
+                    s.lookup("runtime.main").map(|f| f.entry),
+                    syms.lookup("runtime.main").map(|f| f.entry)
+                );
+            }
+            Err(e) => println!("  first {n:#x} bytes: {e}"),
+        }
+    }
+}
+
+#[test]
+fn shim_symbols() {
+    let path = "/usr/bin/containerd-shim-runc-v2";
+    let Some(data) = read_or_skip(path) else {
+        return;
+    };
+    let syms = GoSymbols::from_elf_named(&data, path).unwrap();
+    assert!(syms.version().unwrap().starts_with("go1.19."));
+    for name in [
+        "github.com/containerd/containerd/runtime/v2/runc/task.(*service).Update",
+        "github.com/containerd/containerd/runtime/v2/runc/task.(*service).Delete",
+        "github.com/containerd/containerd/runtime/v2/runc/task.(*service).Create",
+        "github.com/containerd/containerd/runtime/v2/runc/task.(*service).Start",
+        "github.com/containerd/containerd/pkg/process.(*Init).Update",
+        "github.com/containerd/containerd/pkg/process.(*Init).Delete",
+        "github.com/containerd/containerd/mount.UnmountAll",
+        "runtime.main",
+    ] {
+        check_real_function(&data, &syms, name);
+    }
+    println!(
+        "{path}: {} functions, {}",
+        syms.len(),
+        syms.version().unwrap()
+    );
+}
+
+#[test]
+fn runc_symbols() {
+    let path = "/usr/sbin/runc";
+    let Some(data) = read_or_skip(path) else {
+        return;
+    };
+    let syms = GoSymbols::from_elf_named(&data, path).unwrap();
+    assert!(syms.version().unwrap().starts_with("go1.19."));
+    assert_eq!(syms.build_info().unwrap().setting("CGO_ENABLED"), Some("1"));
+    for name in [
+        "github.com/opencontainers/runc/libcontainer/cgroups/systemd.startUnit",
+        "github.com/opencontainers/runc/libcontainer/cgroups/systemd.stopUnit",
+        "github.com/opencontainers/runc/libcontainer/cgroups/systemd.setUnitProperties",
+        // Debian builds in GOPATH mode: go-systemd without its /v22 suffix.
+        "github.com/coreos/go-systemd/dbus.(*Conn).StartTransientUnitContext",
+        "main.main",
+    ] {
+        check_real_function(&data, &syms, name);
+    }
+    // runc is externally linked (cgo): C code precedes runtime.text in .text.
+    let text = syms.elf().section(".text").unwrap().addr;
+    assert!(syms.pclntab().text_start() >= text);
+    println!(
+        "{path}: {} functions, textStart {:#x} (.text at {text:#x})",
+        syms.len(),
+        syms.pclntab().text_start()
+    );
+}
+
+#[test]
+fn non_go_elf_is_reported_as_such() {
+    let path = "/bin/true";
+    let Some(data) = read_or_skip(path) else {
+        return;
+    };
+    let e = GoSymbols::from_elf_named(&data, path).unwrap_err();
+    assert!(matches!(e, GoSymError::NoPclntab { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("/bin/true") && msg.contains("stripped or non-Go"),
+        "{msg}"
+    );
+}
+
+// ------------------------------------------------- Go binaries built here
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let p = std::env::temp_dir().join(format!(
+            "plegwatch-gosym-{tag}-{}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const TINY_GO: &str = r#"package main
+
+import "os"
+
+//go:noinline
+func pick(n int) int {
+	if n > 3 {
+		return n * 2
+	}
+	if n < 0 {
+		return -n
+	}
+	return n + 1
+}
+
+func main() {
+	os.Exit(pick(len(os.Args)) - 2)
+}
+"#;
+
+fn go_cmd(dir: &Path, cache: &Path) -> Command {
+    let mut c = Command::new("go");
+    c.current_dir(dir)
+        .env("GOCACHE", cache)
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOPATH", cache.join("gopath"))
+        .env("GO111MODULE", "on")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOPROXY", "off");
+    c
+}
+
+/// RET addresses of `func` per `go tool objdump` on an unstripped build.
+fn objdump_rets(dir: &Path, cache: &Path, bin: &Path, func: &str) -> Vec<u64> {
+    let out = go_cmd(dir, cache)
+        .args([
+            "tool",
+            "objdump",
+            "-s",
+            &format!("^{}$", func.replace('.', "\\.")),
+        ])
+        .arg(bin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l
+                .split('\t')
+                .map(str::trim)
+                .filter(|x| !x.is_empty())
+                .collect();
+            // "  main.go:7\t\t0x460820\t\t4883f803\t\tCMPQ $0x3, AX\t\t"
+            let addr = f.get(1)?.strip_prefix("0x")?;
+            let asm = f.get(3)?;
+            (asm.starts_with("RET")).then(|| u64::from_str_radix(addr, 16).ok())?
+        })
+        .collect()
+}
+
+/// `go tool nm` address of `sym` in an unstripped build.
+fn nm_addr(dir: &Path, cache: &Path, bin: &Path, sym: &str) -> Option<u64> {
+    let out = go_cmd(dir, cache)
+        .args(["tool", "nm"])
+        .arg(bin)
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() == 3 && f[2] == sym && f[1] == "T").then(|| u64::from_str_radix(f[0], 16).ok())?
+    })
+}
+
+#[test]
+fn go_built_binaries() {
+    if Command::new("go").arg("version").output().is_err() {
+        println!("SKIP: `go` not installed; cannot build the test binaries");
+        return;
+    }
+    let dir = TempDir::new("build");
+    let cache = dir.0.join("cache");
+    std::fs::write(dir.0.join("main.go"), TINY_GO).unwrap();
+    std::fs::write(dir.0.join("go.mod"), "module example.com/tiny\n\ngo 1.19\n").unwrap();
+    let build = |out: &str, extra: &[&str]| -> Option<PathBuf> {
+        let o = go_cmd(&dir.0, &cache)
+            .args(["build", "-o", out])
+            .args(extra)
+            .arg(".")
+            .output()
+            .unwrap();
+        if o.status.success() {
+            Some(dir.0.join(out))
+        } else {
+            println!(
+                "SKIP variant {out}: go build failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            None
+        }
+    };
+    let Some(full) = build("full", &[]) else {
+        panic!("plain go build failed");
+    };
+    let want_entry = nm_addr(&dir.0, &cache, &full, "main.pick").unwrap();
+    let want_rets = objdump_rets(&dir.0, &cache, &full, "main.pick");
+    assert_eq!(want_rets.len(), 3, "{want_rets:x?}");
+    let variants = [
+        ("stripped", vec!["-ldflags=-s -w"]),
+        ("pie", vec!["-buildmode=pie", "-ldflags=-s -w"]),
+        (
+            "pie_external",
+            vec!["-buildmode=pie", "-ldflags=-s -w -linkmode=external"],
+        ),
+    ];
+    // The unstripped build itself.
+    let data = std::fs::read(&full).unwrap();
+    let syms = GoSymbols::from_elf(&data).unwrap();
+    let f = syms.require("main.pick").unwrap();
+    assert_eq!(f.entry, want_entry);
+    assert_eq!(ret_addresses(&data, &f).unwrap(), want_rets);
+    for (name, flags) in variants {
+        let Some(bin) = build(name, &flags) else {
+            continue;
+        };
+        let data = std::fs::read(&bin).unwrap();
+        let syms = GoSymbols::from_elf_named(&data, name).unwrap();
+        let v = syms.version().unwrap();
+        let go = String::from_utf8_lossy(
+            &Command::new("go")
+                .arg("env")
+                .arg("GOVERSION")
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .trim()
+        .to_string();
+        assert_eq!(v, go, "{name}");
+        assert_eq!(syms.main_module(), Some(("example.com/tiny", "(devel)")));
+        let src = syms.pclntab().source().clone();
+        println!(
+            "{name}: {} functions, table in {} (scanned: {}), pie {}, textStart {:#x}",
+            syms.len(),
+            src.region,
+            src.scanned,
+            syms.elf().is_pie(),
+            syms.pclntab().text_start()
+        );
+        for fname in ["main.main", "runtime.main"] {
+            check_real_function(&data, &syms, fname);
+        }
+        // main.pick is a frameless leaf: no stack check, it starts with CMPQ.
+        check_function(&data, &syms, "main.pick", false);
+        let f = syms.require("main.pick").unwrap();
+        let rets = ret_addresses(&data, &f).unwrap();
+        assert_eq!(rets.len(), 3, "{name}");
+        if name == "stripped" {
+            // Same layout as the unstripped build: the same addresses.
+            assert_eq!(f.entry, want_entry);
+            assert_eq!(rets, want_rets);
+        } else {
+            assert!(syms.elf().is_pie());
+            // Each RET is the same distance from the entry as in the static build.
+            let rel: Vec<u64> = rets.iter().map(|r| r - f.entry).collect();
+            let want_rel: Vec<u64> = want_rets.iter().map(|r| r - want_entry).collect();
+            assert_eq!(rel, want_rel, "{name}");
+        }
+        let tls = crate::proto::gosym::g_tls_offset(&syms, &data).unwrap();
+        println!("{name}: g at fsbase{:+} ({:?})", tls.offset, tls.source);
+        assert!(tls.offset < 0 && tls.offset % 8 == 0, "{name}: {tls:?}");
+        if name != "pie_external" {
+            // Internally linked: the Go linker's fixed slot.
+            assert_eq!(tls.offset, -8, "{name}");
+        }
+        if name == "pie_external" {
+            assert!(
+                src.scanned && src.region.starts_with(".data.rel.ro"),
+                "{src:?}"
+            );
+        }
+    }
+}
+
+/// Debian's containerd, shim and runc are externally linked (cgo): the system
+/// linker relaxed the TLS access of `runtime.tlsg` to `fs:[-8]`.
+#[test]
+fn real_binaries_g_tls() {
+    for path in ["/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/sbin/runc"] {
+        let Some(data) = read_or_skip(path) else {
+            continue;
+        };
+        let syms = GoSymbols::from_elf_named(&data, path).unwrap();
+        assert!(syms.elf().tls_segment().is_some(), "{path}: externally linked, has PT_TLS");
+        let tls = crate::proto::gosym::g_tls_offset(&syms, &data).unwrap();
+        assert_eq!(tls, crate::proto::gosym::GTls { offset: -8, source: crate::proto::gosym::TlsSource::LocalExec }, "{path}");
+    }
+}

@@ -1,0 +1,177 @@
+//! Generic netlink families: the message type of a NETLINK_GENERIC message is
+//! a family id the kernel hands out at registration (`nlctrl` is always 16),
+//! so naming it takes a table. The table fills from CTRL_CMD_NEWFAMILY
+//! replies seen on the wire, and from one CTRL_CMD_GETFAMILY dump of our own.
+
+use super::{
+    dump::{self, DumpError},
+    header::{
+        self, NlHeader, CTRL_CMD_DELFAMILY, CTRL_CMD_GETFAMILY, CTRL_CMD_NEWFAMILY, GENL_ID_CTRL, NLM_F_DUMP,
+        NLM_F_REQUEST,
+    },
+    names::NETLINK_GENERIC,
+    NetlinkError,
+};
+use std::{collections::HashMap, ops::ControlFlow};
+
+/// At most this many families are remembered (the kernel has a few dozen).
+const MAX_FAMILIES: usize = 4096;
+
+/// Family id → name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GenlFamilies {
+    by_id: HashMap<u16, String>,
+}
+
+impl Default for GenlFamilies {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GenlFamilies {
+    /// A table that knows only `nlctrl`.
+    pub fn new() -> Self {
+        let mut by_id = HashMap::new();
+        by_id.insert(GENL_ID_CTRL, "nlctrl".to_string());
+        GenlFamilies { by_id }
+    }
+
+    pub fn name(&self, id: u16) -> Option<&str> {
+        self.by_id.get(&id).map(String::as_str)
+    }
+
+    pub fn id(&self, name: &str) -> Option<u16> {
+        self.by_id.iter().find(|(_, n)| n.as_str() == name).map(|(id, _)| *id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// Adds or renames a family. Ignored when the table is full.
+    pub fn insert(&mut self, id: u16, name: &str) {
+        if self.by_id.len() < MAX_FAMILIES || self.by_id.contains_key(&id) {
+            self.by_id.insert(id, name.to_string());
+        }
+    }
+
+    /// Learns from one message received on a NETLINK_GENERIC socket:
+    /// CTRL_CMD_NEWFAMILY adds, CTRL_CMD_DELFAMILY removes. Returns whether
+    /// the table changed.
+    pub fn learn(&mut self, msg: &header::NlMsg<'_>) -> bool {
+        let Some((id, name)) = &msg.family else { return false };
+        match msg.genl_cmd {
+            Some(CTRL_CMD_NEWFAMILY) if self.name(*id) != Some(name.as_str()) => {
+                self.insert(*id, name);
+                true
+            }
+            Some(CTRL_CMD_DELFAMILY) if *id != GENL_ID_CTRL => self.by_id.remove(id).is_some(),
+            _ => false,
+        }
+    }
+
+    /// Learns from every message of a buffer received on a NETLINK_GENERIC socket.
+    pub fn learn_all(&mut self, buf: &[u8]) -> usize {
+        header::parse(buf, NETLINK_GENERIC).messages.iter().filter(|m| self.learn(m)).count()
+    }
+
+    /// Asks the kernel for every family (a CTRL_CMD_GETFAMILY dump on a
+    /// NETLINK_GENERIC socket), waiting at most
+    /// [`QUERY_TIMEOUT`](super::QUERY_TIMEOUT) per read. Needs no privilege.
+    /// Families of the caller's network namespace.
+    pub fn from_kernel() -> Result<Self, NetlinkError> {
+        const PROTOCOL: &str = "GENERIC";
+        const REQUEST: &str = "CTRL_CMD_GETFAMILY";
+        let mut fams = GenlFamilies::new();
+        // A dump of a few dozen families is a handful of datagrams; bound the
+        // loop anyway.
+        let done = dump::run(NETLINK_GENERIC, &getfamily_dump(1), 1024, |m, _| {
+            fams.learn(m);
+            ControlFlow::Continue(())
+        });
+        match done {
+            Ok(()) => Ok(fams),
+            Err(DumpError::Io { what, source }) => Err(NetlinkError::Io { what, protocol: PROTOCOL, source }),
+            Err(DumpError::Kernel(errno)) => {
+                Err(NetlinkError::Kernel { protocol: PROTOCOL, request: REQUEST, source: DumpError::kernel_io(errno) })
+            }
+            Err(DumpError::Unfinished(messages)) => {
+                Err(NetlinkError::Unfinished { protocol: PROTOCOL, request: REQUEST, messages })
+            }
+        }
+    }
+}
+
+/// The bytes of a CTRL_CMD_GETFAMILY dump request.
+pub fn getfamily_dump(seq: u32) -> Vec<u8> {
+    let len = (header::NLMSG_HDRLEN + header::GENL_HDRLEN) as u32;
+    let mut v =
+        NlHeader { len, msg_type: GENL_ID_CTRL, flags: NLM_F_REQUEST | NLM_F_DUMP, seq, pid: 0 }.to_bytes().to_vec();
+    v.extend_from_slice(&[CTRL_CMD_GETFAMILY, 1, 0, 0]);
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::netlink::header::{build, NLM_F_MULTI};
+
+    #[test]
+    fn learns_from_the_wire() {
+        let mut f = GenlFamilies::new();
+        assert_eq!(f.name(GENL_ID_CTRL), Some("nlctrl"));
+        let mut buf = build::newfamily(0x15, "devlink", 4, NLM_F_MULTI);
+        buf.extend(build::newfamily(0x16, "ethtool", 4, NLM_F_MULTI));
+        buf.extend(build::done(4, 1));
+        assert_eq!(f.learn_all(&buf), 2);
+        assert_eq!(f.name(0x16), Some("ethtool"));
+        assert_eq!(f.id("devlink"), Some(0x15));
+        assert_eq!(f.learn_all(&buf), 0, "nothing new");
+
+        // DELFAMILY removes (nlctrl stays).
+        let mut del = build::newfamily(0x15, "devlink", 0, 0);
+        del[header::NLMSG_HDRLEN] = CTRL_CMD_DELFAMILY;
+        assert_eq!(f.learn_all(&del), 1);
+        assert_eq!(f.name(0x15), None);
+
+        // A name without its NUL, or too long, is not learned.
+        let long = build::newfamily(0x30, "a_name_far_longer_than_sixteen", 0, 0);
+        assert_eq!(f.learn_all(&long), 0);
+        // A capture cut inside the attributes learns nothing, and does not panic.
+        for cut in 0..buf.len() {
+            let mut g = GenlFamilies::new();
+            g.learn_all(&buf[..cut]);
+            assert!(g.len() <= 3);
+        }
+    }
+
+    #[test]
+    fn request_bytes() {
+        let r = getfamily_dump(7);
+        let p = header::parse(&r, NETLINK_GENERIC);
+        assert_eq!(p.messages.len(), 1);
+        assert_eq!(p.messages[0].header.flags, 0x301);
+        assert_eq!(p.messages[0].genl_cmd, Some(CTRL_CMD_GETFAMILY));
+    }
+
+    #[test]
+    fn asks_the_kernel() {
+        // Unprivileged and always available on Linux; nlctrl lists itself.
+        let f = match GenlFamilies::from_kernel() {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("skipping: generic netlink not available here: {e}");
+                return;
+            }
+        };
+        assert_eq!(f.id("nlctrl"), Some(GENL_ID_CTRL));
+        // Every kernel registers a few more (ethtool, devlink, thermal, ...).
+        assert!(f.len() >= 2, "{f:?}");
+        eprintln!("{} generic netlink families: {f:?}", f.len());
+    }
+}

@@ -1,0 +1,571 @@
+//! Finding Go targets and putting the probes on them.
+//!
+//! Processes are matched to a [`Target`] by comm, at startup, at every
+//! `execve` (the `proc_exec` tracepoint: a restarted or upgraded containerd
+//! is probed again at once), and by a poll every [`POLL_EVERY`] as a safety
+//! net; binaries can also be named by path (`--containerd`, `--kubelet`).
+//! Each binary is attached once per (device, inode): uprobes live on the
+//! file, so every process running it, now or later, is covered. Each process
+//! of a probed binary also goes into `GO_PROCS` with `g`'s TLS offset, so
+//! that its kernel waits carry the goroutine that made them.
+
+use super::targets::{Arg, GoFuncSpec, Role, Target, short, target_named, target_of};
+use crate::{kernel::loader::take_map, kernel::loader::WatchError, proto::gosym::GoBinary, events::Event, events::Sink, observe::procfs};
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap as BpfHashMap, MapData},
+    programs::{
+        UProbe,
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+    },
+};
+use plegwatch_abi::{GO_FUNCS_MAX, GoArgSpec, GoProc, go_maps};
+use std::{
+    collections::{HashMap, HashSet},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+/// How often running processes are checked for binaries the exec events missed.
+pub const POLL_EVERY: Duration = Duration::from_secs(2);
+
+/// A probed function, by attach cookie.
+#[derive(Clone, Debug)]
+pub struct ProbedFunc {
+    pub symbol: &'static str,
+    pub role: Role,
+    pub arg: Option<Arg>,
+    pub target: &'static str,
+    pub binary: PathBuf,
+}
+
+/// What became of a binary.
+#[derive(Debug)]
+enum Binary {
+    /// Probed; processes running it get `g_tls` in `GO_PROCS`. Its function
+    /// ids and links are kept so that they can be given back (see [`retire`]).
+    Probed { target: &'static Target, g_tls: Option<i64>, ids: Vec<u32>, links: Vec<Link>, path: PathBuf, by_flag: bool },
+    /// Looked at and left alone.
+    Skipped,
+}
+
+/// A binary inspected without attaching anything (for `doctor`, and before attaching).
+#[derive(Clone, Debug)]
+pub struct Inspection {
+    pub go_version: Option<String>,
+    /// The function chosen for each group the binary has, with its probe points.
+    pub found: Vec<(GoFuncSpec, crate::proto::gosym::ProbePoints)>,
+    /// Groups left out: none of their names is in the binary (named by the
+    /// first), or the one found could not be probed.
+    pub missing: Vec<Missing>,
+    pub g_tls: Result<i64, String>,
+    /// The entry of `runtime.goexit0`, where goroutines end (see `go_exit`).
+    pub goexit: Option<u64>,
+    /// A ttrpc 1.1 client (requests written by a sender goroutine): the
+    /// entries of `(*Client).dispatch` and `(*Client).send` (see `crate::sources::ttrpc`).
+    pub ttrpc11: Option<(u64, u64)>,
+}
+
+/// An expected function that is not probed, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Missing {
+    pub symbol: &'static str,
+    pub why: String,
+}
+
+impl Missing {
+    /// `pkg.(*T).M (why)`, for the target line and `doctor`.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", short(self.symbol), self.why)
+    }
+}
+
+/// Where a goroutine ends: `func goexit0(gp *g)` (Go 1.19–1.26), entry only.
+pub const GOEXIT: &str = "runtime.goexit0";
+
+/// ttrpc's client: 1.1 hands requests to a sender goroutine in `dispatch`
+/// and writes them in `send`; 1.2 added streams (`createStream`) and writes
+/// from the caller, where nothing more is needed.
+const TTRPC_DISPATCH: &str = "github.com/containerd/ttrpc.(*Client).dispatch";
+const TTRPC_SEND: &str = "github.com/containerd/ttrpc.(*Client).send";
+const TTRPC_CREATE_STREAM: &str = "github.com/containerd/ttrpc.(*Client).createStream";
+
+/// Reads `path` and picks, for each of `target`'s groups, the first function it has.
+pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto::gosym::GoSymError> {
+    let bin = GoBinary::open(path)?;
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    let mut own = 0;
+    for group in target.groups {
+        let Some(spec) = group.funcs.iter().find(|s| bin.symbols().lookup(s.symbol).is_some()) else {
+            if !group.optional {
+                missing.push(Missing { symbol: group.funcs[0].symbol, why: "not in the binary's .gopclntab".into() });
+            }
+            continue;
+        };
+        match bin.probe_points(spec.symbol) {
+            Ok(p) => {
+                own += usize::from(!group.runtime);
+                // The argument's field offset as this binary lays it out.
+                let arg = spec.arg.and_then(|a| {
+                    a.resolve(&bin)
+                        .inspect_err(|e| tracing::warn!(symbol = spec.symbol, "{} not captured: {e}", a.name))
+                        .ok()
+                });
+                found.push((GoFuncSpec { arg, ..*spec }, p));
+            }
+            Err(e) => {
+                tracing::warn!(symbol = spec.symbol, "not probed: {e}");
+                missing.push(Missing { symbol: spec.symbol, why: e.to_string() });
+            }
+        }
+    }
+    if own == 0 {
+        // Only runtime functions, which every Go binary has: not this target.
+        found.clear();
+    }
+    Ok(Inspection {
+        go_version: bin.symbols().version(),
+        found,
+        missing,
+        g_tls: bin.g_tls().map(|t| t.offset).map_err(|e| e.to_string()),
+        goexit: bin.entry_offset(GOEXIT).ok(),
+        ttrpc11: match bin.symbols().lookup(TTRPC_CREATE_STREAM) {
+            Some(_) => None,
+            None => bin.entry_offset(TTRPC_DISPATCH).ok().zip(bin.entry_offset(TTRPC_SEND).ok()),
+        },
+    })
+}
+
+/// Attaches `program` at file offset `offset` of `target`, for every process
+/// running it, with `cookie` naming the function.
+///
+/// One link per point: aya 0.14 (pinned: later releases need a newer rustc)
+/// has no `uprobe_multi` link, so each entry and RET is its own perf-event
+/// uprobe with a BPF cookie (Linux ≥ 5.15). On Debian's containerd 1.6.20
+/// that is 50 links for 12 functions; its shim 16, runc 8.
+fn attach_point(ebpf: &mut Ebpf, program: &'static str, target: &Path, offset: u64, cookie: u32) -> Result<Link, String> {
+    let prog: &mut UProbe = crate::kernel::probes::program_mut(ebpf, program)?;
+    prog.load()
+        .or_else(|e| match e {
+            aya::programs::ProgramError::AlreadyLoaded => Ok(()),
+            e => Err(e),
+        })
+        .map_err(|e| format!("load {program}: {e}"))?;
+    let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(u64::from(cookie)) };
+    prog.attach(point, target, UProbeScope::AllProcesses)
+        .map(|id| (program, id))
+        .map_err(|e| format!("attach {program} at {offset:#x} of {}: {e}", target.display()))
+}
+
+/// An attached point: its program and link.
+type Link = (&'static str, aya::programs::uprobe::UProbeLinkId);
+
+/// Detaches `links` (a binary whose attach failed half-way).
+fn detach_all(ebpf: &mut Ebpf, links: Vec<Link>) {
+    for (program, id) in links {
+        if let Ok(prog) = crate::kernel::probes::program_mut::<UProbe>(ebpf, program) {
+            let _ = prog.detach(id);
+        }
+    }
+}
+
+/// How many threads close uprobe links at once on the way out.
+const DETACH_THREADS: usize = 32;
+
+/// Detaches `links` from several threads at once, and returns how many.
+///
+/// Closing one uprobe link waits for several RCU grace periods in the kernel
+/// (`perf_event_detach_bpf_prog`, `uprobe_unregister_sync`, the
+/// `perf_trace_event_unreg` of its perf event: Linux 6.18), each step under
+/// its own global mutex. One after the other that was 150–250 ms per link on
+/// this machine kind under load, so 78 links (Debian's containerd, shim and
+/// runc, a kubelet) kept plegwatch from exiting for 11–20 s. From several
+/// threads the steps of different links overlap: 95 ms per link measured
+/// side by side (1.6–2.5× faster).
+fn detach_parallel(ebpf: &mut Ebpf, links: Vec<Link>) -> usize {
+    let mut taken = Vec::with_capacity(links.len());
+    for (program, id) in links {
+        if let Ok(prog) = crate::kernel::probes::program_mut::<UProbe>(ebpf, program) {
+            if let Ok(link) = prog.take_link(id) {
+                taken.push(link);
+            }
+        }
+    }
+    let n = taken.len();
+    let per = n.div_ceil(DETACH_THREADS).max(1);
+    std::thread::scope(|scope| {
+        let mut rest = taken;
+        while !rest.is_empty() {
+            let chunk: Vec<_> = rest.drain(..per.min(rest.len())).collect();
+            // A thread that can't be made drops its links here instead.
+            let _ = std::thread::Builder::new().name("detach".into()).spawn_scoped(scope, move || drop(chunk));
+        }
+    });
+    n
+}
+
+/// The path to attach to for a process's binary: its own path when that is
+/// still the same file (stable, unlike `/proc/PID/exe` of a short-lived
+/// process: the shim's first process and runc exit within milliseconds),
+/// else `/proc/PID/exe` (a binary replaced or deleted on disk since).
+fn stable_path(pid: u32, key: (u64, u64)) -> (PathBuf, PathBuf) {
+    let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+    let path = std::fs::read_link(&exe).unwrap_or_else(|_| exe.clone());
+    let same = std::fs::metadata(&path).is_ok_and(|m| (m.dev(), m.ino()) == key);
+    (if same { path.clone() } else { exe }, path)
+}
+
+/// The smallest function id (attach cookie) not in use, if any is left.
+pub fn free_id(in_use: &HashMap<u32, ProbedFunc>) -> Option<u32> {
+    (1..GO_FUNCS_MAX).find(|id| !in_use.contains_key(id))
+}
+
+/// Whether a probed binary can be given up: no process runs it any more, and
+/// its file was replaced or deleted (an upgrade), so none ever will again.
+pub fn retire(running: bool, file_is_same: bool) -> bool {
+    !running && !file_is_same
+}
+
+pub struct Attacher {
+    pub funcs: HashMap<u32, ProbedFunc>,
+    binaries: HashMap<(u64, u64), Binary>,
+    procs: BpfHashMap<MapData, u32, GoProc>,
+    args: Array<MapData, GoArgSpec>,
+    /// Processes in `GO_PROCS`.
+    known: HashSet<u32>,
+    /// Every point attached, for [`Attacher::detach`].
+    links: Vec<Link>,
+    last_poll: Option<Instant>,
+    /// Binaries given up after an upgrade (see [`Attacher::retire_upgraded`]).
+    retired: u64,
+}
+
+impl Attacher {
+    pub fn new(ebpf: &mut Ebpf) -> Result<Self, WatchError> {
+        Ok(Attacher {
+            funcs: HashMap::new(),
+            binaries: HashMap::new(),
+            procs: take_map(ebpf, go_maps::GO_PROCS)?,
+            args: take_map(ebpf, go_maps::GO_ARGS)?,
+            known: HashSet::new(),
+            links: Vec::new(),
+            last_poll: None,
+            retired: 0,
+        })
+    }
+
+    /// Detaches every Go probe, many at once (see [`detach_parallel`]); the
+    /// eBPF object would otherwise close them one by one when dropped.
+    pub fn detach(&mut self, ebpf: &mut Ebpf) {
+        let started = Instant::now();
+        let n = detach_parallel(ebpf, std::mem::take(&mut self.links));
+        tracing::info!(links = n, took_ms = started.elapsed().as_millis() as u64, "Go probes detached");
+    }
+
+    /// Probes a binary named on the command line, whether or not it runs now.
+    pub fn attach_path(&mut self, ebpf: &mut Ebpf, target: &str, path: &Path, sink: &mut dyn Sink) -> Result<(), String> {
+        let t = target_named(target).ok_or_else(|| format!("unknown target {target}"))?;
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.probe_binary(ebpf, t, (meta.dev(), meta.ino()), path, path, 0, "flag", sink);
+        match self.binaries.get(&(meta.dev(), meta.ino())) {
+            Some(Binary::Probed { .. }) => Ok(()),
+            _ => Err(format!("{}: not probed (see the target line)", path.display())),
+        }
+    }
+
+    /// Polls `/proc` for target processes, at most every [`POLL_EVERY`].
+    pub fn poll(&mut self, ebpf: &mut Ebpf, found_by: &'static str, sink: &mut dyn Sink) {
+        if self.last_poll.is_some_and(|t| t.elapsed() < POLL_EVERY) {
+            return;
+        }
+        self.last_poll = Some(Instant::now());
+        let Ok(dir) = std::fs::read_dir("/proc") else { return };
+        let mut alive = HashSet::new();
+        let mut running = HashSet::new();
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            alive.insert(pid);
+            running.extend(self.look_at(ebpf, pid, found_by, sink));
+        }
+        self.retire_upgraded(ebpf, &running, sink);
+        // Forget processes that are gone, so a reused pid is not read as Go.
+        let gone: Vec<u32> = self.known.iter().copied().filter(|p| !alive.contains(p)).collect();
+        for pid in gone {
+            let _ = self.procs.remove(&pid);
+            self.known.remove(&pid);
+        }
+    }
+
+    /// A process called `execve` (from the kernel's `proc_exec` record).
+    pub fn on_exec(&mut self, ebpf: &mut Ebpf, pid: u32, sink: &mut dyn Sink) {
+        // Its previous image may have been a Go target; the new one decides.
+        if self.known.remove(&pid) {
+            let _ = self.procs.remove(&pid);
+        }
+        let _ = self.look_at(ebpf, pid, "exec", sink);
+    }
+
+    /// Gives back the ids and links of probed binaries that were replaced
+    /// or deleted on disk and that no process runs any more (an upgrade
+    /// leaves the old inode behind): without this, ids run out after a few
+    /// dozen upgrades and nothing new gets probed. A binary named by flag is
+    /// probed again at its path.
+    fn retire_upgraded(&mut self, ebpf: &mut Ebpf, running: &HashSet<(u64, u64)>, sink: &mut dyn Sink) {
+        let gone: Vec<(u64, u64)> = self
+            .binaries
+            .iter()
+            .filter_map(|(key, b)| match b {
+                Binary::Probed { path, .. } => {
+                    let same = std::fs::metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == *key);
+                    retire(running.contains(key), same).then_some(*key)
+                }
+                Binary::Skipped => None,
+            })
+            .collect();
+        for key in gone {
+            let Some(Binary::Probed { target, ids, links, path, by_flag, .. }) = self.binaries.remove(&key) else { continue };
+            detach_all(ebpf, links);
+            for id in &ids {
+                self.funcs.remove(id);
+            }
+            self.retired += 1;
+            tracing::info!(target = target.name, binary = %path.display(), ids = ids.len(), "binary replaced on disk and no longer run: probes removed, ids freed");
+            if by_flag {
+                let _ = self.attach_path(ebpf, target.name, &path, sink);
+            }
+        }
+    }
+
+    /// Function ids in use, and binaries retired so far.
+    pub fn ids_in_use(&self) -> (usize, u64) {
+        (self.funcs.len(), self.retired)
+    }
+
+    /// Probes the binary of `pid` if it is a target not seen yet, and
+    /// registers the process for goroutine ids at kernel probes. Returns the
+    /// binary's (dev, inode) when the process runs a target.
+    fn look_at(&mut self, ebpf: &mut Ebpf, pid: u32, found_by: &'static str, sink: &mut dyn Sink) -> Option<(u64, u64)> {
+        if pid == std::process::id() {
+            return None;
+        }
+        if self.known.contains(&pid) {
+            let meta = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+            return Some((meta.dev(), meta.ino()));
+        }
+        let comm = procfs::comm(pid)?;
+        let target = target_of(&comm)?;
+        let meta = std::fs::metadata(format!("/proc/{pid}/exe")).ok()?;
+        let key = (meta.dev(), meta.ino());
+        let (open_path, path) = stable_path(pid, key);
+        if !self.binaries.contains_key(&key) {
+            self.probe_binary(ebpf, target, key, &open_path, &path, pid, found_by, sink);
+        } else if let Some(Binary::Probed { target, .. }) = self.binaries.get(&key) {
+            if target.name != "runc" {
+                sink.emit(&Event::Target(crate::events::Target::new(target.name, "traced", pid, &path, found_by)));
+            }
+        }
+        if let Some(Binary::Probed { g_tls: Some(off), .. }) = self.binaries.get(&key) {
+            if self.procs.insert(pid, GoProc { g_tls_off: *off }, 0).is_ok() {
+                self.known.insert(pid);
+            }
+        }
+        Some(key)
+    }
+
+    /// Inspects and attaches one binary; reports it with a `target` line.
+    #[allow(clippy::too_many_arguments)]
+    fn probe_binary(
+        &mut self,
+        ebpf: &mut Ebpf,
+        target: &'static Target,
+        key: (u64, u64),
+        open_path: &Path,
+        path: &Path,
+        pid: u32,
+        found_by: &'static str,
+        sink: &mut dyn Sink,
+    ) {
+        let mut line = crate::events::Target::new(target.name, "probed", pid, path, found_by);
+        let mut links: Vec<Link> = Vec::new();
+        let mut transient = false;
+        let mut ids: Vec<u32> = Vec::new();
+        let outcome = inspect(open_path, target).map_err(|e| {
+            // The process may be gone already (a short-lived runc): try again with the next one.
+            transient = !open_path.exists();
+            // Not a Go binary we can read (a wrapper script named runc, a stripped C binary).
+            line.status = "unmatched";
+            e.to_string()
+        }).and_then(|i| {
+            line.go_version = i.go_version.clone();
+            if i.found.is_empty() {
+                line.status = "unmatched";
+                return Err(format!(
+                    "none of the expected functions in its .gopclntab (unknown {} version?); looked for {}",
+                    target.name,
+                    i.missing.iter().map(|m| short(m.symbol)).collect::<Vec<_>>().join(", ")
+                ));
+            }
+            let g_tls = i.g_tls.as_ref().ok().copied();
+            if let Err(e) = &i.g_tls {
+                tracing::warn!(binary = %path.display(), "no goroutine ids at kernel probes: {e}");
+            }
+            for (spec, points) in &i.found {
+                let Some(id) = free_id(&self.funcs) else {
+                    return Err(format!("all {} function ids are in use by other binaries", GO_FUNCS_MAX - 1));
+                };
+                let _ = self.args.set(id, Arg::spec(spec.arg), 0);
+                let attached = attach_point(ebpf, "go_entry", open_path, points.entry_offset, id).and_then(|l| {
+                    links.push(l);
+                    for off in &points.ret_offsets {
+                        links.push(attach_point(ebpf, "go_ret", open_path, *off, id)?);
+                    }
+                    Ok(())
+                });
+                if let Err(e) = attached {
+                    transient = !open_path.exists();
+                    return Err(e);
+                }
+                self.funcs.insert(
+                    id,
+                    ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() },
+                );
+                ids.push(id);
+                line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
+            }
+            // Goroutine ends, so that a call a panic unwound past is dropped.
+            match i.goexit {
+                Some(off) => links.push(attach_point(ebpf, "go_exit", open_path, off, 0).inspect_err(|_| transient = !open_path.exists())?),
+                None => tracing::warn!(binary = %path.display(), "no {GOEXIT}: a call a panic unwinds past stays open until its process exits"),
+            }
+            // containerd's ttrpc 1.1 client: who each request is for.
+            if let (Some((dispatch, send)), "containerd") = (i.ttrpc11, target.name) {
+                links.push(attach_point(ebpf, "ttrpc_dispatch", open_path, dispatch, 0).inspect_err(|_| transient = !open_path.exists())?);
+                links.push(attach_point(ebpf, "ttrpc_send", open_path, send, 0).inspect_err(|_| transient = !open_path.exists())?);
+                line.functions.push("ttrpc.(*Client).dispatch, send (entry, ttrpc 1.1)".into());
+            }
+            line.g_tls_offset = g_tls;
+            // Attached, but not everything expected: `partial`, never `probed`.
+            if !i.missing.is_empty() {
+                line.status = "partial";
+                line.left_out = i.missing.iter().map(Missing::describe).collect();
+            }
+            Ok(g_tls)
+        });
+        match outcome {
+            Ok(g_tls) => {
+                self.links.append(&mut links);
+                tracing::info!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", line.functions.join(", "));
+                if !line.left_out.is_empty() {
+                    tracing::warn!(pid, target = target.name, binary = %path.display(), "partly probed; left out: {}", line.left_out.join("; "));
+                }
+                let links = std::mem::take(&mut links);
+                self.binaries.insert(key, Binary::Probed { target, g_tls, ids, links, path: path.to_path_buf(), by_flag: found_by == "flag" });
+            }
+            Err(why) => {
+                detach_all(ebpf, std::mem::take(&mut links));
+                for id in &ids {
+                    self.funcs.remove(id);
+                }
+                if matches!(line.status, "probed" | "partial") {
+                    line.status = "failed";
+                }
+                if transient {
+                    // Not remembered: the next process running it is tried again.
+                    tracing::debug!(pid, target = target.name, binary = %path.display(), "Go binary gone before it was probed: {why}");
+                    return;
+                }
+                tracing::warn!(pid, target = target.name, binary = %path.display(), "Go binary not probed: {why}");
+                line.why = Some(why);
+                self.binaries.insert(key, Binary::Skipped);
+            }
+        }
+        sink.emit(&Event::Target(line));
+    }
+}
+
+/// Where the targets' binaries usually live, looked at by `doctor` even when
+/// no process runs them.
+const USUAL_PATHS: &[(&str, &str)] = &[
+    ("containerd", "/usr/bin/containerd"),
+    ("containerd", "/usr/local/bin/containerd"),
+    ("containerd-shim", "/usr/bin/containerd-shim-runc-v2"),
+    ("containerd-shim", "/usr/local/bin/containerd-shim-runc-v2"),
+    ("kubelet", "/usr/bin/kubelet"),
+    ("kubelet", "/usr/local/bin/kubelet"),
+    ("runc", "/usr/sbin/runc"),
+    ("runc", "/usr/bin/runc"),
+    ("runc", "/usr/local/sbin/runc"),
+];
+
+/// A target binary on this node: where it is and which processes run it.
+#[derive(Clone, Debug)]
+pub struct Found {
+    pub target: &'static Target,
+    pub path: PathBuf,
+    pub pids: Vec<u32>,
+}
+
+/// Every target binary running now (by comm, one entry per inode) or at a usual path.
+pub fn survey() -> Vec<Found> {
+    survey_with(&[])
+}
+
+/// [`survey`], plus binaries named by path with their target (`doctor
+/// --containerd PATH`); a named path comes first for its inode.
+pub fn survey_with(named: &[(&str, PathBuf)]) -> Vec<Found> {
+    let mut by_inode: HashMap<(u64, u64), Found> = HashMap::new();
+    for (name, path) in named {
+        let (Some(target), Ok(meta)) = (target_named(name), std::fs::metadata(path)) else { continue };
+        by_inode.entry((meta.dev(), meta.ino())).or_insert(Found { target, path: path.clone(), pids: Vec::new() });
+    }
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let Some(target) = procfs::comm(pid).and_then(|c| target_of(&c)) else { continue };
+            let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+            let Ok(meta) = std::fs::metadata(&exe) else { continue };
+            let path = std::fs::read_link(&exe).unwrap_or(exe);
+            by_inode.entry((meta.dev(), meta.ino())).or_insert(Found { target, path, pids: Vec::new() }).pids.push(pid);
+        }
+    }
+    for (name, path) in USUAL_PATHS {
+        let (Some(target), Ok(meta)) = (target_named(name), std::fs::metadata(path)) else { continue };
+        by_inode.entry((meta.dev(), meta.ino())).or_insert(Found { target, path: PathBuf::from(path), pids: Vec::new() });
+    }
+    let mut out: Vec<Found> = by_inode.into_values().collect();
+    out.sort_by(|a, b| (a.target.name, &a.path).cmp(&(b.target.name, &b.path)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::gowatch::targets::Role;
+
+    fn func() -> ProbedFunc {
+        ProbedFunc { symbol: "f", role: Role::Relist, arg: None, target: "kubelet", binary: PathBuf::from("/x") }
+    }
+
+    #[test]
+    fn ids_given_back_are_reused_and_none_is_handed_out_twice() {
+        let mut in_use = HashMap::new();
+        for _ in 0..5 {
+            let id = free_id(&in_use).unwrap();
+            in_use.insert(id, func());
+        }
+        assert_eq!(in_use.keys().copied().max(), Some(5));
+        in_use.remove(&2);
+        assert_eq!(free_id(&in_use), Some(2), "the smallest id given back");
+        let all: HashMap<u32, ProbedFunc> = (1..GO_FUNCS_MAX).map(|i| (i, func())).collect();
+        assert_eq!(free_id(&all), None, "none left: the caller reports it, nothing is overwritten");
+    }
+
+    #[test]
+    fn only_an_upgraded_binary_nobody_runs_is_retired() {
+        assert!(retire(false, false), "replaced on disk, not running: retired");
+        assert!(!retire(true, false), "replaced but still running: kept");
+        assert!(!retire(false, true), "not running now but still the file at its path (runc between runs): kept");
+    }
+}

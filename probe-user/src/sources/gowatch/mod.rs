@@ -1,0 +1,749 @@
+//! Go function timing on stripped binaries: kubelet's relist clock,
+//! containerd's CRI Status lock and handlers, the shim's task calls.
+//!
+//! [`attach`] finds the binaries and puts a uprobe at the entry and at every
+//! RET of each function in [`targets`] (see `probe-ebpf/src/gofuncs.rs`);
+//! calls are keyed by process and goroutine. Calls still open past the
+//! thresholds are stalls:
+//! - `pleg_relist`: a relist still running; its wait is the time since that
+//!   relist started, kubelet's own clock (`relistTime` is stamped at the start);
+//! - `go_lock`: containerd's Status write lock held by `Update`/`UpdateSync`,
+//!   with the `Get`s waiting on it and what the holder waits on ([`chain`]);
+//! - `cri_call`: a CRI handler still running (with the lock it waits on);
+//! - `go_call`: a shim task call or a runc systemd call still running.
+//!
+//! Every call that returns goes into the latency tables.
+
+pub mod attach;
+pub mod chain;
+pub mod targets;
+
+use crate::{
+    clock::wall_of,
+    kernel::loader::{WatchError, take_map},
+    graph::{
+        model::{OpenWait, StartTiming, WaitKey, Who},
+        resolvers::{CallRole, GoCallFact, GoFacts},
+    },
+    sources::inflight::{Action, Filter, Item, Registry},
+    latency::{LatencyRow, LatencyTables},
+    levels::Thresholds,
+    events::{Event, Sink, Stall},
+    observe::procfs,
+    syscalls::WaitKind,
+};
+use attach::Attacher;
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, MapData},
+};
+use chain::{Blame, Calls, KernelWaits};
+use plegwatch_abi::{EventHeader, EventKind, ExecEvent, GoCall, GoCallEnd, GoCallKey, GoExit, go_maps};
+use serde_json::{Value, json};
+use std::{collections::HashMap, path::PathBuf, time::Duration};
+use targets::{READER_SEM_OFF, Role, arg_text, short};
+
+/// An open Go call: the registry's item for kinds `pleg_relist`, `go_lock`,
+/// `cri_call` and `go_call`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GoOpen {
+    pub g: u64,
+    pub func: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub comm: String,
+    pub start_ns: u64,
+    /// The receiver (RAX at entry): for the Status store, the lock's address.
+    pub receiver: u64,
+    /// The captured string argument (a container id), if it looked like one.
+    pub arg: Option<String>,
+}
+
+impl GoOpen {
+    fn new(g: u64, func: u32, call: &GoCall) -> Self {
+        GoOpen {
+            g,
+            func,
+            tgid: call.tgid,
+            tid: call.tid,
+            comm: procfs::comm(call.tgid).unwrap_or_default(),
+            start_ns: call.start_ns,
+            receiver: call.receiver,
+            arg: captured(&call.arg, call.arg_len),
+        }
+    }
+}
+
+/// An open Go call's key: (process, goroutine, function id), as the kernel's
+/// [`GoCallKey`]. Goroutine addresses repeat across processes and function ids
+/// are per binary, so the process is part of it.
+pub type GoKey = (u32, u64, u32);
+
+/// The registry key of a call's end record.
+fn end_key(rec: &GoCallEnd) -> GoKey {
+    (rec.tgid, rec.g, rec.func)
+}
+
+fn captured(arg: &[u8], len: u32) -> Option<String> {
+    arg.get(..len as usize).and_then(arg_text)
+}
+
+impl Item for GoOpen {
+    type Key = GoKey;
+    fn key(&self) -> Self::Key {
+        (self.tgid, self.g, self.func)
+    }
+    fn tgid(&self) -> u32 {
+        self.tgid
+    }
+    fn tid(&self) -> u32 {
+        self.tid
+    }
+    fn comm(&self) -> &str {
+        &self.comm
+    }
+    fn start_ns(&self) -> u64 {
+        self.start_ns
+    }
+    fn refresh(&mut self, _newer: &Self) {}
+    fn wait_key(&self) -> WaitKey {
+        WaitKey::Go { tgid: self.tgid, g: self.g, func: self.func }
+    }
+}
+
+/// Goroutines that ended lately: (tgid, g) → when. A `g` is reused for new
+/// goroutines, so only calls that began before its end are its orphans; kept
+/// a few scans, bounded.
+#[derive(Debug, Default)]
+pub struct GoExits {
+    ended: HashMap<(u32, u64), u64>,
+}
+
+impl GoExits {
+    /// How long an end is kept: longer than a scan, so every call open then is judged.
+    const KEEP_NS: u64 = 5_000_000_000;
+    const MAX: usize = 65_536;
+
+    pub fn note(&mut self, tgid: u32, g: u64, exit_ns: u64) {
+        if self.ended.len() >= Self::MAX {
+            let newest = self.ended.values().copied().max().unwrap_or(exit_ns);
+            self.ended.retain(|_, t| newest.saturating_sub(*t) < Self::KEEP_NS / 5);
+        }
+        let e = self.ended.entry((tgid, g)).or_insert(exit_ns);
+        *e = (*e).max(exit_ns);
+    }
+
+    /// When goroutine `g` of `tgid` ended, if it did after `start_ns`.
+    pub fn ended_after(&self, tgid: u32, g: u64, start_ns: u64) -> Option<u64> {
+        self.ended.get(&(tgid, g)).copied().filter(|t| *t > start_ns)
+    }
+
+    pub fn expire(&mut self, now_ns: u64) {
+        self.ended.retain(|_, t| now_ns.saturating_sub(*t) < Self::KEEP_NS);
+    }
+}
+
+/// One Status lock's history: write holds and read waits.
+#[derive(Clone, Debug, Default)]
+struct LockStats {
+    holds: u64,
+    max_hold: Duration,
+    gets: u64,
+    max_get_wait: Duration,
+    /// The container the last long hold was for.
+    container: Option<String>,
+}
+
+/// How many Status locks' histories are kept.
+const LOCKS_MAX: usize = 4096;
+
+/// Whether a CRI handler is one kubelet's relist calls (ListPodSandbox, ListContainers).
+fn is_list_call(symbol: &str) -> bool {
+    matches!(short(symbol).rsplit('.').next(), Some("ListContainers" | "ListPodSandbox"))
+}
+
+/// How many kubelet relist clocks are kept before those of exited processes are dropped.
+const RELIST_CLOCKS_MAX: usize = 64;
+
+/// How many finished relists each kubelet's clock keeps.
+const RECENT_RELISTS: usize = 10;
+
+/// A kubelet's relist clock.
+#[derive(Clone, Debug, Default)]
+struct RelistClock {
+    count: u64,
+    last_start_ns: u64,
+    last_end_ns: u64,
+    last_took: Duration,
+    /// The last [`RECENT_RELISTS`] relists: (start ns, end ns).
+    recent: std::collections::VecDeque<(u64, u64)>,
+}
+
+pub struct GoWatch {
+    registry: Registry<GoOpen>,
+    calls: BpfHashMap<MapData, GoCallKey, GoCall>,
+    attacher: Attacher,
+    relists: HashMap<u32, RelistClock>,
+    /// Readers parked on a lock now (a Status `Get` waiting), by lock address: (how many, earliest start).
+    gets: HashMap<u64, (u32, u64)>,
+    /// The lock each goroutine's open `Get` waits on, by (process, goroutine).
+    get_by_g: HashMap<(u32, u64), u64>,
+    /// Every Go call open at the last scan (Gets excluded).
+    open: Vec<GoOpen>,
+    latency: LatencyTables,
+    /// Goroutines that ended lately (`runtime.goexit0`).
+    exits: GoExits,
+    /// Calls dropped because their goroutine ended without returning from them.
+    orphaned: u64,
+    /// Per Status lock, by (process, lock address).
+    locks: HashMap<(u32, u64), LockStats>,
+}
+
+impl GoWatch {
+    pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter) -> Result<Self, WatchError> {
+        Ok(GoWatch {
+            registry: Registry::new(thresholds, filter),
+            calls: take_map(ebpf, go_maps::GO_CALLS)?,
+            attacher: Attacher::new(ebpf)?,
+            relists: HashMap::new(),
+            gets: HashMap::new(),
+            get_by_g: HashMap::new(),
+            open: Vec::new(),
+            latency: LatencyTables::default(),
+            exits: GoExits::default(),
+            orphaned: 0,
+            locks: HashMap::new(),
+        })
+    }
+
+    /// Probes the binaries named on the command line (`(target, path)`), then
+    /// every target running now. A named binary that can't be probed is an error.
+    pub fn start(&mut self, ebpf: &mut Ebpf, paths: &[(&str, PathBuf)], sink: &mut dyn Sink) -> Result<(), WatchError> {
+        for (target, path) in paths {
+            self.attacher.attach_path(ebpf, target, path, sink).map_err(WatchError::Target)?;
+        }
+        self.attacher.poll(ebpf, "startup", sink);
+        Ok(())
+    }
+
+    /// Detaches the Go probes (before the eBPF object is dropped: faster, see `attach`).
+    pub fn detach(&mut self, ebpf: &mut Ebpf) {
+        self.attacher.detach(ebpf);
+    }
+
+    /// Looks for target processes the exec records missed.
+    pub fn poll(&mut self, ebpf: &mut Ebpf, sink: &mut dyn Sink) {
+        self.attacher.poll(ebpf, "poll", sink);
+    }
+
+    /// Takes one `GO_EVENTS` record.
+    pub fn on_record(&mut self, ebpf: &mut Ebpf, bytes: &[u8], sink: &mut dyn Sink) {
+        if bytes.len() < std::mem::size_of::<EventHeader>() {
+            return;
+        }
+        // SAFETY: length checked; plain old data; read_unaligned copies.
+        let header: EventHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        if header.kind == EventKind::Exec as u32 && bytes.len() >= std::mem::size_of::<ExecEvent>() {
+            // SAFETY: as above.
+            let rec: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            self.attacher.on_exec(ebpf, rec.tgid, sink);
+            return;
+        }
+        if header.kind == EventKind::GoExit as u32 && bytes.len() >= std::mem::size_of::<GoExit>() {
+            // SAFETY: as above.
+            let rec: GoExit = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+            self.exits.note(rec.tgid, rec.g, rec.exit_ns);
+            return;
+        }
+        if header.kind != EventKind::GoCallEnd as u32 || bytes.len() < std::mem::size_of::<GoCallEnd>() {
+            return;
+        }
+        // SAFETY: as above.
+        let rec: GoCallEnd = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        self.on_end(&rec, sink);
+    }
+
+    fn on_end(&mut self, rec: &GoCallEnd, sink: &mut dyn Sink) {
+        let took = Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns));
+        // Ended: no longer one of the calls open since the last scan (the graph's
+        // last step at exit runs on these without another scan).
+        self.open.retain(|o| !(o.tgid == rec.tgid && o.g == rec.g && o.func == rec.func && o.start_ns == rec.start_ns));
+        let Some(f) = self.attacher.funcs.get(&rec.func) else { return };
+        let (role, target, symbol) = (f.role, f.target, f.symbol);
+        if role != Role::LockWait {
+            self.latency.record(target, short(symbol), took);
+        }
+        if role == Role::Relist {
+            let c = self.relists.entry(rec.tgid).or_default();
+            c.count += 1;
+            c.last_start_ns = c.last_start_ns.max(rec.start_ns);
+            c.last_end_ns = rec.end_ns;
+            c.last_took = took;
+            if c.recent.len() == RECENT_RELISTS {
+                c.recent.pop_front();
+            }
+            c.recent.push_back((rec.start_ns, rec.end_ns));
+        }
+        if role == Role::LockWait {
+            // Kept only for the Status locks: held now, or held before.
+            let lock = rec.receiver.wrapping_sub(READER_SEM_OFF);
+            let known = self.locks.contains_key(&(rec.tgid, lock)) || self.lock_holder(rec.tgid, lock).is_some();
+            if known {
+                self.latency.record(target, "container.(*statusStorage).Get (waiting)", took);
+                let l = self.locks.entry((rec.tgid, lock)).or_default();
+                l.gets += 1;
+                l.max_get_wait = l.max_get_wait.max(took);
+            }
+            return;
+        }
+        if role == Role::StatusUpdate {
+            if self.locks.len() >= LOCKS_MAX && !self.locks.contains_key(&(rec.tgid, rec.receiver)) {
+                // Bounded over a long run (a lock per container ever seen):
+                // keep the half held longest.
+                let mut holds: Vec<Duration> = self.locks.values().map(|l| l.max_hold).collect();
+                holds.sort_unstable();
+                let cut = holds[holds.len() / 2];
+                self.locks.retain(|_, l| l.max_hold > cut);
+            }
+            let l = self.locks.entry((rec.tgid, rec.receiver)).or_default();
+            l.holds += 1;
+            if took >= l.max_hold {
+                l.max_hold = took;
+                // The CRI handler on the same goroutine names the container.
+                let container = self.open.iter().find(|o| o.tgid == rec.tgid && o.g == rec.g && o.arg.is_some());
+                l.container = container.and_then(|o| o.arg.clone()).or(l.container.take());
+            }
+        }
+        if !self.registry.wants_end(&end_key(rec), took) {
+            return;
+        }
+        let call = GoCall {
+            start_ns: rec.start_ns,
+            receiver: rec.receiver,
+            tgid: rec.tgid,
+            tid: rec.tid,
+            arg_len: rec.arg_len,
+            _pad: 0,
+            arg: rec.arg,
+        };
+        let actions = self.registry.end(GoOpen::new(rec.g, rec.func, &call), rec.end_ns);
+        let none = HashMap::new();
+        let no_g = HashMap::new();
+        let waits = KernelWaits { by_tid: &none, by_g: &no_g, longest_by_pid: &HashMap::new() };
+        self.act(actions, rec.end_ns, &waits, sink);
+    }
+
+    /// Looks at the Go calls open now, with the kernel waits open now.
+    pub fn scan(&mut self, now_ns: u64, waits: &KernelWaits<'_>, sink: &mut dyn Sink) {
+        self.open.clear();
+        self.gets.clear();
+        self.get_by_g.clear();
+        let mut resolved = Vec::new();
+        // Calls on a goroutine that ended after they began never return through
+        // a probed RET (a panic unwound past them, or Goexit): dropped, counted.
+        let orphans: Vec<(GoCallKey, GoCall)> =
+            self.calls.iter().filter_map(Result::ok).filter(|(k, c)| self.exits.ended_after(c.tgid, k.g, c.start_ns).is_some()).collect();
+        for (k, c) in orphans {
+            let still_same = matches!(self.calls.get(&k, 0), Ok(now) if now.start_ns == c.start_ns);
+            if still_same && self.calls.remove(&k).is_ok() {
+                self.orphaned += 1;
+                let end = self.exits.ended_after(c.tgid, k.g, c.start_ns).unwrap_or(now_ns);
+                if let Some(a) = self.registry.vanished((c.tgid, k.g, k.func), end) {
+                    resolved.push(a);
+                }
+            }
+        }
+        self.exits.expire(now_ns);
+        let mut dead = Vec::new();
+        for (k, c) in self.calls.iter().filter_map(Result::ok) {
+            // A process that died (or restarted) inside a call never returns from it.
+            // Checked first: its function id may have been given back and reused.
+            if !procfs::thread_exists(c.tgid) {
+                dead.push(k);
+                continue;
+            }
+            let Some(f) = self.attacher.funcs.get(&k.func) else { continue };
+            if f.role == Role::Relist {
+                let clock = self.relists.entry(c.tgid).or_default();
+                clock.last_start_ns = clock.last_start_ns.max(c.start_ns);
+            }
+            if f.role == Role::LockWait {
+                // A reader parked on an RWMutex: keyed by the lock it waits on.
+                let lock = c.receiver.wrapping_sub(READER_SEM_OFF);
+                let e = self.gets.entry(lock).or_insert((0, c.start_ns));
+                e.0 += 1;
+                e.1 = e.1.min(c.start_ns);
+                self.get_by_g.insert((c.tgid, k.g), lock);
+                continue;
+            }
+            self.open.push(GoOpen::new(k.g, k.func, &c));
+        }
+        for k in dead {
+            let _ = self.calls.remove(&k);
+        }
+        // Bounded in a long run (a clock per kubelet process ever seen, restarts
+        // included): past RELIST_CLOCKS_MAX, the clocks of exited processes go.
+        if self.relists.len() > RELIST_CLOCKS_MAX {
+            self.relists.retain(|pid, _| procfs::thread_exists(*pid));
+        }
+        let open = std::mem::take(&mut self.open);
+        let mut actions = self.registry.scan(open.iter(), now_ns);
+        self.open = open;
+        actions.extend(resolved);
+        self.act(actions, now_ns, waits, sink);
+    }
+
+    /// The Status lock holder of `lock`, among the open calls.
+    fn lock_holder(&self, tgid: u32, lock: u64) -> Option<&GoOpen> {
+        self.open.iter().find(|o| {
+            o.tgid == tgid && o.receiver == lock && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::StatusUpdate)
+        })
+    }
+
+    fn act(&mut self, actions: Vec<Action<GoKey>>, now_ns: u64, waits: &KernelWaits<'_>, sink: &mut dyn Sink) {
+        for a in actions {
+            match a {
+                Action::Report { key, level, waited } => {
+                    let Some(t) = self.registry.get(&key) else { continue };
+                    let o = t.info.clone();
+                    let id = t.id;
+                    let Some(f) = self.attacher.funcs.get(&o.func).cloned() else { continue };
+                    let calls = Calls { open: &self.open, funcs: &self.attacher.funcs, now_ns };
+                    let thread_wait = waits.by_g.get(&(o.tgid, o.g)).map(|(_, w)| w).or_else(|| waits.by_tid.get(&o.tid));
+                    let common = json!({
+                        "function": f.symbol,
+                        "goroutine": format!("{:#x}", o.g),
+                        "thread": o.tid,
+                        "thread_wait": thread_wait,
+                        "binary": f.binary.display().to_string(),
+                    });
+                    let (kind, extra, blame) = match f.role {
+                        Role::Relist => {
+                            let last = self.relists.get(&o.tgid);
+                            (
+                                WaitKind::PlegRelist,
+                                json!({
+                                    "since_relist_start_s": now_ns.saturating_sub(o.start_ns) as f64 / 1e9,
+                                    "last_relist_s": last.filter(|c| c.count > 0).map(|c| c.last_took.as_secs_f64()),
+                                    "relists_seen": last.map(|c| c.count).unwrap_or(0),
+                                }),
+                                Blame::default(),
+                            )
+                        }
+                        Role::StatusUpdate | Role::LockWait => {
+                            let gets = self.gets.get(&o.receiver);
+                            let blame = chain::lock_blame(&o, &calls, waits);
+                            (
+                                WaitKind::GoLock,
+                                json!({
+                                    "lock": format!("{:#x}", o.receiver),
+                                    "lock_type": "sync.RWMutex (CRI container Status)",
+                                    "holder_function": f.symbol,
+                                    "container": blame.container,
+                                    "waiting_gets": gets.map(|g| g.0).unwrap_or(0),
+                                    "longest_get_wait_s": gets.map(|g| now_ns.saturating_sub(g.1) as f64 / 1e9),
+                                }),
+                                blame,
+                            )
+                        }
+                        Role::CriHandler => {
+                            // Waiting on a Status lock someone holds, or holding one
+                            // itself (UpdateContainerResources): that lock's blame.
+                            let lock = self.get_by_g.get(&(o.tgid, o.g)).copied();
+                            let held = self.open.iter().find(|h| {
+                                h.tgid == o.tgid
+                                    && h.g == o.g
+                                    && self.attacher.funcs.get(&h.func).is_some_and(|f| f.role == Role::StatusUpdate)
+                            });
+                            let blame = lock
+                                .and_then(|l| self.lock_holder(o.tgid, l))
+                                .or(held)
+                                .map(|h| chain::lock_blame(h, &calls, waits))
+                                .unwrap_or_default();
+                            (
+                                WaitKind::CriCall,
+                                json!({
+                                    "container": o.arg,
+                                    "waiting_on_lock": lock.map(|l| format!("{l:#x}")),
+                                }),
+                                blame,
+                            )
+                        }
+                        Role::ShimTask | Role::RuncSystemd => {
+                            (WaitKind::GoCall, json!({ "container": o.arg, "target": f.target }), Blame::default())
+                        }
+                    };
+                    let mut detail = common;
+                    if let (Value::Object(d), Value::Object(e)) = (&mut detail, extra) {
+                        d.extend(e);
+                    }
+                    sink.emit(&Event::Stall(Stall {
+                        holder: blame.holder,
+                        cause: blame.cause,
+                        chain: blame.chain,
+                        ..crate::sources::inflight::stall_line(&o, level, id, kind, waited, detail)
+                    }));
+                }
+                Action::Resolve { key, waited, exact } => {
+                    let role = self.registry.get(&key).and_then(|t| self.attacher.funcs.get(&t.info.func)).map(|f| f.role);
+                    let kind = match role {
+                        Some(Role::Relist) => WaitKind::PlegRelist,
+                        Some(Role::StatusUpdate | Role::LockWait) => WaitKind::GoLock,
+                        Some(Role::ShimTask | Role::RuncSystemd) => WaitKind::GoCall,
+                        _ => WaitKind::CriCall,
+                    };
+                    if let Some(r) = self.registry.resolve(&key, waited, exact, kind) {
+                        sink.emit(&Event::Resolved(r));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every Go call open at the last scan as graph nodes, plus each kubelet
+    /// whose next relist is overdue with none open.
+    pub fn open_waits(&self, now_ns: u64) -> Vec<OpenWait> {
+        let mut out: Vec<OpenWait> = self
+            .open
+            .iter()
+            .filter_map(|o| {
+                let f = self.attacher.funcs.get(&o.func)?;
+                let kind = match f.role {
+                    Role::Relist => WaitKind::PlegRelist,
+                    Role::StatusUpdate | Role::LockWait => WaitKind::GoLock,
+                    Role::CriHandler => WaitKind::CriCall,
+                    Role::ShimTask | Role::RuncSystemd => WaitKind::GoCall,
+                };
+                let mut what = short(f.symbol).to_string();
+                if f.role == Role::StatusUpdate {
+                    what = format!("{what} holding Status lock {:#x}", o.receiver);
+                }
+                if let Some(c) = &o.arg {
+                    what.push_str(&format!(" for {} {}", f.arg.map(|a| a.name).unwrap_or("container"), c.get(..12).unwrap_or(c)));
+                }
+                if let Some(lock) = self.get_by_g.get(&(o.tgid, o.g)) {
+                    what.push_str(&format!(", waiting on Status lock {lock:#x}"));
+                }
+                Some(OpenWait {
+                    key: o.wait_key(),
+                    who: Who { pid: o.tgid, tid: o.tid, comm: o.comm.clone(), goroutine: Some(o.g) },
+                    kind,
+                    what,
+                    start_ns: o.start_ns,
+                    start: StartTiming::Exact,
+                    pleg_path: f.role == Role::Relist || (f.role == Role::CriHandler && is_list_call(f.symbol)),
+                })
+            })
+            .collect();
+        for (pid, c) in &self.relists {
+            let open = self.open.iter().any(|o| o.tgid == *pid && self.role_of(o) == Some(Role::Relist));
+            if open || c.count == 0 || !procfs::thread_exists(*pid) {
+                continue;
+            }
+            // Due one period after the last ended: the longest start-to-start gap seen.
+            let period = c.recent.iter().zip(c.recent.iter().skip(1)).map(|(a, b)| b.0.saturating_sub(a.0)).max().unwrap_or(1_000_000_000);
+            let due = c.last_end_ns.saturating_add(period);
+            if due >= now_ns {
+                continue;
+            }
+            out.push(OpenWait {
+                key: WaitKey::RelistOverdue { tgid: *pid, since_ns: due },
+                who: Who { pid: *pid, tid: *pid, comm: procfs::comm(*pid).unwrap_or_default(), goroutine: None },
+                kind: WaitKind::PlegRelist,
+                what: format!("no relist started since one was due ({:.1}s after the last ended): the relist loop is stuck outside Relist", period as f64 / 1e9),
+                start_ns: due,
+                start: StartTiming::Exact,
+                pleg_path: true,
+            });
+        }
+        out
+    }
+
+    fn role_of(&self, o: &GoOpen) -> Option<Role> {
+        self.attacher.funcs.get(&o.func).map(|f| f.role)
+    }
+
+    /// The open Go calls as the resolvers need them, and the lock each parked goroutine waits on.
+    pub fn facts(&self) -> GoFacts {
+        let calls = self
+            .open
+            .iter()
+            .filter_map(|o| {
+                let f = self.attacher.funcs.get(&o.func)?;
+                let role = match f.role {
+                    Role::Relist => CallRole::Relist,
+                    Role::StatusUpdate => CallRole::StatusHolder,
+                    Role::CriHandler => CallRole::CriHandler { list: is_list_call(f.symbol) },
+                    Role::ShimTask => CallRole::ShimTask,
+                    Role::RuncSystemd => CallRole::RuncSystemd,
+                    Role::LockWait => return None,
+                };
+                Some(GoCallFact {
+                    key: o.wait_key(),
+                    tgid: o.tgid,
+                    g: o.g,
+                    role,
+                    receiver: o.receiver,
+                    container: o.arg.clone(),
+                    start_ns: o.start_ns,
+                    function: short(f.symbol),
+                })
+            })
+            .collect();
+        GoFacts { calls, parked: self.get_by_g.clone(), ..Default::default() }
+    }
+
+    /// When the PLEG budget started being used: the oldest open relist's
+    /// start, else the last relist's start; none when no kubelet is traced.
+    pub fn relist_start_ns(&self) -> Option<u64> {
+        let open = self.open.iter().filter(|o| self.role_of(o) == Some(Role::Relist)).map(|o| o.start_ns).min();
+        open.or_else(|| self.relists.values().filter(|c| c.count > 0).map(|c| c.last_start_ns).max())
+    }
+
+    /// (stall lines, resolutions, still open).
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let (s, r) = self.registry.counts();
+        (s, r, self.registry.open().count() as u64)
+    }
+
+    /// Calls dropped because their goroutine ended without returning from them.
+    pub fn orphaned(&self) -> u64 {
+        self.orphaned
+    }
+
+    /// (Go function ids in use, binaries given up after an upgrade), for the summary.
+    pub fn ids_in_use(&self) -> (usize, u64) {
+        self.attacher.ids_in_use()
+    }
+
+    /// The latency tables, for the summary.
+    pub fn latency(&self) -> Vec<LatencyRow> {
+        self.latency.rows()
+    }
+
+    /// The Status locks held longest, for the summary (at most `n`).
+    pub fn locks(&self, n: usize) -> Vec<Value> {
+        let mut v: Vec<(&(u32, u64), &LockStats)> = self.locks.iter().filter(|(_, l)| l.holds > 0).collect();
+        v.sort_by_key(|(_, l)| std::cmp::Reverse(l.max_hold));
+        v.into_iter()
+            .take(n)
+            .map(|((pid, lock), l)| {
+                json!({
+                    "pid": pid,
+                    "lock": format!("{lock:#x}"),
+                    "container": l.container,
+                    "holds": l.holds,
+                    "max_hold_s": l.max_hold.as_secs_f64(),
+                    "gets": l.gets,
+                    "max_get_wait_s": l.max_get_wait.as_secs_f64(),
+                })
+            })
+            .collect()
+    }
+
+    /// Each kubelet's relist clock, for the summary: relists seen, when the
+    /// last one started and ended, how long it took, and whether one is open.
+    pub fn relists(&self, now_ns: u64) -> Vec<Value> {
+        let mut out: Vec<Value> = self
+            .relists
+            .iter()
+            .map(|(pid, c)| {
+                let open = self.open.iter().any(|o| {
+                    o.tgid == *pid && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::Relist)
+                });
+                let at = |ns: u64| (ns != 0).then(|| humantime::format_rfc3339_millis(wall_of(ns)).to_string());
+                json!({
+                    "pid": pid,
+                    "relists": c.count,
+                    "last_start": at(c.last_start_ns),
+                    "last_end": at(c.last_end_ns),
+                    "last_took_s": (c.count > 0).then_some(c.last_took.as_secs_f64()),
+                    "since_last_start_s": (c.last_start_ns != 0).then(|| now_ns.saturating_sub(c.last_start_ns) as f64 / 1e9),
+                    "open_now": open,
+                    "recent": c.recent.iter().map(|(start, end)| json!({
+                        "start": at(*start),
+                        "end": at(*end),
+                        "took_s": end.saturating_sub(*start) as f64 / 1e9,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|v| v["pid"].as_u64());
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_calls_that_began_before_their_goroutine_ended_are_orphans() {
+        let mut e = super::GoExits::default();
+        e.note(7, 0xc000, 5_000);
+        assert_eq!(e.ended_after(7, 0xc000, 4_000), Some(5_000), "began before the end: an orphan");
+        assert_eq!(e.ended_after(7, 0xc000, 6_000), None, "began after: the g was reused by a new goroutine");
+        assert_eq!(e.ended_after(8, 0xc000, 4_000), None, "another process's g");
+        e.expire(5_000 + super::GoExits::KEEP_NS);
+        assert_eq!(e.ended_after(7, 0xc000, 4_000), None, "forgotten after a while");
+    }
+
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+    /// Pids no process has, so /proc lookups find nothing.
+    const SHIM_A: u32 = u32::MAX - 11;
+    const SHIM_B: u32 = u32::MAX - 12;
+
+    /// A shim's `(*service).Delete` on goroutine 0xc000602000: Go heap
+    /// addresses repeat from process to process, and function ids are per binary.
+    fn delete_call(tgid: u32, start_ns: u64) -> GoOpen {
+        GoOpen {
+            g: 0xc000_602000,
+            func: 4,
+            tgid,
+            tid: tgid,
+            comm: "containerd-shim".into(),
+            start_ns,
+            receiver: 0xc000_0a0000,
+            arg: None,
+        }
+    }
+
+    fn end_of(o: &GoOpen, end_ns: u64) -> GoCallEnd {
+        GoCallEnd {
+            header: EventHeader { kind: EventKind::GoCallEnd as u32, _pad: 0 },
+            g: o.g,
+            start_ns: o.start_ns,
+            end_ns,
+            receiver: o.receiver,
+            func: o.func,
+            tgid: o.tgid,
+            tid: o.tid,
+            arg_len: 0,
+            arg: [0; plegwatch_abi::GO_ARG_LEN],
+        }
+    }
+
+    #[test]
+    fn two_shims_calls_on_the_same_g_and_function_are_tracked_apart() {
+        let t = Thresholds::new(Duration::from_secs(2), Duration::from_secs(10), Duration::from_secs(150)).unwrap();
+        let mut reg: Registry<GoOpen> = Registry::new(t, Filter::default());
+        let a = delete_call(SHIM_A, 0);
+        let b = delete_call(SHIM_B, S / 2);
+        let reported = reg.scan([&a, &b], 3 * S).iter().filter(|x| matches!(x, Action::Report { .. })).count();
+        assert_eq!(reported, 2, "each shim's call is its own stall");
+        assert_eq!(reg.open().count(), 2);
+
+        // Shim A's call returns: its end record names A's call, not B's.
+        let rec = end_of(&a, 4 * S);
+        let key = end_key(&rec);
+        assert_eq!(key, a.key());
+        assert_ne!(key, b.key());
+        assert!(reg.wants_end(&key, Duration::from_secs(4)));
+        let actions = reg.end(a.clone(), rec.end_ns);
+        assert_eq!(actions, vec![Action::Resolve { key: a.key(), waited: Duration::from_secs(4), exact: true }]);
+        reg.forget(&key);
+        // B's call is still open, and still reported as one.
+        assert!(reg.get(&b.key()).is_some_and(|t| t.info.tgid == SHIM_B));
+        assert!(reg.scan([&b], 5 * S).is_empty());
+    }
+}

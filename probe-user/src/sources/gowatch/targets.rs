@@ -1,0 +1,443 @@
+//! Which Go functions plegwatch probes, in which binaries, and what each means.
+//!
+//! Every symbol is a function with a stable name in `.gopclntab` (never an
+//! inlined helper). Names move between releases, so each probed function is
+//! a [`Group`] of alternatives: the first one the binary has is probed. A
+//! binary with none of its target's groups is reported (doctor, a warning)
+//! and left alone; the other probes go on.
+//!
+//! Checked on binaries here (every non-optional group found, entry and
+//! RETs decoded, by `probe-user/tests/real_binaries.rs`): Debian's containerd 1.6.20, its
+//! containerd-shim-runc-v2 and runc 1.1.5 (Go 1.19.8); containerd 1.7.34
+//! (Go 1.25.5) and 2.3.4 (Go 1.26.6) with their shims; runc 1.4.3 (Go
+//! 1.26.6); and the fake-kubelet fixture (Go 1.19). kubelet's
+//! `relist`/`Relist` come from its sources, unchecked on a binary.
+//!
+//! The probed functions and their prototypes (containerd 1.6.20 sources,
+//! checked against Debian's binaries; registers under Go's register ABI):
+//!
+//! | function | prototype | read at entry |
+//! |---|---|---|
+//! | `sync.runtime_SemacquireMutex` (Go ≤ 1.19), `sync.runtime_SemacquireRWMutexR` (≥ 1.20) | `func runtime_SemacquireMutex(s *uint32, lifo bool, skipframes int)`: where `RWMutex.RLock` parks a reader while a writer holds the lock | RAX = s = `&rw.readerSem`, 12 bytes into the RWMutex |
+//! | `(*statusStorage).Update` / `UpdateSync` | `func (s *statusStorage) UpdateSync(u UpdateFunc) error` | RAX = s (the lock) |
+//! | `pkg/cri/server.(*criService).ListContainers`, `ListPodSandbox` | `func (c *criService) ListContainers(ctx context.Context, r *runtime.ListContainersRequest) (*runtime.ListContainersResponse, error)` | nothing |
+//! | `(*criService).ContainerStatus`, `PodSandboxStatus`, `UpdateContainerResources` | `func (c *criService) UpdateContainerResources(ctx context.Context, r *runtime.UpdateContainerResourcesRequest) (*runtime.UpdateContainerResourcesResponse, error)` | RDI = r; its first field is the id |
+//! | `pkg/cri/server.handleContainerExit` | `func handleContainerExit(ctx context.Context, e *eventtypes.TaskExit, cntr containerstore.Container) error` | RCX = e; `ContainerID` first |
+//! | `pkg/cri/server.(*instrumentedService).StartContainer` (1.7: `pkg/cri/instrument.`) | `func (in *instrumentedService) StartContainer(ctx context.Context, r *runtime.StartContainerRequest) (_ *runtime.StartContainerResponse, err error)`: the v1 API's logging wrapper of `(*criService).StartContainer`, which creates the task (shim `Create`, `runc create`) and starts it | RDI = r; `ContainerId` first |
+//! | `(*instrumentedService).CreateContainer` | `func (in *instrumentedService) CreateContainer(ctx context.Context, r *runtime.CreateContainerRequest) (res *runtime.CreateContainerResponse, err error)`: metadata and snapshot only, no task | nothing (its first field is the `PodSandboxId`; the container id is made inside) |
+//! | `(*instrumentedService).RunPodSandbox` | `func (in *instrumentedService) RunPodSandbox(ctx context.Context, r *runtime.RunPodSandboxRequest) (res *runtime.RunPodSandboxResponse, err error)`: starts the shim, creates and starts the pause task | nothing (`Config` pointer first; the sandbox id is made inside) |
+//!
+//! Those three are probed on their wrappers (3 RETs each in 1.6.20) rather
+//! than on `(*criService)`'s methods (16, 26 and 36 RETs): every probe point
+//! is a perf-event link, and closing one takes about 100 ms in the kernel
+//! (`uprobe_unregister_sync`, serialized), so the 81 links of the handlers
+//! themselves would add 8 s to plegwatch's exit. The wrappers serve the v1
+//! CRI API only; 1.6/1.7's v1alpha2 (`instrumentedAlphaService`) is not probed.
+//! | shim `runtime/v2/runc/task.(*service).Update` / `Delete` | `func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*ptypes.Empty, error)` | RDI = r; `ID` first |
+//! | shim `runtime/v2/runc/task.(*service).Create` | `func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, err error)`: runs `runc create` (where runc's systemd driver calls `StartTransientUnit`) | RDI = r; `ID` first |
+//! | shim `runtime/v2/runc/task.(*service).Start` | `func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error)`: runs `runc start` | RDI = r; `ID` first |
+//! | runc `libcontainer/cgroups/systemd.startUnit` | `func startUnit(cm *dbusConnManager, unitName string, properties []systemdDbus.Property) error` (1.1; 1.2 adds `ignoreExist bool`) | nothing |
+//! | runc `systemd.setUnitProperties` | `func setUnitProperties(cm *dbusConnManager, name string, properties ...systemdDbus.Property) error` | nothing |
+//! | kubelet `pkg/kubelet/pleg.(*GenericPLEG).Relist` (`relist` ≤ 1.25) | `func (g *GenericPLEG) Relist()` | nothing (R14 = g at entry and RET, as everywhere) |
+//! | containerd `github.com/containerd/ttrpc.(*Client).dispatch` (ttrpc 1.1 only: no `createStream`; entry only, program `ttrpc_dispatch`) | `func (c *Client) dispatch(ctx context.Context, req *Request, resp *Response) error` (v1.1.1): the caller hands `req` to the client's sender goroutine | RDI = req; R14 = the caller's g |
+//! | containerd `ttrpc.(*Client).send` (ttrpc 1.1 only; entry only, program `ttrpc_send`) | `func (c *Client) send(streamID uint32, mtype messageType, msg interface{}) error` (v1.1.1): the sender goroutine writes the request next | RBX = stream id, RCX = type, RSI = msg's data word (the `*Request`) |
+//! | `runtime.goexit0` (every probed binary, entry only: it never returns) | `func goexit0(gp *g)`: the goroutine `gp` ended; runs on g0 through `mcall` | RAX = gp (R14 is g0 here): calls still open on it are dropped |
+
+use plegwatch_abi::{GO_ARG_NONE, GoArgSpec};
+
+/// What a probed function means for the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// kubelet's PLEG relist.
+    Relist,
+    /// A goroutine parked on a sync lock's semaphore: for a reader of a
+    /// `sync.RWMutex` (`(*statusStorage).Get` → `RLock` while `UpdateSync`
+    /// holds the write lock) the receiver is `&rw.readerSem`, at
+    /// [`READER_SEM_OFF`] in the lock. Probing this instead of `Get` costs
+    /// nothing while locks are free: `Get` runs for every container at every
+    /// relist, this only when a reader really waits.
+    LockWait,
+    /// `(*statusStorage).Update`/`UpdateSync`: holds it for writing.
+    StatusUpdate,
+    /// A CRI handler (ListContainers, UpdateContainerResources, ...).
+    CriHandler,
+    /// A shim's task service method (containerd's ttrpc request to the shim).
+    ShimTask,
+    /// runc's systemd calls (its D-Bus requests to systemd).
+    RuncSystemd,
+}
+
+/// Offset of `readerSem` in Go's `sync.RWMutex` (`w Mutex` 8 bytes, then
+/// `writerSem`, `readerSem`: Go 1.9 to 1.26).
+pub const READER_SEM_OFF: u64 = 12;
+
+/// The string argument captured at a function's entry (see [`GoArgSpec`]).
+///
+/// Where the field sits in the request struct depends on the code generator
+/// that made it, not on the function: gogo structs (containerd 1.6, and
+/// cri-api up to v0.27 in containerd 1.7) start with their fields;
+/// protoc-gen-go before v1.36 puts `state`, `sizeCache` and `unknownFields`
+/// (40 bytes) first (containerd's own API from 1.7); v1.36 and later only
+/// `state` (8 bytes; cri-api v0.36 in containerd 2.3). So the offset is read
+/// from the binary at attach time ([`Arg::resolve`]): from the field's
+/// generated getter when the binary has one, else [`Arg::off`] if the binary
+/// has one of the gogo marker functions, else nothing is captured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arg {
+    /// What it is, for the output (`container`, `sandbox`).
+    pub name: &'static str,
+    /// Go register ABI integer register index (0 RAX, 1 RBX, 2 RCX, 3 RDI, ...).
+    pub reg: u32,
+    /// Offset of the `string` header in the struct that register points to
+    /// (once resolved; before, the gogo layout's offset).
+    pub off: u32,
+    /// The field's getters (`(*T).GetContainerId`), one per package path
+    /// the type has lived at; the first in the binary gives the offset.
+    pub getters: &'static [&'static str],
+    /// Functions only a gogo-generated type has (`(*T).XXX_Unmarshal`):
+    /// with no getter, one of them vouches for [`Arg::off`].
+    pub gogo: &'static [&'static str],
+}
+
+impl Arg {
+    pub fn spec(arg: Option<Arg>) -> GoArgSpec {
+        arg.map_or(GoArgSpec { reg: GO_ARG_NONE, off: 0 }, |a| GoArgSpec { reg: a.reg, off: a.off })
+    }
+
+    /// This argument with the offset `bin` really uses, or `None` (nothing
+    /// captured) when the binary says nothing about the layout.
+    pub fn resolve(self, bin: &crate::proto::gosym::GoBinary) -> Result<Arg, String> {
+        for g in self.getters {
+            if bin.symbols().lookup(g).is_none() {
+                continue;
+            }
+            let off = bin.string_getter_offset(g).map_err(|e| e.to_string())?;
+            let off = u32::try_from(off).map_err(|_| format!("{g}: field offset {off:#x} out of range"))?;
+            return Ok(Arg { off, ..self });
+        }
+        if self.gogo.iter().any(|m| bin.symbols().lookup(m).is_some()) {
+            return Ok(self);
+        }
+        Err(format!("no getter ({}) and no gogo marker: request layout unknown", self.getters.first().map_or("-", |g| short(g))))
+    }
+}
+
+/// A Go function plegwatch probes.
+#[derive(Clone, Copy, Debug)]
+pub struct GoFuncSpec {
+    /// The exact name in `.gopclntab`.
+    pub symbol: &'static str,
+    pub role: Role,
+    pub arg: Option<Arg>,
+}
+
+const fn spec(symbol: &'static str, role: Role) -> GoFuncSpec {
+    GoFuncSpec { symbol, role, arg: None }
+}
+
+const fn with_arg(symbol: &'static str, role: Role, arg: Arg) -> GoFuncSpec {
+    GoFuncSpec { symbol, role, arg: Some(arg) }
+}
+
+/// The getter (or gogo marker) `$m` of cri-api's `$t`, vendored (Debian's
+/// GOPATH build of 1.6) or as a module (1.7, 2.x).
+macro_rules! cri {
+    ($t:literal, $m:literal) => {
+        &[
+            concat!("k8s.io/cri-api/pkg/apis/runtime/v1.(*", $t, ").", $m),
+            concat!("github.com/containerd/containerd/vendor/k8s.io/cri-api/pkg/apis/runtime/v1.(*", $t, ").", $m),
+        ]
+    };
+}
+
+/// `(c *criService) M(ctx context.Context, r *runtime.MRequest)`: RAX = c,
+/// RBX:RCX = ctx, RDI = r; the id is `r.ContainerId` / `r.PodSandboxId`:
+/// offset 0 in 1.6/1.7 (gogo cri-api), 8 in 2.3 (cri-api v0.36).
+const fn cri_arg(name: &'static str, getters: &'static [&'static str], gogo: &'static [&'static str]) -> Arg {
+    Arg { name, reg: 3, off: 0, getters, gogo }
+}
+const UPDATE_RESOURCES: Arg =
+    cri_arg("container", cri!("UpdateContainerResourcesRequest", "GetContainerId"), cri!("UpdateContainerResourcesRequest", "XXX_Unmarshal"));
+const CONTAINER_STATUS: Arg =
+    cri_arg("container", cri!("ContainerStatusRequest", "GetContainerId"), cri!("ContainerStatusRequest", "XXX_Unmarshal"));
+const SANDBOX_STATUS: Arg =
+    cri_arg("sandbox", cri!("PodSandboxStatusRequest", "GetPodSandboxId"), cri!("PodSandboxStatusRequest", "XXX_Unmarshal"));
+const START_CONTAINER: Arg =
+    cri_arg("container", cri!("StartContainerRequest", "GetContainerId"), cri!("StartContainerRequest", "XXX_Unmarshal"));
+/// `handleContainerExit(ctx context.Context, e *eventtypes.TaskExit, cntr
+/// containerstore.Container)` (1.6/1.7), `(c *criService)
+/// handleContainerExit(ctx, e *eventtypes.TaskExit, cntr, sandboxID string)`
+/// (2.x): RAX:RBX = ctx, RCX = e in 1.6/1.7; in 2.x RAX = c, RBX:RCX = ctx,
+/// RDI = e. `TaskExit.ContainerID`: offset 0 in 1.6 (gogo), 40 from 1.7.
+const EXIT_CONTAINER: Arg = Arg {
+    name: "container",
+    reg: 2,
+    off: 0,
+    getters: &["github.com/containerd/containerd/api/events.(*TaskExit).GetContainerID"],
+    gogo: &["github.com/containerd/containerd/api/events.(*TaskExit).XXX_Unmarshal"],
+};
+const EXIT_CONTAINER_V2: Arg = Arg { reg: 3, ..EXIT_CONTAINER };
+/// `(s *service) M(ctx context.Context, r *taskAPI.MRequest)` in the runc v2
+/// shim: RDI = r, whose `ID` is the container: offset 0 in 1.6 (gogo), 40
+/// in 1.7 (`api/runtime/task/v2`) and 2.3 (`api/runtime/task/v3`).
+macro_rules! shim_arg {
+    ($t:literal) => {
+        Arg {
+            name: "container",
+            reg: 3,
+            off: 0,
+            getters: &[
+                concat!("github.com/containerd/containerd/api/runtime/task/v3.(*", $t, ").GetID"),
+                concat!("github.com/containerd/containerd/api/runtime/task/v2.(*", $t, ").GetID"),
+                concat!("github.com/containerd/containerd/runtime/v2/task.(*", $t, ").GetID"),
+            ],
+            gogo: &[concat!("github.com/containerd/containerd/runtime/v2/task.(*", $t, ").XXX_Unmarshal")],
+        }
+    };
+}
+const SHIM_UPDATE: Arg = shim_arg!("UpdateTaskRequest");
+const SHIM_DELETE: Arg = shim_arg!("DeleteRequest");
+const SHIM_CREATE: Arg = shim_arg!("CreateTaskRequest");
+const SHIM_START: Arg = shim_arg!("StartRequest");
+
+/// A group of names for one function across versions: the first found is probed.
+#[derive(Clone, Copy, Debug)]
+pub struct Group {
+    pub funcs: &'static [GoFuncSpec],
+    /// Only some versions have it at all (1.7's `sbserver`): not missing when absent.
+    pub optional: bool,
+    /// A Go runtime or standard library function, present in every Go
+    /// binary: probed only when the binary matched on its own functions.
+    pub runtime: bool,
+}
+
+const fn need(funcs: &'static [GoFuncSpec]) -> Group {
+    Group { funcs, optional: false, runtime: false }
+}
+
+const fn opt(funcs: &'static [GoFuncSpec]) -> Group {
+    Group { funcs, optional: true, runtime: false }
+}
+
+const fn runtime(funcs: &'static [GoFuncSpec]) -> Group {
+    Group { funcs, optional: false, runtime: true }
+}
+
+/// kubelet's relist, newest name first: `Relist` from v1.26 (Evented PLEG PR
+/// #111384), `relist` up to v1.25.
+pub const KUBELET: &[Group] = &[need(&[
+    spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist", Role::Relist),
+    spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).relist", Role::Relist),
+])];
+
+/// containerd's CRI Status store and handlers. Checked on binaries:
+/// Debian's 1.6.20 (Go 1.19.8), 1.7.34 (Go 1.25.5) and 2.3.4 (Go 1.26.6),
+/// every group found; and against the sources at tags v1.7.34 and v2.3.4:
+///
+/// - 1.6/1.7: `pkg/cri/server` (`handleContainerExit` a function); 1.7 runs
+///   it unless `ENABLE_CRI_SANDBOXES` is set (`pkg/cri/cri.go`), which picks
+///   `pkg/cri/sbserver` instead (optional groups); its logging wrappers moved
+///   from `pkg/cri/server` to `pkg/cri/instrument`.
+/// - 2.x: `v2/internal/cri/server` (`handleContainerExit` a method, RDI = the
+///   `TaskExit`), the Status store in `v2/internal/cri/store/container`, the
+///   wrappers in `v2/internal/cri/instrument`.
+pub const CONTAINERD: &[Group] = &[
+    runtime(&[
+        // Go ≥ 1.20: readers only. Go ≤ 1.19: every contended sync lock; only
+        // those whose semaphore sits in a Status lock are kept (userspace).
+        spec("sync.runtime_SemacquireRWMutexR", Role::LockWait),
+        spec("sync.runtime_SemacquireMutex", Role::LockWait),
+    ]),
+    need(&[
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
+    ]),
+    need(&[
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
+        spec(
+            "github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).UpdateSync",
+            Role::StatusUpdate,
+        ),
+    ]),
+    need(&[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListContainers", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ListContainers", Role::CriHandler),
+    ]),
+    need(&[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListPodSandbox", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ListPodSandbox", Role::CriHandler),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).ContainerStatus", Role::CriHandler, CONTAINER_STATUS),
+        with_arg("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ContainerStatus", Role::CriHandler, CONTAINER_STATUS),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).PodSandboxStatus", Role::CriHandler, SANDBOX_STATUS),
+        with_arg("github.com/containerd/containerd/v2/internal/cri/server.(*criService).PodSandboxStatus", Role::CriHandler, SANDBOX_STATUS),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources", Role::CriHandler, UPDATE_RESOURCES),
+        with_arg(
+            "github.com/containerd/containerd/v2/internal/cri/server.(*criService).UpdateContainerResources",
+            Role::CriHandler,
+            UPDATE_RESOURCES,
+        ),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.handleContainerExit", Role::CriHandler, EXIT_CONTAINER),
+        with_arg("github.com/containerd/containerd/v2/internal/cri/server.(*criService).handleContainerExit", Role::CriHandler, EXIT_CONTAINER_V2),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).StartContainer", Role::CriHandler, START_CONTAINER),
+        with_arg("github.com/containerd/containerd/pkg/cri/instrument.(*instrumentedService).StartContainer", Role::CriHandler, START_CONTAINER),
+        with_arg("github.com/containerd/containerd/v2/internal/cri/instrument.(*instrumentedService).StartContainer", Role::CriHandler, START_CONTAINER),
+    ]),
+    need(&[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).CreateContainer", Role::CriHandler),
+        spec("github.com/containerd/containerd/pkg/cri/instrument.(*instrumentedService).CreateContainer", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/instrument.(*instrumentedService).CreateContainer", Role::CriHandler),
+    ]),
+    need(&[
+        spec("github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).RunPodSandbox", Role::CriHandler),
+        spec("github.com/containerd/containerd/pkg/cri/instrument.(*instrumentedService).RunPodSandbox", Role::CriHandler),
+        spec("github.com/containerd/containerd/v2/internal/cri/instrument.(*instrumentedService).RunPodSandbox", Role::CriHandler),
+    ]),
+    opt(&[spec("github.com/containerd/containerd/pkg/cri/sbserver.(*criService).ListContainers", Role::CriHandler)]),
+    opt(&[with_arg(
+        "github.com/containerd/containerd/pkg/cri/sbserver.(*criService).UpdateContainerResources",
+        Role::CriHandler,
+        UPDATE_RESOURCES,
+    )]),
+];
+
+/// containerd-shim-runc-v2's task service: the other end of containerd's
+/// ttrpc calls. 1.6/1.7: `runtime/v2/runc/task` (the `api/runtime/task/v2`
+/// API; gogo requests in 1.6, protoc-gen-go from 1.7); 2.x:
+/// `cmd/containerd-shim-runc-v2/task` (`api/runtime/task/v3`). Checked on
+/// Debian's 1.6.20 shim and the 1.7.34 and 2.3.4 shims: all four found.
+pub const SHIM: &[Group] = &[
+    need(&[
+        with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Update", Role::ShimTask, SHIM_UPDATE),
+        with_arg("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Update", Role::ShimTask, SHIM_UPDATE),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Delete", Role::ShimTask, SHIM_DELETE),
+        with_arg("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Delete", Role::ShimTask, SHIM_DELETE),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Create", Role::ShimTask, SHIM_CREATE),
+        with_arg("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Create", Role::ShimTask, SHIM_CREATE),
+    ]),
+    need(&[
+        with_arg("github.com/containerd/containerd/runtime/v2/runc/task.(*service).Start", Role::ShimTask, SHIM_START),
+        with_arg("github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/task.(*service).Start", Role::ShimTask, SHIM_START),
+    ]),
+];
+
+/// runc's cgroup calls to systemd over D-Bus: `libcontainer/cgroups/systemd`
+/// up to 1.2 (Debian's 1.1.5), `github.com/opencontainers/cgroups/systemd`
+/// from 1.3 (runc 1.4.3 links cgroups v0.0.6; Go 1.26.6).
+///
+/// In 1.4.3 `setUnitProperties` (a one-line `cm.retryOnDisconnect(func...)`)
+/// is inlined into `(*UnifiedManager).Set` and `(*LegacyManager).Set`: what
+/// is left of it is its closure, `Set.setUnitProperties.func1`, which makes
+/// the D-Bus call (`SetUnitPropertiesContext`) on the caller's goroutine. The
+/// cgroup v2 manager's closure stands for `setUnitProperties`; the v1 one is
+/// an optional group.
+pub const RUNC: &[Group] = &[
+    need(&[
+        spec("github.com/opencontainers/runc/libcontainer/cgroups/systemd.startUnit", Role::RuncSystemd),
+        spec("github.com/opencontainers/cgroups/systemd.startUnit", Role::RuncSystemd),
+    ]),
+    need(&[
+        spec("github.com/opencontainers/runc/libcontainer/cgroups/systemd.setUnitProperties", Role::RuncSystemd),
+        spec("github.com/opencontainers/cgroups/systemd.setUnitProperties", Role::RuncSystemd),
+        spec("github.com/opencontainers/cgroups/systemd.(*UnifiedManager).Set.setUnitProperties.func1", Role::RuncSystemd),
+    ]),
+    opt(&[spec("github.com/opencontainers/cgroups/systemd.(*LegacyManager).Set.setUnitProperties.func1", Role::RuncSystemd)]),
+];
+
+/// A kind of binary plegwatch probes.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    /// What it is (`containerd`, `kubelet`, ...), for the output.
+    pub name: &'static str,
+    /// Whether a process with this comm runs it.
+    pub by_comm: fn(&str) -> bool,
+    pub groups: &'static [Group],
+}
+
+/// Every target, matched by comm (15 bytes at most: `containerd-shim-runc-v2`
+/// shows as `containerd-shim`).
+pub const TARGETS: &[Target] = &[
+    Target { name: "kubelet", by_comm: |c| c.contains("kubelet"), groups: KUBELET },
+    Target { name: "containerd", by_comm: |c| c == "containerd", groups: CONTAINERD },
+    Target { name: "containerd-shim", by_comm: |c| c.starts_with("containerd-shim"), groups: SHIM },
+    Target { name: "runc", by_comm: |c| c == "runc", groups: RUNC },
+];
+
+/// The target a process with `comm` runs, if any.
+pub fn target_of(comm: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| (t.by_comm)(comm))
+}
+
+/// The target called `name`.
+pub fn target_named(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.name == name)
+}
+
+/// A captured argument as text, if it looks like an id (printable ASCII
+/// without spaces); anything else means the layout did not match.
+pub fn arg_text(bytes: &[u8]) -> Option<String> {
+    let ok = !bytes.is_empty() && bytes.iter().all(|b| b.is_ascii_graphic());
+    ok.then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// `pkg.(*T).Method` without the import path.
+pub fn short(symbol: &str) -> &str {
+    symbol.rsplit('/').next().unwrap_or(symbol)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comms_pick_targets() {
+        assert_eq!(target_of("containerd").map(|t| t.name), Some("containerd"));
+        assert_eq!(target_of("containerd-shim").map(|t| t.name), Some("containerd-shim"));
+        assert_eq!(target_of("kubelet").map(|t| t.name), Some("kubelet"));
+        assert_eq!(target_of("fake-kubelet").map(|t| t.name), Some("kubelet"));
+        assert_eq!(target_of("runc").map(|t| t.name), Some("runc"));
+        assert!(target_of("containerd-stres").is_none());
+        assert!(target_of("bash").is_none());
+    }
+
+    #[test]
+    fn args_must_look_like_ids() {
+        assert_eq!(arg_text(b"0123abcd"), Some("0123abcd".into()));
+        assert_eq!(arg_text(b""), None);
+        assert_eq!(arg_text(b"a b"), None);
+        assert_eq!(arg_text(&[0x41, 0xff]), None);
+    }
+
+    #[test]
+    fn every_group_has_one_role() {
+        for t in TARGETS {
+            for g in t.groups {
+                assert!(!g.funcs.is_empty());
+                assert!(g.funcs.iter().all(|s| s.role == g.funcs[0].role), "{:?}", g.funcs[0].symbol);
+                let only_some = g.funcs[0].symbol.contains("/sbserver.") || g.funcs[0].symbol.contains("(*LegacyManager).Set.");
+                assert_eq!(g.optional, only_some, "{:?}", g.funcs[0].symbol);
+                assert_eq!(g.runtime, g.funcs[0].symbol.starts_with("sync."), "{:?}", g.funcs[0].symbol);
+            }
+            assert!(t.groups.iter().any(|g| !g.runtime), "{}: matched by its own functions", t.name);
+        }
+    }
+
+    #[test]
+    fn short_names() {
+        assert_eq!(short("github.com/containerd/containerd/pkg/cri/server.handleContainerExit"), "server.handleContainerExit");
+        assert_eq!(short("main.main"), "main.main");
+    }
+}

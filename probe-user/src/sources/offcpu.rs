@@ -1,0 +1,240 @@
+//! Off-CPU D-state time by kernel stack, read from the kernel's aggregates.
+//!
+//! The kernel records D sleeps only for the processes in its `INTERESTING`
+//! map; this module keeps that map current (by comm, and with the processes
+//! plegwatch is reporting on) and turns the aggregates into the `offcpu` part
+//! of a stall's detail and the summary's top stacks.
+
+use crate::{
+    kernel::loader::{WatchError, take_map},
+    observe::procfs,
+};
+use aya::{
+    Ebpf,
+    maps::{HashMap as BpfHashMap, MapData, StackTraceMap},
+};
+use plegwatch_abi::{LockWait, OffCpuKey, OffCpuStart, OffCpuVal, lock_maps, offcpu_maps};
+use serde_json::{Value, json};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::{Duration, Instant},
+};
+
+/// The processes whose D sleeps matter by default (stall-catalog.md): a
+/// trailing `*` matches a prefix.
+pub const DEFAULT_COMMS: &[&str] = &["kubelet", "containerd", "containerd-shim*", "runc", "dbus-daemon", "dbus-broker", "systemd"];
+
+/// How often the set of interesting processes is refreshed from `/proc`.
+const REFRESH: Duration = Duration::from_secs(2);
+
+pub struct OffCpu {
+    interesting: BpfHashMap<MapData, u32, u8>,
+    open: BpfHashMap<MapData, u32, OffCpuStart>,
+    agg: BpfHashMap<MapData, OffCpuKey, OffCpuVal>,
+    stacks: StackTraceMap<MapData>,
+    locks: BpfHashMap<MapData, u32, LockWait>,
+    ksyms: BTreeMap<u64, String>,
+    comms: Vec<String>,
+    last_refresh: Option<Instant>,
+    marked: HashSet<u32>,
+    /// Comms of the processes marked, kept for the summary after they exit.
+    comm_of: HashMap<u32, String>,
+}
+
+/// Most comms kept for processes that exited.
+const COMM_MAX: usize = 4096;
+
+fn comm_matches(patterns: &[String], comm: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => comm.starts_with(prefix),
+        None => comm == p,
+    })
+}
+
+impl OffCpu {
+    /// Takes the maps; `extra_comms` adds to [`DEFAULT_COMMS`] (from `--comm`).
+    pub fn new(ebpf: &mut Ebpf, extra_comms: &[String]) -> Result<Self, WatchError> {
+        let mut comms: Vec<String> = DEFAULT_COMMS.iter().map(|s| s.to_string()).collect();
+        comms.extend(extra_comms.iter().cloned());
+        Ok(OffCpu {
+            interesting: take_map(ebpf, offcpu_maps::INTERESTING)?,
+            open: take_map(ebpf, offcpu_maps::OFFCPU_START)?,
+            agg: take_map(ebpf, offcpu_maps::OFFCPU)?,
+            stacks: take_map(ebpf, offcpu_maps::STACKS)?,
+            locks: take_map(ebpf, lock_maps::LOCK_WAITS)?,
+            ksyms: aya::util::kernel_symbols().unwrap_or_default(),
+            comms,
+            last_refresh: None,
+            marked: HashSet::new(),
+            comm_of: HashMap::new(),
+        })
+    }
+
+    /// Marks the processes whose comm matches, plus `extra` (the processes of
+    /// waits being reported), at most every [`REFRESH`] unless `extra` is new.
+    pub fn refresh(&mut self, extra: &[u32]) {
+        let due = self.last_refresh.is_none_or(|t| t.elapsed() >= REFRESH);
+        if !due && extra.iter().all(|t| self.marked.contains(t)) {
+            return;
+        }
+        self.last_refresh = Some(Instant::now());
+        let mut want: HashSet<u32> = extra.iter().copied().collect();
+        if let Ok(dir) = std::fs::read_dir("/proc") {
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+                if procfs::comm(pid).is_some_and(|c| comm_matches(&self.comms, &c)) {
+                    want.insert(pid);
+                }
+            }
+        }
+        want.remove(&std::process::id());
+        for gone in self.marked.difference(&want).copied().collect::<Vec<_>>() {
+            let _ = self.interesting.remove(&gone);
+        }
+        // The kernel marks umount2 callers itself (value 2): drop the dead ones.
+        let dead: Vec<u32> =
+            self.interesting.keys().filter_map(Result::ok).filter(|t| !procfs::thread_exists(*t)).collect();
+        for t in dead {
+            let _ = self.interesting.remove(&t);
+        }
+        for add in want.difference(&self.marked).copied().collect::<Vec<_>>() {
+            let _ = self.interesting.insert(add, 1, 0);
+            if let Some(c) = procfs::comm(add) {
+                self.comm_of.insert(add, c);
+            }
+        }
+        self.marked = want;
+        // Bounded in a long run: keep the comms the summary can still name (processes
+        // marked now, or with D time in the kernel's aggregate).
+        if self.comm_of.len() > COMM_MAX {
+            let mut keep: HashSet<u32> = self.agg.keys().filter_map(Result::ok).map(|k| k.tgid).collect();
+            keep.extend(self.marked.iter().copied());
+            self.comm_of.retain(|pid, _| keep.contains(pid));
+        }
+    }
+
+    fn symbolize(&self, stack_id: i32) -> Vec<String> {
+        if stack_id < 0 {
+            return Vec::new();
+        }
+        let Ok(trace) = self.stacks.get(&(stack_id as u32), 0) else { return Vec::new() };
+        trace
+            .frames()
+            .iter()
+            .map(|f| match self.ksyms.range(..=f.ip).next_back() {
+                Some((_, name)) => name.clone(),
+                None => format!("{:#x}", f.ip),
+            })
+            // The first frames are plegwatch's own program and the tracepoint glue.
+            .skip_while(|name| name.contains("[bpf]") || name.starts_with("bpf_trace_run") || name.starts_with("__bpf_trace"))
+            .collect()
+    }
+
+    /// The `offcpu` detail of thread `tid` at `now_ns`: its D time recorded
+    /// so far, the D sleep it is in now, and the stack it spent most D time in.
+    pub fn for_tid(&self, tid: u32, now_ns: u64) -> Option<Value> {
+        let mut total = 0u64;
+        let mut count = 0u64;
+        let mut by_stack: HashMap<i32, u64> = HashMap::new();
+        for (k, v) in self.agg.iter().filter_map(Result::ok) {
+            if k.tid == tid {
+                total += v.total_ns;
+                count += v.count;
+                *by_stack.entry(k.stack_id).or_default() += v.total_ns;
+            }
+        }
+        let current = self.open.get(&tid, 0).ok();
+        if let Some(c) = &current {
+            *by_stack.entry(c.stack_id).or_default() += now_ns.saturating_sub(c.start_ns);
+        }
+        if count == 0 && current.is_none() {
+            return None;
+        }
+        let top = by_stack.iter().max_by_key(|(_, ns)| **ns).map(|(id, _)| *id).unwrap_or(-1);
+        Some(json!({
+            "d_state_s": total as f64 / 1e9,
+            "d_sleeps": count,
+            "in_d_now_s": current.map(|c| now_ns.saturating_sub(c.start_ns) as f64 / 1e9),
+            "top_stack": self.symbolize(top),
+        }))
+    }
+
+    /// The kernel mutex `tid` waits on now, and who holds it, as a `holder`.
+    pub fn lock_holder(&self, tid: u32, now_ns: u64) -> Option<Value> {
+        let w = self.locks.get(&tid, 0).ok()?;
+        let stack = self.symbolize(w.stack_id);
+        let taken_in = lock_site(&stack);
+        let mut owner = serde_json::Map::new();
+        if w.owner_tid != 0 {
+            owner.insert("pid".into(), json!(w.owner_tid));
+            owner.insert("comm".into(), json!(procfs::comm(w.owner_tid)));
+            owner.insert("state".into(), json!(procfs::state(w.owner_tid).map(String::from)));
+            owner.insert("wchan".into(), json!(procfs::wchan(w.owner_tid)));
+            owner.insert("kernel_stack".into(), json!(procfs::kernel_stack(w.owner_tid).unwrap_or_default()));
+        }
+        Some(json!({
+            "kind": "kernel_mutex",
+            "lock": taken_in.map(|f| if f == "rtnl_lock" { "rtnl_mutex".to_string() } else { format!("mutex taken in {f}") }),
+            "lock_addr": format!("{:#x}", w.lock),
+            "waiting_s": now_ns.saturating_sub(w.start_ns) as f64 / 1e9,
+            "owner": if owner.is_empty() { Value::Null } else { Value::Object(owner) },
+            "waiter_stack": stack,
+        }))
+    }
+
+    /// The `n` (process, stack) pairs with the most D time, for the summary.
+    pub fn top(&self, n: usize) -> Vec<Value> {
+        let mut by: HashMap<(u32, i32), OffCpuVal> = HashMap::new();
+        for (k, v) in self.agg.iter().filter_map(Result::ok) {
+            let e = by.entry((k.tgid, k.stack_id)).or_default();
+            e.total_ns += v.total_ns;
+            e.count += v.count;
+            e.max_ns = e.max_ns.max(v.max_ns);
+        }
+        let mut rows: Vec<_> = by.into_iter().collect();
+        rows.sort_by_key(|(_, v)| std::cmp::Reverse(v.total_ns));
+        rows.into_iter()
+            .take(n)
+            .map(|((tgid, stack), v)| {
+                json!({
+                    "pid": tgid,
+                    "comm": self.comm_of.get(&tgid).cloned().or_else(|| procfs::comm(tgid)),
+                    "d_state_s": v.total_ns as f64 / 1e9,
+                    "d_sleeps": v.count,
+                    "longest_s": v.max_ns as f64 / 1e9,
+                    "stack": self.symbolize(stack),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The function that took the lock: the first frame of a waiter's stack past
+/// the mutex and scheduler internals.
+fn lock_site(stack: &[String]) -> Option<&str> {
+    const INTERNAL: &[&str] = &["__schedule", "schedule", "preempt_schedule", "__mutex", "mutex_", "__ww_mutex", "io_schedule"];
+    stack.iter().map(String::as_str).find(|f| !INTERNAL.iter().any(|p| f.starts_with(p)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_site_skips_mutex_internals() {
+        let s: Vec<String> = ["__schedule", "schedule", "schedule_preempt_disabled", "__mutex_lock.constprop.0", "rtnl_lock", "rtnetlink_rcv_msg"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(lock_site(&s), Some("rtnl_lock"));
+    }
+
+    #[test]
+    fn default_comms_match_the_catalog() {
+        let p: Vec<String> = DEFAULT_COMMS.iter().map(|s| s.to_string()).collect();
+        assert!(comm_matches(&p, "containerd-shim"));
+        assert!(comm_matches(&p, "containerd"));
+        assert!(comm_matches(&p, "kubelet"));
+        assert!(!comm_matches(&p, "bash"));
+    }
+}
