@@ -284,15 +284,15 @@ fn one_incident(w: &Watched<Bed>) -> Result<()> {
     // peer is this shim (Debian's containerd 1.6.20 has ttrpc 1.1: its sender goroutine writes
     // the frame, bound to the caller at dispatch; 1.7.34 and 2.3.4 have ttrpc 1.2, where the
     // caller writes it), not because the container ids match.
-    let evidence = chain[holder]["evidence"].as_str().unwrap_or_default();
-    let stream = evidence
+    let ttrpc_evidence = chain[holder]["evidence"].as_str().unwrap_or_default();
+    let stream = ttrpc_evidence
         .strip_prefix("ttrpc stream ")
         .and_then(|r| r.split(' ').next())
         .and_then(|n| n.parse::<u32>().ok())
         .unwrap_or_else(|| panic!("the ttrpc hop's evidence names no stream id:\n{text}"));
     assert!(stream % 2 == 1, "client-initiated ttrpc streams are odd, got {stream}:\n{text}");
-    assert!(evidence.contains(" on socket ino "), "{text}");
-    assert!(evidence.ends_with(&format!("held by pid {}", o.shim.pid)), "the stream's socket peer should be the container's shim:\n{text}");
+    assert!(ttrpc_evidence.contains(" on socket ino "), "{text}");
+    assert!(ttrpc_evidence.ends_with(&format!("held by pid {}", o.shim.pid)), "the stream's socket peer should be the container's shim:\n{text}");
     // The request was answered once runc went on: the response frame read back closed it,
     // and the kernel never lost step with the stream (headers only, payloads skipped).
     let summary = w.events.iter().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary:\n{}", all()));
@@ -318,7 +318,7 @@ fn one_incident(w: &Watched<Bed>) -> Result<()> {
     let longest = i.resolved.as_ref().and_then(|r| r.get("/longest_chain")).and_then(serde_json::Value::as_array).map_or(0, Vec::len);
     assert!(longest >= chain.len(), "the resolution keeps the longest chain ({longest} hops)");
     eprintln!(
-        "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}\nttrpc hop: {evidence}",
+        "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}\nttrpc hop: {ttrpc_evidence}",
         i.id,
         i.raised_after_warn(w.warn).as_secs_f64()
     );
