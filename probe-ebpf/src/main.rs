@@ -31,6 +31,8 @@ mod offcpu;
 #[cfg(target_arch = "bpf")]
 mod sockets;
 #[cfg(target_arch = "bpf")]
+mod ttrpc;
+#[cfg(target_arch = "bpf")]
 mod waits;
 
 #[cfg(target_arch = "bpf")]

@@ -1,4 +1,4 @@
-//! Netlink and D-Bus sockets: which fds to look at, and what goes through them.
+//! Netlink, D-Bus and ttrpc sockets: which fds to look at, and what goes through them.
 //!
 //! Classification happens here, in the kernel, so that the hot `read`/`write`
 //! path costs one hash lookup that misses for every socket and file that does
@@ -6,7 +6,9 @@
 //! - `socket(AF_NETLINK, ...)` marks the returned fd [`SockKind::Netlink`];
 //! - `connect()` of an AF_UNIX socket marks it a [`SockKind::UnixCandidate`],
 //!   and its first send decides: a D-Bus client starts with a NUL byte (then
-//!   the SASL `AUTH`), anything else is forgotten;
+//!   the SASL `AUTH`), anything else is forgotten; one that connects to a
+//!   containerd shim socket (`…/s/<64 hex>`) is [`SockKind::Ttrpc`], whose
+//!   frame headers [`crate::ttrpc`] reads;
 //! - `close()` forgets the fd, and so does anything else that puts another
 //!   file at that fd: `dup2`/`dup3` onto it (the fd then takes the class of
 //!   the fd duplicated, if tracked), `close_range` over it, and an exec (which
@@ -138,10 +140,13 @@ fn track(tgid: u32, fd: u32, kind: SockKind, proto: u32) {
 /// which holds protocol state for netlink and D-Bus sockets (none for a
 /// candidate).
 #[inline(always)]
-fn forget(tgid: u32, fd: u32) {
+pub(crate) fn forget(tgid: u32, fd: u32) {
     let k = key(tgid, fd);
     // SAFETY: read-only peek.
     let Some(class) = (unsafe { SOCKS.get(&k) }).copied() else { return };
+    if class.kind == SockKind::Ttrpc as u32 {
+        crate::ttrpc::forget_pos(k);
+    }
     if SOCKS.remove(&k).is_ok() && class.kind != SockKind::UnixCandidate as u32 {
         let rec = SockClosed {
             header: EventHeader { kind: EventKind::SockClosed as u32, _pad: 0 },
@@ -151,6 +156,14 @@ fn forget(tgid: u32, fd: u32) {
         if SOCK_EVENTS.output::<SockClosed>(&rec, 0).is_err() {
             count(Stat::SockEventsFull);
         }
+    }
+}
+
+/// Sends a record on `SOCK_EVENTS`, in order with the process's other socket records.
+#[inline(always)]
+pub(crate) fn output<T>(rec: &T) {
+    if SOCK_EVENTS.output::<T>(rec, 0).is_err() {
+        count(Stat::SockEventsFull);
     }
 }
 
@@ -223,7 +236,8 @@ pub fn socket_exit(ctx: TracePointContext) -> u32 {
 }
 
 /// `syscalls:sys_enter_connect`: `(int fd, struct sockaddr *uservaddr, int addrlen)`
-/// (Linux 6.18). An AF_UNIX connect makes the fd a D-Bus candidate.
+/// (Linux 6.18). An AF_UNIX connect makes the fd a D-Bus candidate, or a
+/// ttrpc connection when it names a shim socket (see [`crate::ttrpc`]).
 #[tracepoint]
 pub fn connect_enter(ctx: TracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -238,7 +252,9 @@ pub fn connect_enter(ctx: TracePointContext) -> u32 {
     if family != AF_UNIX {
         return 0;
     }
-    track(tgid, fd as u32, SockKind::UnixCandidate, 0);
+    let addrlen: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG2) };
+    let kind = if crate::ttrpc::is_shim_path(addr, addrlen & 0xffff_ffff) { SockKind::Ttrpc } else { SockKind::UnixCandidate };
+    track(tgid, fd as u32, kind, 0);
     0
 }
 
@@ -472,6 +488,10 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
     }
     let tgid = (pid_tgid >> 32) as u32;
     let mut class = call.class;
+    if class.kind == SockKind::Ttrpc as u32 {
+        crate::ttrpc::on_io(&call, ret, tid);
+        return Ok(());
+    }
     let is_send = call.slot < SOCK_FIRST_RECV;
     if class.kind == SockKind::UnixCandidate as u32 {
         if !is_send {

@@ -92,6 +92,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     if choices.iter().any(|c| c.probe == "socket_io" && !c.is_off()) {
         let (socks, waiters) = req.seed(std::process::id());
         tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
+        let shims = req.seed_ttrpc(std::process::id());
+        tracing::info!(ttrpc_connections = shims, "startup sweep: containerd → shim connections already open");
     }
     let mut drops = DropWatch::default();
     let sampler = match choices.iter().any(|c| c.probe == "parked_threads" && !c.is_off()) {
@@ -230,7 +232,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         incidents: incidents.counts().0,
         incidents_resolved: incidents.counts().1,
         scans: scans.summary(),
-        requests_seen: req.seen(),
+        requests_seen: crate::events::RequestsSeen { ttrpc_lost_step: stats::counter(&counters, Stat::TtrpcDesync), ..req.seen() },
     };
     if summary.dropped_waits + summary.dropped_events > 0 {
         tracing::warn!(
@@ -354,7 +356,8 @@ impl Graph<'_> {
         let mut waits = engine.open_waits.clone();
         waits.extend(req.open_waits().iter().cloned());
         waits.extend(go.open_waits(now));
-        let facts = go.facts();
+        let mut facts = go.facts();
+        facts.ttrpc = req.ttrpc_facts(now);
         // Threads in wait4/waitid go in first: a Go call joins them by goroutine.
         let child_waits = self.children.as_deref_mut().map(ChildWaits::scan).unwrap_or_default();
         let child_waits: Vec<_> = child_waits.into_iter().filter(|f| graph_children::matters(f, &facts, &waits, self.observe)).collect();

@@ -135,6 +135,13 @@ pub struct RequestsSeen {
     pub dbus_calls: u64,
     /// Of those, the ones whose METHOD_RETURN or ERROR was read.
     pub dbus_answered: u64,
+    /// ttrpc request frames written to containerd shims.
+    pub ttrpc_requests: u64,
+    /// Of those, the ones whose response frame was read back.
+    pub ttrpc_answered: u64,
+    /// ttrpc connections dropped because a frame header made no sense (the
+    /// stream was joined out of step): their requests are no longer seen.
+    pub ttrpc_lost_step: u64,
 }
 
 /// The scan loop's timing over the run (hdrhistogram, µs resolution).

@@ -261,6 +261,18 @@ fn umount_chain_is_reported(w: &Watched<Bed>, end: UpdateEnd) -> Result<()> {
     assert!(shim_hops.iter().any(|s| s.contains("(*service).Delete")), "the shim's Delete is on the chain:\n{text}");
     if end == UpdateEnd::AfterUmount {
         assert!(shim_hops.iter().any(|s| s.contains("(*service).Update")), "the shim's Update waits on its Delete:\n{text}");
+        // containerd → shim: exact by the ttrpc stream the lock holder's goroutine has
+        // outstanding on a socket whose peer is this shim (ttrpc 1.1 on 1.6.20: bound to the
+        // caller at dispatch; 1.2 on 1.7/2.x: written by the caller), to the task call serving
+        // it (Update, not Delete).
+        let ttrpc = chain.iter().position(|h| h["edge"] == "ttrpc").unwrap_or_else(|| panic!("no ttrpc hop:\n{text}"));
+        assert_eq!(chain[ttrpc]["exactness"], "exact", "{text}");
+        let evidence = chain[ttrpc]["evidence"].as_str().unwrap_or_default();
+        assert!(
+            evidence.starts_with("ttrpc stream ") && evidence.ends_with(&format!("held by pid {}", w.outcome.shim.pid)),
+            "the ttrpc hop should name its stream and the shim as the socket's peer: {evidence}\n{text}"
+        );
+        assert!(chain[ttrpc + 1]["what"].as_str().is_some_and(|s| s.contains("(*service).Update")), "{text}");
     }
     let before_root = &chain[at - 1];
     assert_eq!((before_root["edge"].as_str(), before_root["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");

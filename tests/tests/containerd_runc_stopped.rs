@@ -13,6 +13,8 @@
 //!   before the trigger: the lock hold is reported with its cause, the stopped runc
 //!   (`cause.kind` `process_stopped`, its pid, comm `runc`, state `T`), the container it is
 //!   about, and the shim as holder.
+//! - `one_incident_ends_at_the_stopped_runc`: one incident, whose Status holder → shim hop is
+//!   the exact ttrpc edge, by the stream id outstanding on the holder's goroutine.
 
 use std::time::Duration;
 
@@ -278,6 +280,25 @@ fn one_incident(w: &Watched<Bed>) -> Result<()> {
     let holder = chain.iter().position(is_holder).expect("the holder is on the chain");
     assert_eq!(chain[holder]["edge"], "ttrpc", "the holder waits on the shim's reply:\n{text}");
     assert_eq!(chain[holder]["exactness"], "exact", "{text}");
+    // Exact because the holder's goroutine has a ttrpc request outstanding on a socket whose
+    // peer is this shim (Debian's containerd 1.6.20 has ttrpc 1.1: its sender goroutine writes
+    // the frame, bound to the caller at dispatch; 1.7.34 and 2.3.4 have ttrpc 1.2, where the
+    // caller writes it), not because the container ids match.
+    let ttrpc_evidence = chain[holder]["evidence"].as_str().unwrap_or_default();
+    let stream = ttrpc_evidence
+        .strip_prefix("ttrpc stream ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or_else(|| panic!("the ttrpc hop's evidence names no stream id:\n{text}"));
+    assert!(stream % 2 == 1, "client-initiated ttrpc streams are odd, got {stream}:\n{text}");
+    assert!(ttrpc_evidence.contains(" on socket ino "), "{text}");
+    assert!(ttrpc_evidence.ends_with(&format!("held by pid {}", o.shim.pid)), "the stream's socket peer should be the container's shim:\n{text}");
+    // The request was answered once runc went on: the response frame read back closed it,
+    // and the kernel never lost step with the stream (headers only, payloads skipped).
+    let summary = w.events.iter().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary:\n{}", all()));
+    let seen = |f: &str| summary.u64(&format!("/requests_seen/{f}")).unwrap_or(0);
+    assert!(seen("ttrpc_requests") >= 1 && seen("ttrpc_answered") >= 1, "ttrpc requests seen: {:?}", summary.get("/requests_seen"));
+    assert_eq!(seen("ttrpc_lost_step"), 0, "a ttrpc connection lost step: {:?}", summary.get("/requests_seen"));
     let shim = &chain[holder + 1];
     assert_eq!(shim["pid"].as_u64(), Some(u64::from(o.shim.pid)), "the next hop is the container's shim:\n{text}");
     assert!(shim["what"].as_str().is_some_and(|s| s.contains("(*service).Update")), "{text}");
@@ -297,7 +318,7 @@ fn one_incident(w: &Watched<Bed>) -> Result<()> {
     let longest = i.resolved.as_ref().and_then(|r| r.get("/longest_chain")).and_then(serde_json::Value::as_array).map_or(0, Vec::len);
     assert!(longest >= chain.len(), "the resolution keeps the longest chain ({longest} hops)");
     eprintln!(
-        "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}",
+        "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}\nttrpc hop: {ttrpc_evidence}",
         i.id,
         i.raised_after_warn(w.warn).as_secs_f64()
     );

@@ -139,11 +139,18 @@ fn one_incident_from_the_container_start_to_the_frozen_systemd() -> Result<()> {
     let pid = |h: &Value| h["pid"].as_u64();
     let what = |h: &Value| h["what"].as_str().unwrap_or_default().to_string();
 
-    // 1. containerd's StartContainer for the container → the shim's task call, by its id.
+    // 1. containerd's StartContainer for the container → the shim's task call.
     let start = &chain[0];
     assert_eq!(pid(start), Some(u64::from(w.containerd_pid)), "{text}");
     assert!(what(start).contains("(*instrumentedService).StartContainer") && what(start).contains(short(&o.container_id)), "{text}");
     assert_eq!((start["edge"].as_str(), start["exactness"].as_str()), (Some("ttrpc"), Some("exact")), "{text}");
+    // Exact by the ttrpc stream StartContainer's goroutine has outstanding on the shim's
+    // socket (the shim connection was made before plegwatch started: seeded by its peer name).
+    let evidence = start["evidence"].as_str().unwrap_or_default();
+    assert!(
+        evidence.starts_with("ttrpc stream ") && evidence.ends_with(&format!("held by pid {}", o.shim_pid)),
+        "the ttrpc hop should name its stream and the shim as the socket's peer: {evidence}\n{text}"
+    );
     // 2. The shim's Create for the same container → its child, runc.
     let create = &chain[1];
     assert_eq!((create["kind"].as_str(), pid(create)), (Some("go_call"), Some(u64::from(o.shim_pid))), "{text}");

@@ -362,7 +362,7 @@ mod tests {
         // A Go call on the same goroutine: always.
         procs.states.insert(RUNC, 'S');
         let go_wait = fact(100, 102, Some(0xc0), WaitTarget::Pid(RUNC), 5);
-        let go = GoFacts { calls: vec![call(100, 0xc0, 1, "abc")], parked: HashMap::new() };
+        let go = GoFacts { calls: vec![call(100, 0xc0, 1, "abc")], parked: HashMap::new(), ..Default::default() };
         assert!(matters(&go_wait, &go, &[], &mut procs));
         let other_g = fact(100, 102, Some(0xc1), WaitTarget::Pid(RUNC), 5);
         assert!(!matters(&other_g, &go, &[], &mut procs), "joined by goroutine only");
@@ -372,7 +372,7 @@ mod tests {
     fn a_go_call_reaches_its_wait4_on_the_same_goroutine() {
         let f = fact(CTRD, 111, Some(0xc0), WaitTarget::Pid(RUNC), 20);
         let c = GoCallFact { role: CallRole::CriHandler { list: false }, ..call(CTRD, 0xc0, 10, "abc") };
-        let go = GoFacts { calls: vec![c.clone()], parked: HashMap::new() };
+        let go = GoFacts { calls: vec![c.clone()], parked: HashMap::new(), ..Default::default() };
         let waits = vec![open_wait(&f, "containerd".into())];
         let mut procs = Fake::default();
         let edges = super::super::resolvers::go_edges(&go, &waits, &mut procs);
@@ -386,7 +386,7 @@ mod tests {
     #[test]
     fn the_shim_call_reaches_the_child_that_writes_its_pipe() {
         let c = call(SHIM, 0xc0, 10 * S, "abc123");
-        let go = GoFacts { calls: vec![c.clone()], parked: HashMap::new() };
+        let go = GoFacts { calls: vec![c.clone()], parked: HashMap::new(), ..Default::default() };
         let mut procs = Fake {
             children: HashMap::from([(SHIM, vec![PAUSE, SLEEPER, RUNC])]),
             states: HashMap::from([(RUNC, 'T'), (PAUSE, 'S'), (SLEEPER, 'S')]),
@@ -405,7 +405,7 @@ mod tests {
         // Two calls open in the shim before runc started, and runc's argv names neither: inferred.
         let other = call(SHIM, 0xc1, 9 * S, "zzz");
         procs.pipes.insert(SHIM, vec![pipe(RUNC, 9, &["runc", "update"])]);
-        let go2 = GoFacts { calls: vec![c.clone(), other], parked: HashMap::new() };
+        let go2 = GoFacts { calls: vec![c.clone(), other], parked: HashMap::new(), ..Default::default() };
         let e = shim_child_edges(&go2, &[], &mut procs, 13 * S);
         let mine = e.iter().find(|e| e.from == c.key).expect("an edge");
         assert_eq!(mine.exactness, Exactness::Inferred);
@@ -425,10 +425,10 @@ mod tests {
             ..Default::default()
         };
         let umount = OpenWait { who: Who { pid: SHIM, tid: 250, comm: "shim".into(), goroutine: Some(0xc0) }, ..kernel_wait(SHIM, 250, 11 * S) };
-        let go = GoFacts { calls: vec![c.clone()], parked: HashMap::new() };
+        let go = GoFacts { calls: vec![c.clone()], parked: HashMap::new(), ..Default::default() };
         assert!(shim_child_edges(&go, &[umount], &mut procs, 13 * S).is_empty());
         let first = call(SHIM, 0xc1, 9 * S, "abc");
-        let go = GoFacts { calls: vec![c.clone(), first.clone()], parked: HashMap::new() };
+        let go = GoFacts { calls: vec![c.clone(), first.clone()], parked: HashMap::new(), ..Default::default() };
         let e = shim_child_edges(&go, &[], &mut procs, 13 * S);
         assert!(e.iter().all(|e| e.from == first.key), "the later call waits on the first (shim_mutex): {e:?}");
         // A child older than the call is not its child.

@@ -12,3 +12,4 @@ pub mod incidents;
 pub mod model;
 pub mod parked;
 pub mod resolvers;
+pub mod ttrpc;

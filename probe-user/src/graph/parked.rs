@@ -310,7 +310,7 @@ mod tests {
         let waiters = [futex(DAEMON, 301, 12), futex(DAEMON, 302, 12)];
         let mut parked = vec![plugin.clone()];
         parked.extend(waiters.iter().cloned());
-        let facts = GoFacts { calls: vec![rps], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![rps], parked: HashMap::new(), ..Default::default() };
         let waits = vec![rps_wait.clone(), nl.clone()];
         let (pw, mut edges) = parked_graph(&parked, &waits, &facts, 20 * S, &mut FakeProcs);
         assert_eq!(pw.iter().map(|w| w.kind).collect::<Vec<_>>(), [WaitKind::UnixRecv, WaitKind::Futex, WaitKind::Futex]);
@@ -395,12 +395,12 @@ mod tests {
         let (mut list, _) = run_pod_sandbox(10);
         list.function = "server.(*criService).ListContainers";
         let plugin = recv(PLUGIN, PLUGIN, CTRD, 11, vec![DAEMON], "stream");
-        let facts = GoFacts { calls: vec![list.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![list.clone()], parked: HashMap::new(), ..Default::default() };
         let (_, edges) = parked_graph(std::slice::from_ref(&plugin), &[], &facts, 20 * S, &mut FakeProcs);
         assert!(edges.iter().all(|e| e.from != list.key), "{edges:?}");
         // A child that began waiting before the call is not its plugin.
         let (rps, _) = run_pod_sandbox(12);
-        let facts = GoFacts { calls: vec![rps.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![rps.clone()], parked: HashMap::new(), ..Default::default() };
         let (_, edges) = parked_graph(&[plugin], &[], &facts, 20 * S, &mut FakeProcs);
         assert!(edges.iter().all(|e| e.from != rps.key), "{edges:?}");
     }

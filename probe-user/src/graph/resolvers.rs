@@ -10,7 +10,7 @@
 //! | `nested_call` | a Go call → the call it made, open on the same goroutine | always (same goroutine, entered later) |
 //! | `go_lock` | a CRI handler whose goroutine is parked on a Status lock's reader semaphore → the call holding that lock | always (the semaphore's address is 12 bytes into the lock the holder's receiver names) |
 //! | `same_goroutine` | a Go call → the kernel wait its goroutine is in | always (g read from TLS at `sys_enter`) |
-//! | `ttrpc` | containerd's call for container C → the shim's task call for C | with a container id; inferred from socket peers without one |
+//! | `ttrpc` | containerd's call → the shim at the other end of the socket its goroutine's ttrpc request is outstanding on (`graph::ttrpc`); with no stream seen, the shim's task call for the same container C | exact by stream id; the container-id and socket-peer fallbacks are inferred |
 //! | `shim_mutex` | a shim task call → the earlier task call for the same container in that shim | inferred (the shim's per-process mutex is not probed) |
 //! | `child` | a shim task call → its stopped or blocked child (runc), or that child's open wait | exact when one child is stopped or blocked (or it has one child), inferred otherwise |
 //! | `cri_call` | kubelet's open relist → containerd's open list handler | inferred (kubelet is connected to containerd, and the call began after the relist) |
@@ -58,6 +58,8 @@ pub struct GoFacts {
     pub calls: Vec<GoCallFact>,
     /// Goroutines parked on a Status lock's reader semaphore: (tgid, g) → lock address.
     pub parked: HashMap<(u32, u64), u64>,
+    /// Outstanding ttrpc requests, for the exact containerd → shim edge.
+    pub ttrpc: super::ttrpc::TtrpcFacts,
 }
 
 /// Process lookups (`/proc`, sock_diag) the resolvers need.
@@ -154,9 +156,9 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
                         continue;
                     }
                 }
-                out.extend(shim_edge(c, container.as_deref(), facts, procs));
+                out.extend(to_shim(c, container.as_deref(), facts, waits, procs));
             }
-            CallRole::StatusHolder => out.extend(shim_edge(c, container.as_deref(), facts, procs)),
+            CallRole::StatusHolder => out.extend(to_shim(c, container.as_deref(), facts, waits, procs)),
             CallRole::ShimTask => out.extend(shim_inner_edge(c, facts, waits, procs)),
             CallRole::RuncSystemd => {
                 let dbus = waits
@@ -173,7 +175,15 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
     out
 }
 
-/// containerd's call → the shim's task call it waits on: the first one for
+/// containerd's call → the shim it waits on: by the ttrpc stream its
+/// goroutine has outstanding (exact, see [`super::ttrpc`]), else by container.
+fn to_shim(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Option<Edge> {
+    super::ttrpc::stream_edge(c, container, facts, waits, procs).or_else(|| shim_edge(c, container, facts, procs))
+}
+
+/// The fallback with no ttrpc stream seen: the shim's task call for the
+/// same container, inferred (the container ids match, but nothing ties this
+/// call to that shim's call): the first one for
 /// the same container that began after it; for a retry (handleContainerExit
 /// calls Delete again after its 10 s timeout) whose shim call began before
 /// it, the latest one for that container, inferred.
@@ -182,8 +192,8 @@ fn shim_edge(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, procs: &m
     if let Some(id) = container {
         let same = || shim_calls().filter(|s| s.container.as_deref() == Some(id));
         if let Some(s) = same().filter(|s| s.start_ns >= c.start_ns).min_by_key(|s| s.start_ns) {
-            let evidence = format!("the shim's {} is for the same container {}", s.function, short_id(id));
-            return Some(edge(c.key, HeldBy::Wait(s.key), EdgeKind::Ttrpc, Exactness::Exact, evidence));
+            let evidence = format!("no ttrpc stream seen; the shim's {} is for the same container {}", s.function, short_id(id));
+            return Some(edge(c.key, HeldBy::Wait(s.key), EdgeKind::Ttrpc, Exactness::Inferred, evidence));
         }
         let s = same().max_by_key(|s| s.start_ns)?;
         let evidence = format!("the shim's {} for the same container {} began before this call (a retry)", s.function, short_id(id));
@@ -338,6 +348,7 @@ mod tests {
         let facts = GoFacts {
             calls: vec![relist.clone(), list.clone(), ucr.clone(), sync.clone(), shim_update.clone(), shim_delete.clone(), other],
             parked: HashMap::from([((CTRD, 0x2), 0xc000)]),
+            ..Default::default()
         };
         let mut procs = FakeProcs { connected: vec![(KUBELET, CTRD)], ..Default::default() };
         let waits = vec![umount.clone()];
@@ -349,7 +360,7 @@ mod tests {
         assert_eq!(to(&relist), vec![(HeldBy::Wait(list.key), EdgeKind::CriCall, Exactness::Inferred)]);
         assert_eq!(to(&list), vec![(HeldBy::Wait(sync.key), EdgeKind::GoLock, Exactness::Exact)]);
         assert_eq!(to(&ucr), vec![(HeldBy::Wait(sync.key), EdgeKind::NestedCall, Exactness::Exact)]);
-        assert_eq!(to(&sync), vec![(HeldBy::Wait(shim_update.key), EdgeKind::Ttrpc, Exactness::Exact)], "by container id, from the handler on the same goroutine");
+        assert_eq!(to(&sync), vec![(HeldBy::Wait(shim_update.key), EdgeKind::Ttrpc, Exactness::Inferred)], "by container id, from the handler on the same goroutine: no stream seen");
         assert_eq!(to(&shim_update), vec![(HeldBy::Wait(shim_delete.key), EdgeKind::ShimMutex, Exactness::Inferred)]);
         assert_eq!(to(&shim_delete), vec![(HeldBy::Wait(umount.key), EdgeKind::SameGoroutine, Exactness::Exact)]);
     }
@@ -360,7 +371,7 @@ mod tests {
         let sync = call(CTRD, 0x3, 4, CallRole::StatusHolder, 6, None);
         let shim_update = call(SHIM, 0x5, 5, CallRole::ShimTask, 7, Some("abc"));
         let fsync = kernel(CTRD, 101, Some(0x3), WaitKind::Sync, 8);
-        let facts = GoFacts { calls: vec![ucr, sync.clone(), shim_update], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![ucr, sync.clone(), shim_update], parked: HashMap::new(), ..Default::default() };
         let edges = go_edges(&facts, std::slice::from_ref(&fsync), &mut FakeProcs::default());
         let e = find(&edges, sync.key);
         assert_eq!(e.len(), 1);
@@ -371,7 +382,7 @@ mod tests {
     fn another_goroutines_wait_is_not_joined() {
         let sync = call(CTRD, 0x3, 4, CallRole::StatusHolder, 6, None);
         let fsync = kernel(CTRD, 101, Some(0x99), WaitKind::Sync, 8);
-        let facts = GoFacts { calls: vec![sync.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![sync.clone()], parked: HashMap::new(), ..Default::default() };
         let edges = go_edges(&facts, &[fsync], &mut FakeProcs::default());
         assert!(find(&edges, sync.key).is_empty(), "{edges:?}");
     }
@@ -379,7 +390,7 @@ mod tests {
     #[test]
     fn a_stopped_runc_ends_the_chain_or_leads_to_its_own_wait() {
         let update = call(SHIM, 0x5, 5, CallRole::ShimTask, 7, Some("abc"));
-        let facts = GoFacts { calls: vec![update.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![update.clone()], parked: HashMap::new(), ..Default::default() };
         let mut procs = FakeProcs { children: HashMap::from([(SHIM, vec![400])]), states: HashMap::from([(400, 'T')]), ..Default::default() };
         let edges = go_edges(&facts, &[], &mut procs);
         let e = find(&edges, update.key);
@@ -393,7 +404,7 @@ mod tests {
         // A runc with an open D-Bus call: the chain goes on into it.
         let startunit = call(400, 0x9, 9, CallRole::RuncSystemd, 8, None);
         let dbus = OpenWait { kind: WaitKind::DbusCall, key: WaitKey::Dbus { sock: 1, tag: 2 }, ..kernel(400, 401, None, WaitKind::DbusCall, 9) };
-        let facts = GoFacts { calls: vec![update.clone(), startunit.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![update.clone(), startunit.clone()], parked: HashMap::new(), ..Default::default() };
         procs.states.insert(400, 'S');
         let waits = vec![dbus.clone()];
         let edges = go_edges(&facts, &waits, &mut procs);
@@ -422,7 +433,7 @@ mod tests {
             states: HashMap::from([(PAUSE, 'S'), (RUNC, 'S')]),
             ..Default::default()
         };
-        let facts = GoFacts { calls: vec![start.clone(), create.clone(), pause_start, startunit.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![start.clone(), create.clone(), pause_start, startunit.clone()], parked: HashMap::new(), ..Default::default() };
         // The graph's waits hold the Go calls too (runc's startUnit began first).
         let startunit_wait = OpenWait { key: startunit.key, what: "systemd.startUnit".into(), ..kernel(RUNC, 403, Some(0x9), WaitKind::GoCall, 7) };
         let waits = vec![dbus.clone(), startunit_wait];
@@ -432,14 +443,14 @@ mod tests {
             assert_eq!(e.len(), 1, "{edges:?}");
             (e[0].to.clone(), e[0].kind, e[0].exactness)
         };
-        assert_eq!(one(&start), (HeldBy::Wait(create.key), EdgeKind::Ttrpc, Exactness::Exact), "by container id");
+        assert_eq!(one(&start), (HeldBy::Wait(create.key), EdgeKind::Ttrpc, Exactness::Inferred), "by container id");
         // Another container's task call in the same shim is no mutex for this one; the child
         // with an open wait is runc, picked among two running children: inferred.
         assert_eq!(one(&create), (HeldBy::Wait(startunit.key), EdgeKind::Child, Exactness::Inferred), "runc's oldest open wait");
         assert_eq!(one(&startunit), (HeldBy::Wait(dbus.key), EdgeKind::NestedCall, Exactness::Inferred));
         // runc's startUnit missed (runc probed only after it began): the child edge goes
         // straight to the D-Bus call.
-        let facts = GoFacts { calls: vec![start, create.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![start, create.clone()], parked: HashMap::new(), ..Default::default() };
         let edges = go_edges(&facts, std::slice::from_ref(&dbus), &mut procs);
         let e = find(&edges, create.key);
         assert_eq!((e[0].to.clone(), e[0].kind), (HeldBy::Wait(dbus.key), EdgeKind::Child));
@@ -449,7 +460,7 @@ mod tests {
     fn a_retry_links_to_the_shim_call_already_running() {
         let exit = call(CTRD, 0x3, 3, CallRole::CriHandler { list: false }, 50, Some("abc"));
         let delete = call(SHIM, 0x6, 6, CallRole::ShimTask, 10, Some("abc"));
-        let facts = GoFacts { calls: vec![exit.clone(), delete.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![exit.clone(), delete.clone()], parked: HashMap::new(), ..Default::default() };
         let edges = go_edges(&facts, &[], &mut FakeProcs::default());
         let e = find(&edges, exit.key);
         assert_eq!((e[0].to.clone(), e[0].exactness), (HeldBy::Wait(delete.key), Exactness::Inferred));
@@ -460,7 +471,7 @@ mod tests {
         let sync = call(CTRD, 0x3, 4, CallRole::StatusHolder, 6, None);
         let far = call(SHIM + 1, 0x5, 5, CallRole::ShimTask, 7, None);
         let near = call(SHIM, 0x6, 5, CallRole::ShimTask, 8, None);
-        let facts = GoFacts { calls: vec![sync.clone(), far, near.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![sync.clone(), far, near.clone()], parked: HashMap::new(), ..Default::default() };
         let mut procs = FakeProcs { connected: vec![(CTRD, SHIM)], ..Default::default() };
         let edges = go_edges(&facts, &[], &mut procs);
         let e = find(&edges, sync.key);
@@ -471,11 +482,11 @@ mod tests {
     fn a_relist_links_only_to_a_runtime_it_is_connected_to() {
         let relist = call(KUBELET, 0x1, 1, CallRole::Relist, 10, None);
         let before = call(CTRD, 0x2, 2, CallRole::CriHandler { list: true }, 5, None);
-        let facts = GoFacts { calls: vec![relist.clone(), before], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![relist.clone(), before], parked: HashMap::new(), ..Default::default() };
         let mut procs = FakeProcs { connected: vec![(KUBELET, CTRD)], ..Default::default() };
         assert!(relist_edges(&facts, &mut procs).is_empty(), "a call that began before the relist is not its call");
         let during = call(CTRD, 0x4, 2, CallRole::CriHandler { list: true }, 12, None);
-        let facts = GoFacts { calls: vec![relist, during.clone()], parked: HashMap::new() };
+        let facts = GoFacts { calls: vec![relist, during.clone()], parked: HashMap::new(), ..Default::default() };
         assert_eq!(relist_edges(&facts, &mut procs)[0].to, HeldBy::Wait(during.key));
         assert!(relist_edges(&facts, &mut FakeProcs::default()).is_empty(), "not connected: no link");
     }

@@ -207,7 +207,7 @@ pub const PROBES: &[Probe] = &[
     },
     Probe {
         name: "socket_classify",
-        about: "marks netlink sockets at socket(), unix sockets at connect(), forgets them at close()",
+        about: "marks netlink sockets at socket(), unix sockets at connect() (ttrpc when they name a containerd shim socket), forgets them at close()",
         required: false,
         variants: &[
             Variant::Tracepoints(&[
@@ -221,7 +221,7 @@ pub const PROBES: &[Probe] = &[
     },
     Probe {
         name: "socket_io",
-        about: "records sends and receives on netlink and D-Bus sockets",
+        about: "records sends and receives on netlink and D-Bus sockets, and ttrpc frame headers to containerd shims",
         required: false,
         // The exits first: a call whose sys_enter is seen always has its
         // sys_exit seen, so no SOCK_CALLS entry (and its gate count) is left behind.

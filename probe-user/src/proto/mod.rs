@@ -1,8 +1,9 @@
 //! Pure parsers of what the probes capture and of the binaries they attach to:
-//! D-Bus and netlink message headers (truncated captures included), and Go's
+//! D-Bus, netlink and ttrpc frame headers (truncated captures included), and Go's
 //! symbol tables in stripped binaries. No I/O beyond reading a file or a
 //! socket of our own; no dependency on the rest of the crate.
 
 pub mod dbus;
 pub mod gosym;
 pub mod netlink;
+pub mod ttrpc;

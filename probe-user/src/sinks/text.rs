@@ -263,8 +263,14 @@ pub fn render_text(event: &Event) -> String {
             ));
             let q = &s.requests_seen;
             out.push_str(&format!(
-                "\n    requests seen: {} netlink ({} answered), {} D-Bus calls ({} answered)",
-                q.netlink_requests, q.netlink_answered, q.dbus_calls, q.dbus_answered
+                "\n    requests seen: {} netlink ({} answered), {} D-Bus calls ({} answered), {} ttrpc to shims ({} answered{})",
+                q.netlink_requests,
+                q.netlink_answered,
+                q.dbus_calls,
+                q.dbus_answered,
+                q.ttrpc_requests,
+                q.ttrpc_answered,
+                if q.ttrpc_lost_step > 0 { format!("; {} connections lost step", q.ttrpc_lost_step) } else { String::new() }
             ));
             for c in &s.syscalls {
                 out.push_str(&format!(

@@ -5,6 +5,7 @@
 //! - `inflight`, `ended`, `sweep`, `detail`: the kernel waits (umount, sync,
 //!   fsync…), their ends, those that began before attach, and their details;
 //! - `sockets`, `reqwatch`, `dbus_sweep`: netlink and D-Bus requests;
+//! - `ttrpc`: containerd's ttrpc requests to its shims, outstanding by stream id;
 //! - `gowatch`: Go calls at uprobes (containerd, shims, runc, kubelet);
 //! - `children`: parents blocked in `wait4`/`waitid`;
 //! - `parked`: threads parked where no probe sees them (unix receives, futexes), sampled from `/proc`;
@@ -24,3 +25,4 @@ pub mod reqwatch;
 pub mod sockets;
 pub mod stats;
 pub mod sweep;
+pub mod ttrpc;

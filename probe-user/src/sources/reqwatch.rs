@@ -1,4 +1,5 @@
-//! The collector's request/reply part: netlink requests left unanswered.
+//! The collector's request/reply part: netlink requests left unanswered,
+//! D-Bus calls, and containerd's ttrpc requests to its shims (`crate::sources::ttrpc`).
 //!
 //! Inputs: the kernel's `SOCK_EVENTS` records (what went through tracked
 //! sockets), its `SOCK_CALLS` map (who is blocked in a receive right now), and
@@ -25,13 +26,15 @@ use crate::{
     sources::inflight::Item,
     sources::sockets::{DbusOpen, NetlinkOpen, Sockets, sock_key},
     sources::sweep::{self, AgeClock},
+    sources::ttrpc::TtrpcWatch,
+    graph::ttrpc::TtrpcFacts,
     syscalls::WaitKind,
 };
 use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
 };
-use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, sock_maps};
+use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, TtrpcPos, sock_maps, ttrpc_maps};
 use serde_json::{Value, json};
 use std::{
     collections::HashMap,
@@ -67,6 +70,10 @@ pub struct ReqWatch {
     /// The open requests behind [`Self::open_waits`].
     last_netlink: Vec<NetlinkOpen>,
     last_dbus: Vec<DbusOpen>,
+    /// ttrpc requests from containerd to its shims, by stream id.
+    ttrpc: TtrpcWatch,
+    /// `TTRPC_POS`: the kernel's place in each ttrpc stream, dropped with dead processes.
+    ttrpc_pos: BpfHashMap<MapData, u64, TtrpcPos>,
 }
 
 /// Who answers a request.
@@ -106,6 +113,8 @@ impl ReqWatch {
             answerers: HashMap::new(),
             last_netlink: Vec::new(),
             last_dbus: Vec::new(),
+            ttrpc: TtrpcWatch::default(),
+            ttrpc_pos: take_map(ebpf, ttrpc_maps::TTRPC_POS)?,
         })
     }
 
@@ -180,6 +189,29 @@ impl ReqWatch {
     /// The socket generation to stamp on a seeded entry of `tgid`'s, made 0 if
     /// the process has none yet (as the kernel does for its first socket), so
     /// that an exec forgets the seeded sockets too. `None` if `SOCK_GEN` is full.
+    /// Tracks the containerd → shim ttrpc connections that existed, as at a
+    /// frame boundary (see `crate::sources::ttrpc`). Returns how many.
+    pub fn seed_ttrpc(&mut self, self_tgid: u32) -> usize {
+        const BPF_NOEXIST: u64 = 1;
+        let mut n = 0;
+        for (tgid, fd) in crate::sources::ttrpc::client_sockets(self_tgid) {
+            let Some(gen) = self.seed_gen(tgid) else { continue };
+            let class = SockClass { kind: SockKind::Ttrpc as u32, proto: 0, gen, _pad: 0 };
+            n += usize::from(self.socks.insert(sock_key(tgid, fd), class, BPF_NOEXIST).is_ok());
+        }
+        n
+    }
+
+    /// The outstanding ttrpc requests, for the graph.
+    pub fn ttrpc_facts(&mut self, now_ns: u64) -> TtrpcFacts {
+        self.ttrpc.facts(now_ns)
+    }
+
+    /// ttrpc (requests written, responses read) since the start.
+    pub fn ttrpc_seen(&self) -> (u64, u64) {
+        self.ttrpc.seen()
+    }
+
     fn seed_gen(&mut self, tgid: u32) -> Option<u32> {
         const BPF_NOEXIST: u64 = 1;
         let _ = self.gens.insert(tgid, 0, BPF_NOEXIST);
@@ -240,15 +272,20 @@ impl ReqWatch {
     /// Takes one `SOCK_EVENTS` record.
     pub fn on_record(&mut self, bytes: &[u8]) {
         let Some(kind) = bytes.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes) else { return };
+        if self.ttrpc.on_record(bytes) {
+            return;
+        }
         if kind == EventKind::SockClosed as u32 && bytes.len() >= std::mem::size_of::<SockClosed>() {
             // SAFETY: length checked; plain old data; read_unaligned copies.
             let c: SockClosed = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
             self.sockets.on_closed(c.tgid, c.fd);
+            self.ttrpc.on_closed(c.tgid, c.fd);
             self.swept.retain(|s| s.sock != sock_key(c.tgid, c.fd));
         } else if kind == EventKind::SocksForgotten as u32 && bytes.len() >= std::mem::size_of::<SocksForgotten>() {
             // SAFETY: as above.
             let f: SocksForgotten = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
             self.sockets.forget_process(f.tgid);
+            self.ttrpc.forget_process(f.tgid);
             self.swept.retain(|s| s.tgid != f.tgid);
             self.swept_dbus.retain(|c| (c.sock >> 32) as u32 != f.tgid);
         } else if kind == EventKind::SockIo as u32 && bytes.len() >= plegwatch_abi::SOCK_IO_HEADER_LEN {
@@ -295,6 +332,7 @@ impl ReqWatch {
         if now_ns.saturating_sub(self.last_gc_ns) > 10_000_000_000 {
             self.last_gc_ns = now_ns;
             self.sockets.retain_live(procfs::thread_exists);
+            self.ttrpc.retain_live();
             // An exit closes its sockets without a close() the kernel side
             // sees: drop the dead processes' entries so SOCKS never fills up.
             let dead: Vec<u64> = self
@@ -305,6 +343,15 @@ impl ReqWatch {
                 .collect();
             for k in dead {
                 let _ = self.socks.remove(&k);
+            }
+            let dead: Vec<u64> = self
+                .ttrpc_pos
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|k| !procfs::thread_exists((k >> 32) as u32))
+                .collect();
+            for k in dead {
+                let _ = self.ttrpc_pos.remove(&k);
             }
             let dead: Vec<u32> = self.gens.keys().filter_map(Result::ok).filter(|t| !procfs::thread_exists(*t)).collect();
             for t in dead {
@@ -432,9 +479,11 @@ impl ReqWatch {
         self.sockets.tgids()
     }
 
-    /// The netlink requests and D-Bus calls seen since the start.
+    /// The netlink requests, D-Bus calls and ttrpc requests seen since the start.
     pub fn seen(&self) -> crate::events::RequestsSeen {
-        self.sockets.seen
+        let mut seen = self.sockets.seen;
+        (seen.ttrpc_requests, seen.ttrpc_answered) = self.ttrpc.seen();
+        seen
     }
 
     /// (stall lines, resolutions, still open).

@@ -63,6 +63,9 @@ pub struct Inspection {
     pub g_tls: Result<i64, String>,
     /// The entry of `runtime.goexit0`, where goroutines end (see `go_exit`).
     pub goexit: Option<u64>,
+    /// A ttrpc 1.1 client (requests written by a sender goroutine): the
+    /// entries of `(*Client).dispatch` and `(*Client).send` (see `crate::sources::ttrpc`).
+    pub ttrpc11: Option<(u64, u64)>,
 }
 
 /// An expected function that is not probed, and why.
@@ -81,6 +84,13 @@ impl Missing {
 
 /// Where a goroutine ends: `func goexit0(gp *g)` (Go 1.19–1.26), entry only.
 pub const GOEXIT: &str = "runtime.goexit0";
+
+/// ttrpc's client: 1.1 hands requests to a sender goroutine in `dispatch`
+/// and writes them in `send`; 1.2 added streams (`createStream`) and writes
+/// from the caller, where nothing more is needed.
+const TTRPC_DISPATCH: &str = "github.com/containerd/ttrpc.(*Client).dispatch";
+const TTRPC_SEND: &str = "github.com/containerd/ttrpc.(*Client).send";
+const TTRPC_CREATE_STREAM: &str = "github.com/containerd/ttrpc.(*Client).createStream";
 
 /// Reads `path` and picks, for each of `target`'s groups, the first function it has.
 pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto::gosym::GoSymError> {
@@ -122,6 +132,10 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto:
         missing,
         g_tls: bin.g_tls().map(|t| t.offset).map_err(|e| e.to_string()),
         goexit: bin.entry_offset(GOEXIT).ok(),
+        ttrpc11: match bin.symbols().lookup(TTRPC_CREATE_STREAM) {
+            Some(_) => None,
+            None => bin.entry_offset(TTRPC_DISPATCH).ok().zip(bin.entry_offset(TTRPC_SEND).ok()),
+        },
     })
 }
 
@@ -493,6 +507,12 @@ impl Attacher {
             match i.goexit {
                 Some(off) => links.push(attach_point(ebpf, "go_exit", open_path, off, 0).inspect_err(|_| transient = !open_path.exists())?),
                 None => tracing::warn!(binary = %path.display(), "no {GOEXIT}: a call a panic unwinds past stays open until its process exits"),
+            }
+            // containerd's ttrpc 1.1 client: who each request is for.
+            if let (Some((dispatch, send)), "containerd") = (i.ttrpc11, target.name) {
+                links.push(attach_point(ebpf, "ttrpc_dispatch", open_path, dispatch, 0).inspect_err(|_| transient = !open_path.exists())?);
+                links.push(attach_point(ebpf, "ttrpc_send", open_path, send, 0).inspect_err(|_| transient = !open_path.exists())?);
+                line.functions.push("ttrpc.(*Client).dispatch, send (entry, ttrpc 1.1)".into());
             }
             line.g_tls_offset = g_tls;
             // Attached, but not everything expected: `partial`, never `probed`.

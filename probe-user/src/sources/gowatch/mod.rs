@@ -605,7 +605,7 @@ impl GoWatch {
                 })
             })
             .collect();
-        GoFacts { calls, parked: self.get_by_g.clone() }
+        GoFacts { calls, parked: self.get_by_g.clone(), ..Default::default() }
     }
 
     /// When the PLEG budget started being used: the oldest open relist's

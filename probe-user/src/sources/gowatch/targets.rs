@@ -39,6 +39,8 @@
 //! | runc `libcontainer/cgroups/systemd.startUnit` | `func startUnit(cm *dbusConnManager, unitName string, properties []systemdDbus.Property) error` (1.1; 1.2 adds `ignoreExist bool`) | nothing |
 //! | runc `systemd.setUnitProperties` | `func setUnitProperties(cm *dbusConnManager, name string, properties ...systemdDbus.Property) error` | nothing |
 //! | kubelet `pkg/kubelet/pleg.(*GenericPLEG).Relist` (`relist` ≤ 1.25) | `func (g *GenericPLEG) Relist()` | nothing (R14 = g at entry and RET, as everywhere) |
+//! | containerd `github.com/containerd/ttrpc.(*Client).dispatch` (ttrpc 1.1 only: no `createStream`; entry only, program `ttrpc_dispatch`) | `func (c *Client) dispatch(ctx context.Context, req *Request, resp *Response) error` (v1.1.1): the caller hands `req` to the client's sender goroutine | RDI = req; R14 = the caller's g |
+//! | containerd `ttrpc.(*Client).send` (ttrpc 1.1 only; entry only, program `ttrpc_send`) | `func (c *Client) send(streamID uint32, mtype messageType, msg interface{}) error` (v1.1.1): the sender goroutine writes the request next | RBX = stream id, RCX = type, RSI = msg's data word (the `*Request`) |
 //! | `runtime.goexit0` (every probed binary, entry only: it never returns) | `func goexit0(gp *g)`: the goroutine `gp` ended; runs on g0 through `mcall` | RAX = gp (R14 is g0 here): calls still open on it are dropped |
 
 use plegwatch_abi::{GO_ARG_NONE, GoArgSpec};
