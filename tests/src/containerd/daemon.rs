@@ -136,7 +136,17 @@ impl Containerd {
     /// `systemd` names. Nothing of it touches this process's `/run`: its shim sockets go to
     /// `/run/containerd/s` of that namespace.
     pub fn start_systemd(placement: Placement, runc: Runc, systemd: SystemdCgroups) -> Result<Self> {
-        Self::start_inner(Version::DEBIAN, placement, runc, Some(systemd))
+        Self::start_systemd_version(Version::DEBIAN, placement, runc, systemd)
+    }
+
+    /// [`Containerd::start_systemd`] for the containerd, shim, `ctr` and runc of `version`.
+    pub fn start_systemd_version(
+        version: Version,
+        placement: Placement,
+        runc: Runc,
+        systemd: SystemdCgroups,
+    ) -> Result<Self> {
+        Self::start_inner(version, placement, runc, Some(systemd))
     }
 
     fn start_inner(
