@@ -14,7 +14,7 @@
 # joins the cgroups itself after StartTransientUnit.
 #
 # Prints "ready UNIQUE_NAME" once it owns the name, then one line per call it gets
-# ("call MEMBER PATH ARG0", and for StartTransientUnit and SetUnitProperties the names of the
+# ("call MEMBER PATH ARG0", for Properties.Get "call Get PATH INTERFACE.PROPERTY", and for StartTransientUnit and SetUnitProperties the names of the
 # properties asked for: "props=Description,Slice,..."), and after it "refused MEMBER ..." when
 # the answer is an UnknownMethod or UnknownProperty error (a call it does not know), flushed,
 # so that a test can follow it.
@@ -51,6 +51,8 @@ async def main(address):
         if msg.message_type != MessageType.METHOD_CALL or msg.destination != NAME:
             return None
         arg0 = msg.body[0] if msg.body else ""
+        if msg.interface == PROPERTIES and msg.member == "Get" and len(msg.body) == 2:
+            arg0 = ".".join(msg.body)
         words = ["call", msg.member, msg.path, arg0 if isinstance(arg0, str) else ""]
         # StartTransientUnit(ssa(sv)a(sa(sv))): properties third; SetUnitProperties(sba(sv)).
         props = {"StartTransientUnit": 2, "SetUnitProperties": 2}.get(msg.member)

@@ -14,11 +14,15 @@
 //! the release builds of containerd 1.7.34 or 2.3.4 with runc 1.4.3, whose driver is
 //! `github.com/opencontainers/cgroups/systemd` (v0.0.6). This machine runs cgroup v1 (the
 //! hybrid layout: the v1 controllers, plus cgroup2 at `/sys/fs/cgroup/unified`), so both runc
-//! take their v1 manager (1.4.3's `LegacyManager`). At `runc create` 1.4.3 asks the same
-//! things as 1.1.5, in this order: `StartTransientUnit` of `cri-containerd-ID.scope` (then
-//! waits up to 30 s for its `JobRemoved`), the Manager's `Version` (read once, for the device
-//! rules), the scope's `DevicePolicy` and `DeviceAllow` (`freezeBeforeSet`), then
-//! `SetUnitProperties`; at `runc delete` `StopUnit` and `ResetFailedUnit`.
+//! take their v1 manager (1.4.3's `LegacyManager`). At a container's `runc create` 1.4.3
+//! asks, in this order (seen on this bed): `StartTransientUnit` of `cri-containerd-ID.scope`
+//! (`Description`, `Slice`, `Delegate`, `PIDs`, the four `*Accounting`,
+//! `DefaultDependencies`; then it waits up to 30 s for the job's `JobRemoved`), in `Set` the
+//! Manager's `Version` (once per process, to choose the device and CPU properties), then
+//! `SetUnitProperties` (`DeviceAllow`, `DevicePolicy`, `CPUShares`, `CPUQuotaPeriodUSec`,
+//! `CPUQuotaPerSecUSec`; a container is not `SkipDevices`, so no `DevicePolicy` and
+//! `DeviceAllow` are read first, and its freezer cgroup is frozen around the call through
+//! cgroupfs); at `runc delete`, `StopUnit` (and its `JobRemoved`) then `ResetFailedUnit`.
 //!
 //! Both runc (go-systemd v22 `NewWithContext`) use systemd only if `/run/systemd/system` is a
 //! directory, dial the system bus first
