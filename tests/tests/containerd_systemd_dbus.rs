@@ -51,6 +51,16 @@ fn start_unit_function(version: Version) -> &'static str {
     }
 }
 
+/// What runc's v1 systemd manager calls `SetUnitProperties` in, as plegwatch's target line
+/// and latency table name it (the package's last element on): 1.1.5's `setUnitProperties`;
+/// in 1.4.3 that one is inlined into `(*LegacyManager).Set`, and its closure is left.
+fn set_properties_function(version: Version) -> &'static str {
+    match version.runc {
+        RuncRelease::V1_1_5 => "systemd.setUnitProperties",
+        RuncRelease::V1_4_3 => "systemd.(*LegacyManager).Set.setUnitProperties.func1",
+    }
+}
+
 /// Everything this bed needs on `version`, or why it can't run (a failure under CI).
 fn ready(version: Version, scenario: &str) -> bool {
     let scenario = format!("{scenario} on {version}");
@@ -236,12 +246,17 @@ fn one_incident(version: Version) -> Result<()> {
         all()
     );
     let start_unit = start_unit_function(version);
-    assert!(
-        probed.get("/functions").is_some_and(|f| f.to_string().contains(start_unit)),
-        "{start_unit} is not among the functions probed in {}:\n{}",
-        runc_binary.display(),
-        all()
-    );
+    let set_properties = set_properties_function(version);
+    // `functions` names each as `systemd.startUnit (N RETs)`.
+    let functions: Vec<&str> = probed.get("/functions").and_then(Value::as_array).map_or(Vec::new(), |f| f.iter().filter_map(Value::as_str).collect());
+    for short_name in ["systemd.startUnit", set_properties] {
+        assert!(
+            functions.iter().any(|f| f.starts_with(&format!("{short_name} ("))),
+            "{short_name} is not among the functions probed in {}: {functions:?}\n{}",
+            runc_binary.display(),
+            all()
+        );
+    }
     let unit = &chain[2];
     assert_eq!((unit["kind"].as_str(), pid(unit)), (Some("go_call"), Some(u64::from(o.runc_pid))), "{text}");
     assert!(what(unit).contains("systemd.startUnit"), "{text}");
@@ -271,6 +286,16 @@ fn one_incident(version: Version) -> Result<()> {
     assert!(longest >= chain.len(), "the resolution keeps the longest chain ({longest} hops)");
     w.assert_containerd_answers();
     assert_calls_known(o);
+    // After the thaw runc went on to its SetUnitProperties through the probed function,
+    // which returned: the summary's latency table counts it.
+    let summary = w.events.iter().rev().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary:\n{}", all()));
+    let set_calls = summary.get("/go_latency").and_then(Value::as_array).map_or(0, |rows| {
+        rows.iter()
+            .filter(|r| r["target"] == "runc" && r["function"] == set_properties)
+            .filter_map(|r| r["count"].as_u64())
+            .sum()
+    });
+    assert!(set_calls >= 1, "no returned call of runc's {set_properties} in the summary's go_latency:\n{}", all());
     eprintln!(
         "{version}: incident #{} raised {:.3}s after crossing --warn; resolved {:.3}s after the thaw; chain:\n{text}",
         i.id,
