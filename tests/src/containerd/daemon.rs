@@ -51,7 +51,8 @@ pub enum Runc {
 /// `systemd/system` dir and the system bus socket the test serves
 /// ([`super::systemd_dbus::NodeRun`]). The pods' cgroup parent is then a systemd slice
 /// (`plegwatchXXXX.slice`, which runc expands to `/plegwatchXXXX.slice`), and containerd 1.6
-/// passes runc `SLICE:cri-containerd:ID` cgroup paths.
+/// passes runc `SLICE:cri-containerd:ID` cgroup paths (so do 1.7 and 2.3: the scopes are
+/// `cri-containerd-ID.scope` on all three).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SystemdCgroups {
     pub ns_pid: u32,
