@@ -1,7 +1,7 @@
 //! Seed incident 002: a container start held by systemd over D-Bus (stall-catalog.md,
 //! pattern 4).
 //!
-//! A private containerd 1.6.20 with `SystemdCgroup = true`, its shim and runc 1.1.5 run in a
+//! A private containerd with `SystemdCgroup = true`, its shim and runc run in a
 //! mount namespace whose `/run` holds `systemd/system/` and a private system bus; a stand-in
 //! for systemd owns `org.freedesktop.systemd1` there and answers runc's calls until it is
 //! frozen (SIGSTOP). A pod runs (its pause container went through the stand-in) and a
@@ -9,13 +9,21 @@
 //! create`'s `StartTransientUnit` is never answered until the stand-in is thawed, 6 s after
 //! the call went out. See `plegwatch_scenarios::containerd::systemd_dbus`.
 //!
+//! Each runs on Debian's containerd 1.6.20 with runc 1.1.5 (no suffix), on containerd 1.7.34
+//! with runc 1.4.3 (`_on_runc_1_4`) and on containerd 2.3.4 with runc 1.4.3
+//! (`_on_containerd_2_3`). This machine runs cgroup v1, so runc takes its v1 systemd manager
+//! (1.4.3: `github.com/opencontainers/cgroups/systemd.LegacyManager`).
+//!
 //! - `baseline_start_waits_while_systemd_is_frozen`, with no plegwatch: the stall is real,
-//!   lasts as long as the freeze, and the start succeeds after the thaw.
+//!   lasts as long as the freeze, and the start succeeds after the thaw; the stand-in knew
+//!   every call runc made.
 //! - `one_incident_from_the_container_start_to_the_frozen_systemd`, with `plegwatch watch
-//!   --warn 2s` started before the trigger: one incident whose chain runs StartContainer →
-//!   the shim's Create → runc (its `systemd.startUnit`, when probed) → its `dbus_call`
-//!   `StartTransientUnit` → the frozen stand-in (state T), raised within 1 s of crossing
-//!   --warn and resolved after the thaw.
+//!   --warn 2s` started before the trigger and the bed's runc probed before it (a warm-up
+//!   runc, let go once plegwatch's `target` line for it is out): one incident whose chain
+//!   runs StartContainer → the shim's Create → runc's `systemd.startUnit` (runc 1.4.3: the
+//!   one of `github.com/opencontainers/cgroups`, its target line `probed`, not `partial`) →
+//!   its `dbus_call` `StartTransientUnit` → the frozen stand-in (state T), raised within 1 s
+//!   of crossing --warn and resolved after the thaw.
 
 use std::time::Duration;
 
@@ -23,6 +31,8 @@ use anyhow::Result;
 use plegwatch_scenarios::containerd;
 use plegwatch_scenarios::containerd::bed::{short, StallBed, StallOutcome, Watched, WARN};
 use plegwatch_scenarios::containerd::systemd_dbus::{self, Bed, Options, BUS_SOCKET, MANAGER, START_UNIT, SYSTEMD};
+use plegwatch_scenarios::containerd::version::RuncRelease;
+use plegwatch_scenarios::containerd::Version;
 use plegwatch_scenarios::dbus::MsgKind;
 use plegwatch_scenarios::incidents::{self, Incident};
 use plegwatch_scenarios::preflight;
@@ -33,13 +43,34 @@ const SCENARIO: &str = "containerd_systemd_dbus";
 /// shim has started it, and the start's own work follows the thaw.
 const BLOCK_SLACK: Duration = Duration::from_millis(3000);
 
-/// Everything this bed needs, or why it can't run (a failure under CI).
-fn ready(scenario: &str) -> bool {
-    containerd::require();
+/// runc's `startUnit`, whose D-Bus call is held, by the runc release's package path.
+fn start_unit_function(version: Version) -> &'static str {
+    match version.runc {
+        RuncRelease::V1_1_5 => "github.com/opencontainers/runc/libcontainer/cgroups/systemd.startUnit",
+        RuncRelease::V1_4_3 => "github.com/opencontainers/cgroups/systemd.startUnit",
+    }
+}
+
+/// What runc's v1 systemd manager calls `SetUnitProperties` in, as plegwatch's target line
+/// and latency table name it (the package's last element on): 1.1.5's `setUnitProperties`;
+/// in 1.4.3 that one is inlined into `(*LegacyManager).Set`, and its closure is left.
+fn set_properties_function(version: Version) -> &'static str {
+    match version.runc {
+        RuncRelease::V1_1_5 => "systemd.setUnitProperties",
+        RuncRelease::V1_4_3 => "systemd.(*LegacyManager).Set.setUnitProperties.func1",
+    }
+}
+
+/// Everything this bed needs on `version`, or why it can't run (a failure under CI).
+fn ready(version: Version, scenario: &str) -> bool {
+    let scenario = format!("{scenario} on {version}");
+    if !containerd::require_version(version, &scenario) {
+        return false;
+    }
     systemd_dbus::require();
     if !systemd_dbus::cgroup_v1() {
         preflight::skip(
-            scenario,
+            &scenario,
             "the cpu controller is not a cgroup v1 hierarchy: runc's v1 systemd driver joins \
              the cgroups itself, the stand-in for systemd never makes them",
         );
@@ -48,12 +79,30 @@ fn ready(scenario: &str) -> bool {
     true
 }
 
+fn options(version: Version) -> Options {
+    Options { version, ..Options::default() }
+}
+
 #[test]
 fn baseline_start_waits_while_systemd_is_frozen() -> Result<()> {
-    if !ready(&format!("{SCENARIO}::baseline")) {
+    baseline(Version::DEBIAN)
+}
+
+#[test]
+fn baseline_start_waits_while_systemd_is_frozen_on_runc_1_4() -> Result<()> {
+    baseline(Version::V1_7)
+}
+
+#[test]
+fn baseline_start_waits_while_systemd_is_frozen_on_containerd_2_3() -> Result<()> {
+    baseline(Version::V2_3)
+}
+
+fn baseline(version: Version) -> Result<()> {
+    if !ready(version, &format!("{SCENARIO}::baseline")) {
         return Ok(());
     }
-    let options = Options::default();
+    let options = options(version);
     let mut bed = Bed::prepare(options.clone())?;
     let o = bed.trigger()?;
     eprintln!("{}", o.summary());
@@ -84,7 +133,20 @@ fn baseline_start_waits_while_systemd_is_frozen() -> Result<()> {
     assert_eq!(o.start.result, Ok(()), "StartContainer should succeed after the thaw\n{}", context());
     assert!(o.reply.as_ref().is_some_and(|r| r.kind == MsgKind::Return), "no reply to the call\n{}", context());
     assert!(o.container_pid.is_some(), "the container does not run\n{}", context());
+    assert_calls_known(&o);
     Ok(())
+}
+
+/// The stand-in knew every call runc made (none answered UnknownMethod or UnknownProperty),
+/// and the container's `runc create` asked it for its scope.
+fn assert_calls_known(o: &systemd_dbus::Outcome) {
+    assert!(o.systemd_refused.is_empty(), "the fake systemd did not know {:?}\n{}", o.systemd_refused, o.summary());
+    let scope = format!("cri-containerd-{}.scope", o.container_id);
+    assert!(
+        o.systemd_calls.iter().any(|c| c.starts_with(&format!("{START_UNIT} /org/freedesktop/systemd1 {scope} "))),
+        "no {START_UNIT} of {scope} among the calls from the trigger on\n{}",
+        o.summary()
+    );
 }
 
 /// A hop of runc's `StartTransientUnit` call.
@@ -94,12 +156,26 @@ fn is_start_unit(h: &Value) -> bool {
 
 #[test]
 fn one_incident_from_the_container_start_to_the_frozen_systemd() -> Result<()> {
+    one_incident(Version::DEBIAN)
+}
+
+#[test]
+fn one_incident_from_the_container_start_to_the_frozen_systemd_on_runc_1_4() -> Result<()> {
+    one_incident(Version::V1_7)
+}
+
+#[test]
+fn one_incident_from_the_container_start_to_the_frozen_systemd_on_containerd_2_3() -> Result<()> {
+    one_incident(Version::V2_3)
+}
+
+fn one_incident(version: Version) -> Result<()> {
     preflight::require();
-    if !ready(&format!("{SCENARIO}::one_incident")) {
+    if !ready(version, &format!("{SCENARIO}::one_incident")) {
         return Ok(());
     }
     // Other scenarios may run beside this one: stop at the resolution of this stall's incident.
-    let w = Watched::run_until(Bed::prepare(Options::default())?, |e| {
+    let w = Watched::run_until(Bed::prepare(options(version))?, |e| {
         e.is("incident_resolved")
             && e.get("/longest_chain").and_then(Value::as_array).is_some_and(|c| c.iter().any(is_start_unit))
     })?;
@@ -156,27 +232,50 @@ fn one_incident_from_the_container_start_to_the_frozen_systemd() -> Result<()> {
     assert_eq!((create["kind"].as_str(), pid(create)), (Some("go_call"), Some(u64::from(o.shim_pid))), "{text}");
     assert!(what(create).contains("(*service).Create") && what(create).contains(short(&o.container_id)), "{text}");
     assert_eq!(create["edge"], "child", "{text}");
-    // 3. runc's startUnit → its D-Bus call. With runc probed before the start (the bed's
-    //    warm-up runc, or any other runc on the machine), the hop must be there; without
-    //    (plegwatch saw no runc alive before) it may be missing.
-    let probed_early = w.events.iter().any(|e| {
-        e.is("target") && e.str("/target") == Some("runc") && e.str("/status") == Some("probed") && e.at < o.start.sent
-    });
+    // 3. runc's startUnit → its D-Bus call. The bed's runc binary was probed before the
+    //    start (the warm-up runc): its target line says `probed` (every expected function
+    //    found, none left out) before the start went out, so the hop must be there.
+    let runc_binary = w.bed.stage().containerd().binaries().runc.clone();
+    let runc_targets: Vec<_> = w
+        .events
+        .iter()
+        .filter(|e| e.is("target") && e.str("/target") == Some("runc") && e.str("/binary").map(std::path::Path::new) == Some(runc_binary.as_path()))
+        .collect();
+    let probed = runc_targets
+        .iter()
+        .find(|e| e.str("/status") == Some("probed"))
+        .unwrap_or_else(|| panic!("no `probed` target line for {} (runc {}):\n{}", runc_binary.display(), version.runc.number(), all()));
+    assert!(probed.at < o.start.sent, "runc {} was probed only after the start:\n{}", version.runc.number(), all());
     assert!(
-        !probed_early || chain[2]["kind"] == "go_call",
-        "runc was probed before the start, but the chain has no startUnit hop:\n{text}"
+        runc_targets.iter().all(|e| matches!(e.str("/status"), Some("probed" | "traced"))),
+        "a target line for {} is not `probed` or `traced`:\n{}",
+        runc_binary.display(),
+        all()
     );
-    if !probed_early {
-        eprintln!("note: no runc was probed before the start (warm-up pid {}); the startUnit hop is optional", o.warm_up_pid);
+    let start_unit = start_unit_function(version);
+    let set_properties = set_properties_function(version);
+    // `functions` names each as `systemd.startUnit (N RETs)`.
+    let functions: Vec<&str> = probed.get("/functions").and_then(Value::as_array).map_or(Vec::new(), |f| f.iter().filter_map(Value::as_str).collect());
+    for short_name in ["systemd.startUnit", set_properties] {
+        assert!(
+            functions.iter().any(|f| f.starts_with(&format!("{short_name} ("))),
+            "{short_name} is not among the functions probed in {}: {functions:?}\n{}",
+            runc_binary.display(),
+            all()
+        );
     }
-    let mut at = 2;
-    if chain[at]["kind"] == "go_call" {
-        let unit = &chain[at];
-        assert_eq!(pid(unit), Some(u64::from(o.runc_pid)), "{text}");
-        assert!(what(unit).contains("systemd.startUnit"), "{text}");
-        assert_eq!(unit["edge"], "nested_call", "{text}");
-        at += 1;
-    }
+    let unit = &chain[2];
+    assert_eq!((unit["kind"].as_str(), pid(unit)), (Some("go_call"), Some(u64::from(o.runc_pid))), "{text}");
+    assert!(what(unit).contains("systemd.startUnit"), "{text}");
+    assert_eq!(unit["edge"], "nested_call", "{text}");
+    // Its stall line names the function by its full path: opencontainers/cgroups on runc 1.4.
+    assert!(
+        w.stalls("go_call", o.runc_pid).iter().any(|e| e.str("/detail/function") == Some(start_unit)),
+        "no go_call stall of {start_unit} in runc pid {}:\n{}",
+        o.runc_pid,
+        all()
+    );
+    let at = 3;
     // 4. runc's StartTransientUnit → the owner of org.freedesktop.systemd1.
     let call = &chain[at];
     assert_eq!((call["kind"].as_str(), pid(call), call["comm"].as_str()), (Some("dbus_call"), Some(u64::from(o.runc_pid)), Some("runc")), "{text}");
@@ -193,8 +292,19 @@ fn one_incident_from_the_container_start_to_the_frozen_systemd() -> Result<()> {
     let longest = i.resolved.as_ref().and_then(|r| r.get("/longest_chain")).and_then(Value::as_array).map_or(0, Vec::len);
     assert!(longest >= chain.len(), "the resolution keeps the longest chain ({longest} hops)");
     w.assert_containerd_answers();
+    assert_calls_known(o);
+    // After the thaw runc went on to its SetUnitProperties through the probed function,
+    // which returned: the summary's latency table counts it.
+    let summary = w.events.iter().rev().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary:\n{}", all()));
+    let set_calls = summary.get("/go_latency").and_then(Value::as_array).map_or(0, |rows| {
+        rows.iter()
+            .filter(|r| r["target"] == "runc" && r["function"] == set_properties)
+            .filter_map(|r| r["count"].as_u64())
+            .sum()
+    });
+    assert!(set_calls >= 1, "no returned call of runc's {set_properties} in the summary's go_latency:\n{}", all());
     eprintln!(
-        "incident #{} raised {:.3}s after crossing --warn; resolved {:.3}s after the thaw; chain:\n{text}",
+        "{version}: incident #{} raised {:.3}s after crossing --warn; resolved {:.3}s after the thaw; chain:\n{text}",
         i.id,
         i.raised_after_warn(WARN).as_secs_f64(),
         i.resolved.as_ref().map_or(f64::NAN, |r| r.at.saturating_duration_since(o.continued).as_secs_f64()),

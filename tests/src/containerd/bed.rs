@@ -359,6 +359,12 @@ pub trait StallBed {
 
     fn stage(&self) -> &Stage;
 
+    /// What the bed does once plegwatch is ready and before [`StallBed::trigger`] (with
+    /// plegwatch watching only: a baseline goes straight to the trigger). Nothing by default.
+    fn before_trigger(&mut self, _plegwatch: &mut Plegwatch) -> Result<()> {
+        Ok(())
+    }
+
     /// Causes the stall and returns once it is over.
     fn trigger(&mut self) -> Result<Self::Outcome>;
 
@@ -427,6 +433,7 @@ impl<B: StallBed> Watched<B> {
         let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
         let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", warn.as_millis())])?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
+        bed.before_trigger(&mut plegwatch)?;
         let outcome = bed.trigger()?;
         plegwatch.wait_for(Duration::from_secs(5), done);
         let events = plegwatch.stop()?;

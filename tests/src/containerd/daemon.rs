@@ -51,7 +51,8 @@ pub enum Runc {
 /// `systemd/system` dir and the system bus socket the test serves
 /// ([`super::systemd_dbus::NodeRun`]). The pods' cgroup parent is then a systemd slice
 /// (`plegwatchXXXX.slice`, which runc expands to `/plegwatchXXXX.slice`), and containerd 1.6
-/// passes runc `SLICE:cri-containerd:ID` cgroup paths.
+/// passes runc `SLICE:cri-containerd:ID` cgroup paths (so do 1.7 and 2.3: the scopes are
+/// `cri-containerd-ID.scope` on all three).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SystemdCgroups {
     pub ns_pid: u32,
@@ -136,7 +137,17 @@ impl Containerd {
     /// `systemd` names. Nothing of it touches this process's `/run`: its shim sockets go to
     /// `/run/containerd/s` of that namespace.
     pub fn start_systemd(placement: Placement, runc: Runc, systemd: SystemdCgroups) -> Result<Self> {
-        Self::start_inner(Version::DEBIAN, placement, runc, Some(systemd))
+        Self::start_systemd_version(Version::DEBIAN, placement, runc, systemd)
+    }
+
+    /// [`Containerd::start_systemd`] for the containerd, shim, `ctr` and runc of `version`.
+    pub fn start_systemd_version(
+        version: Version,
+        placement: Placement,
+        runc: Runc,
+        systemd: SystemdCgroups,
+    ) -> Result<Self> {
+        Self::start_inner(version, placement, runc, Some(systemd))
     }
 
     fn start_inner(

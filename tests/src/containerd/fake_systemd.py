@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-# plegwatch scenario harness: a stand-in for systemd on a private bus, enough for runc 1.1.5's
-# systemd cgroup driver (libcontainer/cgroups/systemd, through go-systemd's dbus package).
+# plegwatch scenario harness: a stand-in for systemd on a private bus, enough for the systemd
+# cgroup driver of runc 1.1.5 (libcontainer/cgroups/systemd) and of runc 1.4.3
+# (github.com/opencontainers/cgroups v0.0.6 systemd, its v1 LegacyManager), both through
+# go-systemd v22's dbus package.
 #
 # Owns org.freedesktop.systemd1 and answers, on /org/freedesktop/systemd1 and unit paths:
 # - Manager.StartTransientUnit, StopUnit: a job path, then the JobRemoved signal with result
@@ -11,8 +13,11 @@
 # Any other call gets an UnknownMethod error. It never touches a cgroup: with cgroup v1, runc
 # joins the cgroups itself after StartTransientUnit.
 #
-# Prints "ready UNIQUE_NAME" once it owns the name, then one line per call it answers
-# ("call MEMBER PATH ARG0"), flushed, so that a test can follow it.
+# Prints "ready UNIQUE_NAME" once it owns the name, then one line per call it gets
+# ("call MEMBER PATH ARG0", for Properties.Get "call Get PATH INTERFACE.PROPERTY", and for StartTransientUnit and SetUnitProperties the names of the
+# properties asked for: "props=Description,Slice,..."), and after it "refused MEMBER ..." when
+# the answer is an UnknownMethod or UnknownProperty error (a call it does not know), flushed,
+# so that a test can follow it.
 #
 # Usage: fake_systemd.py BUS_ADDRESS  (e.g. unix:path=/run/dbus/system_bus_socket)
 
@@ -46,7 +51,14 @@ async def main(address):
         if msg.message_type != MessageType.METHOD_CALL or msg.destination != NAME:
             return None
         arg0 = msg.body[0] if msg.body else ""
-        log("call", msg.member, msg.path, arg0 if isinstance(arg0, str) else "")
+        if msg.interface == PROPERTIES and msg.member == "Get" and len(msg.body) == 2:
+            arg0 = ".".join(msg.body)
+        words = ["call", msg.member, msg.path, arg0 if isinstance(arg0, str) else ""]
+        # StartTransientUnit(ssa(sv)a(sa(sv))): properties third; SetUnitProperties(sba(sv)).
+        props = {"StartTransientUnit": 2, "SetUnitProperties": 2}.get(msg.member)
+        if msg.interface == MANAGER and props is not None and len(msg.body) > props:
+            words.append("props=" + ",".join(p[0] for p in msg.body[props]))
+        log(*words)
         if msg.interface == MANAGER and msg.member in ("StartTransientUnit", "StopUnit"):
             jobs[0] += 1
             job = f"{PATH}/job/{jobs[0]}"
@@ -66,7 +78,9 @@ async def main(address):
                 value = Variant("a(ss)", [])
             if value is not None:
                 return Message.new_method_return(msg, "v", [value])
+            log("refused", msg.member, msg.path, f"{iface}.{prop}")
             return Message.new_error(msg, "org.freedesktop.DBus.Error.UnknownProperty", f"no {iface}.{prop}")
+        log("refused", msg.member, msg.path, f"{msg.interface}.{msg.member}")
         return Message.new_error(msg, "org.freedesktop.DBus.Error.UnknownMethod", f"no {msg.interface}.{msg.member}")
 
     bus.add_message_handler(handler)

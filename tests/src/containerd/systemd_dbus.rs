@@ -3,14 +3,32 @@
 //! pattern 4: systemd#11809, runc#1959, #3904, #4481; go-systemd calls with
 //! `context.TODO()`, so the call has no timeout).
 //!
-//! The real components: Debian's containerd 1.6.20 with `SystemdCgroup = true` for its runc
-//! runtime, its shim, runc 1.1.5 (`--systemd-cgroup`), dbus-daemon. Only systemd is a stand-in
-//! ([`FakeSystemd`], `fake_systemd.py`): it owns `org.freedesktop.systemd1` on a private system
-//! bus and answers what runc asks (`StartTransientUnit` with its `JobRemoved` signal,
-//! `SetUnitProperties`, `StopUnit`, `Properties.Get`), until the test freezes it (SIGSTOP).
+//! The real components: a containerd of the bed's [`Version`] with `SystemdCgroup = true` for
+//! its runc runtime, its shim, its runc (`--systemd-cgroup`), dbus-daemon. Only systemd is a
+//! stand-in ([`FakeSystemd`], `fake_systemd.py`): it owns `org.freedesktop.systemd1` on a
+//! private system bus and answers what runc asks (`StartTransientUnit` with its `JobRemoved`
+//! signal, `SetUnitProperties`, `StopUnit`, `ResetFailedUnit`, `Properties.Get`), until the
+//! test freezes it (SIGSTOP).
 //!
-//! runc 1.1.5 (libcontainer/cgroups/systemd, go-systemd v22 `NewWithContext`) uses systemd
-//! only if `/run/systemd/system` is a directory, dials the system bus first
+//! Versions: Debian's containerd 1.6.20 with runc 1.1.5 (`libcontainer/cgroups/systemd`), and
+//! the release builds of containerd 1.7.34 or 2.3.4 with runc 1.4.3, whose driver is
+//! `github.com/opencontainers/cgroups/systemd` (v0.0.6). This machine runs cgroup v1 (the
+//! hybrid layout: the v1 controllers, plus cgroup2 at `/sys/fs/cgroup/unified`), so both runc
+//! take their v1 manager (1.4.3's `LegacyManager`). At a container's `runc create` 1.4.3
+//! asks, in this order (seen on this bed): `StartTransientUnit` of `cri-containerd-ID.scope`
+//! (`Description`, `Slice`, `Delegate`, `PIDs`, the four `*Accounting`,
+//! `DefaultDependencies`; then it waits up to 30 s for the job's `JobRemoved`), in `Set` the
+//! Manager's `Version` (once per process, to choose the device and CPU properties), then
+//! `SetUnitProperties` (`DeviceAllow`, `DevicePolicy`, `CPUShares`, `CPUQuotaPeriodUSec`,
+//! `CPUQuotaPerSecUSec`; a container is not `SkipDevices`, so no `DevicePolicy` and
+//! `DeviceAllow` are read first, and its freezer cgroup is frozen around the call through
+//! cgroupfs); at `runc delete`, `StopUnit` (and its `JobRemoved`) then `ResetFailedUnit`.
+//! runc 1.1.5 asks the very same (its `SetUnitProperties` lists `DevicePolicy` first), so the
+//! stand-in needed no new answers for 1.4.3; it now logs what it refuses, and the scenarios
+//! assert it refused nothing.
+//!
+//! Both runc (go-systemd v22 `NewWithContext`) use systemd only if `/run/systemd/system` is a
+//! directory, dial the system bus first
 //! (`$DBUS_SYSTEM_BUS_ADDRESS`, else `/var/run/dbus/system_bus_socket`) and, as root, falls
 //! back to `/run/systemd/private`. None of that may touch this machine's `/run`, so
 //! [`NodeRun`] makes a mount namespace whose `/run` is a temp dir (a bind mount made in that
@@ -45,8 +63,10 @@ use super::cri;
 use super::daemon::{in_ns, Containerd, Placement, Runc, SystemdCgroups};
 use super::image::BUSYBOX;
 use super::procs;
+use super::Version;
 use crate::child::Proc;
 use crate::dbus::{self, BusMonitor, MsgKind, PrivateBus, Seen};
+use crate::plegwatch::Plegwatch;
 
 /// The name systemd owns on the system bus.
 pub const SYSTEMD: &str = "org.freedesktop.systemd1";
@@ -217,12 +237,23 @@ impl FakeSystemd {
         self.proc.pid()
     }
 
-    /// The calls it answered so far (`MEMBER PATH ARG0`).
+    /// The calls it got so far (`MEMBER PATH ARG0`, and `props=NAME,...` for
+    /// `StartTransientUnit` and `SetUnitProperties`).
     pub fn calls(&mut self) -> Vec<String> {
+        self.lines_after("call ")
+    }
+
+    /// The calls it did not know so far (`MEMBER PATH INTERFACE.MEMBER_OR_PROPERTY`),
+    /// answered with an UnknownMethod or UnknownProperty error.
+    pub fn refused(&mut self) -> Vec<String> {
+        self.lines_after("refused ")
+    }
+
+    fn lines_after(&mut self, prefix: &str) -> Vec<String> {
         self.proc
             .lines()
             .iter()
-            .filter_map(|(_, l)| l.strip_prefix("call ").map(String::from))
+            .filter_map(|(_, l)| l.strip_prefix(prefix).map(String::from))
             .collect()
     }
 
@@ -250,14 +281,17 @@ impl FakeSystemd {
 /// How the stall is staged.
 #[derive(Clone, Debug)]
 pub struct Options {
+    /// The containerd, shim and runc it is staged on.
+    pub version: Version,
     /// How long the stand-in stays frozen once runc's call is seen on the bus.
     pub stop_for: Duration,
 }
 
 impl Default for Options {
-    /// Frozen 6 s: past `--warn 2s`, the incident's raise and a few scans.
+    /// On [`Version::DEBIAN`], frozen 6 s: past `--warn 2s`, the incident's raise and a few
+    /// scans.
     fn default() -> Self {
-        Self { stop_for: Duration::from_secs(6) }
+        Self { version: Version::DEBIAN, stop_for: Duration::from_secs(6) }
     }
 }
 
@@ -272,18 +306,22 @@ pub struct Bed {
     container_id: String,
     options: Options,
     prepared: Instant,
+    /// The runc run before the trigger for plegwatch to probe ([`StallBed::before_trigger`]).
+    warm_up: Option<u32>,
 }
 
 /// What happened, with the timings that matter.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    pub version: Version,
     pub container_id: String,
     /// The container's init, once started (host PID).
     pub container_pid: Option<u32>,
     /// The pod's shim, which ran the `runc create`.
     pub shim_pid: u32,
-    /// The runc run (and let go) before the trigger, for plegwatch to probe runc.
-    pub warm_up_pid: u32,
+    /// The runc run (and let go once plegwatch had probed it) before the trigger, with
+    /// plegwatch watching.
+    pub warm_up_pid: Option<u32>,
     /// The `runc create` whose call was held: the caller the bus names.
     pub runc_pid: u32,
     pub runc_argv: Vec<String>,
@@ -301,14 +339,21 @@ pub struct Outcome {
     pub continued: Instant,
     /// `StartContainer` (in the [`Measured`] of an update: how long it blocked, its result).
     pub start: Measured,
+    /// What the stand-in was asked from the trigger on (the container's `runc create`), as
+    /// [`FakeSystemd::calls`] lists them.
+    pub systemd_calls: Vec<String>,
+    /// What it was asked and did not know, from the start of the bed ([`FakeSystemd::refused`]).
+    pub systemd_refused: Vec<String>,
 }
 
 impl StallOutcome for Outcome {
     fn summary(&self) -> String {
         format!(
-            "StartContainer {} held by systemd over D-Bus: shim pid {}, runc pid {} ({}), \
+            "{}: StartContainer {} held by systemd over D-Bus: shim pid {}, runc pid {} ({}), \
              {START_UNIT} serial {:?} from {:?} seen {:.3}s after the start was sent; the fake \
-             systemd (pid {}) frozen until {:.3}s after that; reply {}\n  StartContainer {}",
+             systemd (pid {}) frozen until {:.3}s after that; reply {}\n  StartContainer {}\n  \
+             the fake systemd was asked, from the start on:\n    {}\n  and refused: {:?}",
+            self.version,
             short(&self.container_id),
             self.shim_pid,
             self.runc_pid,
@@ -320,6 +365,8 @@ impl StallOutcome for Outcome {
             self.continued.duration_since(self.call_seen).as_secs_f64(),
             self.reply.as_ref().map_or("none".into(), |r| format!("{:?} at {:.3}", r.kind, r.time)),
             self.start.summary(),
+            self.systemd_calls.join("\n    "),
+            self.systemd_refused,
         )
     }
 
@@ -337,6 +384,9 @@ impl Bed {
     const CALL_SHOW_TIMEOUT: Duration = Duration::from_secs(15);
     /// How long StartContainer may take to return once the stand-in is thawed.
     const RETURN_TIMEOUT: Duration = Duration::from_secs(20);
+    /// How long plegwatch may take to probe the warm-up runc (a first attach in a debug
+    /// build on a busy node).
+    const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
     /// The namespace, its bus and the stand-in (answering), a monitor on the stand-in's
     /// name, containerd with systemd cgroups in the namespace, the test images, a
@@ -351,7 +401,8 @@ impl Bed {
         )?;
         let mut systemd = FakeSystemd::start(&ns, &bus)?;
         let monitor = BusMonitor::start(&bus, SYSTEMD)?;
-        let containerd = Containerd::start_systemd(
+        let containerd = Containerd::start_systemd_version(
+            options.version,
             Placement::TempDir,
             Runc::Real,
             SystemdCgroups { ns_pid: ns.pid() },
@@ -369,7 +420,17 @@ impl Bed {
             .create_container(&config)
             .with_context(|| stage.containerd().log_tail(30))?;
         eprintln!("container {} created, not started", short(&container_id));
-        Ok(Self { stage, monitor, systemd, bus, ns, container_id, options, prepared: Instant::now() })
+        Ok(Self {
+            stage,
+            monitor,
+            systemd,
+            bus,
+            ns,
+            container_id,
+            options,
+            prepared: Instant::now(),
+            warm_up: None,
+        })
     }
 
     pub fn systemd_pid(&self) -> u32 {
@@ -385,17 +446,20 @@ impl Bed {
     }
 
     /// plegwatch probes a Go binary when it first sees a process run it, and a `runc
-    /// --version` is gone before it is seen: run a runc that stays, blocked opening its
-    /// `--log` FIFO (runc opens it first thing), until plegwatch has had time to probe
-    /// runc; then let it go. The container start's runc is then probed from its first
-    /// instruction, as on a node where runc runs all the time. Returns the runc's PID.
-    fn warm_up_runc() -> Result<u32> {
+    /// --version` is gone before it is seen: run the daemon's runc (its bin dir's `runc`, so
+    /// its comm is `runc`) so that it stays, blocked opening its `--log` FIFO (runc opens it
+    /// first thing, in `app.Before`), until plegwatch says it is probed (its `target` line
+    /// comes after the uprobes are attached); then let it go. The container start's runc is
+    /// then probed from its first instruction, as on a node where runc runs all the time.
+    /// Returns the runc's PID.
+    fn warm_up_runc(&self, plegwatch: &mut Plegwatch) -> Result<u32> {
         let dir = tempfile::Builder::new().prefix("plegwatch-runc-warm-up-").tempdir()?;
         let fifo = dir.path().join("log");
         let c_path = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())?;
         // SAFETY: mkfifo(3) on a NUL-terminated path in our own temp dir.
         ensure!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) } == 0, "mkfifo {}: {}", fifo.display(), std::io::Error::last_os_error());
-        let mut runc = Command::new("runc")
+        let runc_path = self.stage.containerd().runc();
+        let mut runc = Command::new(&runc_path)
             .arg("--root")
             .arg(dir.path().join("root"))
             .arg("--log")
@@ -405,9 +469,9 @@ impl Bed {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .context("spawn runc")?;
+            .with_context(|| format!("spawn {}", runc_path.display()))?;
         let pid = runc.id();
-        thread::sleep(Duration::from_millis(1500));
+        let probed = plegwatch.wait_probed(pid, Self::PROBE_TIMEOUT);
         // A reader lets runc's open return; it logs that there is no such container and exits.
         let reader = std::fs::OpenOptions::new()
             .read(true)
@@ -424,6 +488,13 @@ impl Bed {
             thread::sleep(POLL);
         }
         drop(reader);
+        let line = probed?;
+        eprintln!(
+            "warm-up runc pid {pid} ({}): plegwatch says {} {}",
+            runc_path.display(),
+            line.str("/status").unwrap_or("?"),
+            line.str("/binary").unwrap_or("?")
+        );
         Ok(pid)
     }
 }
@@ -435,12 +506,18 @@ impl StallBed for Bed {
         &self.stage
     }
 
+    /// Runs the daemon's runc until plegwatch has probed it ([`Bed::warm_up_runc`]).
+    fn before_trigger(&mut self, plegwatch: &mut Plegwatch) -> Result<()> {
+        self.warm_up = Some(self.warm_up_runc(plegwatch)?);
+        Ok(())
+    }
+
     /// Freezes the stand-in, sends `StartContainer`, waits for runc's `StartTransientUnit`
     /// on the bus, keeps the stand-in frozen for [`Options::stop_for`], thaws it, and
     /// returns once `StartContainer` has returned.
     fn trigger(&mut self) -> Result<Outcome> {
-        let warm_up = Bed::warm_up_runc()?;
         let earlier = self.monitor.messages().len();
+        let calls_before = self.systemd.calls().len();
         self.systemd.freeze()?;
         let sent_wall = SystemTime::now();
         let sent = Instant::now();
@@ -519,11 +596,13 @@ impl StallBed for Bed {
             .map_err(|_| anyhow::anyhow!("the StartContainer caller panicked"))?;
         let start = Returned { sent, sent_wall, ended, result }.measure(Vec::new());
         let container_pid = self.stage.cri().container_pid(&self.container_id).ok();
+        let systemd_calls = self.systemd.calls().split_off(calls_before);
         Ok(Outcome {
+            version: self.options.version,
             container_id: self.container_id.clone(),
             container_pid,
             shim_pid: shim.pid,
-            warm_up_pid: warm_up,
+            warm_up_pid: self.warm_up,
             runc_pid,
             runc_argv,
             systemd_pid: self.systemd.pid(),
@@ -534,6 +613,8 @@ impl StallBed for Bed {
             call_seen,
             continued,
             start,
+            systemd_calls,
+            systemd_refused: self.systemd.refused(),
         })
     }
 }
