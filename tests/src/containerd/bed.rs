@@ -394,6 +394,40 @@ pub trait StallOutcome {
 /// The `--warn` every [`Watched`] bed runs plegwatch with.
 pub const WARN: Duration = Duration::from_secs(2);
 
+/// The environment variable naming a file for [`TextCapture`].
+pub const TEXT_CAPTURE_ENV: &str = "PLEGWATCH_TEXT_CAPTURE";
+
+/// A second `plegwatch watch --no-live` beside the JSON one, its text output going to the
+/// file named by [`TEXT_CAPTURE_ENV`], when that is set: how the README's text example of
+/// an incident is captured from a real run. Not used by the suite.
+struct TextCapture(std::process::Child);
+
+impl TextCapture {
+    fn start(warn: Duration) -> Result<Option<Self>> {
+        let Some(path) = std::env::var_os(TEXT_CAPTURE_ENV) else { return Ok(None) };
+        let out = std::fs::File::create(&path).with_context(|| format!("create {}", path.to_string_lossy()))?;
+        let child = std::process::Command::new(crate::preflight::plegwatch_bin()?)
+            .args(["watch", "--no-live", "--warn", &format!("{}ms", warn.as_millis())])
+            .stdout(out)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("start the text plegwatch")?;
+        // Ready once it printed its "plegwatch watching" line.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !std::fs::read_to_string(&path).is_ok_and(|t| t.contains("plegwatch watching")) {
+            anyhow::ensure!(Instant::now() < deadline, "the text plegwatch printed no ready line");
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Some(Self(child)))
+    }
+
+    fn stop(mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGINT) };
+        let _ = self.0.wait();
+    }
+}
+
 pub struct Watched<B: StallBed> {
     pub bed: B,
     pub outcome: B::Outcome,
@@ -433,10 +467,14 @@ impl<B: StallBed> Watched<B> {
         let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
         let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", warn.as_millis())])?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
+        let text = TextCapture::start(warn)?;
         bed.before_trigger(&mut plegwatch)?;
         let outcome = bed.trigger()?;
         plegwatch.wait_for(Duration::from_secs(5), done);
         let events = plegwatch.stop()?;
+        if let Some(t) = text {
+            t.stop();
+        }
         eprintln!("{}", outcome.summary());
         Ok(Self {
             bed,
