@@ -162,6 +162,15 @@ fn is_list_call(symbol: &str) -> bool {
     matches!(short(symbol).rsplit('.').next(), Some("ListContainers" | "ListPodSandbox"))
 }
 
+/// The latency row of the reader waits of a (fixture) kubelet: the probed
+/// function's short name, e.g. `sync.runtime_SemacquireRWMutexR (reader waited)`.
+fn reader_wait_row(symbol: &str) -> &'static str {
+    match symbol {
+        "sync.runtime_SemacquireRWMutexR" => "sync.runtime_SemacquireRWMutexR (reader waited)",
+        _ => "sync.runtime_SemacquireMutex (lock waited)",
+    }
+}
+
 /// How many kubelet relist clocks are kept before those of exited processes are dropped.
 const RELIST_CLOCKS_MAX: usize = 64;
 
@@ -188,6 +197,8 @@ pub struct GoWatch {
     gets: HashMap<u64, (u32, u64)>,
     /// The lock each goroutine's open `Get` waits on, by (process, goroutine).
     get_by_g: HashMap<(u32, u64), u64>,
+    /// When each of those reader waits began, and its probed function's id.
+    parked_since: HashMap<(u32, u64), (u64, u32)>,
     /// Every Go call open at the last scan (Gets excluded).
     open: Vec<GoOpen>,
     latency: LatencyTables,
@@ -208,6 +219,7 @@ impl GoWatch {
             relists: HashMap::new(),
             gets: HashMap::new(),
             get_by_g: HashMap::new(),
+            parked_since: HashMap::new(),
             open: Vec::new(),
             latency: LatencyTables::default(),
             exits: GoExits::default(),
@@ -293,6 +305,10 @@ impl GoWatch {
                 let l = self.locks.entry((rec.tgid, lock)).or_default();
                 l.gets += 1;
                 l.max_get_wait = l.max_get_wait.max(took);
+            } else if target == "kubelet" {
+                // Only the fake-kubelet fixture has reader waits probed
+                // (targets::FIXTURE_READER_WAITS): every one is kept.
+                self.latency.record(target, reader_wait_row(symbol), took);
             }
             return;
         }
@@ -338,6 +354,7 @@ impl GoWatch {
         self.open.clear();
         self.gets.clear();
         self.get_by_g.clear();
+        self.parked_since.clear();
         let mut resolved = Vec::new();
         // Calls on a goroutine that ended after they began never return through
         // a probed RET (a panic unwound past them, or Goexit): dropped, counted.
@@ -374,6 +391,7 @@ impl GoWatch {
                 e.0 += 1;
                 e.1 = e.1.min(c.start_ns);
                 self.get_by_g.insert((c.tgid, k.g), lock);
+                self.parked_since.insert((c.tgid, k.g), (c.start_ns, k.func));
                 continue;
             }
             self.open.push(GoOpen::new(k.g, k.func, &c));
@@ -420,12 +438,22 @@ impl GoWatch {
                     let (kind, extra, blame) = match f.role {
                         Role::Relist => {
                             let last = self.relists.get(&o.tgid);
+                            // The relist's goroutine parked in `RLock` (fixture only, see targets).
+                            let reader_wait = self.get_by_g.get(&(o.tgid, o.g)).map(|lock| {
+                                let (start, func) = self.parked_since.get(&(o.tgid, o.g)).copied().unwrap_or((now_ns, 0));
+                                json!({
+                                    "lock": format!("{lock:#x}"),
+                                    "function": self.attacher.funcs.get(&func).map(|f| f.symbol),
+                                    "waited_s": now_ns.saturating_sub(start) as f64 / 1e9,
+                                })
+                            });
                             (
                                 WaitKind::PlegRelist,
                                 json!({
                                     "since_relist_start_s": now_ns.saturating_sub(o.start_ns) as f64 / 1e9,
                                     "last_relist_s": last.filter(|c| c.count > 0).map(|c| c.last_took.as_secs_f64()),
                                     "relists_seen": last.map(|c| c.count).unwrap_or(0),
+                                    "reader_wait": reader_wait,
                                 }),
                                 Blame::default(),
                             )
@@ -522,7 +550,11 @@ impl GoWatch {
                     what.push_str(&format!(" for {} {}", f.arg.map(|a| a.name).unwrap_or("container"), c.get(..12).unwrap_or(c)));
                 }
                 if let Some(lock) = self.get_by_g.get(&(o.tgid, o.g)) {
-                    what.push_str(&format!(", waiting on Status lock {lock:#x}"));
+                    if f.role == Role::Relist {
+                        what.push_str(&format!(", parked on sync.RWMutex {lock:#x}'s read lock"));
+                    } else {
+                        what.push_str(&format!(", waiting on Status lock {lock:#x}"));
+                    }
                 }
                 Some(OpenWait {
                     key: o.wait_key(),
