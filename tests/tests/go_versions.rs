@@ -173,6 +173,7 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
     let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
     ensure!((WARN_S..=WARN_S + SLACK_S).contains(&waited), "waited_s {waited}: {}", stall.json);
     let id = stall.u64("/id");
+    let first_start = stall.str("/started_at").map(String::from);
     let resolved = plegwatch
         .wait_for(Duration::from_secs(3), |e| e.is("resolved") && e.u64("/id") == id)
         .with_context(|| format!("no resolved line for the parked relist:\n{}", all(&mut plegwatch)))?;
@@ -187,7 +188,9 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
     let lock = kubelet.wlock()?;
     let reader = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after wlock")?;
     let reader_stall = plegwatch.wait_for(Duration::from_secs_f64(WARN_S + SLACK_S + 1.0), |e| {
-        e.is_about_pid("stall", pid) && e.str("/kind") == Some("pleg_relist") && e.u64("/id") != id
+        // The registry keeps one id per (process, goroutine, function): a new relist is told
+        // apart by its start.
+        e.is_about_pid("stall", pid) && e.str("/kind") == Some("pleg_relist") && e.str("/started_at") != first_start.as_deref()
     });
     kubelet.wunlock()?;
     let reader_stall = match reader_stall {
