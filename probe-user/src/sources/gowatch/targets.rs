@@ -10,7 +10,9 @@
 //! RETs decoded, by `probe-user/tests/real_binaries.rs`): Debian's containerd 1.6.20, its
 //! containerd-shim-runc-v2 and runc 1.1.5 (Go 1.19.8); containerd 1.7.34
 //! (Go 1.25.5) and 2.3.4 (Go 1.26.6) with their shims; runc 1.4.3 (Go
-//! 1.26.6); and the fake-kubelet fixture (Go 1.19). kubelet's
+//! 1.26.6); and the fake-kubelet fixture (a test fixture, not kubelet) built
+//! with Go 1.19, 1.21, 1.23, 1.25 and 1.27, each also under plegwatch (the
+//! `go_versions` scenario). kubelet's
 //! `relist`/`Relist` come from its sources, unchecked on a binary.
 //!
 //! The probed functions and their prototypes (containerd 1.6.20 sources,
