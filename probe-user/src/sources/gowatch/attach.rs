@@ -99,6 +99,9 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto:
     let mut missing = Vec::new();
     let mut own = 0;
     for group in target.groups {
+        if group.only_with.is_some_and(|m| bin.symbols().lookup(m).is_none()) {
+            continue;
+        }
         let Some(spec) = group.funcs.iter().find(|s| bin.symbols().lookup(s.symbol).is_some()) else {
             if !group.optional {
                 missing.push(Missing { symbol: group.funcs[0].symbol, why: "not in the binary's .gopclntab".into() });

@@ -163,6 +163,30 @@ fn is_list_call(symbol: &str) -> bool {
     matches!(short(symbol).rsplit('.').next(), Some("ListContainers" | "ListPodSandbox"))
 }
 
+/// What a goroutine parked in a probed semaphore wait waits on, given the
+/// lock address taken as `RAX - READER_SEM_OFF`. From Go 1.20
+/// `runtime_SemacquireRWMutexR` is `RLock`'s alone: a reader of that
+/// `sync.RWMutex`. Before, `runtime_SemacquireMutex` is also where
+/// `Mutex.Lock` and a waiting writer park, so only the semaphore is certain.
+fn parked_what(symbol: Option<&str>, lock: u64) -> String {
+    match symbol {
+        Some("sync.runtime_SemacquireRWMutexR") => format!("parked on sync.RWMutex {lock:#x}'s read lock"),
+        _ => format!(
+            "parked on a sync lock's semaphore {:#x} (a read lock of sync.RWMutex {lock:#x} if it is one)",
+            lock.wrapping_add(READER_SEM_OFF)
+        ),
+    }
+}
+
+/// The latency row of the reader waits of a (fixture) kubelet: the probed
+/// function's short name, e.g. `sync.runtime_SemacquireRWMutexR (reader waited)`.
+fn reader_wait_row(symbol: &str) -> &'static str {
+    match symbol {
+        "sync.runtime_SemacquireRWMutexR" => "sync.runtime_SemacquireRWMutexR (reader waited)",
+        _ => "sync.runtime_SemacquireMutex (lock waited)",
+    }
+}
+
 /// How many kubelet relist clocks are kept before those of exited processes are dropped.
 const RELIST_CLOCKS_MAX: usize = 64;
 
@@ -189,6 +213,8 @@ pub struct GoWatch {
     gets: HashMap<u64, (u32, u64)>,
     /// The lock each goroutine's open `Get` waits on, by (process, goroutine).
     get_by_g: HashMap<(u32, u64), u64>,
+    /// When each of those reader waits began, and its probed function's id.
+    parked_since: HashMap<(u32, u64), (u64, u32)>,
     /// Every Go call open at the last scan (Gets excluded).
     open: Vec<GoOpen>,
     latency: LatencyTables,
@@ -209,6 +235,7 @@ impl GoWatch {
             relists: HashMap::new(),
             gets: HashMap::new(),
             get_by_g: HashMap::new(),
+            parked_since: HashMap::new(),
             open: Vec::new(),
             latency: LatencyTables::default(),
             exits: GoExits::default(),
@@ -308,6 +335,10 @@ impl GoWatch {
                 let l = self.locks.entry((rec.tgid, lock)).or_default();
                 l.gets += 1;
                 l.max_get_wait = l.max_get_wait.max(took);
+            } else if target == "kubelet" {
+                // Only the fake-kubelet fixture has reader waits probed
+                // (targets::FIXTURE_READER_WAITS): every one is kept.
+                self.latency.record(target, reader_wait_row(symbol), took);
             }
             return;
         }
@@ -353,6 +384,7 @@ impl GoWatch {
         self.open.clear();
         self.gets.clear();
         self.get_by_g.clear();
+        self.parked_since.clear();
         let mut resolved = Vec::new();
         // Calls on a goroutine that ended after they began never return through
         // a probed RET (a panic unwound past them, or Goexit): dropped, counted.
@@ -389,6 +421,7 @@ impl GoWatch {
                 e.0 += 1;
                 e.1 = e.1.min(c.start_ns);
                 self.get_by_g.insert((c.tgid, k.g), lock);
+                self.parked_since.insert((c.tgid, k.g), (c.start_ns, k.func));
                 continue;
             }
             self.open.push(GoOpen::new(k.g, k.func, &c));
@@ -435,12 +468,24 @@ impl GoWatch {
                     let (kind, extra, blame) = match f.role {
                         Role::Relist => {
                             let last = self.relists.get(&o.tgid);
+                            // The relist's goroutine parked in `RLock` (fixture only, see targets).
+                            let reader_wait = self.get_by_g.get(&(o.tgid, o.g)).map(|lock| {
+                                let (start, func) = self.parked_since.get(&(o.tgid, o.g)).copied().unwrap_or((now_ns, 0));
+                                let symbol = self.attacher.funcs.get(&func).map(|f| f.symbol);
+                                json!({
+                                    "lock": format!("{lock:#x}"),
+                                    "what": parked_what(symbol, *lock),
+                                    "function": symbol,
+                                    "waited_s": now_ns.saturating_sub(start) as f64 / 1e9,
+                                })
+                            });
                             (
                                 WaitKind::PlegRelist,
                                 json!({
                                     "since_relist_start_s": now_ns.saturating_sub(o.start_ns) as f64 / 1e9,
                                     "last_relist_s": last.filter(|c| c.count > 0).map(|c| c.last_took.as_secs_f64()),
                                     "relists_seen": last.map(|c| c.count).unwrap_or(0),
+                                    "reader_wait": reader_wait,
                                 }),
                                 Blame::default(),
                             )
@@ -537,7 +582,12 @@ impl GoWatch {
                     what.push_str(&format!(" for {} {}", f.arg.map(|a| a.name).unwrap_or("container"), c.get(..12).unwrap_or(c)));
                 }
                 if let Some(lock) = self.get_by_g.get(&(o.tgid, o.g)) {
-                    what.push_str(&format!(", waiting on Status lock {lock:#x}"));
+                    if f.role == Role::Relist {
+                        let func = self.parked_since.get(&(o.tgid, o.g)).and_then(|(_, id)| self.attacher.funcs.get(id));
+                        what.push_str(&format!(", {}", parked_what(func.map(|f| f.symbol), *lock)));
+                    } else {
+                        what.push_str(&format!(", waiting on Status lock {lock:#x}"));
+                    }
                 }
                 Some(OpenWait {
                     key: o.wait_key(),
@@ -702,6 +752,21 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn parked_goroutines_name_the_lock_only_where_the_function_says_it_is_one() {
+        assert_eq!(
+            parked_what(Some("sync.runtime_SemacquireRWMutexR"), 0xc0000a6010),
+            "parked on sync.RWMutex 0xc0000a6010's read lock"
+        );
+        // Go ≤ 1.19: the same function parks Mutex.Lock, RLock and a waiting writer.
+        assert_eq!(
+            parked_what(Some("sync.runtime_SemacquireMutex"), 0xc0000a6010),
+            "parked on a sync lock's semaphore 0xc0000a601c (a read lock of sync.RWMutex 0xc0000a6010 if it is one)"
+        );
+        assert_eq!(reader_wait_row("sync.runtime_SemacquireRWMutexR"), "sync.runtime_SemacquireRWMutexR (reader waited)");
+        assert_eq!(reader_wait_row("sync.runtime_SemacquireMutex"), "sync.runtime_SemacquireMutex (lock waited)");
+    }
 
     const S: u64 = 1_000_000_000;
     /// Pids no process has, so /proc lookups find nothing.

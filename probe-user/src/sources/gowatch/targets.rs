@@ -10,7 +10,9 @@
 //! RETs decoded, by `probe-user/tests/real_binaries.rs`): Debian's containerd 1.6.20, its
 //! containerd-shim-runc-v2 and runc 1.1.5 (Go 1.19.8); containerd 1.7.34
 //! (Go 1.25.5) and 2.3.4 (Go 1.26.6) with their shims; runc 1.4.3 (Go
-//! 1.26.6); and the fake-kubelet fixture (Go 1.19). kubelet's
+//! 1.26.6); and the fake-kubelet fixture (a test fixture, not kubelet) built
+//! with Go 1.19, 1.21, 1.23, 1.25 and 1.27, each also under plegwatch (the
+//! `go_versions` scenario). kubelet's
 //! `relist`/`Relist` come from its sources, unchecked on a binary.
 //!
 //! The probed functions and their prototypes (containerd 1.6.20 sources,
@@ -209,26 +211,56 @@ pub struct Group {
     /// A Go runtime or standard library function, present in every Go
     /// binary: probed only when the binary matched on its own functions.
     pub runtime: bool,
+    /// Probed only in binaries that also have this function (and not
+    /// missing without it): a group only a test fixture gets.
+    pub only_with: Option<&'static str>,
 }
 
 const fn need(funcs: &'static [GoFuncSpec]) -> Group {
-    Group { funcs, optional: false, runtime: false }
+    Group { funcs, optional: false, runtime: false, only_with: None }
 }
 
 const fn opt(funcs: &'static [GoFuncSpec]) -> Group {
-    Group { funcs, optional: true, runtime: false }
+    Group { funcs, optional: true, runtime: false, only_with: None }
 }
 
 const fn runtime(funcs: &'static [GoFuncSpec]) -> Group {
-    Group { funcs, optional: false, runtime: true }
+    Group { funcs, optional: false, runtime: true, only_with: None }
 }
+
+/// Where `sync.RWMutex.RLock` parks a reader while a writer holds the lock:
+/// `runtime_SemacquireRWMutexR` from Go 1.20, `runtime_SemacquireMutex`
+/// (every contended sync lock) before. Checked on the fake-kubelet fixture
+/// built with Go 1.19, 1.21, 1.23, 1.25 and 1.27 (the `go_versions` scenario):
+/// RAX = `&rw.readerSem` at [`READER_SEM_OFF`] on each.
+const LOCK_WAITS: &[GoFuncSpec] = &[
+    // Go ≥ 1.20: readers only. Go ≤ 1.19: every contended sync lock; only
+    // those whose semaphore sits in a Status lock are kept (userspace).
+    spec("sync.runtime_SemacquireRWMutexR", Role::LockWait),
+    spec("sync.runtime_SemacquireMutex", Role::LockWait),
+];
+
+/// A function only the fake-kubelet TEST FIXTURE has (it is not kubelet; its
+/// `tests/fixtures/fake-kubelet/cmd/fake-kubelet/main.go`): the goroutine
+/// that holds its `sync.RWMutex` for writing while a relist parks in `RLock`.
+/// A binary with it also gets [`LOCK_WAITS`] probed, so that the fixture can
+/// check the reader-wait probe on every Go version; a real kubelet has no
+/// such function and its probes stay the relist alone.
+pub const FIXTURE_READER_WAITS: &str = "main.(*fakeRuntime).holdWriteLock";
 
 /// kubelet's relist, newest name first: `Relist` from v1.26 (Evented PLEG PR
 /// #111384), `relist` up to v1.25.
-pub const KUBELET: &[Group] = &[need(&[
-    spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist", Role::Relist),
-    spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).relist", Role::Relist),
-])];
+///
+/// In the fake-kubelet test fixture only (gated on [`FIXTURE_READER_WAITS`]),
+/// also the reader waits: a relist parked in `RLock` shows in its
+/// `pleg_relist` report (`detail.reader_wait`).
+pub const KUBELET: &[Group] = &[
+    need(&[
+        spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist", Role::Relist),
+        spec("k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).relist", Role::Relist),
+    ]),
+    Group { only_with: Some(FIXTURE_READER_WAITS), ..runtime(LOCK_WAITS) },
+];
 
 /// containerd's CRI Status store and handlers. Checked on binaries:
 /// Debian's 1.6.20 (Go 1.19.8), 1.7.34 (Go 1.25.5) and 2.3.4 (Go 1.26.6),
@@ -242,12 +274,7 @@ pub const KUBELET: &[Group] = &[need(&[
 ///   `TaskExit`), the Status store in `v2/internal/cri/store/container`, the
 ///   wrappers in `v2/internal/cri/instrument`.
 pub const CONTAINERD: &[Group] = &[
-    runtime(&[
-        // Go ≥ 1.20: readers only. Go ≤ 1.19: every contended sync lock; only
-        // those whose semaphore sits in a Status lock are kept (userspace).
-        spec("sync.runtime_SemacquireRWMutexR", Role::LockWait),
-        spec("sync.runtime_SemacquireMutex", Role::LockWait),
-    ]),
+    runtime(LOCK_WAITS),
     need(&[
         spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
         spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
@@ -433,6 +460,17 @@ mod tests {
             }
             assert!(t.groups.iter().any(|g| !g.runtime), "{}: matched by its own functions", t.name);
         }
+    }
+
+    #[test]
+    fn only_the_fixture_gets_reader_waits_in_kubelet() {
+        let gated: Vec<&Group> = TARGETS.iter().flat_map(|t| t.groups).filter(|g| g.only_with.is_some()).collect();
+        assert_eq!(gated.len(), 1);
+        assert_eq!(gated[0].only_with, Some(FIXTURE_READER_WAITS));
+        assert!(gated[0].runtime && gated[0].funcs.iter().all(|f| f.role == Role::LockWait));
+        // The relist alone otherwise: a real kubelet's probes are unchanged.
+        let kubelet = target_named("kubelet").unwrap();
+        assert_eq!(kubelet.groups.iter().filter(|g| g.only_with.is_none()).count(), 1);
     }
 
     #[test]
