@@ -295,6 +295,20 @@ impl Ledger {
             ids.extend(r.chain.iter().chain(&r.attached).filter_map(|h| h.wait_id));
         }
         let waits: Vec<WaitRecord> = ids.iter().filter_map(|id| self.waits.get(id).cloned()).collect();
+        // Each hop's age is its wait's blocked time as last known (an ended
+        // wait's end record), not the age at the incident's last line.
+        let recs: Vec<IncidentRecord> = recs
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                for h in r.chain.iter_mut().chain(r.attached.iter_mut()) {
+                    if let Some(w) = h.wait_id.and_then(|id| self.waits.get(&id)) {
+                        h.waited_s = Some(h.waited_s.unwrap_or(0.0).max(w.waited_s));
+                    }
+                }
+                r
+            })
+            .collect();
         let samples = recs.iter().flat_map(|r| samples_of(r, &waits)).collect();
         Bundle {
             format: FORMAT.into(),
@@ -302,7 +316,7 @@ impl Ledger {
             reason: reason.into(),
             written_at,
             unit: "nanoseconds".into(),
-            incidents: recs.to_vec(),
+            incidents: recs,
             waits,
             samples,
         }

@@ -269,6 +269,8 @@ fn the_sink_writes_bundles_with_private_modes_and_they_read_back() {
     assert_eq!(latency["families"][0]["family"], "syscall");
     let text = render::text(&inc);
     assert!(text.contains("ROOT 3. umount") && text.contains("END 4. device"), "{text}");
+    // The root hop shows its end record's 8 s, not its age at the last incident line.
+    assert_eq!(inc.incidents[0].chain[2].waited_s, Some(8.0));
     assert!(!std::fs::read_dir(&bundles[0]).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp")));
 }
 
