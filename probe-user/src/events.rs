@@ -77,8 +77,13 @@ pub struct Ready {
 pub struct SyscallSummary {
     pub syscall: String,
     pub count: u64,
+    /// Upper bounds of the buckets holding the 50th, 90th and 99.9th
+    /// percentiles, in seconds (incident bundles' `latency.json`).
+    pub p50_le_s: f64,
+    pub p90_le_s: f64,
     /// Upper bound of the bucket holding the 99th percentile, in seconds.
     pub p99_le_s: f64,
+    pub p999_le_s: f64,
     /// Upper bound of the highest non-empty bucket, in seconds.
     pub max_le_s: f64,
 }

@@ -19,6 +19,8 @@ pub struct LatencyRow {
     pub p50_s: f64,
     pub p90_s: f64,
     pub p99_s: f64,
+    /// The 99.9th percentile (incident bundles' `latency.json`).
+    pub p999_s: f64,
     pub max_s: f64,
 }
 
@@ -55,6 +57,7 @@ impl LatencyTables {
                 p50_s: s(h.value_at_quantile(0.50)),
                 p90_s: s(h.value_at_quantile(0.90)),
                 p99_s: s(h.value_at_quantile(0.99)),
+                p999_s: s(h.value_at_quantile(0.999)),
                 max_s: s(h.max()),
             })
             .collect()
@@ -108,6 +111,7 @@ mod tests {
         assert!((list.p50_s - 500e-6).abs() < 1e-6, "{list:?}");
         assert!((list.p99_s - 990e-6).abs() < 1e-6, "{list:?}");
         assert!((list.max_s - 1000e-6).abs() < 1e-6, "{list:?}");
+        assert!((list.p999_s - 1000e-6).abs() < 1e-6, "{list:?}");
         let upd = rows.iter().find(|r| r.function.ends_with("UpdateSync")).expect("row");
         assert!((upd.max_s - 24.0).abs() < 0.03, "{upd:?}");
         let text = render_table(&rows);

@@ -3,7 +3,7 @@
 
 use clap::Parser as _;
 use plegwatch::{
-    cli::{Cli, Command, doctor, watch},
+    cli::{Cli, Command, doctor, report, watch},
     logging,
 };
 
@@ -12,6 +12,7 @@ fn main() {
     logging::init(cli.log_format);
     let result = match cli.command {
         Command::Doctor(args) => doctor::run(args),
+        Command::Report(args) => report::run(args),
         Command::Watch(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -1,6 +1,7 @@
 //! The command line: one module per subcommand.
 
 pub mod doctor;
+pub mod report;
 pub mod watch;
 
 use crate::logging::LogFormat;
@@ -11,7 +12,9 @@ Examples:
   plegwatch doctor                         what this node supports, and the probes chosen
   plegwatch watch                          live stalls, warn at 10s / critical 60s / imminent 150s
   plegwatch watch --json --warn 2s         one JSON object per line, earlier warnings
-  plegwatch watch --comm 'containerd-shim*' --duration 10m";
+  plegwatch watch --comm 'containerd-shim*' --duration 10m
+  plegwatch watch --report-dir /var/lib/plegwatch/reports   a bundle per incident (flamegraph, pprof, JSON)
+  plegwatch report DIR/<bundle> --format svg -o blocked.svg";
 
 /// plegwatch catches the waits that stall kubelet's PLEG (umount2 syncs,
 /// fsyncs, ...) while they are still in flight, long before the node goes NotReady.
@@ -31,4 +34,6 @@ pub enum Command {
     Watch(watch::WatchArgs),
     /// Check what this node offers and which probe variants will be used.
     Doctor(doctor::DoctorArgs),
+    /// Re-render an incident bundle written by `watch --report-dir`.
+    Report(report::ReportArgs),
 }

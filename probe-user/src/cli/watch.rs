@@ -6,7 +6,7 @@ use crate::{
     sources::inflight::Filter,
     levels::Thresholds,
     events::Sink,
-    sinks::{JsonSink, LiveSink, TextOptions, TextSink},
+    sinks::{JsonSink, LiveSink, ReportSink, Tee, TextOptions, TextSink},
 };
 use clap::Args;
 use std::time::Duration;
@@ -21,7 +21,8 @@ use std::time::Duration;
   plegwatch watch --warn 2s --duration 30
   plegwatch watch --no-live | tee plegwatch.log
   plegwatch watch --json --pid 1234 --comm umount
-  plegwatch watch --comm 'containerd-shim*'")]
+  plegwatch watch --comm 'containerd-shim*'
+  plegwatch watch --report-dir /var/lib/plegwatch/reports")]
 pub struct WatchArgs {
     /// Print one JSON object per line instead of text.
     #[arg(long)]
@@ -54,6 +55,11 @@ pub struct WatchArgs {
     /// Probe this kubelet binary, even before a kubelet runs it.
     #[arg(long, value_name = "PATH")]
     pub kubelet: Option<std::path::PathBuf>,
+    /// Write an incident bundle (flamegraph, folded stacks, pprof, JSON) into a
+    /// subdirectory of DIR for each incident when it reaches imminent and when
+    /// it resolves, and one for the whole run at exit.
+    #[arg(long, value_name = "DIR")]
+    pub report_dir: Option<std::path::PathBuf>,
     /// Stop after this long, with a summary.
     #[arg(long, value_parser = durations::parse)]
     pub duration: Option<Duration>,
@@ -133,6 +139,12 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
             }
         },
     };
+    if let Some(dir) = &args.report_dir {
+        match ReportSink::new(dir) {
+            Ok(report) => sink = Box::new(Tee(sink, report)),
+            Err(e) => tracing::warn!("report dir {}: cannot start its writer thread ({e}); watching goes on without bundles", dir.display()),
+        }
+    }
     // On an error the sink is dropped here, before main prints it: the live
     // view has given the terminal back by then.
     collector::watch(cfg, sink.as_mut()).await?;

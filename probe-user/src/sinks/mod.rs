@@ -3,12 +3,16 @@
 //!
 //! - [`JsonSink`]: one JSON object per line (`--json`), the contract in the README;
 //! - [`TextSink`]: human lines, by default one block per incident;
-//! - [`LiveSink`]: on a terminal, the open incidents redrawn in place (`live`).
+//! - [`LiveSink`]: on a terminal, the open incidents redrawn in place (`live`);
+//! - [`ReportSink`]: incident bundles in a directory (`--report-dir`: `report/`);
+//! - [`Tee`]: two sinks fed the same events.
 
 mod live;
+pub mod report;
 mod text;
 
 pub use live::{LiveSink, LiveState};
+pub use report::ReportSink;
 pub use text::{TextOptions, TextSink, render_text};
 
 use crate::events::{Event, Sink};
@@ -23,5 +27,21 @@ impl<W: Write> Sink for JsonSink<W> {
             let _ = writeln!(self.0, "{line}");
             let _ = self.0.flush();
         }
+    }
+}
+
+/// Hands every event to both sinks, the first one first.
+pub struct Tee<A: Sink, B: Sink>(pub A, pub B);
+
+impl<A: Sink, B: Sink> Sink for Tee<A, B> {
+    fn emit(&mut self, event: &Event) {
+        self.0.emit(event);
+        self.1.emit(event);
+    }
+}
+
+impl Sink for Box<dyn Sink> {
+    fn emit(&mut self, event: &Event) {
+        self.as_mut().emit(event);
     }
 }

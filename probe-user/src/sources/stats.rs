@@ -57,21 +57,26 @@ pub fn summarize(name: &str, counts: &[u64]) -> Option<SyscallSummary> {
         return None;
     }
     let upper = |b: usize| bucket_floor_ns(b as u32 + 1) as f64 / 1e9;
-    let p99_rank = total - total / 100;
-    let mut acc = 0;
-    let mut p99 = 0.0;
-    for (b, c) in counts.iter().enumerate() {
-        acc += c;
-        if acc >= p99_rank {
-            p99 = upper(b);
-            break;
+    // The bucket holding the q-th quantile: the first whose running count reaches rank q.
+    let quantile = |q: f64| {
+        let rank = ((total as f64 * q).ceil() as u64).clamp(1, total);
+        let mut acc = 0;
+        for (b, c) in counts.iter().enumerate() {
+            acc += c;
+            if acc >= rank {
+                return upper(b);
+            }
         }
-    }
+        upper(counts.len().saturating_sub(1))
+    };
     let max_b = counts.iter().rposition(|&c| c > 0).unwrap_or(0);
     Some(SyscallSummary {
         syscall: name.to_string(),
         count: total,
-        p99_le_s: p99,
+        p50_le_s: quantile(0.50),
+        p90_le_s: quantile(0.90),
+        p99_le_s: quantile(0.99),
+        p999_le_s: quantile(0.999),
         max_le_s: upper(max_b),
     })
 }
@@ -89,6 +94,8 @@ mod tests {
         let s = summarize("fsync", &c).unwrap();
         assert_eq!(s.count, 100);
         assert!(s.p99_le_s < 0.01, "{s:?}");
+        assert!(s.p50_le_s < 0.01 && s.p90_le_s < 0.01, "{s:?}");
+        assert!(s.p999_le_s > 4.0 && s.p999_le_s < 9.0, "{s:?}");
         assert!(s.max_le_s > 4.0 && s.max_le_s < 9.0, "{s:?}");
     }
 }

@@ -1,0 +1,275 @@
+//! Incident bundles (`watch --report-dir DIR`): a sink that writes one
+//! directory per incident when it reaches `imminent` and again when it
+//! resolves, and one for the whole run at exit:
+//!
+//! | file | what |
+//! |---|---|
+//! | `blocked.folded` | folded stacks of blocked time, in nanoseconds (see [`bundle`]) |
+//! | `blocked.svg` | the same, as an interactive flamegraph (inferno) |
+//! | `profile.pb.gz` | the same, as a pprof profile (see [`pprof`]) |
+//! | `incident.json` | the incidents, their waits and the samples: what `plegwatch report` re-renders |
+//! | `latency.json` | the run's latency tables per probe family, written at exit |
+//!
+//! Bundles are named `<run>-incident-<id>` and `<run>-run`, where `<run>` is
+//! the UTC time the watch started and plegwatch's pid. Directories get mode
+//! 0700, files 0600; each file is written to a temporary name and renamed,
+//! so a reader never sees half a file.
+//!
+//! The sink keeps a small ledger from the events (no call back into the
+//! engine) and hands each bundle to **a worker thread** through a bounded
+//! queue: rendering (inferno, gzip) and writing never run on the scan loop.
+//! A full queue, a full disk or a read-only directory is logged as a warning
+//! and the bundle is skipped; watching and the normal output go on. At exit
+//! (the sink is dropped) the queue is drained and the worker joined.
+
+pub mod bundle;
+pub mod pprof;
+pub mod render;
+
+use crate::events::{Event, Sink};
+use bundle::{Bundle, Ledger};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::thread::JoinHandle;
+use std::time::SystemTime;
+
+/// Bundles waiting for the worker at most; more are skipped with a warning.
+const QUEUE: usize = 16;
+
+/// The file names of a bundle.
+pub const FILES: [&str; 5] = ["blocked.folded", "blocked.svg", "profile.pb.gz", "incident.json", "latency.json"];
+
+/// A job for the writer thread.
+enum Job {
+    /// Render and write a bundle's files (not `latency.json`).
+    Bundle(PathBuf, Box<Bundle>),
+    /// Write `latency.json` into these bundle directories.
+    Latency(Vec<PathBuf>, Value),
+}
+
+/// The report sink. See the module doc.
+pub struct ReportSink {
+    dir: PathBuf,
+    run: String,
+    ledger: Ledger,
+    /// Incidents whose `imminent` bundle is written.
+    imminent: BTreeSet<u64>,
+    /// Every bundle directory written in this run (for `latency.json` at exit).
+    written: BTreeSet<PathBuf>,
+    tx: Option<SyncSender<Job>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl ReportSink {
+    /// Starts the writer thread; `dir` is created (mode 0700) if missing.
+    /// A directory that cannot be created is logged, not fatal: bundles then
+    /// fail to write, each with a warning.
+    pub fn new(dir: &Path) -> std::io::Result<Self> {
+        if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
+            tracing::warn!("report dir {}: cannot create it ({e}); watching goes on without bundles", dir.display());
+        }
+        let (tx, rx) = sync_channel::<Job>(QUEUE);
+        let worker = std::thread::Builder::new().name("plegwatch-report".into()).spawn(move || {
+            for job in rx {
+                match job {
+                    Job::Bundle(dir, b) => {
+                        if let Err(e) = write_bundle(&dir, &b) {
+                            tracing::warn!("report bundle {}: {e}; watching goes on", dir.display());
+                        }
+                    }
+                    Job::Latency(dirs, v) => {
+                        for d in dirs {
+                            let body = serde_json::to_vec_pretty(&v).unwrap_or_default();
+                            if let Err(e) = write_file(&d, "latency.json", &body) {
+                                tracing::warn!("report bundle {}: latency.json: {e}", d.display());
+                            }
+                        }
+                    }
+                }
+            }
+        })?;
+        let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string().replace(['-', ':'], "");
+        Ok(ReportSink {
+            dir: dir.to_path_buf(),
+            run: format!("{stamp}-pid{}", std::process::id()),
+            ledger: Ledger::default(),
+            imminent: BTreeSet::new(),
+            written: BTreeSet::new(),
+            tx: Some(tx),
+            worker: Some(worker),
+        })
+    }
+
+    fn send(&mut self, job: Job, what: &str) {
+        let Some(tx) = &self.tx else { return };
+        match tx.try_send(job) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => tracing::warn!("report writer busy ({QUEUE} bundles queued): {what} skipped"),
+            Err(TrySendError::Disconnected(_)) => tracing::warn!("report writer stopped: {what} skipped"),
+        }
+    }
+
+    fn incident_bundle(&mut self, id: u64, reason: &str) {
+        let Some(b) = self.ledger.bundle_of(id, reason, now_rfc3339()) else { return };
+        let dir = self.dir.join(format!("{}-incident-{id}", self.run));
+        self.written.insert(dir.clone());
+        self.send(Job::Bundle(dir, Box::new(b)), &format!("bundle of incident #{id}"));
+    }
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+impl Sink for ReportSink {
+    fn emit(&mut self, event: &Event) {
+        match event {
+            Event::Stall(s) => self.ledger.stall(s),
+            Event::Resolved(r) => self.ledger.resolved(r),
+            Event::Incident(i) => {
+                self.ledger.incident(i);
+                if i.level == crate::levels::Level::Imminent && self.imminent.insert(i.id) {
+                    self.incident_bundle(i.id, "imminent");
+                }
+            }
+            Event::IncidentResolved(r) => {
+                if self.ledger.incident_resolved(r) {
+                    self.incident_bundle(r.id, "resolved");
+                }
+            }
+            Event::Summary(s) => {
+                let dir = self.dir.join(format!("{}-run", self.run));
+                self.written.insert(dir.clone());
+                let b = self.ledger.run_bundle(now_rfc3339());
+                self.send(Job::Bundle(dir, Box::new(b)), "the run's bundle");
+                let latency = latency_tables(s);
+                let dirs = self.written.iter().cloned().collect();
+                self.send(Job::Latency(dirs, latency), "latency.json");
+            }
+            Event::Ready(_) | Event::Target(_) => {}
+        }
+    }
+}
+
+impl Drop for ReportSink {
+    fn drop(&mut self) {
+        // Closing the queue ends the worker once it has written what is queued.
+        drop(self.tx.take());
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// `latency.json`: per probe family, from the run's summary. Go calls come
+/// from HdrHistogram (3 significant digits); syscalls from the kernel's log2
+/// histogram, so their quantiles are bucket upper bounds (`_le_s`).
+pub fn latency_tables(s: &crate::events::Summary) -> Value {
+    json!({
+        "ran_s": s.ran_s,
+        "families": [
+            {
+                "family": "syscall",
+                "source": "kernel log2 histogram: each quantile is the upper bound of its bucket",
+                "rows": s.syscalls.iter().map(|r| json!({
+                    "name": r.syscall, "count": r.count,
+                    "p50_le_s": r.p50_le_s, "p90_le_s": r.p90_le_s, "p99_le_s": r.p99_le_s,
+                    "p99_9_le_s": r.p999_le_s, "max_le_s": r.max_le_s,
+                })).collect::<Vec<_>>(),
+            },
+            {
+                "family": "go_call",
+                "source": "hdrhistogram, 3 significant digits, 1 µs to 1 h",
+                "rows": s.go_latency.iter().map(|r| json!({
+                    "name": format!("{} {}", r.target, r.function), "count": r.count,
+                    "p50_s": r.p50_s, "p90_s": r.p90_s, "p99_s": r.p99_s,
+                    "p99_9_s": r.p999_s, "max_s": r.max_s,
+                })).collect::<Vec<_>>(),
+            },
+        ],
+        "dropped_waits": s.dropped_waits,
+        "dropped_events": s.dropped_events,
+    })
+}
+
+/// Why a bundle file could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("{0}: cannot render: {1}")]
+    Render(&'static str, String),
+}
+
+/// Renders and writes every file of `b` but `latency.json` into `dir`.
+pub fn write_bundle(dir: &Path, b: &Bundle) -> Result<(), WriteError> {
+    make_dir(dir).map_err(|e| WriteError::Io(dir.display().to_string(), e))?;
+    let json = render::json(b).map_err(|e| WriteError::Render("incident.json", e.to_string()))?;
+    let svg = render::svg(b).map_err(|e| WriteError::Render("blocked.svg", e.to_string()))?;
+    let pprof = render::pprof_gz(b).map_err(|e| WriteError::Render("profile.pb.gz", e.to_string()))?;
+    let folded = render::folded_text(b);
+    let files: [(&str, &[u8]); 4] = [
+        ("incident.json", &json),
+        ("blocked.folded", folded.as_bytes()),
+        ("blocked.svg", &svg),
+        ("profile.pb.gz", &pprof),
+    ];
+    for (name, body) in files {
+        write_file(dir, name, body).map_err(|e| WriteError::Io(name.to_string(), e))?;
+    }
+    Ok(())
+}
+
+/// A directory with mode 0700 (also when it was there already).
+fn make_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes `dir/name` with mode 0600, through a temporary file renamed over it.
+pub fn write_file(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    let written = f.write_all(body).and_then(|()| f.flush());
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    drop(f);
+    std::fs::rename(&tmp, dir.join(name))
+}
+
+/// Why a bundle could not be read back.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+    #[error("{0}: not a plegwatch bundle: {1}")]
+    Json(String, String),
+    #[error("{0}: format {1:?}, this plegwatch reads {2:?}")]
+    Format(String, String, &'static str),
+}
+
+/// Reads a bundle from its directory (or its `incident.json`).
+pub fn load(path: &Path) -> Result<Bundle, LoadError> {
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    let file = if path.is_dir() || !is_json { path.join("incident.json") } else { path.to_path_buf() };
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(&file).map_err(|e| LoadError::Io(name.clone(), e))?;
+    let b: Bundle = serde_json::from_str(&text).map_err(|e| LoadError::Json(name.clone(), e.to_string()))?;
+    if b.format != bundle::FORMAT {
+        return Err(LoadError::Format(name, b.format, bundle::FORMAT));
+    }
+    Ok(b)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,306 @@
+use super::bundle::{folded, folded_total, Ledger};
+use super::*;
+use crate::events::{Event, Resolved, Stall, Summary};
+use crate::graph::incidents::{Incident, IncidentResolved};
+use crate::graph::model::{EdgeKind, Exactness, Hop};
+use crate::levels::Level;
+use crate::syscalls::WaitKind;
+use std::os::unix::fs::PermissionsExt;
+
+const UMOUNT_STACK: [&str; 4] = ["folio_wait_bit", "sync_filesystem", "cleanup_mnt", "entry_SYSCALL_64_after_hwframe"];
+
+fn hop(id: Option<u64>, kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<EdgeKind>, root: bool) -> Hop {
+    Hop {
+        wait_id: id,
+        kind: kind.into(),
+        pid: Some(pid),
+        tid: Some(pid + 1),
+        comm: Some(format!("c{pid}")),
+        goroutine: None,
+        what: what.into(),
+        waited_s: waited,
+        edge,
+        evidence: edge.map(|_| "seen; really".to_string()),
+        exactness: edge.map(|_| Exactness::Exact),
+        root,
+    }
+}
+
+/// relist (wait 7) → ListContainers (wait 8) → umount (wait 1, the root) → the loop device.
+fn chain(waited: f64) -> Vec<Hop> {
+    vec![
+        hop(Some(7), "pleg_relist", 10, "pleg.(*GenericPLEG).Relist", Some(waited - 0.5), Some(EdgeKind::CriCall), false),
+        hop(Some(8), "cri_call", 20, "server.(*criService).ListContainers", Some(waited - 0.5), Some(EdgeKind::SameGoroutine), false),
+        hop(Some(1), "umount", 30, "umount2 /mnt (task_work after the syscall returned)", Some(waited), Some(EdgeKind::Device), true),
+        Hop { wait_id: None, kind: "device".into(), pid: None, tid: None, comm: None, goroutine: None, what: "block device 7:0 (loop0)".into(), waited_s: None, edge: None, evidence: None, exactness: None, root: false },
+    ]
+}
+
+fn incident(level: Level, waited: f64) -> Incident {
+    let c = chain(waited);
+    Incident {
+        level,
+        id: 3,
+        changed: vec![],
+        root: Some(c[2].clone()),
+        symptom: c[0].clone(),
+        chain: c,
+        waits: vec![1, 7, 8, 9],
+        attached: Vec::new(),
+        budget_used: waited / 180.0,
+        started_at: "2026-11-23T03:00:00.000Z".into(),
+        waited_s: waited,
+        cycle: false,
+    }
+}
+
+fn stall(id: u64, kind: WaitKind, pid: u32, waited: f64, stack: &[&str]) -> Stall {
+    Stall {
+        level: Level::Warn,
+        id,
+        kind,
+        pid,
+        tid: pid + 1,
+        comm: format!("c{pid}"),
+        waited_s: waited,
+        started_at: "2026-11-23T03:00:00.000Z".into(),
+        budget_used: 0.0,
+        started_before_attach: false,
+        detail: serde_json::json!({}),
+        holder: None,
+        cause: None,
+        chain: vec![],
+        kernel_stack: stack.iter().map(|s| s.to_string()).collect(),
+        user_stack: vec![],
+    }
+}
+
+fn resolved(id: u64, waited: f64) -> Resolved {
+    Resolved { id, kind: WaitKind::Umount, pid: 30, tid: 31, waited_s: waited, comm: "c30".into(), timing: "exact" }
+}
+
+/// The events of one incident: raised at 2 s, updated at 6 s, imminent, ended at 8 s.
+fn events() -> Vec<Event> {
+    vec![
+        Event::Stall(stall(1, WaitKind::Umount, 30, 2.0, &UMOUNT_STACK)),
+        Event::Incident(Box::new(incident(Level::Warn, 2.0))),
+        // Wait 9 has a stall line but sits off the chain, behind the same root.
+        Event::Stall(stall(9, WaitKind::Sync, 40, 2.5, &["wait_on_page", "do_fsync"])),
+        Event::Incident(Box::new(incident(Level::Imminent, 6.0))),
+        Event::Resolved(resolved(1, 8.0)),
+        Event::IncidentResolved(IncidentResolved { id: 3, waited_s: 8.1, longest_chain: chain(6.0), merged_into: None }),
+    ]
+}
+
+fn ledger() -> Ledger {
+    let mut l = Ledger::default();
+    for e in events() {
+        match &e {
+            Event::Stall(s) => l.stall(s),
+            Event::Resolved(r) => l.resolved(r),
+            Event::Incident(i) => l.incident(i),
+            Event::IncidentResolved(r) => {
+                assert!(l.incident_resolved(r));
+            }
+            _ => {}
+        }
+    }
+    l
+}
+
+#[test]
+fn blocked_time_folds_from_the_symptom_up_to_the_kernel_stack() {
+    let b = ledger().bundle_of(3, "resolved", "now".into()).expect("raised");
+    let f = folded(&b.samples);
+    eprintln!("{f}");
+    let lines: Vec<&str> = f.lines().collect();
+    assert_eq!(lines.len(), 4, "{f}");
+    let relist = "pleg_relist c10: pleg.(*GenericPLEG).Relist";
+    let list = "cri_call c20: server.(*criService).ListContainers";
+    let umount = "umount c30: umount2 /mnt (task_work after the syscall returned)";
+    // The symptom alone, at its last seen age (5.5 s).
+    assert!(lines.contains(&format!("{relist} 5500000000").as_str()), "{f}");
+    assert!(lines.contains(&format!("{relist};{list} 5500000000").as_str()), "{f}");
+    // The root on the whole chain, then its kernel stack outermost first; its end record's 8 s.
+    let root = format!("{relist};{list};{umount};entry_SYSCALL_64_after_hwframe_[k];cleanup_mnt_[k];sync_filesystem_[k];folio_wait_bit_[k] 8000000000");
+    assert!(lines.contains(&root.as_str()), "{f}");
+    // The wait behind the same root, off the chain, on a frame of its own.
+    assert!(lines.iter().any(|l| l.starts_with("sync c40: behind the same root") && l.ends_with(";wait_on_page_[k] 2500000000")), "{f}");
+    assert_eq!(folded_total(&f), 5_500_000_000 * 2 + 8_000_000_000 + 2_500_000_000);
+    // The terminal holder is not a wait: no sample of its own, and the device is named in the chain.
+    assert!(!f.contains("loop0"), "{f}");
+    assert_eq!(b.incidents[0].state, "resolved");
+    assert_eq!(b.incidents[0].level, "imminent");
+    assert_eq!(b.incidents[0].chain.last().map(|h| h.kind.as_str()), Some("device"));
+}
+
+#[test]
+fn frames_never_carry_the_separator() {
+    let mut i = incident(Level::Warn, 3.0);
+    i.chain[0].what = "a;b\nc".repeat(100);
+    let mut l = Ledger::default();
+    l.incident(&i);
+    let b = l.bundle_of(3, "imminent", "now".into()).unwrap();
+    for s in &b.samples {
+        for f in &s.stack {
+            assert!(!f.contains(';') && !f.contains('\n') && f.chars().count() <= bundle::FRAME_MAX, "{f:?}");
+        }
+    }
+}
+
+#[test]
+fn a_merged_incident_gets_no_bundle() {
+    let mut l = Ledger::default();
+    l.incident(&incident(Level::Warn, 3.0));
+    assert!(!l.incident_resolved(&IncidentResolved { id: 3, waited_s: 3.0, longest_chain: vec![], merged_into: Some(1) }));
+    assert!(l.bundle_of(3, "resolved", "now".into()).is_none());
+    assert!(l.run_bundle("now".into()).incidents.is_empty());
+}
+
+/// Every `<`, `>` and `&` is balanced: quick-xml reads the whole SVG without an error.
+fn assert_well_formed(svg: &[u8]) {
+    let mut r = quick_xml::Reader::from_reader(svg);
+    let mut buf = Vec::new();
+    let mut depth = 0i64;
+    let mut elements = 0;
+    loop {
+        match r.read_event_into(&mut buf) {
+            Ok(quick_xml::events::Event::Start(_)) => {
+                depth += 1;
+                elements += 1;
+            }
+            Ok(quick_xml::events::Event::End(_)) => depth -= 1,
+            Ok(quick_xml::events::Event::Empty(_)) => elements += 1,
+            Ok(quick_xml::events::Event::Eof) => break,
+            Ok(_) => {}
+            Err(e) => panic!("blocked.svg is not well-formed XML at byte {}: {e}", r.buffer_position()),
+        }
+        buf.clear();
+    }
+    assert_eq!(depth, 0, "unbalanced elements");
+    assert!(elements > 10, "too few elements: {elements}");
+}
+
+#[test]
+fn the_flamegraph_is_well_formed_and_names_the_hops() {
+    let b = ledger().bundle_of(3, "resolved", "now".into()).unwrap();
+    let svg = render::svg(&b).unwrap();
+    assert_well_formed(&svg);
+    let text = String::from_utf8(svg).unwrap();
+    for hop in ["pleg_relist c10: pleg.(*GenericPLEG).Relist", "cri_call c20: server.(*criService).ListContainers", "umount c30: umount2 /mnt", "folio_wait_bit ("] {
+        assert!(text.contains(hop), "the SVG does not name {hop}");
+    }
+    // Kernel frames keep their `_[k]` mark for the palette, and inferno shows them without it.
+    for hop in ["entry_SYSCALL_64_after_hwframe (", "sync_filesystem ("] {
+        assert!(text.contains(hop), "the SVG does not name {hop}");
+    }
+    assert!(text.contains("plegwatch incident #3"));
+    // An empty run still gets a well-formed picture.
+    assert_well_formed(&render::svg(&Ledger::default().run_bundle("now".into())).unwrap());
+}
+
+/// The values of `go tool pprof -raw`'s `Samples:` section, summed.
+fn pprof_raw_total(path: &Path) -> Option<u64> {
+    let out = match std::process::Command::new("go").args(["tool", "pprof", "-raw"]).arg(path).env("HOME", std::env::temp_dir()).output() {
+        Ok(o) => o,
+        Err(e) => {
+            assert!(std::env::var_os("CI").is_none(), "`go` (Debian's golang-go, for `go tool pprof`) is missing under CI: {e}");
+            eprintln!("skipped: `go` is not installed ({e}), so `go tool pprof` cannot read the profile back");
+            return None;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "go tool pprof -raw failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{stdout}");
+    let section = stdout.split("Samples:").nth(1).expect("a Samples: section");
+    let section = section.split("Locations").next().unwrap_or(section);
+    let mut total = 0;
+    for line in section.lines() {
+        let Some((v, _)) = line.trim_start().split_once(':') else { continue };
+        if let Ok(v) = v.trim().parse::<u64>() {
+            total += v;
+        }
+    }
+    Some(total)
+}
+
+#[test]
+fn pprof_totals_read_back_by_go_tool_pprof_equal_the_folded_totals() {
+    let b = ledger().bundle_of(3, "resolved", "now".into()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_bundle(dir.path(), &b).unwrap();
+    let folded = std::fs::read_to_string(dir.path().join("blocked.folded")).unwrap();
+    let Some(total) = pprof_raw_total(&dir.path().join("profile.pb.gz")) else { return };
+    assert_eq!(total, folded_total(&folded));
+    assert_eq!(total, 21_500_000_000);
+}
+
+#[test]
+fn the_sink_writes_bundles_with_private_modes_and_they_read_back() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("reports");
+    let mut sink = ReportSink::new(&dir).unwrap();
+    for e in events() {
+        sink.emit(&e);
+    }
+    sink.emit(&Event::Summary(Summary::default()));
+    drop(sink);
+    let mut bundles: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    bundles.sort();
+    let names: Vec<String> = bundles.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names[0].ends_with("-incident-3") && names[1].ends_with("-run"), "{names:?}");
+    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    for b in &bundles {
+        assert_eq!(std::fs::metadata(b).unwrap().permissions().mode() & 0o777, 0o700, "{}", b.display());
+        for f in FILES {
+            let m = std::fs::metadata(b.join(f)).unwrap_or_else(|e| panic!("{}/{f}: {e}", b.display()));
+            assert_eq!(m.permissions().mode() & 0o777, 0o600, "{}/{f}", b.display());
+            assert!(m.len() > 0, "{}/{f} is empty", b.display());
+        }
+        let back = load(b).unwrap();
+        // The re-rendered folded file is the written one.
+        assert_eq!(render::folded_text(&back), std::fs::read_to_string(b.join("blocked.folded")).unwrap());
+    }
+    // The incident bundle was rewritten when it resolved: it has the end record's 8 s.
+    let inc = load(&bundles[0]).unwrap();
+    assert_eq!((inc.reason.as_str(), inc.incidents[0].state.as_str()), ("resolved", "resolved"));
+    let latency: serde_json::Value = serde_json::from_slice(&std::fs::read(bundles[0].join("latency.json")).unwrap()).unwrap();
+    assert_eq!(latency["families"][0]["family"], "syscall");
+    let text = render::text(&inc);
+    assert!(text.contains("ROOT 3. umount") && text.contains("END 4. device"), "{text}");
+    // The root hop shows its end record's 8 s, not its age at the last incident line.
+    assert_eq!(inc.incidents[0].chain[2].waited_s, Some(8.0));
+    assert!(!std::fs::read_dir(&bundles[0]).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp")));
+}
+
+#[test]
+fn an_unwritable_report_dir_is_logged_and_events_go_on() {
+    let root = tempfile::tempdir().unwrap();
+    let file = root.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    // A directory under a regular file cannot be made, even by root.
+    let mut sink = ReportSink::new(&file.join("reports")).unwrap();
+    for e in events() {
+        sink.emit(&e);
+    }
+    sink.emit(&Event::Summary(Summary::default()));
+    drop(sink);
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+}
+
+#[test]
+fn bad_bundles_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = load(&dir.path().join("nothing")).unwrap_err().to_string();
+    assert!(e.contains("nothing") && !e.contains('\n'), "{e}");
+    std::fs::write(dir.path().join("incident.json"), "{\"format\": 1}").unwrap();
+    let e = load(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("not a plegwatch bundle") && !e.contains('\n'), "{e}");
+    let mut b = ledger().run_bundle("now".into());
+    b.format = "plegwatch-bundle/99".into();
+    std::fs::write(dir.path().join("incident.json"), serde_json::to_string(&b).unwrap()).unwrap();
+    let e = load(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("plegwatch-bundle/99") && !e.contains('\n'), "{e}");
+}
+
