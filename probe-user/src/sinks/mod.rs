@@ -3,12 +3,18 @@
 //!
 //! - [`JsonSink`]: one JSON object per line (`--json`), the contract in the README;
 //! - [`TextSink`]: human lines, by default one block per incident;
-//! - [`LiveSink`]: on a terminal, the open incidents redrawn in place (`live`).
+//! - [`LiveSink`]: on a terminal, the open incidents redrawn in place (`live`);
+//! - [`LogSink`]: the daemon's log records (`tracing`);
+//! - [`MetricsSink`]: the daemon's OpenMetrics series and `/incidents`.
 
 mod live;
+mod log;
+pub mod metrics;
 mod text;
 
 pub use live::{LiveSink, LiveState};
+pub use log::LogSink;
+pub use metrics::{Exposition, MetricsSink, Tee};
 pub use text::{TextOptions, TextSink, render_text};
 
 use crate::events::{Event, Sink};
