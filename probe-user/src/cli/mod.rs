@@ -1,5 +1,7 @@
 //! The command line: one module per subcommand.
 
+pub mod check;
+pub mod daemon;
 pub mod doctor;
 pub mod watch;
 
@@ -11,7 +13,9 @@ Examples:
   plegwatch doctor                         what this node supports, and the probes chosen
   plegwatch watch                          live stalls, warn at 10s / critical 60s / imminent 150s
   plegwatch watch --json --warn 2s         one JSON object per line, earlier warnings
-  plegwatch watch --comm 'containerd-shim*' --duration 10m";
+  plegwatch watch --comm 'containerd-shim*' --duration 10m
+  plegwatch daemon                         canary mode: logs, and /metrics on 127.0.0.1:9792
+  plegwatch check                          node-problem-detector plugin: asks the daemon";
 
 /// plegwatch catches the waits that stall kubelet's PLEG (umount2 syncs,
 /// fsyncs, ...) while they are still in flight, long before the node goes NotReady.
@@ -31,4 +35,8 @@ pub enum Command {
     Watch(watch::WatchArgs),
     /// Check what this node offers and which probe variants will be used.
     Doctor(doctor::DoctorArgs),
+    /// Canary mode: watch, log incidents, serve /metrics, /healthz and /incidents (needs root).
+    Daemon(daemon::DaemonArgs),
+    /// node-problem-detector plugin: exit 0 fine, 1 stall at --level, 2 can't tell.
+    Check(check::CheckArgs),
 }
