@@ -37,6 +37,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // Debian's loopback CNI plugin: containerd's CRI plugin sets up a pod's lo with it
     // (terway_seed, which drives its own CNI plugin fixture through containerd).
     "containernetworking-plugins",
+    // A real Prometheus server and promtool: the daemon's scrape test and the alerting rules' tests.
+    "prometheus",
     "golang-go",
     // The fake-kubelet fixture's CRI mode: Go gRPC and protobuf sources (built in GOPATH
     // mode from /usr/share/gocode, offline) and the protoc plugins that generate its client.
