@@ -2,13 +2,18 @@
 //! a real Prometheus server scraping it every second, and the real node-problem-detector
 //! (`../shared/bin`) running `plegwatch check --level warn` every second as a custom plugin
 //! (deploy/npd-plegwatch-test.json, with this binary and port). The stall: a 16 MiB dirty
-//! ext4 unmounted through a loop device throttled to 1 MiB/s (as in umount_stall).
+//! ext4 unmounted through a loop device throttled to 1 MiB/s (as in umount_stall), by a
+//! thread of the test named [`COMM`]: the daemon watches only that comm, so other
+//! scenarios' umounts running beside it on the node stay out of its series.
 //!
 //! Asserted through Prometheus's HTTP API and NPD's Prometheus exporter: the open-incident
 //! series and the PLEG budget gauge are non-zero during the stall, NPD's `problem_gauge`
 //! for `PLEGStallImminent` turns on; all return to zero after.
 
+use std::ffi::CString;
 use std::net::SocketAddr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -20,11 +25,22 @@ use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::{preflight, LoopFs, WriteThrottle};
 
 const DIRTY: usize = 16 * MIB;
+/// The umount2 thread's name, and the daemon's `--comm` filter.
+const COMM: &str = "canary-umount";
 const THROTTLE_BPS: u64 = 1 << 20;
 const NPD: &str = "../shared/bin/node-problem-detector";
 const INCIDENTS: &str = "sum(plegwatch_incidents_open)";
 const BUDGET: &str = "max(plegwatch_pleg_budget_used_ratio)";
 const NPD_ON: &str = r#"problem_gauge{reason="PLEGStallImminent",type="PLEGStallImminent"}"#;
+
+fn umount2(target: &Path) -> std::io::Result<()> {
+    let path = CString::new(target.as_os_str().as_bytes())?;
+    // SAFETY: umount2(2) with a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(path.as_ptr(), 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// The value of one series in an exposition text.
 fn series(text: &str, name: &str) -> Option<f64> {
@@ -80,7 +96,7 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     let fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
     let _throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
     // Only this test's umount: other scenarios may run beside it.
-    let daemon = Daemon::start(&["--warn", "2s", "--comm", "umount"], READY_TIMEOUT)?;
+    let daemon = Daemon::start(&["--warn", "2s", "--comm", COMM], READY_TIMEOUT)?;
     let prom = Prometheus::start(&[("plegwatch", daemon.addr)], None)?;
     let (_npd, npd_metrics) = start_npd(daemon.addr, dir.path())?;
 
@@ -93,20 +109,26 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     canary::poll(Duration::from_secs(30), "NPD exporting its problem gauge", || npd_gauge(npd_metrics))?;
     assert_eq!(npd_gauge(npd_metrics), Some(0.0), "NPD's condition is off before the stall");
 
-    let target = fs.mount_point();
+    let target = fs.mount_point().to_path_buf();
     dirty::write_file(&target.join("dirty.bin"), DIRTY)?;
     let started = Instant::now();
-    let mut umount = Command::new("umount").arg(target).spawn()?;
+    let umount = std::thread::Builder::new().name(COMM.into()).spawn(move || umount2(&target))?;
     // During the stall: Prometheus sees the incident and the budget, NPD turns on.
     let (mut incidents_on, mut budget_on, mut npd_on) = (None, None, None);
     let mut max_budget: f64 = 0.0;
     let ended = loop {
-        if let Some(status) = umount.try_wait()? {
-            break (status, started.elapsed());
+        if umount.is_finished() {
+            let took = started.elapsed();
+            break (umount.join().map_err(|_| anyhow::anyhow!("the umount thread panicked"))?, took);
         }
         let t = started.elapsed();
         if incidents_on.is_none() && prom.value(INCIDENTS).is_some_and(|v| v > 0.0) {
             incidents_on = Some(t);
+            // What the README shows: the daemon's own exposition during the stall.
+            let text = daemon.metrics()?;
+            let keep = ["plegwatch_incidents_open", "plegwatch_open_waits", "plegwatch_pleg_budget", "plegwatch_incidents_raised", "process_"];
+            let shown: Vec<&str> = text.lines().filter(|l| !l.starts_with('#') && keep.iter().any(|k| l.starts_with(k))).collect();
+            eprintln!("daemon /metrics during the stall (cut):\n{}", shown.join("\n"));
         }
         if let Some(b) = prom.value(BUDGET).filter(|b| *b > 0.0) {
             budget_on.get_or_insert(t);
@@ -126,7 +148,7 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
         max_budget,
         npd_on
     );
-    assert!(status.success(), "umount failed: {status}");
+    status.context("umount2")?;
     assert!(took > Duration::from_secs(6), "the umount took only {took:?}: the throttle did not take, no stall to see");
     assert!(incidents_on.is_some(), "Prometheus never returned a non-zero {INCIDENTS} during a {took:?} stall");
     assert!(budget_on.is_some(), "Prometheus never returned a non-zero {BUDGET} during the stall");
