@@ -58,6 +58,8 @@ pub struct WatchConfig {
     pub duration: Option<Duration>,
     /// Go binaries to probe by path (`--containerd`, `--kubelet`), as (target, path).
     pub go_paths: Vec<(&'static str, std::path::PathBuf)>,
+    /// Emit a `status` event this often (the daemon's metrics); `None` for `watch`.
+    pub status_every: Option<Duration>,
 }
 
 
@@ -130,6 +132,8 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
             .unwrap_or(Duration::from_secs(100 * 365 * 86_400)),
     );
     tokio::pin!(deadline);
+    let mut last_status = Instant::now();
+    let mut late_since: Vec<f64> = Vec::new();
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -137,7 +141,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         tokio::select! {
             scheduled = tick.tick() => {
                 let began = std::time::Instant::now();
-                scans.late(began.saturating_duration_since(scheduled.into_std()));
+                let late = began.saturating_duration_since(scheduled.into_std());
+                scans.late(late);
+                if cfg.status_every.is_some() && late_since.len() < 4096 {
+                    late_since.push(late.as_secs_f64());
+                }
                 if let Some(o) = offcpu.as_mut() {
                     let mut tgids = engine.open_tgids.clone();
                     tgids.extend(req.tgids());
@@ -162,6 +170,13 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 graph.step(&mut engine, &mut req, &go, sink);
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
+                if let Some(every) = cfg.status_every {
+                    if last_status.elapsed() >= every {
+                        last_status = Instant::now();
+                        let status = status(&ebpf, &incidents, &go, &mut late_since);
+                        sink.emit(&Event::Status(Box::new(status)));
+                    }
+                }
                 scans.took(began.elapsed());
             }
             guard = go_ring.readable_mut() => {
@@ -248,6 +263,22 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     drop(ebpf); // detaches every other program
     drop(handoff);
     Ok(summary)
+}
+
+/// The daemon's periodic snapshot; takes the scan lateness gathered since the last one.
+fn status(ebpf: &aya::Ebpf, incidents: &Incidents, go: &GoWatch, late_since: &mut Vec<f64>) -> crate::events::Status {
+    let counters = stats::counters(ebpf);
+    let (cpu_s, rss_bytes) = procfs::self_usage().unwrap_or((0.0, 0));
+    crate::events::Status {
+        incidents: incidents.open_now(),
+        relists: go.relists(monotonic_ns()),
+        dropped: stats::drops(&counters),
+        syscalls: stats::histograms(ebpf),
+        go_latency: go.latency(),
+        scan_late_s: std::mem::take(late_since),
+        cpu_s,
+        rss_bytes,
+    }
 }
 
 /// Puts the waits that began before the probes were attached into the

@@ -5,7 +5,8 @@
 //! Types: `ready` (probes attached), `target` (a Go binary looked at),
 //! `stall` (a wait crossed a level), `resolved` (a reported wait ended),
 //! `incident` (a chain of waits raised, escalated or updated),
-//! `incident_resolved`, `summary` (at exit). Later kinds add fields and
+//! `incident_resolved`, `summary` (at exit), and for the daemon only
+//! `status` (once a second, for the metrics). Later kinds add fields and
 //! `kind` values; the fields here stay.
 
 use crate::{levels::Level, syscalls::WaitKind};
@@ -213,6 +214,45 @@ impl Target {
     }
 }
 
+/// The daemon's periodic snapshot (`plegwatch daemon` only, once a second):
+/// what changes without an event, for the metrics. Counters are totals since
+/// start.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Status {
+    /// Every open incident, with its PLEG budget as of the last scan.
+    pub incidents: Vec<crate::graph::incidents::OpenBudget>,
+    /// kubelet relist clocks, as in the summary.
+    pub relists: Vec<Value>,
+    /// Records the kernel could not keep, by probe and reason.
+    pub dropped: Vec<DropCount>,
+    /// Watched syscalls' latency from the kernel's log2 histogram.
+    pub syscalls: Vec<SyscallHistogram>,
+    /// Probed Go calls' latency tables.
+    pub go_latency: Vec<crate::latency::LatencyRow>,
+    /// How late each scan since the last status started after its tick, in seconds.
+    pub scan_late_s: Vec<f64>,
+    /// plegwatch's own CPU time (user + system) and resident memory.
+    pub cpu_s: f64,
+    pub rss_bytes: u64,
+}
+
+/// A kernel drop counter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DropCount {
+    /// The probe whose records were lost (`wait_enter`, `socket_io`, ...).
+    pub probe: &'static str,
+    /// Why: `inflight_full`, `ringbuf_full`, ...
+    pub reason: &'static str,
+    pub count: u64,
+}
+
+/// One syscall's latency buckets (not cumulative): (upper bound in seconds, count).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SyscallHistogram {
+    pub syscall: String,
+    pub buckets: Vec<(f64, u64)>,
+}
+
 /// Anything plegwatch prints on stdout.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -224,6 +264,7 @@ pub enum Event {
     Summary(Summary),
     Incident(Box<crate::graph::incidents::Incident>),
     IncidentResolved(crate::graph::incidents::IncidentResolved),
+    Status(Box<Status>),
 }
 
 /// Where events go.

@@ -18,6 +18,7 @@ pub mod graph;
 pub mod events;
 pub mod sinks;
 pub mod collector;
+pub mod export;
 pub mod cli;
 pub mod doctor;
 

@@ -3,7 +3,7 @@
 
 use clap::Parser as _;
 use plegwatch::{
-    cli::{Cli, Command, doctor, report, watch},
+    cli::{Cli, Command, check, daemon, doctor, report, watch},
     logging,
 };
 
@@ -18,6 +18,24 @@ fn main() {
             .build()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(watch::run(args))),
+        // The scan loop runs on this thread; the HTTP endpoint on the worker,
+        // so a scrape never waits for a scan nor a scan for a scrape.
+        Command::Daemon(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(daemon::run(args))),
+        Command::Check(args) => {
+            let code = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(check::run(args)),
+                Err(e) => {
+                    println!("cannot tell: no runtime: {e}");
+                    plegwatch::export::check::UNKNOWN
+                }
+            };
+            std::process::exit(code);
+        }
     };
     if let Err(e) = result {
         eprintln!("plegwatch: error: {}", format!("{e:#}").replace('\n', " "));

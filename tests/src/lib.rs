@@ -24,6 +24,8 @@
 //! - [`terway`]: two C fixtures standing in for Terway (a CNI daemon stuck in a netlink
 //!   request under its mutex, a CNI plugin waiting on it over a unix socket), run through
 //!   a private containerd's own CNI invocation;
+//! - [`canary`]: `plegwatch daemon`, a real Prometheus scraping it and a real
+//!   node-problem-detector running `plegwatch check`, all on loopback ports of their own;
 //! - [`tmux::Tmux`]: a program on a real terminal (a detached tmux session of its own),
 //!   whose screen is read with `capture-pane`.
 //!
@@ -35,6 +37,7 @@
 //! (`containerd::require`). `cargo xtask test` provides both and runs them with
 //! `--test-threads=1`.
 
+pub mod canary;
 pub mod child;
 pub mod containerd;
 pub mod dbus;

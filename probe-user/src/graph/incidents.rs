@@ -204,6 +204,19 @@ struct Open {
     chain_keys: Vec<WaitKey>,
     level: Level,
     longest_chain: Vec<Hop>,
+    /// The PLEG budget used at the last scan.
+    budget_used: f64,
+}
+
+/// An open incident's level and PLEG budget as of the last scan: what the
+/// daemon's gauges show between the scans that print it again.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct OpenBudget {
+    pub id: u64,
+    pub level: Level,
+    pub budget_used: f64,
+    /// The age of its oldest wait.
+    pub waited_s: f64,
 }
 
 /// The clocks a scan is judged by.
@@ -225,11 +238,13 @@ pub struct Incidents {
     next_id: u64,
     raised: u64,
     resolved: u64,
+    /// The last scan's clock.
+    last_now_ns: u64,
 }
 
 impl Incidents {
     pub fn new(thresholds: Thresholds) -> Self {
-        Incidents { thresholds, open: Vec::new(), next_id: 1, raised: 0, resolved: 0 }
+        Incidents { thresholds, open: Vec::new(), next_id: 1, raised: 0, resolved: 0, last_now_ns: 0 }
     }
 
     /// (incidents raised, incidents resolved, open now).
@@ -427,9 +442,24 @@ impl Incidents {
                 chain_keys: path,
                 level,
                 longest_chain: longest,
+                budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
             });
         }
+        self.last_now_ns = clocks.now_ns;
         changes
+    }
+
+    /// Every incident open after the last scan, with its budget then.
+    pub fn open_now(&self) -> Vec<OpenBudget> {
+        self.open
+            .iter()
+            .map(|o| OpenBudget {
+                id: o.id,
+                level: o.level,
+                budget_used: o.budget_used,
+                waited_s: secs(self.last_now_ns.saturating_sub(o.first_start_ns)),
+            })
+            .collect()
     }
 }
 
@@ -572,6 +602,23 @@ mod tests {
         let mut b = builder();
         let c = run(&mut b, &waits, &edges, 111);
         assert_eq!(raised(&c)[0].symptom.what, "ListContainers", "{c:?}");
+    }
+
+    #[test]
+    fn open_incidents_carry_their_budget_between_prints() {
+        let (waits, edges) = chain_9770();
+        let mut b = builder();
+        assert!(b.open_now().is_empty());
+        run(&mut b, &waits, &edges, 105);
+        // Nothing printed at 120 s, but the budget has grown.
+        assert!(run(&mut b, &waits, &edges, 120).is_empty());
+        let open = b.open_now();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].level, Level::Warn);
+        assert!((open[0].budget_used - 25.0 / 180.0).abs() < 1e-9, "{open:?}");
+        assert!((open[0].waited_s - 25.0).abs() < 1e-9, "{open:?}");
+        run(&mut b, &[], &[], 121);
+        assert!(b.open_now().is_empty(), "resolved: none open");
     }
 
     #[test]

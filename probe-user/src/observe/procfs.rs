@@ -103,6 +103,14 @@ pub fn last_cpu(tid: u32) -> Option<u32> {
     u32::try_from(stat(tid)?.processor?).ok()
 }
 
+/// plegwatch's own CPU time (user + system, seconds) and resident set (bytes).
+pub fn self_usage() -> Option<(f64, u64)> {
+    let stat = ::procfs::process::Process::myself().ok()?.stat().ok()?;
+    let tps = ::procfs::ticks_per_second() as f64;
+    let cpu = (stat.utime + stat.stime) as f64 / tps.max(1.0);
+    Some((cpu, stat.rss.saturating_mul(::procfs::page_size())))
+}
+
 /// A process's parent pid.
 pub fn ppid(pid: u32) -> Option<u32> {
     u32::try_from(stat(pid)?.ppid).ok()

@@ -5,13 +5,19 @@
 //! - [`TextSink`]: human lines, by default one block per incident;
 //! - [`LiveSink`]: on a terminal, the open incidents redrawn in place (`live`);
 //! - [`ReportSink`]: incident bundles in a directory (`--report-dir`: `report/`);
+//! - [`LogSink`]: the daemon's log records (`tracing`);
+//! - [`MetricsSink`]: the daemon's OpenMetrics series and `/incidents`;
 //! - [`Tee`]: two sinks fed the same events.
 
 mod live;
+mod log;
+pub mod metrics;
 pub mod report;
 mod text;
 
 pub use live::{LiveSink, LiveState};
+pub use log::LogSink;
+pub use metrics::{Exposition, MetricsSink};
 pub use report::ReportSink;
 pub use text::{TextOptions, TextSink, render_text};
 
@@ -43,5 +49,11 @@ impl<A: Sink, B: Sink> Sink for Tee<A, B> {
 impl Sink for Box<dyn Sink> {
     fn emit(&mut self, event: &Event) {
         self.as_mut().emit(event);
+    }
+}
+
+impl<S: Sink + ?Sized> Sink for &mut S {
+    fn emit(&mut self, event: &Event) {
+        (**self).emit(event);
     }
 }

@@ -30,6 +30,10 @@ impl<W: Write> Sink for TextSink<W> {
         if !self.options.waits && matches!(event, Event::Stall(_) | Event::Resolved(_)) {
             return;
         }
+        // The daemon's periodic snapshot is for the metrics, not for people.
+        if matches!(event, Event::Status(_)) {
+            return;
+        }
         let _ = writeln!(self.out, "{}", render_text(event));
         let _ = self.out.flush();
     }
@@ -303,6 +307,7 @@ pub fn render_text(event: &Event) -> String {
             if t.left_out.is_empty() { String::new() } else { format!("; left out: {}", t.left_out.join(", ")) },
             t.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
         ),
+        Event::Status(s) => format!("{clock} status: {} incident(s) open", s.incidents.len()),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Reading the kernel's counters and latency histogram.
 
-use crate::{events::SyscallSummary, syscalls::WATCHED};
+use crate::{events::{DropCount, SyscallHistogram, SyscallSummary}, syscalls::WATCHED};
 use aya::{Ebpf, maps::PerCpuArray};
 use plegwatch_abi::{HIST_BUCKETS, STAT_COUNT, Stat, bucket_floor_ns, maps};
 
@@ -48,6 +48,47 @@ pub fn latency(ebpf: &Ebpf) -> Vec<SyscallSummary> {
             summarize(w.name, &counts)
         })
         .collect()
+}
+
+/// Per-syscall log2 buckets (upper bound in seconds, count), for the
+/// syscalls seen at least once.
+pub fn histograms(ebpf: &Ebpf) -> Vec<SyscallHistogram> {
+    let Some(map) = ebpf.map(maps::HIST) else {
+        return Vec::new();
+    };
+    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
+        return Vec::new();
+    };
+    WATCHED
+        .iter()
+        .enumerate()
+        .filter_map(|(slot, w)| {
+            let buckets: Vec<(f64, u64)> = (0..HIST_BUCKETS)
+                .map(|b| {
+                    let n = arr.get(&(slot as u32 * HIST_BUCKETS + b), 0).map(|v| v.iter().sum()).unwrap_or(0);
+                    (bucket_floor_ns(b + 1) as f64 / 1e9, n)
+                })
+                .collect();
+            buckets.iter().any(|(_, n)| *n > 0).then(|| SyscallHistogram { syscall: w.name.to_string(), buckets })
+        })
+        .collect()
+}
+
+/// The kernel's drop counters, by the probe that lost records and why.
+pub fn drops(all: &[u64; STAT_COUNT as usize]) -> Vec<DropCount> {
+    [
+        ("wait_enter", "inflight_full", Stat::InflightFull),
+        ("wait_exit", "ringbuf_full", Stat::RingbufFull),
+        ("socket_io", "sock_events_full", Stat::SockEventsFull),
+        ("socket_classify", "socks_full", Stat::SocksFull),
+        ("socket_io", "sock_calls_full", Stat::SockCallsFull),
+        ("socket_io", "read_failed", Stat::SockReadFailed),
+        ("socket_io", "ttrpc_desync", Stat::TtrpcDesync),
+        ("wait_enter", "path_read_failed", Stat::PathReadFailed),
+    ]
+    .into_iter()
+    .map(|(probe, reason, s)| DropCount { probe, reason, count: counter(all, s) })
+    .collect()
 }
 
 /// Summarises one syscall's bucket counts; `None` when it never ran.

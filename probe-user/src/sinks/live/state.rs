@@ -71,7 +71,7 @@ impl LiveState {
                 self.resolved.truncate(RESOLVED_SHOWN);
             }
             Event::Summary(s) => self.summary = Some(s.clone()),
-            Event::Target(_) | Event::Stall(_) | Event::Resolved(_) => {}
+            Event::Target(_) | Event::Stall(_) | Event::Resolved(_) | Event::Status(_) => {}
         }
     }
 

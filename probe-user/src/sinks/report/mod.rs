@@ -150,7 +150,7 @@ impl Sink for ReportSink {
                 let dirs = self.written.iter().cloned().collect();
                 self.send(Job::Latency(dirs, latency), "latency.json");
             }
-            Event::Ready(_) | Event::Target(_) => {}
+            Event::Ready(_) | Event::Target(_) | Event::Status(_) => {}
         }
     }
 }

@@ -1,0 +1,247 @@
+//! `plegwatch daemon`: the canary mode. The same engine as `watch`; incidents
+//! go to the logs (`--log-format text|json`) and to `/metrics` (OpenMetrics),
+//! `/healthz` and `/incidents` on `--listen`.
+//!
+//! Settings come from `--config FILE` (TOML, every key optional), then the
+//! flags, which win. An unknown key or a bad value stops it at start, named.
+
+use crate::{
+    cli::watch::WatchArgs,
+    collector,
+    durations,
+    export,
+    sinks::{LogSink, ReportSink, Tee, metrics},
+};
+use anyhow::Context as _;
+use clap::Args;
+use serde::Deserialize;
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+/// Where the endpoint listens unless told: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9792";
+
+/// The daemon's flags; each overrides the same key of `--config`.
+#[derive(Debug, Args, Default)]
+#[command(after_help = "Examples:
+  plegwatch daemon                                   127.0.0.1:9792: /metrics, /healthz, /incidents
+  plegwatch --log-format json daemon --config /etc/plegwatch/daemon.toml
+  plegwatch daemon --listen 0.0.0.0:9792 --warn 5s   every interface: only when told
+
+Config file (TOML; every key optional, flags win):
+  listen = \"127.0.0.1:9792\"
+  warn = \"10s\"
+  critical = \"60s\"
+  imminent = \"150s\"
+  pid = [1234]
+  comm = [\"containerd-shim*\"]
+  containerd = \"/usr/bin/containerd\"
+  kubelet = \"/usr/bin/kubelet\"")]
+pub struct DaemonArgs {
+    /// TOML config file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address of the HTTP endpoint [default: 127.0.0.1:9792].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Raise an incident once its oldest wait has lasted this long [default: 10s].
+    #[arg(long, value_parser = durations::parse)]
+    pub warn: Option<Duration>,
+    /// Escalate to critical at this age [default: 60s].
+    #[arg(long, value_parser = durations::parse)]
+    pub critical: Option<Duration>,
+    /// Escalate to imminent at this age [default: 150s].
+    #[arg(long, value_parser = durations::parse)]
+    pub imminent: Option<Duration>,
+    /// Only waits of this process or thread id (repeatable).
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Only waits of tasks with this comm; a trailing `*` matches a prefix (repeatable).
+    #[arg(long = "comm", value_name = "COMM")]
+    pub comms: Vec<String>,
+    /// Probe this containerd binary.
+    #[arg(long, value_name = "PATH")]
+    pub containerd: Option<PathBuf>,
+    /// Probe this kubelet binary, even before a kubelet runs it.
+    #[arg(long, value_name = "PATH")]
+    pub kubelet: Option<PathBuf>,
+    /// Write a bundle per incident (flamegraph, folded stacks, pprof, JSON) under DIR.
+    #[arg(long, value_name = "DIR")]
+    pub report_dir: Option<PathBuf>,
+    /// Stop after this long (tests).
+    #[arg(long, value_parser = durations::parse, hide = true)]
+    pub duration: Option<Duration>,
+}
+
+/// The config file's keys (all optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub warn: Option<String>,
+    pub critical: Option<String>,
+    pub imminent: Option<String>,
+    pub pid: Option<Vec<u32>>,
+    pub comm: Option<Vec<String>>,
+    pub containerd: Option<PathBuf>,
+    pub kubelet: Option<PathBuf>,
+    pub report_dir: Option<PathBuf>,
+}
+
+/// What the daemon runs with.
+#[derive(Debug)]
+pub struct DaemonConfig {
+    pub listen: SocketAddr,
+    pub watch: collector::WatchConfig,
+    pub report_dir: Option<PathBuf>,
+}
+
+/// Reads a config file's text; the error is one line naming the file, the line and the key.
+pub fn parse_file(path: &std::path::Path, text: &str) -> Result<FileConfig, String> {
+    toml::from_str(text).map_err(|e: toml::de::Error| {
+        let line = e.span().map(|s| text.as_bytes()[..s.start.min(text.len())].iter().filter(|b| **b == b'\n').count() + 1);
+        let at = line.map(|l| format!(" line {l}")).unwrap_or_default();
+        format!("--config {}{at}: {}", path.display(), e.message().replace('\n', " "))
+    })
+}
+
+impl DaemonArgs {
+    /// The file's settings under the flags', checked together.
+    pub fn resolve(&self) -> Result<DaemonConfig, String> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("--config {}: {e}", path.display()))?;
+                parse_file(path, &text)?
+            }
+            None => FileConfig::default(),
+        };
+        let origin = self.config.as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+        let dur = |key: &str, flag: Option<Duration>, file: &Option<String>, default: &str| -> Result<Duration, String> {
+            if let Some(d) = flag {
+                return Ok(d);
+            }
+            match file {
+                Some(v) => durations::parse(v).map_err(|e| format!("--config {origin}: {key} = {v:?}: {e}")),
+                None => durations::parse(default),
+            }
+        };
+        let listen = match (self.listen, &file.listen) {
+            (Some(a), _) => a,
+            (None, Some(v)) => v.parse().map_err(|e| format!("--config {origin}: listen = {v:?}: {e} (want ADDR:PORT)"))?,
+            (None, None) => DEFAULT_LISTEN.parse().map_err(|e| format!("{DEFAULT_LISTEN}: {e}"))?,
+        };
+        let watch = WatchArgs {
+            json: false,
+            no_live: true,
+            waits: false,
+            warn: dur("warn", self.warn, &file.warn, "10s")?,
+            critical: dur("critical", self.critical, &file.critical, "60s")?,
+            imminent: dur("imminent", self.imminent, &file.imminent, "150s")?,
+            pids: pick(&self.pids, &file.pid),
+            comms: pick(&self.comms, &file.comm),
+            containerd: self.containerd.clone().or(file.containerd),
+            kubelet: self.kubelet.clone().or(file.kubelet),
+            duration: self.duration,
+            interval: Duration::from_millis(250),
+            report_dir: None,
+        };
+        let mut watch = watch.config()?;
+        watch.status_every = Some(Duration::from_secs(1));
+        let report_dir = self.report_dir.clone().or(file.report_dir);
+        Ok(DaemonConfig { listen, watch, report_dir })
+    }
+}
+
+/// The flag's list when given, else the file's.
+fn pick<T: Clone>(flag: &[T], file: &Option<Vec<T>>) -> Vec<T> {
+    if flag.is_empty() { file.clone().unwrap_or_default() } else { flag.to_vec() }
+}
+
+/// Runs the daemon until SIGTERM or Ctrl-C; the error is one line.
+pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
+    let cfg = args.resolve().map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("--listen {}: cannot listen", cfg.listen))?;
+    let listen = listener.local_addr().unwrap_or(cfg.listen);
+    if !listen.ip().is_loopback() {
+        tracing::warn!(%listen, "the endpoint listens beyond loopback, as told");
+    }
+    tracing::info!(%listen, "serving /metrics, /healthz and /incidents");
+    let (mut metrics, exposition) = metrics::metrics();
+    let server = tokio::spawn(export::http::serve(listener, exposition));
+    let mut log = LogSink;
+    let mut report = cfg.report_dir.as_ref().and_then(|dir| {
+        ReportSink::new(dir)
+            .inspect_err(|e| tracing::warn!("report dir {}: cannot start its writer thread ({e}); going on without bundles", dir.display()))
+            .ok()
+    });
+    let result = {
+        let mut tee = Tee(&mut metrics, &mut log);
+        match report.as_mut() {
+            Some(r) => collector::watch(cfg.watch, &mut Tee(&mut tee, r)).await,
+            None => collector::watch(cfg.watch, &mut tee).await,
+        }
+    };
+    drop(report);
+    server.abort();
+    result?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+    use std::path::Path;
+
+    fn daemon(args: &[&str]) -> DaemonArgs {
+        let cli = Cli::try_parse_from(std::iter::once("plegwatch").chain(std::iter::once("daemon")).chain(args.iter().copied())).unwrap();
+        let Command::Daemon(d) = cli.command else { panic!() };
+        d
+    }
+
+    #[test]
+    fn defaults_listen_on_loopback_only() {
+        let c = daemon(&[]).resolve().unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9792".parse().unwrap());
+        assert_eq!(c.watch.thresholds.warn, Duration::from_secs(10));
+        assert_eq!(c.watch.status_every, Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn flags_win_over_the_file() {
+        let dir = std::env::temp_dir().join(format!("plegwatch-daemon-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("d.toml");
+        std::fs::write(&f, "listen = \"127.0.0.1:9999\"\nwarn = \"3s\"\ncritical = \"20s\"\ncomm = [\"umount\"]\n").unwrap();
+        let c = daemon(&["--config", f.to_str().unwrap(), "--warn", "2s"]).resolve().unwrap();
+        assert_eq!(c.listen.port(), 9999);
+        assert_eq!(c.watch.thresholds.warn, Duration::from_secs(2), "the flag wins");
+        assert_eq!(c.watch.thresholds.critical, Duration::from_secs(20), "the file's");
+        assert_eq!(c.watch.filter.comms, vec!["umount".to_string()]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn bad_keys_and_values_are_named() {
+        let p = Path::new("d.toml");
+        let e = parse_file(p, "listen = \"127.0.0.1:1\"\nwarnn = \"2s\"\n").unwrap_err();
+        assert!(e.contains("warnn") && e.contains("line 2") && e.contains("d.toml") && !e.contains('\n'), "{e}");
+        let e = parse_file(p, "pid = \"12\"\n").unwrap_err();
+        assert!(e.contains("line 1") && !e.contains('\n'), "{e}");
+        let dir = std::env::temp_dir().join(format!("plegwatch-daemon-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("d.toml");
+        std::fs::write(&f, "warn = \"soon\"\n").unwrap();
+        let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
+        assert!(e.contains("warn = \"soon\""), "{e}");
+        std::fs::write(&f, "listen = \"localhost\"\n").unwrap();
+        let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
+        assert!(e.contains("listen = \"localhost\""), "{e}");
+        std::fs::write(&f, "warn = \"70s\"\n").unwrap();
+        let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
+        assert!(e.contains("--critical"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,120 @@
+//! `plegwatch check`: node-problem-detector's custom-plugin protocol, answered
+//! by asking a running daemon's `/incidents` on its local endpoint.
+//!
+//! Exit 0: no incident at the level asked (or worse); 1: one is; 2: it can't
+//! tell (no daemon, or the daemon not ready): NPD's Unknown. One line on
+//! stdout, naming the root.
+
+use crate::levels::Level;
+use crate::sinks::metrics::{IncidentView, IncidentsDoc};
+use http_body_util::{BodyExt as _, Empty};
+use hyper::{Request, StatusCode, body::Bytes};
+use hyper_util::rt::TokioIo;
+use std::{net::SocketAddr, time::Duration};
+
+/// NPD's custom-plugin exit codes.
+pub const OK: i32 = 0;
+pub const PROBLEM: i32 = 1;
+pub const UNKNOWN: i32 = 2;
+
+/// Asks the daemon at `addr` for its open incidents, within `timeout`.
+pub async fn ask(addr: SocketAddr, timeout: Duration) -> Result<IncidentsDoc, String> {
+    tokio::time::timeout(timeout, ask_now(addr))
+        .await
+        .map_err(|_| format!("no answer from {addr} within {timeout:?}"))?
+}
+
+async fn ask_now(addr: SocketAddr) -> Result<IncidentsDoc, String> {
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("no daemon at {addr}: {e}"))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let driver = tokio::spawn(conn);
+    let req = Request::get("/incidents")
+        .header(hyper::header::HOST, addr.to_string())
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let res = send.send_request(req).await.map_err(|e| format!("{addr}/incidents: {e}"))?;
+    let status = res.status();
+    let body = res.into_body().collect().await.map_err(|e| format!("{addr}/incidents: {e}"))?.to_bytes();
+    driver.abort();
+    if status != StatusCode::OK {
+        return Err(format!("{addr}/incidents answered {status}"));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("{addr}/incidents: not plegwatch's answer: {e}"))
+}
+
+fn level_of(v: &IncidentView) -> Option<Level> {
+    match v.level.as_str() {
+        "warn" => Some(Level::Warn),
+        "critical" => Some(Level::Critical),
+        "imminent" => Some(Level::Imminent),
+        _ => None,
+    }
+}
+
+/// The exit code and the line for what the daemon said (or why it could not be asked).
+pub fn verdict(answer: Result<IncidentsDoc, String>, at: Level) -> (i32, String) {
+    let doc = match answer {
+        Ok(doc) => doc,
+        Err(e) => return (UNKNOWN, format!("cannot tell: {e}")),
+    };
+    if !doc.ready {
+        return (UNKNOWN, "cannot tell: the plegwatch daemon is starting (probes not attached yet)".into());
+    }
+    let worst = doc
+        .incidents
+        .iter()
+        .filter(|i| level_of(i).is_some_and(|l| l >= at))
+        .max_by(|a, b| (level_of(a), a.budget_used).partial_cmp(&(level_of(b), b.budget_used)).unwrap_or(std::cmp::Ordering::Equal));
+    match worst {
+        Some(i) => (
+            PROBLEM,
+            format!(
+                "PLEG stall {} (incident #{}, {:.0}% of the PLEG budget used, {:.0}s): root {}: {}",
+                i.level,
+                i.id,
+                i.budget_used * 100.0,
+                i.waited_s,
+                i.root_kind,
+                i.root
+            ),
+        ),
+        None => {
+            let below = doc.incidents.len();
+            (OK, format!("no PLEG stall at {} or worse ({below} incident(s) below)", at.as_str()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(id: u64, level: &str, budget: f64) -> IncidentView {
+        IncidentView {
+            id,
+            level: level.into(),
+            root_kind: "umount".into(),
+            root: "umount2 /mnt [umount pid=42]".into(),
+            symptom: "relist".into(),
+            budget_used: budget,
+            waited_s: budget * 180.0,
+            started_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_npd() {
+        let doc = |v: Vec<IncidentView>| Ok(IncidentsDoc { ready: true, incidents: v });
+        assert_eq!(verdict(doc(vec![]), Level::Critical).0, OK);
+        assert_eq!(verdict(doc(vec![view(1, "warn", 0.1)]), Level::Critical).0, OK);
+        let (code, line) = verdict(doc(vec![view(1, "warn", 0.1), view(2, "critical", 0.4), view(3, "imminent", 0.9)]), Level::Critical);
+        assert_eq!(code, PROBLEM);
+        assert!(line.contains("incident #3") && line.contains("umount2 /mnt") && line.contains("90%"), "{line}");
+        assert!(!line.contains('\n'));
+        assert_eq!(verdict(doc(vec![view(1, "warn", 0.1)]), Level::Warn).0, PROBLEM);
+        assert_eq!(verdict(Err("no daemon at 127.0.0.1:9792: refused".into()), Level::Critical).0, UNKNOWN);
+        assert_eq!(verdict(Ok(IncidentsDoc::default()), Level::Critical).0, UNKNOWN, "not ready");
+    }
+}
