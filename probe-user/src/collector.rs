@@ -188,9 +188,13 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 guard.clear_ready();
             }
             done = go.inspected() => {
-                // A new Go binary, read off the loop: only the attach runs here.
+                // A new Go binary, read off the loop: its uprobes are attached below.
+                go.on_inspected(done);
+            }
+            _ = std::future::ready(()), if go.attaching() => {
+                // A slice of uprobe attaches per turn: a scan due meanwhile runs in between.
                 let began = std::time::Instant::now();
-                go.on_inspected(&mut ebpf, done, sink);
+                go.attach_some(&mut ebpf, ATTACH_SLICE, sink);
                 scans.attach_took(began.elapsed());
             }
             guard = sock_ring.readable_mut() => {
@@ -452,6 +456,10 @@ fn mutex_edges(waits: &[OpenWait], offcpu: &OffCpu, now_ns: u64, procs: &mut dyn
 
 /// How late each scan starts after its tick, and how long it takes (µs;
 /// none if the histogram could not be made, which fixed bounds rule out).
+/// How long one turn of the loop may spend attaching uprobes (each takes
+/// 1–20 ms, more under load; a new containerd has about 80).
+const ATTACH_SLICE: Duration = Duration::from_millis(20);
+
 struct ScanClock {
     late: Option<hdrhistogram::Histogram<u64>>,
     took: Option<hdrhistogram::Histogram<u64>>,

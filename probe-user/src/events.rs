@@ -160,8 +160,9 @@ pub struct ScanSummary {
     pub took_p50_ms: f64,
     pub took_p99_ms: f64,
     pub took_max_ms: f64,
-    /// The longest time the loop spent attaching a new Go binary's uprobes
-    /// (its reading is done off the loop).
+    /// The longest turn the loop spent attaching a new Go binary's uprobes
+    /// (its reading is done off the loop; the attach goes a 20 ms slice at a
+    /// time, so one slow attach can make a turn longer).
     pub go_attach_max_ms: f64,
 }
 

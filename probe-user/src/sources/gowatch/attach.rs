@@ -22,7 +22,7 @@ use aya::{
 };
 use plegwatch_abi::{GO_FUNCS_MAX, GoArgSpec, GoProc, go_maps};
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant},
@@ -246,8 +246,10 @@ pub struct Attacher {
     retired: u64,
     /// Reads binaries found at an exec or by the poll, off the loop.
     inspector: Option<Inspector>,
-    /// Binaries being read: the processes found running each, and how.
+    /// Binaries being read or attached: the processes found running each, and how.
     pending: HashMap<(u64, u64), Vec<(u32, &'static str)>>,
+    /// Binaries read off the loop, being attached a slice at a time.
+    attaching: VecDeque<Plan>,
 }
 
 impl Attacher {
@@ -265,6 +267,7 @@ impl Attacher {
                 .inspect_err(|e| tracing::warn!("no worker thread to read Go binaries, reading them on the scan loop: {e}"))
                 .ok(),
             pending: HashMap::new(),
+            attaching: VecDeque::new(),
         })
     }
 
@@ -421,23 +424,16 @@ impl Attacher {
         self.attach_inspected(ebpf, target, key, open_path, path, pid, found_by, inspected, sink);
     }
 
-    /// A binary read off the loop: attaches it, and registers the processes
-    /// found running it meanwhile.
-    pub fn finish(&mut self, ebpf: &mut Ebpf, done: Done, sink: &mut dyn Sink) {
+    /// A binary read off the loop: plans its attach (see [`Attacher::attach_some`]).
+    pub fn finish(&mut self, done: Done) {
         let Done { job, inspected, took } = done;
-        let pids = self.pending.remove(&job.key).unwrap_or_default();
-        let Some(&(first, found_by)) = pids.first() else { return };
+        let Some(&(first, found_by)) = self.pending.get(&job.key).and_then(|p| p.first()) else { return };
         tracing::debug!(binary = %job.path.display(), took_ms = took.as_millis() as u64, "Go binary read off the scan loop");
-        self.attach_inspected(ebpf, job.target, job.key, &job.open_path(), &job.path, first, found_by, inspected, sink);
-        if let Some(Binary::Probed { g_tls: Some(off), .. }) = self.binaries.get(&job.key) {
-            if self.procs.insert(first, GoProc { g_tls_off: *off }, 0).is_ok() {
-                self.known.insert(first);
-            }
-        }
-        // The others found meanwhile: a `traced` line each, and GO_PROCS.
-        for &(pid, found_by) in pids.iter().skip(1) {
-            let _ = self.look_at(ebpf, pid, found_by, sink);
-        }
+        let open_path = job.open_path();
+        let plan = self.plan(job.target, job.key, &open_path, &job.path, first, found_by, inspected, Some(job.file));
+        // Attached a slice at a time by [`Attacher::attach_some`]; its processes stay in
+        // `pending` until then, so that none is looked at twice.
+        self.attaching.push_back(plan);
     }
 
     /// Binaries being read off the loop (see [`Attacher::finish`]).
@@ -445,7 +441,8 @@ impl Attacher {
         self.inspector.as_mut()
     }
 
-    /// Attaches an inspected binary; reports it with a `target` line.
+    /// Attaches an inspected binary at once; reports it with a `target` line
+    /// (startup, `--containerd`/`--kubelet`, and when there is no worker).
     #[allow(clippy::too_many_arguments)]
     fn attach_inspected(
         &mut self,
@@ -459,102 +456,204 @@ impl Attacher {
         inspected: Result<Inspection, crate::proto::gosym::GoSymError>,
         sink: &mut dyn Sink,
     ) {
-        let mut line = crate::events::Target::new(target.name, "probed", pid, path, found_by);
-        let mut links: Vec<Link> = Vec::new();
-        let mut transient = false;
-        let mut ids: Vec<u32> = Vec::new();
-        let outcome = inspected.map_err(|e| {
-            // The process may be gone already (a short-lived runc): try again with the next one.
-            transient = !open_path.exists();
-            // Not a Go binary we can read (a wrapper script named runc, a stripped C binary).
-            line.status = "unmatched";
-            e.to_string()
-        }).and_then(|i| {
-            line.go_version = i.go_version.clone();
-            if i.found.is_empty() {
-                line.status = "unmatched";
-                return Err(format!(
-                    "none of the expected functions in its .gopclntab (unknown {} version?); looked for {}",
-                    target.name,
-                    i.missing.iter().map(|m| short(m.symbol)).collect::<Vec<_>>().join(", ")
-                ));
+        let mut plan = self.plan(target, key, open_path, path, pid, found_by, inspected, None);
+        if plan.why.is_none() {
+            self.attach_points(ebpf, &mut plan, None);
+        }
+        self.conclude(ebpf, plan, sink);
+    }
+
+    /// What attaching an inspected binary takes: its function ids taken, the
+    /// points to attach listed, or why not.
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
+        &mut self,
+        target: &'static Target,
+        key: (u64, u64),
+        open_path: &Path,
+        path: &Path,
+        pid: u32,
+        found_by: &'static str,
+        inspected: Result<Inspection, crate::proto::gosym::GoSymError>,
+        file: Option<std::fs::File>,
+    ) -> Plan {
+        let mut plan = Plan {
+            target,
+            key,
+            open_path: open_path.to_path_buf(),
+            path: path.to_path_buf(),
+            found_by,
+            line: crate::events::Target::new(target.name, "probed", pid, path, found_by),
+            todo: VecDeque::new(),
+            links: Vec::new(),
+            ids: Vec::new(),
+            g_tls: None,
+            why: None,
+            transient: false,
+            _file: file,
+        };
+        let i = match inspected {
+            Ok(i) => i,
+            Err(e) => {
+                // The process may be gone already (a short-lived runc): try again with the next one.
+                plan.transient = !open_path.exists();
+                // Not a Go binary we can read (a wrapper script named runc, a stripped C binary).
+                plan.line.status = "unmatched";
+                plan.why = Some(e.to_string());
+                return plan;
             }
-            let g_tls = i.g_tls.as_ref().ok().copied();
-            if let Err(e) = &i.g_tls {
-                tracing::warn!(binary = %path.display(), "no goroutine ids at kernel probes: {e}");
-            }
-            for (spec, points) in &i.found {
-                let Some(id) = free_id(&self.funcs) else {
-                    return Err(format!("all {} function ids are in use by other binaries", GO_FUNCS_MAX - 1));
-                };
-                let _ = self.args.set(id, Arg::spec(spec.arg), 0);
-                let attached = attach_point(ebpf, "go_entry", open_path, points.entry_offset, id).and_then(|l| {
-                    links.push(l);
-                    for off in &points.ret_offsets {
-                        links.push(attach_point(ebpf, "go_ret", open_path, *off, id)?);
-                    }
-                    Ok(())
-                });
-                if let Err(e) = attached {
-                    transient = !open_path.exists();
-                    return Err(e);
+        };
+        plan.line.go_version = i.go_version.clone();
+        if i.found.is_empty() {
+            plan.line.status = "unmatched";
+            plan.why = Some(format!(
+                "none of the expected functions in its .gopclntab (unknown {} version?); looked for {}",
+                target.name,
+                i.missing.iter().map(|m| short(m.symbol)).collect::<Vec<_>>().join(", ")
+            ));
+            return plan;
+        }
+        plan.g_tls = i.g_tls.as_ref().ok().copied();
+        if let Err(e) = &i.g_tls {
+            tracing::warn!(binary = %path.display(), "no goroutine ids at kernel probes: {e}");
+        }
+        for (spec, points) in &i.found {
+            let Some(id) = free_id(&self.funcs) else {
+                plan.why = Some(format!("all {} function ids are in use by other binaries", GO_FUNCS_MAX - 1));
+                return plan;
+            };
+            let _ = self.args.set(id, Arg::spec(spec.arg), 0);
+            plan.todo.push_back(("go_entry", points.entry_offset, id));
+            plan.todo.extend(points.ret_offsets.iter().map(|off| ("go_ret", *off, id)));
+            self.funcs.insert(id, ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() });
+            plan.ids.push(id);
+            plan.line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
+        }
+        // Goroutine ends, so that a call a panic unwound past is dropped.
+        match i.goexit {
+            Some(off) => plan.todo.push_back(("go_exit", off, 0)),
+            None => tracing::warn!(binary = %path.display(), "no {GOEXIT}: a call a panic unwinds past stays open until its process exits"),
+        }
+        // containerd's ttrpc 1.1 client: who each request is for.
+        if let (Some((dispatch, send)), "containerd") = (i.ttrpc11, target.name) {
+            plan.todo.push_back(("ttrpc_dispatch", dispatch, 0));
+            plan.todo.push_back(("ttrpc_send", send, 0));
+            plan.line.functions.push("ttrpc.(*Client).dispatch, send (entry, ttrpc 1.1)".into());
+        }
+        plan.line.g_tls_offset = plan.g_tls;
+        // Attached, but not everything expected: `partial`, never `probed`.
+        if !i.missing.is_empty() {
+            plan.line.status = "partial";
+            plan.line.left_out = i.missing.iter().map(Missing::describe).collect();
+        }
+        plan
+    }
+
+    /// Attaches the plan's points, all of them or until `budget` is spent;
+    /// returns whether some are left. A failure ends the plan (`why`).
+    fn attach_points(&mut self, ebpf: &mut Ebpf, plan: &mut Plan, budget: Option<Duration>) -> bool {
+        let started = Instant::now();
+        while let Some((program, offset, cookie)) = plan.todo.pop_front() {
+            match attach_point(ebpf, program, &plan.open_path, offset, cookie) {
+                Ok(l) => plan.links.push(l),
+                Err(e) => {
+                    plan.transient = !plan.open_path.exists();
+                    plan.why = Some(e);
+                    plan.todo.clear();
+                    return false;
                 }
-                self.funcs.insert(
-                    id,
-                    ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() },
-                );
-                ids.push(id);
-                line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
             }
-            // Goroutine ends, so that a call a panic unwound past is dropped.
-            match i.goexit {
-                Some(off) => links.push(attach_point(ebpf, "go_exit", open_path, off, 0).inspect_err(|_| transient = !open_path.exists())?),
-                None => tracing::warn!(binary = %path.display(), "no {GOEXIT}: a call a panic unwinds past stays open until its process exits"),
+            if budget.is_some_and(|b| started.elapsed() >= b) {
+                return !plan.todo.is_empty();
             }
-            // containerd's ttrpc 1.1 client: who each request is for.
-            if let (Some((dispatch, send)), "containerd") = (i.ttrpc11, target.name) {
-                links.push(attach_point(ebpf, "ttrpc_dispatch", open_path, dispatch, 0).inspect_err(|_| transient = !open_path.exists())?);
-                links.push(attach_point(ebpf, "ttrpc_send", open_path, send, 0).inspect_err(|_| transient = !open_path.exists())?);
-                line.functions.push("ttrpc.(*Client).dispatch, send (entry, ttrpc 1.1)".into());
-            }
-            line.g_tls_offset = g_tls;
-            // Attached, but not everything expected: `partial`, never `probed`.
-            if !i.missing.is_empty() {
-                line.status = "partial";
-                line.left_out = i.missing.iter().map(Missing::describe).collect();
-            }
-            Ok(g_tls)
-        });
-        match outcome {
-            Ok(g_tls) => {
-                self.links.append(&mut links);
-                tracing::info!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", line.functions.join(", "));
-                if !line.left_out.is_empty() {
-                    tracing::warn!(pid, target = target.name, binary = %path.display(), "partly probed; left out: {}", line.left_out.join("; "));
+        }
+        false
+    }
+
+    /// Ends a plan: the binary probed, or left alone (its points detached and
+    /// ids given back); its `target` line.
+    fn conclude(&mut self, ebpf: &mut Ebpf, mut plan: Plan, sink: &mut dyn Sink) {
+        let (pid, target, path) = (plan.line.pid, plan.target, plan.path.clone());
+        match plan.why.take() {
+            None => {
+                self.links.append(&mut plan.links);
+                tracing::info!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", plan.line.functions.join(", "));
+                if !plan.line.left_out.is_empty() {
+                    tracing::warn!(pid, target = target.name, binary = %path.display(), "partly probed; left out: {}", plan.line.left_out.join("; "));
                 }
-                let links = std::mem::take(&mut links);
-                self.binaries.insert(key, Binary::Probed { target, g_tls, ids, links, path: path.to_path_buf(), by_flag: found_by == "flag" });
+                let links = std::mem::take(&mut plan.links);
+                self.binaries.insert(plan.key, Binary::Probed { target, g_tls: plan.g_tls, ids: plan.ids, links, path, by_flag: plan.found_by == "flag" });
             }
-            Err(why) => {
-                detach_all(ebpf, std::mem::take(&mut links));
-                for id in &ids {
+            Some(why) => {
+                detach_all(ebpf, std::mem::take(&mut plan.links));
+                for id in &plan.ids {
                     self.funcs.remove(id);
                 }
-                if matches!(line.status, "probed" | "partial") {
-                    line.status = "failed";
+                if matches!(plan.line.status, "probed" | "partial") {
+                    plan.line.status = "failed";
                 }
-                if transient {
+                if plan.transient {
                     // Not remembered: the next process running it is tried again.
                     tracing::debug!(pid, target = target.name, binary = %path.display(), "Go binary gone before it was probed: {why}");
                     return;
                 }
                 tracing::warn!(pid, target = target.name, binary = %path.display(), "Go binary not probed: {why}");
-                line.why = Some(why);
-                self.binaries.insert(key, Binary::Skipped);
+                plan.line.why = Some(why);
+                self.binaries.insert(plan.key, Binary::Skipped);
             }
         }
-        sink.emit(&Event::Target(line));
+        sink.emit(&Event::Target(plan.line));
     }
+
+    /// Whether a binary read off the loop is being attached, a slice at a time.
+    pub fn attaching(&self) -> bool {
+        !self.attaching.is_empty()
+    }
+
+    /// Attaches up to `budget`'s worth of the first binary's points; once all
+    /// are on, reports it and registers the processes found running it.
+    pub fn attach_some(&mut self, ebpf: &mut Ebpf, budget: Duration, sink: &mut dyn Sink) {
+        let Some(mut plan) = self.attaching.pop_front() else { return };
+        if plan.why.is_none() && self.attach_points(ebpf, &mut plan, Some(budget)) {
+            self.attaching.push_front(plan);
+            return;
+        }
+        let key = plan.key;
+        self.conclude(ebpf, plan, sink);
+        let pids = self.pending.remove(&key).unwrap_or_default();
+        for (i, &(pid, found_by)) in pids.iter().enumerate() {
+            if i == 0 {
+                if let Some(Binary::Probed { g_tls: Some(off), .. }) = self.binaries.get(&key) {
+                    if self.procs.insert(pid, GoProc { g_tls_off: *off }, 0).is_ok() {
+                        self.known.insert(pid);
+                    }
+                }
+                continue;
+            }
+            // The others found meanwhile: a `traced` line each, and GO_PROCS.
+            let _ = self.look_at(ebpf, pid, found_by, sink);
+        }
+    }
+}
+
+/// Attaching one binary: its points still to attach, those attached, and its
+/// `target` line, or why it failed.
+struct Plan {
+    target: &'static Target,
+    key: (u64, u64),
+    open_path: PathBuf,
+    path: PathBuf,
+    found_by: &'static str,
+    line: crate::events::Target,
+    /// (program, offset, cookie) still to attach.
+    todo: VecDeque<(&'static str, u64, u32)>,
+    links: Vec<Link>,
+    ids: Vec<u32>,
+    g_tls: Option<i64>,
+    why: Option<String>,
+    transient: bool,
+    /// The binary, held open while `open_path` (`/proc/self/fd/N`) is in use.
+    _file: Option<std::fs::File>,
 }
 
 /// Where the targets' binaries usually live, looked at by `doctor` even when

@@ -268,9 +268,21 @@ impl GoWatch {
         }
     }
 
-    /// Attaches a binary read off the loop.
-    pub fn on_inspected(&mut self, ebpf: &mut Ebpf, done: inspector::Done, sink: &mut dyn Sink) {
-        self.attacher.finish(ebpf, done, sink);
+    /// Takes a binary read off the loop; its attach follows in slices
+    /// ([`GoWatch::attach_some`]).
+    pub fn on_inspected(&mut self, done: inspector::Done) {
+        self.attacher.finish(done);
+    }
+
+    /// Whether uprobes are waiting to be attached.
+    pub fn attaching(&self) -> bool {
+        self.attacher.attaching()
+    }
+
+    /// Attaches uprobes for up to `budget` (one `select!` turn), so that
+    /// a binary of 80 probe points never holds a scan back for long.
+    pub fn attach_some(&mut self, ebpf: &mut Ebpf, budget: std::time::Duration, sink: &mut dyn Sink) {
+        self.attacher.attach_some(ebpf, budget, sink);
     }
 
     /// Looks for target processes the exec records missed.
