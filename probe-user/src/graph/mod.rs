@@ -7,6 +7,8 @@
 //! collector hands the results to the sinks.
 
 pub mod children;
+#[cfg(test)]
+pub(crate) mod fakes;
 pub mod ids;
 pub mod incidents;
 pub mod model;

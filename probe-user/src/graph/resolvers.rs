@@ -278,44 +278,11 @@ mod tests {
     use super::*;
     use crate::graph::model::{StartTiming, Who};
 
-    #[derive(Default)]
-    struct FakeProcs {
-        children: HashMap<u32, Vec<u32>>,
-        states: HashMap<u32, char>,
-        connected: Vec<(u32, u32)>,
-    }
-
-    impl Procs for FakeProcs {
-        fn children(&mut self, pid: u32) -> Vec<u32> {
-            self.children.get(&pid).cloned().unwrap_or_default()
-        }
-        fn state(&mut self, pid: u32) -> Option<char> {
-            self.states.get(&pid).copied()
-        }
-        fn comm(&mut self, pid: u32) -> Option<String> {
-            Some(format!("p{pid}"))
-        }
-        fn connected(&mut self, client: u32, server: u32) -> bool {
-            self.connected.contains(&(client, server))
-        }
-    }
+    use crate::graph::fakes::{FakeProcs, go_call as call};
 
     const CTRD: u32 = 100;
     const SHIM: u32 = 200;
     const KUBELET: u32 = 300;
-
-    fn call(tgid: u32, g: u64, func: u32, role: CallRole, start_ns: u64, container: Option<&str>) -> GoCallFact {
-        GoCallFact {
-            key: WaitKey::Go { tgid, g, func },
-            tgid,
-            g,
-            role,
-            receiver: if role == CallRole::StatusHolder { 0xc000 } else { 0 },
-            container: container.map(String::from),
-            start_ns,
-            function: "f",
-        }
-    }
 
     fn kernel(pid: u32, tid: u32, g: Option<u64>, kind: WaitKind, start_ns: u64) -> OpenWait {
         OpenWait {

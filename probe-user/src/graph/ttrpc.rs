@@ -90,40 +90,17 @@ mod tests {
     use crate::syscalls::WaitKind;
     use std::collections::HashMap;
 
-    #[derive(Default)]
-    struct NoProcs;
-    impl Procs for NoProcs {
-        fn children(&mut self, _pid: u32) -> Vec<u32> {
-            Vec::new()
-        }
-        fn state(&mut self, _pid: u32) -> Option<char> {
-            Some('S')
-        }
-        fn comm(&mut self, pid: u32) -> Option<String> {
-            Some(format!("p{pid}"))
-        }
-        fn connected(&mut self, _client: u32, _server: u32) -> bool {
-            true
-        }
+    use crate::graph::fakes::{FakeProcs, go_call as call};
+
+    /// Every process sleeping (S), every client connected.
+    fn no_procs() -> FakeProcs {
+        FakeProcs { default_state: Some('S'), all_connected: true, ..Default::default() }
     }
 
     const CTRD: u32 = 100;
     const SHIM_A: u32 = 200;
     const SHIM_B: u32 = 201;
     const S: u64 = 1_000_000_000;
-
-    fn call(tgid: u32, g: u64, func: u32, role: CallRole, start_ns: u64, container: Option<&str>) -> GoCallFact {
-        GoCallFact {
-            key: WaitKey::Go { tgid, g, func },
-            tgid,
-            g,
-            role,
-            receiver: 0,
-            container: container.map(String::from),
-            start_ns,
-            function: "f",
-        }
-    }
 
     fn req(caller_g: u64, stream: u32, start_ns: u64, shim: u32) -> TtrpcRequest {
         TtrpcRequest { tgid: CTRD, caller_g, writer_tid: 101, stream, fd: 12, sock_ino: Some(4242), start_ns, shim_pid: Some(shim) }
@@ -146,7 +123,7 @@ mod tests {
         let older_a = call(SHIM_A, 0x51, 9, CallRole::ShimTask, S, None);
         let by_id_b = call(SHIM_B, 0x52, 9, CallRole::ShimTask, 6 * S + 2, Some("abc"));
         let f = facts(vec![holder.clone(), update_a.clone(), older_a, by_id_b], vec![req(0x3, 7, 6 * S, SHIM_A)], 10 * S);
-        let edges = go_edges(&f, &[], &mut NoProcs);
+        let edges = go_edges(&f, &[], &mut no_procs());
         let e = from(&edges, &holder);
         assert_eq!(e.len(), 1, "{edges:?}");
         assert_eq!((e[0].kind, e[0].exactness), (EdgeKind::Ttrpc, Exactness::Exact));
@@ -165,7 +142,7 @@ mod tests {
             vec![req(0x4, 7, 6 * S, SHIM_A), req(0x3, 9, 4 * S, SHIM_A)],
             10 * S,
         );
-        let edges = go_edges(&f, &[], &mut NoProcs);
+        let edges = go_edges(&f, &[], &mut no_procs());
         let e = from(&edges, &holder);
         assert_eq!(e.len(), 1, "{edges:?}");
         assert_eq!((e[0].to.clone(), e[0].exactness), (HeldBy::Wait(by_id.key), Exactness::Inferred), "the container-id fallback, inferred");
@@ -177,7 +154,7 @@ mod tests {
     fn an_unprobed_shim_is_the_holder_itself() {
         let holder = call(CTRD, 0x3, 4, CallRole::StatusHolder, 5 * S, None);
         let f = facts(vec![holder.clone()], vec![req(0x3, 1, 6 * S, SHIM_A)], 7 * S);
-        let edges = go_edges(&f, &[], &mut NoProcs);
+        let edges = go_edges(&f, &[], &mut no_procs());
         let e = from(&edges, &holder);
         match &e[0].to {
             HeldBy::Terminal(t) => assert_eq!((t.pid, e[0].exactness), (Some(SHIM_A), Exactness::Exact)),
@@ -192,7 +169,7 @@ mod tests {
             start: StartTiming::Exact,
             pleg_path: false,
         };
-        let edges = go_edges(&f, std::slice::from_ref(&umount), &mut NoProcs);
+        let edges = go_edges(&f, std::slice::from_ref(&umount), &mut no_procs());
         assert_eq!(from(&edges, &holder)[0].to, HeldBy::Wait(umount.key));
     }
 
@@ -204,7 +181,7 @@ mod tests {
         let mut r = req(0x3, 1, 6 * S, SHIM_A);
         r.shim_pid = None;
         let f = facts(vec![holder.clone()], vec![r], 7 * S);
-        assert!(stream_edge(&holder, None, &f, &[], &mut NoProcs).is_none());
+        assert!(stream_edge(&holder, None, &f, &[], &mut no_procs()).is_none());
     }
 
     /// In a shim serving a pod's containers, the task call for the caller's
@@ -215,7 +192,7 @@ mod tests {
         let other = call(SHIM_A, 0x50, 9, CallRole::ShimTask, 6 * S + 1, Some("the-sandbox"));
         let mine = call(SHIM_A, 0x51, 9, CallRole::ShimTask, 6 * S + 2, Some("mine"));
         let f = facts(vec![handler.clone(), other, mine.clone()], vec![req(0x3, 3, 6 * S, SHIM_A)], 8 * S);
-        let edges = go_edges(&f, &[], &mut NoProcs);
+        let edges = go_edges(&f, &[], &mut no_procs());
         let e = from(&edges, &handler);
         assert_eq!((e[0].to.clone(), e[0].exactness), (HeldBy::Wait(mine.key), Exactness::Exact));
     }
