@@ -108,7 +108,9 @@ fn key(ctx: &ProbeContext, tgid: u32) -> GoCallKey {
 
 /// Entry of a probed Go function (Go >= 1.17 amd64 register ABI: `g` in R14,
 /// the receiver or first argument in RAX). Checked on Go 1.19 (Debian's
-/// containerd 1.6.20, and the fake-kubelet fixture).
+/// containerd 1.6.20, its shim and runc 1.1.5), Go 1.25.5 (containerd 1.7.34
+/// and its shim), Go 1.26.6 (containerd 2.3.4, its shim, runc 1.4.3) and the
+/// fake-kubelet fixture built with Go 1.19, 1.21, 1.23, 1.25 and 1.27.
 #[uprobe]
 pub fn go_entry(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
@@ -136,7 +138,8 @@ pub fn go_entry(ctx: ProbeContext) -> u32 {
     0
 }
 
-/// A RET instruction of a probed Go function: `g` is still in R14.
+/// A RET instruction of a probed Go function: `g` is still in R14 (the same
+/// binaries and Go versions as `go_entry`).
 #[uprobe]
 pub fn go_ret(ctx: ProbeContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
