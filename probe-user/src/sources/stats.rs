@@ -26,50 +26,38 @@ pub fn counter(all: &[u64; STAT_COUNT as usize], s: Stat) -> u64 {
     all[s as usize]
 }
 
-/// Per-syscall latency from the kernel's log2 histogram (syscalls never seen are left out).
-pub fn latency(ebpf: &Ebpf) -> Vec<SyscallSummary> {
-    let Some(map) = ebpf.map(maps::HIST) else {
-        return Vec::new();
-    };
-    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
+/// Each watched syscall's bucket counts in the kernel's log2 histogram
+/// (`HIST`, summed over CPUs), in slot order.
+fn bucket_counts(ebpf: &Ebpf) -> Vec<(&'static str, Vec<u64>)> {
+    let Some(arr) = ebpf.map(maps::HIST).and_then(|m| PerCpuArray::<_, u64>::try_from(m).ok()) else {
         return Vec::new();
     };
     WATCHED
         .iter()
         .enumerate()
-        .filter_map(|(slot, w)| {
-            let counts: Vec<u64> = (0..HIST_BUCKETS)
-                .map(|b| {
-                    arr.get(&(slot as u32 * HIST_BUCKETS + b), 0)
-                        .map(|v| v.iter().sum())
-                        .unwrap_or(0)
-                })
+        .map(|(slot, w)| {
+            let counts = (0..HIST_BUCKETS)
+                .map(|b| arr.get(&(slot as u32 * HIST_BUCKETS + b), 0).map(|v| v.iter().sum()).unwrap_or(0))
                 .collect();
-            summarize(w.name, &counts)
+            (w.name, counts)
         })
         .collect()
+}
+
+/// Per-syscall latency from the kernel's log2 histogram (syscalls never seen are left out).
+pub fn latency(ebpf: &Ebpf) -> Vec<SyscallSummary> {
+    bucket_counts(ebpf).into_iter().filter_map(|(name, counts)| summarize(name, &counts)).collect()
 }
 
 /// Per-syscall log2 buckets (upper bound in seconds, count), for the
 /// syscalls seen at least once.
 pub fn histograms(ebpf: &Ebpf) -> Vec<SyscallHistogram> {
-    let Some(map) = ebpf.map(maps::HIST) else {
-        return Vec::new();
-    };
-    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
-        return Vec::new();
-    };
-    WATCHED
-        .iter()
-        .enumerate()
-        .filter_map(|(slot, w)| {
-            let buckets: Vec<(f64, u64)> = (0..HIST_BUCKETS)
-                .map(|b| {
-                    let n = arr.get(&(slot as u32 * HIST_BUCKETS + b), 0).map(|v| v.iter().sum()).unwrap_or(0);
-                    (bucket_floor_ns(b + 1) as f64 / 1e9, n)
-                })
-                .collect();
-            buckets.iter().any(|(_, n)| *n > 0).then(|| SyscallHistogram { syscall: w.name.to_string(), buckets })
+    bucket_counts(ebpf)
+        .into_iter()
+        .filter(|(_, counts)| counts.iter().any(|n| *n > 0))
+        .map(|(name, counts)| SyscallHistogram {
+            syscall: name.to_string(),
+            buckets: counts.iter().enumerate().map(|(b, n)| (bucket_floor_ns(b as u32 + 1) as f64 / 1e9, *n)).collect(),
         })
         .collect()
 }

@@ -407,7 +407,8 @@ impl Attacher {
         Some(key)
     }
 
-    /// Inspects and attaches one binary; reports it with a `target` line.
+    /// Inspects and attaches one binary at once; reports it with a `target`
+    /// line (startup, `--containerd`/`--kubelet`, and when there is no worker).
     #[allow(clippy::too_many_arguments)]
     fn probe_binary(
         &mut self,
@@ -421,7 +422,11 @@ impl Attacher {
         sink: &mut dyn Sink,
     ) {
         let inspected = inspect(open_path, target);
-        self.attach_inspected(ebpf, target, key, open_path, path, pid, found_by, inspected, sink);
+        let mut plan = self.plan(target, key, open_path, path, pid, found_by, inspected, None);
+        if plan.why.is_none() {
+            self.attach_points(ebpf, &mut plan, None);
+        }
+        self.conclude(ebpf, plan, sink);
     }
 
     /// A binary read off the loop: plans its attach (see [`Attacher::attach_some`]).
@@ -439,28 +444,6 @@ impl Attacher {
     /// Binaries being read off the loop (see [`Attacher::finish`]).
     pub fn inspector(&mut self) -> Option<&mut Inspector> {
         self.inspector.as_mut()
-    }
-
-    /// Attaches an inspected binary at once; reports it with a `target` line
-    /// (startup, `--containerd`/`--kubelet`, and when there is no worker).
-    #[allow(clippy::too_many_arguments)]
-    fn attach_inspected(
-        &mut self,
-        ebpf: &mut Ebpf,
-        target: &'static Target,
-        key: (u64, u64),
-        open_path: &Path,
-        path: &Path,
-        pid: u32,
-        found_by: &'static str,
-        inspected: Result<Inspection, crate::proto::gosym::GoSymError>,
-        sink: &mut dyn Sink,
-    ) {
-        let mut plan = self.plan(target, key, open_path, path, pid, found_by, inspected, None);
-        if plan.why.is_none() {
-            self.attach_points(ebpf, &mut plan, None);
-        }
-        self.conclude(ebpf, plan, sink);
     }
 
     /// What attaching an inspected binary takes: its function ids taken, the
