@@ -733,10 +733,19 @@ impl Engine {
                 tracing::warn!(kind = rec.header.kind, "unknown ring buffer record skipped");
                 continue;
             }
-            let info = WaitInfo::from(&rec);
+            let mut info = WaitInfo::from(&rec);
             if self.ended.take_end(&info.key()) {
                 // Already resolved as over; the kernel only now saw its end.
                 continue;
+            }
+            // An end record carries no path, argument or goroutine; the last scan's snapshot
+            // of the same wait does. A wait that crosses --warn only as it ends is reported
+            // from this record, so it needs them (a swept umount's target, say).
+            let waited = Duration::from_nanos(rec.end_ns.saturating_sub(info.start_ns));
+            if self.registry.wants_end(&info.key(), waited) {
+                if let Some(seen) = self.open_infos.iter().find(|w| w.key() == info.key()) {
+                    info = WaitInfo { sys_exit_ns: info.sys_exit_ns, ..seen.clone() };
+                }
             }
             let actions = self.registry.end(info, rec.end_ns);
             self.act(actions, sink);

@@ -110,6 +110,10 @@ impl MountTable {
 
     /// The mount at `mount_point`: a current one first, else the latest removed.
     pub fn by_mount_point(&self, mount_point: &str) -> Option<&Mount> {
+        // An unknown target (empty) is on no mount, not on "/".
+        if mount_point.is_empty() {
+            return None;
+        }
         let want = mount_point.trim_end_matches('/');
         let want = if want.is_empty() { "/" } else { want };
         self.current
@@ -254,6 +258,7 @@ garbage line
         assert_eq!(t.containing("/var/lib/cx").map(|m| m.mount_id), Some(22), "a prefix is not a parent");
         assert_eq!(t.by_mount_point_prefix("/run/c/roo").map(|m| m.mount_id), Some(40), "a cut path finds its one mount");
         assert!(t.by_mount_point_prefix("/").is_none(), "several mounts match: none");
+        assert!(t.by_mount_point("").is_none(), "an unknown target is on no mount, not on /");
     }
 
     #[test]
