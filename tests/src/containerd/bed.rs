@@ -105,7 +105,8 @@ impl Stage {
 
     /// Throttles writes to `dev` to `bytes_per_s` until the stage drops (before the pod).
     pub fn throttle(&mut self, dev: DevNum, bytes_per_s: u64) -> Result<()> {
-        self.throttle = Some(WriteThrottle::new(dev, bytes_per_s)?);
+        // The pod's containers dirty the pages: on cgroup v2 the limit goes on their parent.
+        self.throttle = Some(WriteThrottle::for_cgroup(dev, bytes_per_s, self.containerd.cgroup_parent())?);
         Ok(())
     }
 
