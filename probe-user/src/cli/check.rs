@@ -1,8 +1,18 @@
 //! `plegwatch check`: a node-problem-detector custom plugin. It asks the
 //! daemon running on this node (`--listen`, its local endpoint) for its open
-//! incidents; it does not trace by itself.
+//! incidents. With `--self-watch DURATION`, when no daemon listens there, it
+//! traces by itself for that long instead (as root), and judges the incidents
+//! open at the end: the startup sweep finds kernel waits that began before it
+//! started, with their age as a lower bound.
 
-use crate::{durations, export::check, levels::Level};
+use crate::{
+    cli::watch::WatchArgs,
+    collector, durations,
+    events::{Event, Sink},
+    export::check,
+    levels::Level,
+    sinks::metrics,
+};
 use clap::{Args, ValueEnum};
 use std::{net::SocketAddr, time::Duration};
 
@@ -40,12 +50,111 @@ pub struct CheckArgs {
     /// Give up (exit 2) after this long.
     #[arg(long, default_value = "3s", value_parser = durations::parse)]
     pub timeout: Duration,
+    /// When no daemon listens at --listen, trace for this long by itself (as root)
+    /// instead of answering "cannot tell".
+    #[arg(long, value_name = "DURATION", value_parser = durations::parse)]
+    pub self_watch: Option<Duration>,
+    /// With --self-watch: the age at which a wait is reported (warn).
+    #[arg(long, default_value = "10s", value_parser = durations::parse)]
+    pub warn: Duration,
+    /// With --self-watch: the age at which it is critical.
+    #[arg(long, default_value = "60s", value_parser = durations::parse)]
+    pub critical: Duration,
+    /// With --self-watch: the age at which it is imminent.
+    #[arg(long, default_value = "150s", value_parser = durations::parse)]
+    pub imminent: Duration,
 }
 
 /// Runs the check: prints its line, returns its exit code.
 pub async fn run(args: CheckArgs) -> i32 {
-    let answer = check::ask(args.listen, args.timeout).await;
+    let answer = match (check::ask(args.listen, args.timeout).await, args.self_watch) {
+        (Err(e), Some(d)) if e.is_no_daemon() => self_watch(&args, d).await,
+        (Err(e), None) if e.is_no_daemon() => Err(format!("{e} (--self-watch 5s traces by itself instead)")),
+        (answer, _) => answer.map_err(|e| e.to_string()),
+    };
     let (code, line) = check::verdict(answer, args.level.into());
     println!("{line}");
     code
+}
+
+/// The watch `--self-watch` runs: the thresholds given, everything else as `watch`'s defaults.
+fn self_watch_config(args: &CheckArgs, duration: Duration) -> Result<collector::WatchConfig, String> {
+    WatchArgs {
+        json: false,
+        no_live: true,
+        waits: false,
+        warn: args.warn,
+        critical: args.critical,
+        imminent: args.imminent,
+        pids: Vec::new(),
+        comms: Vec::new(),
+        containerd: None,
+        kubelet: None,
+        report_dir: None,
+        duration: Some(duration),
+        interval: Duration::from_millis(250),
+    }
+    .config()
+    .map(|mut c| {
+        // As the daemon: open incidents' ages and levels refreshed every second.
+        c.status_every = Some(Duration::from_secs(1));
+        c
+    })
+}
+
+/// Traces for `duration` and answers as a daemon would have: the incidents open at the end.
+async fn self_watch(args: &CheckArgs, duration: Duration) -> Result<metrics::IncidentsDoc, String> {
+    let cfg = self_watch_config(args, duration)?;
+    let (metrics, exposition) = metrics::metrics();
+    let mut sink = AtTheEnd { metrics, exposition, doc: None };
+    collector::watch(cfg, &mut sink).await.map_err(|e| format!("--self-watch: {e:#}"))?;
+    sink.doc.ok_or_else(|| "--self-watch: the watch ended without a summary".to_string())
+}
+
+/// The daemon's incident sink, read just before the run's summary (which marks it not ready).
+struct AtTheEnd {
+    metrics: metrics::MetricsSink,
+    exposition: metrics::Exposition,
+    doc: Option<metrics::IncidentsDoc>,
+}
+
+impl Sink for AtTheEnd {
+    fn emit(&mut self, e: &Event) {
+        if matches!(e, Event::Summary(_)) {
+            self.doc = Some(self.exposition.incidents());
+        }
+        self.metrics.emit(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+    use std::time::Duration;
+
+    fn check(args: &[&str]) -> super::CheckArgs {
+        let cli = Cli::try_parse_from(["plegwatch", "check"].into_iter().chain(args.iter().copied())).unwrap();
+        let Command::Check(c) = cli.command else { panic!() };
+        c
+    }
+
+    #[test]
+    fn self_watch_takes_its_thresholds() {
+        let c = check(&["--self-watch", "5s", "--warn", "2s", "--critical", "4s"]);
+        let cfg = super::self_watch_config(&c, Duration::from_secs(5)).unwrap();
+        assert_eq!(cfg.duration, Some(Duration::from_secs(5)));
+        assert_eq!(cfg.thresholds.warn, Duration::from_secs(2));
+        assert_eq!(cfg.thresholds.critical, Duration::from_secs(4));
+        let bad = check(&["--self-watch", "5s", "--warn", "70s"]);
+        assert!(super::self_watch_config(&bad, Duration::from_secs(5)).unwrap_err().contains("--critical"));
+    }
+
+    #[tokio::test]
+    async fn no_daemon_and_no_self_watch_cannot_tell_and_says_how() {
+        // A port nobody listens on: bind one, learn it, close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let c = check(&["--listen", &format!("127.0.0.1:{port}"), "--timeout", "1s"]);
+        assert_eq!(super::run(c).await, crate::export::check::UNKNOWN);
+    }
 }

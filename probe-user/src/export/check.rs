@@ -17,15 +17,45 @@ pub const OK: i32 = 0;
 pub const PROBLEM: i32 = 1;
 pub const UNKNOWN: i32 = 2;
 
-/// Asks the daemon at `addr` for its open incidents, within `timeout`.
-pub async fn ask(addr: SocketAddr, timeout: Duration) -> Result<IncidentsDoc, String> {
-    tokio::time::timeout(timeout, ask_now(addr))
-        .await
-        .map_err(|_| format!("no answer from {addr} within {timeout:?}"))?
+/// Why the daemon could not be asked.
+#[derive(Debug)]
+pub enum AskError {
+    /// Nothing listens there (connection refused): no daemon runs.
+    NoDaemon(String),
+    /// Something listens but did not answer as the daemon (or in time).
+    Other(String),
 }
 
-async fn ask_now(addr: SocketAddr) -> Result<IncidentsDoc, String> {
-    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("no daemon at {addr}: {e}"))?;
+impl AskError {
+    pub fn is_no_daemon(&self) -> bool {
+        matches!(self, AskError::NoDaemon(_))
+    }
+}
+
+impl std::fmt::Display for AskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AskError::NoDaemon(s) | AskError::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Asks the daemon at `addr` for its open incidents, within `timeout`.
+pub async fn ask(addr: SocketAddr, timeout: Duration) -> Result<IncidentsDoc, AskError> {
+    tokio::time::timeout(timeout, ask_now(addr))
+        .await
+        .map_err(|_| AskError::Other(format!("no answer from {addr} within {timeout:?}")))?
+}
+
+async fn ask_now(addr: SocketAddr) -> Result<IncidentsDoc, AskError> {
+    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| {
+        let line = format!("no daemon at {addr}: {e}");
+        if e.kind() == std::io::ErrorKind::ConnectionRefused { AskError::NoDaemon(line) } else { AskError::Other(line) }
+    })?;
+    ask_on(addr, stream).await.map_err(AskError::Other)
+}
+
+async fn ask_on(addr: SocketAddr, stream: tokio::net::TcpStream) -> Result<IncidentsDoc, String> {
     let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|e| format!("{addr}: {e}"))?;
