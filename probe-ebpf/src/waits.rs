@@ -16,7 +16,8 @@ use aya_ebpf::{
     },
     macros::{map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{RawTracePointContext, TracePointContext},
+    bindings::BPF_F_USER_STACK,
+    programs::{RawTracePointContext, TracePointContext, tracing::StackIdContext as _},
     EbpfContext as _,
 };
 use plegwatch_abi::{
@@ -202,7 +203,8 @@ fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
         nr: nr as u32,
         slot,
         flags: 0,
-        _pad: 0,
+        // By frame pointers: whole for Go, often one frame for C built without them.
+        user_stack: ctx.get_stackid(&crate::offcpu::STACKS, BPF_F_USER_STACK as u64).map(|id| id as i32).unwrap_or(-1),
         g: crate::gofuncs::current_g(tgid),
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
         path: [0u8; PATH_LEN],

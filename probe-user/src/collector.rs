@@ -31,6 +31,7 @@ use crate::{
     },
     sources::devices::DeviceIo,
     observe::Observe,
+    observe::ustack::UserSymbolizer,
     sources::offcpu::OffCpu,
     sources::reqwatch::ReqWatch,
     observe::procfs::{self, SyscallState},
@@ -87,6 +88,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     go.start(&mut ebpf, &go_paths, sink)?;
     let mut go_ring = async_ring(&mut ebpf, go_maps::GO_EVENTS)?;
     let mut sock_ring = async_ring(&mut ebpf, sock_maps::SOCK_EVENTS)?;
+    let mut ustack = UserSymbolizer::new();
     let mut offcpu = match choices.iter().any(|c| c.probe == "offcpu" && !c.is_off()) {
         true => Some(OffCpu::new(&mut ebpf, &cfg.filter.comms)?),
         false => None,
@@ -160,7 +162,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     note_open(&mut open_waits, pid, kind, start);
                 }
                 {
-                    let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &open_waits };
+                    let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), ustack: &mut ustack, open_waits: &open_waits };
                     engine.scan(&mut sink);
                     req.scan(monotonic_ns(), &mut sink);
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
@@ -208,7 +210,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the ring buffer", e))?;
                 let none = HashMap::new();
-                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), open_waits: &none };
+                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), ustack: &mut ustack, open_waits: &none };
                 engine.drain(guard.get_inner_mut(), &mut sink);
                 guard.clear_ready();
             }
@@ -334,6 +336,8 @@ fn async_ring(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<AsyncFd<RingBu
 struct Enrich<'a> {
     inner: &'a mut dyn Sink,
     offcpu: Option<&'a OffCpu>,
+    /// Names the user stacks the kernel took at a wait's start.
+    ustack: &'a mut UserSymbolizer,
     /// Each process's longest open wait: (kind, start ns).
     open_waits: &'a HashMap<u32, (&'static str, u64)>,
 }
@@ -355,6 +359,11 @@ impl Sink for Enrich<'_> {
                 }
             }
             let Some(o) = self.offcpu else { return self.inner.emit(&Event::Stall(s)) };
+            if s.user_stack.is_empty() {
+                let ips = o.user_ips(s.user_stack_id);
+                // Innermost first from the kernel; outermost last, as the kernel stack.
+                s.user_stack = self.ustack.frames(s.pid, &ips);
+            }
             if let (Some(v), Value::Object(d)) = (o.for_tid(s.tid, now), &mut s.detail) {
                 d.insert("offcpu".into(), v);
             }
@@ -791,6 +800,7 @@ impl Engine {
                         chain: Vec::new(),
                         kernel_stack: procfs::kernel_stack(info.tid).unwrap_or_default(),
                         user_stack: Vec::new(),
+                        user_stack_id: info.user_stack,
                     };
                     sink.emit(&Event::Stall(stall));
                 }

@@ -38,7 +38,11 @@ pub struct Stall {
     pub cause: Option<Value>,
     pub chain: Vec<Value>,
     pub kernel_stack: Vec<String>,
+    /// Outermost frame last, as `kernel_stack`; named on the way out (see `collector::Enrich`).
     pub user_stack: Vec<String>,
+    /// The user stack's id in the kernel's stack map, until it is named (-1: none).
+    #[serde(skip)]
+    pub user_stack_id: i32,
 }
 
 

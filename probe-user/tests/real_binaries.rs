@@ -178,7 +178,9 @@ fn real_binaries_parse_resolve_and_decode() {
     for case in cases() {
         let Some(data) = read_required(&case.path) else { continue };
         let path = case.path.as_str();
+        let parse = std::time::Instant::now();
         let syms = GoSymbols::from_elf_named(&data, path).unwrap_or_else(|e| panic!("{e}"));
+        let parse_ms = parse.elapsed().as_secs_f64() * 1e3;
         let v = syms.version().unwrap_or_else(|| panic!("{path}: no Go version"));
         assert!(v.starts_with(case.go), "{path}: {v}, expected {}*", case.go);
         // runtime.text is a function start (Go 1.26 writes textStart 0: the
@@ -197,6 +199,8 @@ fn real_binaries_parse_resolve_and_decode() {
                 funcs += 1;
                 let f = syms.require(spec.symbol).unwrap();
                 assert_eq!(p.entry_offset, syms.elf().file_offset(f.entry).unwrap(), "{path}: {}", spec.symbol);
+                // And back, as the user-stack symbolizer maps a sampled address.
+                assert_eq!(syms.va_of_file_offset(p.entry_offset), Some(f.entry), "{path}: {}", spec.symbol);
                 // An argument declared for this function is captured, at the
                 // offset its getter shows.
                 let declared = target.groups.iter().flat_map(|g| g.funcs).find(|s| s.symbol == spec.symbol).and_then(|s| s.arg);
@@ -214,7 +218,7 @@ fn real_binaries_parse_resolve_and_decode() {
         }
         let tls = g_tls_offset(&syms, &data).unwrap_or_else(|e| panic!("{e}"));
         assert!(tls.offset < 0 && tls.offset % 8 == 0, "{path}: {tls:?}");
-        println!("{path}: {v}, {} functions, textStart {text:#x}; {funcs} checked, {rets} RETs; g at fsbase{:+}", syms.len(), tls.offset);
+        println!("{path}: {v}, {} functions (parsed in {parse_ms:.1} ms), textStart {text:#x}; {funcs} checked, {rets} RETs; g at fsbase{:+}", syms.len(), tls.offset);
         checked += 1;
     }
     assert!(checked > 0 || !in_ci());

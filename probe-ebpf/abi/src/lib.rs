@@ -690,7 +690,9 @@ pub struct Wait {
     pub slot: u32,
     /// `WAIT_*` flags.
     pub flags: u32,
-    pub _pad: u32,
+    /// The thread's user stack at `sys_enter`, an id in the off-CPU probe's
+    /// `STACKS` map (walked by frame pointers), or -1 (none: swept, or the walk failed).
+    pub user_stack: i32,
     /// The goroutine (`g`) running on the thread, read from thread-local
     /// storage at `sys_enter` in processes of [`go_maps::GO_PROCS`]; 0 elsewhere.
     pub g: u64,

@@ -12,6 +12,7 @@ pub mod holders;
 pub mod mounts;
 pub mod pipes;
 pub mod procfs;
+pub mod ustack;
 
 use crate::{
     clock::monotonic_ns,

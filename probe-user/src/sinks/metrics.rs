@@ -497,6 +497,7 @@ mod tests {
                 chain: vec![],
                 kernel_stack: vec![],
                 user_stack: vec![],
+                user_stack_id: -1,
             })
         };
         sink.emit(&stall(1, Level::Warn));

@@ -335,6 +335,7 @@ mod tests {
             chain: vec![],
             kernel_stack: vec!["folio_wait_bit".into(), "sync_filesystem".into()],
             user_stack: vec![],
+            user_stack_id: -1,
         }
     }
 

@@ -130,6 +130,7 @@ mod tests {
             path: path.into(),
             before_attach: false,
             g: 0,
+            user_stack: -1,
         }
     }
 

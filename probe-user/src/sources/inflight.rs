@@ -32,6 +32,8 @@ pub struct WaitInfo {
     pub before_attach: bool,
     /// The goroutine that made it (Go targets only; 0 when unknown).
     pub g: u64,
+    /// Its user stack's id in the off-CPU probe's stack map, or -1.
+    pub user_stack: i32,
 }
 
 /// A NUL-terminated byte field as text.
@@ -54,6 +56,7 @@ impl From<&Wait> for WaitInfo {
             path: cstr(&w.path),
             before_attach: w.flags & WAIT_BEFORE_ATTACH != 0,
             g: w.g,
+            user_stack: w.user_stack,
         }
     }
 }
@@ -72,6 +75,7 @@ impl From<&WaitEnd> for WaitInfo {
             path: String::new(),
             before_attach: e.flags & WAIT_BEFORE_ATTACH != 0,
             g: 0,
+            user_stack: -1,
         }
     }
 }
@@ -423,6 +427,7 @@ pub fn stall_line<T: Item>(
         chain: Vec::new(),
         kernel_stack: Vec::new(),
         user_stack: Vec::new(),
+        user_stack_id: -1,
     }
 }
 
@@ -453,6 +458,7 @@ mod tests {
             path: "/mnt".into(),
             before_attach: false,
             g: 0,
+            user_stack: -1,
         }
     }
 
@@ -630,7 +636,7 @@ mod tests {
             nr: 166,
             slot: 0,
             flags: WAIT_BEFORE_ATTACH,
-            _pad: 0,
+            user_stack: -1,
             // No fsbase from /proc: swept waits carry no goroutine.
             g: 0,
             comm: [0; 16],

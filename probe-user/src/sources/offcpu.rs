@@ -113,6 +113,18 @@ impl OffCpu {
         }
     }
 
+    /// The user addresses of stack `stack_id` (taken with `BPF_F_USER_STACK`),
+    /// innermost first; none for -1 or an id no longer in the map.
+    pub fn user_ips(&self, stack_id: i32) -> Vec<u64> {
+        if stack_id < 0 {
+            return Vec::new();
+        }
+        match self.stacks.get(&(stack_id as u32), 0) {
+            Ok(trace) => trace.frames().iter().map(|f| f.ip).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
     fn symbolize(&self, stack_id: i32) -> Vec<String> {
         if stack_id < 0 {
             return Vec::new();

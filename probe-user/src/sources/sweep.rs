@@ -185,7 +185,7 @@ fn check_thread(b: &Blocked, clock: &AgeClock) -> Option<Swept> {
             nr: nr as u32,
             slot: slot as u32,
             flags: if tail { WAIT_BEFORE_ATTACH | WAIT_SWEPT_TAIL } else { WAIT_BEFORE_ATTACH },
-            _pad: 0,
+            user_stack: -1,
             // No fsbase from /proc: swept waits carry no goroutine.
             g: 0,
             comm,
@@ -224,7 +224,7 @@ mod tests {
             nr: libc::SYS_umount2 as u32,
             slot: plegwatch_abi::SLOT_UMOUNT2,
             flags,
-            _pad: 0,
+            user_stack: -1,
             g: 0,
             comm: [0; COMM_LEN],
             path: [0; PATH_LEN],

@@ -210,6 +210,14 @@ impl GoSymbols {
         self.table.function_at(va)
     }
 
+    /// The link-time address of the byte at file offset `offset` (a load segment's bytes).
+    pub fn va_of_file_offset(&self, offset: u64) -> Option<u64> {
+        self.elf
+            .load_segments()
+            .find(|s| offset >= s.offset && offset - s.offset < s.filesz)
+            .map(|s| offset - s.offset + s.vaddr)
+    }
+
     /// Number of functions in the table.
     pub fn len(&self) -> usize {
         self.table.len()

@@ -72,6 +72,7 @@ fn stall(id: u64, kind: WaitKind, pid: u32, waited: f64, stack: &[&str]) -> Stal
         chain: vec![],
         kernel_stack: stack.iter().map(|s| s.to_string()).collect(),
         user_stack: vec![],
+        user_stack_id: -1,
     }
 }
 
