@@ -26,6 +26,7 @@
 //!   a private containerd's own CNI invocation;
 //! - [`canary`]: `plegwatch daemon`, a real Prometheus scraping it and a real
 //!   node-problem-detector running `plegwatch check`, all on loopback ports of their own;
+//! - [`chromium`]: headless Chromium opening a page: a screenshot, its DOM, its console errors;
 //! - [`tmux::Tmux`]: a program on a real terminal (a detached tmux session of its own),
 //!   whose screen is read with `capture-pane`.
 //!
@@ -39,6 +40,7 @@
 
 pub mod canary;
 pub mod child;
+pub mod chromium;
 pub mod containerd;
 pub mod dbus;
 pub mod dirty;

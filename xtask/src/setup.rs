@@ -57,6 +57,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     // The live view scenario runs `plegwatch watch` in a detached tmux and reads its screen.
     "tmux",
+    // report_page opens an incident bundle's index.html in headless Chromium (screenshot,
+    // DOM dump, console errors).
+    "chromium",
 ];
 
 /// bpf-linker must be built against this LLVM; without `LLVM_PREFIX` its build finds

@@ -18,6 +18,12 @@ pub enum Format {
     Json,
     /// The incidents and their blocked time in words.
     Text,
+    /// The wait-for graph of each incident (chain.svg).
+    #[value(alias = "chain-svg")]
+    Chain,
+    /// The self-contained page (index.html), with latency.json's tables when
+    /// it is beside incident.json.
+    Html,
 }
 
 /// Re-render a bundle written by `watch --report-dir` (a bundle directory,
@@ -26,6 +32,7 @@ pub enum Format {
 #[command(after_help = "Examples:
   plegwatch report /var/lib/plegwatch/reports/20261123T230015Z-pid1097-incident-2
   plegwatch report DIR --format svg --output blocked.svg
+  plegwatch report DIR --format html --output incident.html
   plegwatch report DIR --format pprof --output profile.pb.gz && go tool pprof -top profile.pb.gz")]
 pub struct ReportArgs {
     /// The bundle directory (or its incident.json).
@@ -47,6 +54,8 @@ pub fn run(args: ReportArgs) -> anyhow::Result<()> {
         Format::Pprof => render::pprof_gz(&b)?,
         Format::Json => render::json(&b)?,
         Format::Text => render::text(&b).into_bytes(),
+        Format::Chain => render::chain(&b)?.into_bytes(),
+        Format::Html => render::html(&b, report::load_latency(&args.bundle).as_ref())?.into_bytes(),
     };
     match &args.output {
         Some(path) => std::fs::write(path, &body).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,

@@ -461,12 +461,20 @@ impl<B: StallBed> Watched<B> {
         Self::run_until_warn(bed, WARN, done)
     }
 
-    fn run_until_warn(mut bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
+    fn run_until_warn(bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
+        Self::run_with_args(bed, warn, &[], done)
+    }
+
+    /// [`Watched::run_until`] with `plegwatch watch --warn WARN` and `extra` arguments
+    /// (e.g. `--report-dir DIR`, `--critical 4s`).
+    pub fn run_with_args(mut bed: B, warn: Duration, extra: &[&str], done: impl Fn(&Event) -> bool) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
         let fixture = build_fake_kubelet()?;
         let socket = bed.stage().containerd().socket().display().to_string();
         let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
-        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", warn.as_millis())])?;
+        let warn_arg = format!("{}ms", warn.as_millis());
+        let args: Vec<&str> = ["--warn", warn_arg.as_str()].into_iter().chain(extra.iter().copied()).collect();
+        let mut plegwatch = Plegwatch::start(&args)?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let text = TextCapture::start(warn)?;
         bed.before_trigger(&mut plegwatch)?;

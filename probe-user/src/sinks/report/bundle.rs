@@ -65,6 +65,19 @@ pub struct IncidentRecord {
     pub attached: Vec<HopRecord>,
     /// Every wait id it had.
     pub waits: Vec<u64>,
+    /// The levels it reached, each with the age of its oldest wait then
+    /// (`after_s`, seconds after `started_at`): the timeline's marks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalations: Vec<Escalation>,
+}
+
+/// A level crossed, and how long after the start.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Escalation {
+    /// `warn`, `critical` or `imminent`.
+    pub level: String,
+    /// Seconds after the wait (or the incident's oldest wait) began.
+    pub after_s: f64,
 }
 
 /// A hop, as printed in an `incident` line.
@@ -116,6 +129,19 @@ pub struct WaitRecord {
     pub kernel_stack_from: Option<String>,
     #[serde(default)]
     pub user_stack: Vec<String>,
+    /// The goroutine (hex), when a hop named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goroutine: Option<String>,
+    /// When it began, RFC 3339 UTC: from its stall lines, else from its age
+    /// on an incident line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// The levels its stall lines reported, first crossing of each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub escalations: Vec<Escalation>,
+    /// Its age when it ended (its end record's); none while open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_after_s: Option<f64>,
 }
 
 /// One folded stack of blocked time.
@@ -168,6 +194,11 @@ pub struct Ledger {
     incidents: BTreeMap<u64, IncidentRecord>,
 }
 
+/// Non-negative, finite seconds as a duration (else zero).
+pub fn duration_s(s: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(s).unwrap_or_default()
+}
+
 fn secs_ns(s: f64) -> u64 {
     if s.is_finite() && s > 0.0 { (s * 1e9).round() as u64 } else { 0 }
 }
@@ -181,6 +212,11 @@ impl Ledger {
         w.tid = Some(s.tid);
         w.comm = Some(s.comm.clone());
         w.waited_s = w.waited_s.max(s.waited_s);
+        w.started_at = Some(s.started_at.clone());
+        let level = s.level.as_str();
+        if !w.escalations.iter().any(|e| e.level == level) {
+            w.escalations.push(Escalation { level: level.to_string(), after_s: s.waited_s });
+        }
         if !s.kernel_stack.is_empty() {
             w.kernel_stack = s.kernel_stack.clone();
             w.kernel_stack_from = Some("proc_stack".into());
@@ -208,14 +244,17 @@ impl Ledger {
         }
         w.waited_s = w.waited_s.max(r.waited_s);
         w.timing = Some(r.timing.to_string());
+        w.ended_after_s = Some(r.waited_s);
     }
 
     /// An incident line (raised, escalated or updated).
     pub fn incident(&mut self, i: &Incident) {
         let chain: Vec<HopRecord> = i.chain.iter().filter_map(HopRecord::of).collect();
         let attached: Vec<HopRecord> = i.attached.iter().filter_map(HopRecord::of).collect();
+        // The line's own time: its oldest wait's start plus that wait's age.
+        let now = humantime::parse_rfc3339_weak(&i.started_at).ok().and_then(|t| t.checked_add(duration_s(i.waited_s)));
         for h in chain.iter().chain(&attached) {
-            self.hop_seen(h);
+            self.hop_seen(h, now);
         }
         let rec = self.incidents.entry(i.id).or_insert_with(|| IncidentRecord {
             id: i.id,
@@ -228,8 +267,12 @@ impl Ledger {
             chain: Vec::new(),
             attached: Vec::new(),
             waits: Vec::new(),
+            escalations: Vec::new(),
         });
         let level = i.level.as_str();
+        if level_rank(level) > level_rank(&rec.level) {
+            rec.escalations.push(Escalation { level: level.to_string(), after_s: i.waited_s });
+        }
         if level_rank(level) >= level_rank(&rec.level) {
             rec.level = level.to_string();
         }
@@ -253,7 +296,7 @@ impl Ledger {
         }
         let longest: Vec<HopRecord> = r.longest_chain.iter().filter_map(HopRecord::of).collect();
         for h in &longest {
-            self.hop_seen(h);
+            self.hop_seen(h, None);
         }
         let Some(rec) = self.incidents.get_mut(&r.id) else { return false };
         rec.state = "resolved".into();
@@ -264,7 +307,8 @@ impl Ledger {
         true
     }
 
-    fn hop_seen(&mut self, h: &HopRecord) {
+    /// A hop of an incident line printed at `now` (none: time unknown).
+    fn hop_seen(&mut self, h: &HopRecord, now: Option<std::time::SystemTime>) {
         let Some(id) = h.wait_id else { return };
         let w = self.waits.entry(id).or_insert_with(|| WaitRecord { id, ..Default::default() });
         if w.kind.is_empty() {
@@ -273,7 +317,14 @@ impl Ledger {
             w.tid = h.tid;
             w.comm = h.comm.clone();
         }
+        if w.goroutine.is_none() {
+            w.goroutine = h.goroutine.clone();
+        }
         w.waited_s = w.waited_s.max(h.waited_s.unwrap_or(0.0));
+        if w.started_at.is_none() {
+            let start = now.zip(h.waited_s).and_then(|(t, age)| t.checked_sub(duration_s(age)));
+            w.started_at = start.map(|t| humantime::format_rfc3339_millis(t).to_string());
+        }
     }
 
     /// The bundle of one incident (none if it was never raised).

@@ -9,6 +9,8 @@
 //! | `profile.pb.gz` | the same, as a pprof profile (see [`pprof`]) |
 //! | `incident.json` | the incidents, their waits and the samples: what `plegwatch report` re-renders |
 //! | `latency.json` | the run's latency tables per probe family, written at exit |
+//! | `chain.svg` | the wait-for graph of each incident (layout-rs, see [`chain_svg`]) |
+//! | `index.html` | one self-contained page: summary, chain, timeline, both pictures, latency (see [`page`]); rendered again at exit with `latency.json` |
 //!
 //! Bundles are named `<run>-incident-<id>` and `<run>-run`, where `<run>` is
 //! the UTC time the watch started and plegwatch's pid. Directories get mode
@@ -23,8 +25,11 @@
 //! (the sink is dropped) the queue is drained and the worker joined.
 
 pub mod bundle;
+pub mod chain_svg;
+pub mod page;
 pub mod pprof;
 pub mod render;
+pub mod timeline;
 
 use crate::events::{Event, Sink};
 use bundle::{Bundle, Ledger};
@@ -41,13 +46,14 @@ use std::time::SystemTime;
 const QUEUE: usize = 16;
 
 /// The file names of a bundle.
-pub const FILES: [&str; 5] = ["blocked.folded", "blocked.svg", "profile.pb.gz", "incident.json", "latency.json"];
+pub const FILES: [&str; 7] = ["blocked.folded", "blocked.svg", "profile.pb.gz", "incident.json", "latency.json", "chain.svg", "index.html"];
 
 /// A job for the writer thread.
 enum Job {
     /// Render and write a bundle's files (not `latency.json`).
     Bundle(PathBuf, Box<Bundle>),
-    /// Write `latency.json` into these bundle directories.
+    /// Write `latency.json` into these bundle directories, and their
+    /// `index.html` again with its tables.
     Latency(Vec<PathBuf>, Value),
 }
 
@@ -60,6 +66,8 @@ pub struct ReportSink {
     imminent: BTreeSet<u64>,
     /// Every bundle directory written in this run (for `latency.json` at exit).
     written: BTreeSet<PathBuf>,
+    /// The kernel's drop counters by probe, from the last status line (daemon only).
+    dropped: Vec<crate::events::DropCount>,
     tx: Option<SyncSender<Job>>,
     worker: Option<JoinHandle<()>>,
 }
@@ -87,6 +95,9 @@ impl ReportSink {
                             if let Err(e) = write_file(&d, "latency.json", &body) {
                                 tracing::warn!("report bundle {}: latency.json: {e}", d.display());
                             }
+                            if let Err(e) = rewrite_page(&d, &v) {
+                                tracing::warn!("report bundle {}: index.html: {e}", d.display());
+                            }
                         }
                     }
                 }
@@ -99,6 +110,7 @@ impl ReportSink {
             ledger: Ledger::default(),
             imminent: BTreeSet::new(),
             written: BTreeSet::new(),
+            dropped: Vec::new(),
             tx: Some(tx),
             worker: Some(worker),
         })
@@ -146,11 +158,15 @@ impl Sink for ReportSink {
                 self.written.insert(dir.clone());
                 let b = self.ledger.run_bundle(now_rfc3339());
                 self.send(Job::Bundle(dir, Box::new(b)), "the run's bundle");
-                let latency = latency_tables(s);
+                let mut latency = latency_tables(s);
+                if !self.dropped.is_empty() {
+                    latency["dropped_by_probe"] = json!(self.dropped);
+                }
                 let dirs = self.written.iter().cloned().collect();
                 self.send(Job::Latency(dirs, latency), "latency.json");
             }
-            Event::Ready(_) | Event::Target(_) | Event::Status(_) => {}
+            Event::Status(s) => self.dropped = s.dropped.clone(),
+            Event::Ready(_) | Event::Target(_) => {}
         }
     }
 }
@@ -212,16 +228,39 @@ pub fn write_bundle(dir: &Path, b: &Bundle) -> Result<(), WriteError> {
     let svg = render::svg(b).map_err(|e| WriteError::Render("blocked.svg", e.to_string()))?;
     let pprof = render::pprof_gz(b).map_err(|e| WriteError::Render("profile.pb.gz", e.to_string()))?;
     let folded = render::folded_text(b);
-    let files: [(&str, &[u8]); 4] = [
+    // A graph the layout cannot draw costs the picture, not the bundle.
+    let chain = render::chain(b).unwrap_or_else(|e| {
+        tracing::warn!("report bundle {}: {e}; the bundle goes without it", dir.display());
+        String::new()
+    });
+    let html = render::html_with(b, &chain, &svg, None);
+    let mut files: Vec<(&str, &[u8])> = vec![
         ("incident.json", &json),
         ("blocked.folded", folded.as_bytes()),
         ("blocked.svg", &svg),
         ("profile.pb.gz", &pprof),
+        ("index.html", html.as_bytes()),
     ];
+    if !chain.is_empty() {
+        files.push(("chain.svg", chain.as_bytes()));
+    }
     for (name, body) in files {
         write_file(dir, name, body).map_err(|e| WriteError::Io(name.to_string(), e))?;
     }
     Ok(())
+}
+
+/// `index.html` of the bundle in `dir` again, now with `latency`.
+fn rewrite_page(dir: &Path, latency: &Value) -> Result<(), WriteError> {
+    let b = load(dir).map_err(|e| WriteError::Render("index.html", e.to_string()))?;
+    let html = render::html(&b, Some(latency)).map_err(|e| WriteError::Render("index.html", e.to_string()))?;
+    write_file(dir, "index.html", html.as_bytes()).map_err(|e| WriteError::Io("index.html".into(), e))
+}
+
+/// `latency.json` beside a bundle's `incident.json`, if it is there and parses.
+pub fn load_latency(path: &Path) -> Option<Value> {
+    let dir = if path.is_dir() { path } else { path.parent()? };
+    serde_json::from_slice(&std::fs::read(dir.join("latency.json")).ok()?).ok()
 }
 
 /// A directory with mode 0700 (also when it was there already).

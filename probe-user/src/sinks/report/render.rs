@@ -2,7 +2,8 @@
 //! report sink writes and what `plegwatch report` re-renders.
 
 use super::bundle::{folded, Bundle};
-use super::pprof;
+use super::{chain_svg, page, pprof};
+use serde_json::Value;
 use inferno::flamegraph::{self, color, Options};
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -41,6 +42,24 @@ pub fn pprof_gz(b: &Bundle) -> std::io::Result<Vec<u8>> {
     let ids: Vec<String> = b.incidents.iter().map(|i| format!("#{}", i.id)).collect();
     let comment = format!("plegwatch {} bundle: blocked time of incident(s) {}", b.scope, ids.join(", "));
     pprof::encode_gz(&pprof::profile(&b.samples, now, duration, &comment))
+}
+
+/// `chain.svg`: the incidents' wait-for graphs (see [`chain_svg`]).
+pub fn chain(b: &Bundle) -> Result<String, chain_svg::LayoutError> {
+    chain_svg::svg(b)
+}
+
+/// `index.html` (see [`page`]), from the two pictures already rendered and
+/// `latency.json` when there is one.
+pub fn html_with(b: &Bundle, chain: &str, blocked: &[u8], latency: Option<&Value>) -> String {
+    page::html(b, chain, blocked, latency)
+}
+
+/// `index.html`, rendering both pictures.
+pub fn html(b: &Bundle, latency: Option<&Value>) -> std::io::Result<String> {
+    let chain = chain(b).map_err(std::io::Error::other)?;
+    let blocked = svg(b)?;
+    Ok(html_with(b, &chain, &blocked, latency))
 }
 
 /// `incident.json`, pretty-printed.

@@ -268,6 +268,9 @@ fn the_sink_writes_bundles_with_private_modes_and_they_read_back() {
     assert_eq!((inc.reason.as_str(), inc.incidents[0].state.as_str()), ("resolved", "resolved"));
     let latency: serde_json::Value = serde_json::from_slice(&std::fs::read(bundles[0].join("latency.json")).unwrap()).unwrap();
     assert_eq!(latency["families"][0]["family"], "syscall");
+    // index.html was rendered again at exit, with the latency tables and drops.
+    let page = std::fs::read_to_string(bundles[0].join("index.html")).unwrap();
+    assert!(page.contains("id=\"drops\"") && page.contains("Incident #3") && page.contains("id=\"timeline\""), "{page}");
     let text = render::text(&inc);
     assert!(text.contains("ROOT 3. umount") && text.contains("END 4. device"), "{text}");
     // The root hop shows its end record's 8 s, not its age at the last incident line.
@@ -305,3 +308,184 @@ fn bad_bundles_are_refused_in_one_line() {
     assert!(e.contains("plegwatch-bundle/99") && !e.contains('\n'), "{e}");
 }
 
+
+/// The text of every `<text>` element of an SVG (its tspans joined by newlines).
+fn svg_texts(doc: &roxmltree::Document) -> Vec<String> {
+    doc.descendants()
+        .filter(|n| n.has_tag_name("text"))
+        .map(|n| n.descendants().filter(|d| d.has_tag_name("tspan") || d.has_tag_name("textPath")).filter_map(|d| d.text()).collect::<Vec<_>>().join("\n"))
+        .collect()
+}
+
+const HOSTILE: &str = "</text><script>alert(1)</script> & \"q\" 'x' ";
+
+/// The test incident, with an inferred middle edge, a hostile and long `what`, and a waiter
+/// attached by a heuristic link.
+fn rich_bundle() -> super::bundle::Bundle {
+    let mut i = incident(Level::Imminent, 6.0);
+    i.chain[1].exactness = Some(Exactness::Inferred);
+    i.chain[1].goroutine = Some(0x2a);
+    i.chain[2].what = format!("{HOSTILE}umount2 /run/containerd/io.containerd.runtime.v2.task/k8s.io/{}/rootfs", "f".repeat(64));
+    let mut attached = hop(Some(9), "go_lock", 50, "store.(*Store).Get (parked beside UpdateSync)", Some(2.5), Some(EdgeKind::SameGoroutine), false);
+    attached.exactness = Some(Exactness::Heuristic);
+    i.attached = vec![attached];
+    let mut l = Ledger::default();
+    l.stall(&stall(1, WaitKind::Umount, 30, 2.0, &UMOUNT_STACK));
+    l.incident(&i);
+    l.bundle_of(3, "imminent", "now".into()).unwrap()
+}
+
+#[test]
+fn the_chain_svg_parses_names_every_hop_and_marks_the_root() {
+    let b = rich_bundle();
+    let svg = render::chain(&b).unwrap();
+    let doc = roxmltree::Document::parse(&svg).unwrap_or_else(|e| panic!("chain.svg is not XML: {e}\n{svg}"));
+    assert!(doc.root_element().has_tag_name("svg"));
+    assert!(!doc.descendants().any(|n| n.has_tag_name("script")), "the hostile what became markup:\n{svg}");
+    let texts = svg_texts(&doc);
+    let all = texts.join("\n");
+    eprintln!("{all}");
+    let i = &b.incidents[0];
+    for h in i.chain.iter().chain(&i.attached) {
+        let first_line = super::chain_svg::wrap(&h.what, super::chain_svg::WRAP, 1).remove(0);
+        let first_line = first_line.trim_end_matches('…');
+        let node = texts.iter().find(|t| t.contains(first_line)).unwrap_or_else(|| panic!("no box names {:?}:\n{all}", h.what));
+        assert!(node.contains(&h.kind), "{node}");
+        if let Some(c) = &h.comm {
+            assert!(node.contains(&format!("{c} pid={}", h.pid.unwrap())), "{node}");
+        }
+        if let Some(s) = h.waited_s {
+            assert!(node.contains(&format!("waited {s:.1}s")), "{node}");
+        }
+    }
+    // The goroutine, the root, the symptom, the side waiter; edges named with exactness.
+    assert!(all.contains("g=0x2a") && all.contains("ROOT: umount") && all.contains("SYMPTOM: pleg_relist") && all.contains("ATTACHED: go_lock"), "{all}");
+    assert!(all.contains("cri_call\n(exact)") && all.contains("same_goroutine\n(inferred)") && all.contains("device\n(exact)"), "{all}");
+    assert!(all.contains(HOSTILE.trim()), "the hostile text is shown as text: {all}");
+    // Long whats are cut: no line over the wrap width.
+    assert!(texts.iter().flat_map(|t| t.lines()).all(|l| l.chars().count() <= super::chain_svg::WRAP + "ATTACHED: ".len() + 30), "{all}");
+    assert!(all.contains('…'), "the 64-character path was cut: {all}");
+    // The root is red; exact solid, inferred dashed, heuristic dotted (by class).
+    assert!(doc.descendants().any(|n| n.attribute("fill") == Some("#fbd3d3ff")), "no red box");
+    let class_of = |c: &str| doc.descendants().filter(|n| n.attribute("class") == Some(c)).count();
+    assert_eq!((class_of("pw-exact"), class_of("pw-inferred"), class_of("pw-heuristic")), (2, 1, 1), "{svg}");
+    assert!(svg.contains(".pw-heuristic path { stroke-dasharray: 2 4; }"));
+}
+
+#[test]
+fn a_run_bundle_draws_every_incident_side_by_side() {
+    let mut l = Ledger::default();
+    l.incident(&incident(Level::Warn, 3.0));
+    let mut other = incident(Level::Critical, 4.0);
+    other.id = 4;
+    l.incident(&other);
+    let svg = render::chain(&l.run_bundle("now".into())).unwrap();
+    let doc = roxmltree::Document::parse(&svg).unwrap();
+    let all = svg_texts(&doc).join("\n");
+    assert!(all.contains("incident #3 WARN") && all.contains("incident #4 CRITICAL"), "{all}");
+    // An empty run still draws.
+    let empty = render::chain(&Ledger::default().run_bundle("now".into())).unwrap();
+    assert!(roxmltree::Document::parse(&empty).is_ok() && empty.contains("no incident"), "{empty}");
+}
+
+#[test]
+fn wrap_cuts_long_text_at_a_separator_and_marks_the_cut() {
+    use super::chain_svg::wrap;
+    assert_eq!(wrap("short", 10, 3), vec!["short"]);
+    assert_eq!(wrap("/run/containerd/io.containerd", 16, 3), vec!["/run/containerd/", "io.containerd"]);
+    assert_eq!(wrap("/run/containerd/io.containerd", 16, 1), vec!["/run/containerd…"]);
+    // No separator in the second half of the window: cut at the width.
+    assert_eq!(wrap("/run/containerd", 12, 2), vec!["/run/contain", "erd"]);
+    let lines = wrap(&"x".repeat(100), 10, 2);
+    assert_eq!(lines, vec!["x".repeat(10), format!("{}…", "x".repeat(9))]);
+    assert_eq!(wrap("a\nb", 10, 3), vec!["a b"]);
+}
+
+/// Every `src=`, `href=`, `data=` and `url(` value of a page: none may fetch from the net.
+fn fetched_urls(html: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in ["src=\"", "href=\"", "data=\"", "url(", "src='", "href='", "@import"] {
+        let mut rest = html;
+        while let Some(i) = rest.find(key) {
+            rest = &rest[i + key.len()..];
+            let value: String = rest.chars().take_while(|c| !matches!(c, '"' | '\'' | ')')).collect();
+            out.push(value);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_page_embeds_both_pictures_and_fetches_nothing() {
+    use base64::Engine as _;
+    let b = rich_bundle();
+    let latency = latency_tables(&Summary { dropped_waits: 7, dropped_events: 11, ..Default::default() });
+    let html = render::html(&b, Some(&latency)).unwrap();
+    let urls = fetched_urls(&html);
+    assert!(!urls.is_empty());
+    for u in &urls {
+        let u = u.trim().to_ascii_lowercase();
+        assert!(!u.starts_with("http:") && !u.starts_with("https:") && !u.starts_with("//"), "the page fetches {u}");
+    }
+    // The check sees a fetch when there is one.
+    assert!(fetched_urls("<img src=\"https://cdn.example/x.png\">").iter().any(|u| u.starts_with("https:")));
+    assert!(!html.contains("<script"), "the page runs no script of its own");
+    assert!(!html.contains("<script>alert(1)"), "hostile text escaped");
+    // chain.svg inline, with every hop named.
+    let div = &html[html.find("id=\"chain\"").expect("the chain's figure")..];
+    let inline = &div[div.find("<svg").expect("chain.svg inline")..div.find("</svg>").unwrap() + "</svg>".len()];
+    let doc = roxmltree::Document::parse(inline).unwrap_or_else(|e| panic!("the inline chain.svg: {e}"));
+    let texts = svg_texts(&doc).join("\n");
+    for h in &b.incidents[0].chain {
+        assert!(texts.contains(&h.kind), "the inline chain.svg lacks {}", h.kind);
+    }
+    // blocked.svg as a data: URL that decodes to the file.
+    let at = html.find("data:image/svg+xml;base64,").expect("blocked.svg embedded") + "data:image/svg+xml;base64,".len();
+    let encoded: String = html[at..].chars().take_while(|c| *c != '"').collect();
+    let decoded = base64::engine::general_purpose::STANDARD.decode(encoded).unwrap();
+    assert_well_formed(&decoded);
+    let decoded = String::from_utf8(decoded).unwrap();
+    assert!(decoded.contains("plegwatch incident #3: blocked time") && decoded.contains("ListContainers"), "not blocked.svg");
+    // Summary, chain list, drops.
+    for want in ["IMMINENT", "PLEG budget 3%", "waited 6.0s", "started 2026-11-23T03:00:00.000Z", "server.(*criService).ListContainers", "ROOT", "id=\"drops\"", ">7<", ">11<", "umount2"] {
+        assert!(html.contains(want), "the page lacks {want}");
+    }
+}
+
+#[test]
+fn timeline_rows_are_the_waits_with_their_levels_and_ends() {
+    let mut l = Ledger::default();
+    let mut s = stall(1, WaitKind::Umount, 30, 1.0, &UMOUNT_STACK);
+    s.started_at = "2026-11-23T03:00:01.000Z".into();
+    l.stall(&s);
+    s.level = Level::Critical;
+    s.waited_s = 4.0;
+    l.stall(&s);
+    l.stall(&s); // a repeat keeps the first crossing
+    l.incident(&incident(Level::Warn, 2.0));
+    l.incident(&incident(Level::Imminent, 6.0));
+    l.resolved(&resolved(1, 8.0));
+    let b = l.bundle_of(3, "resolved", "now".into()).unwrap();
+    let tl = super::timeline::of(&b);
+    let ids: Vec<u64> = tl.rows.iter().map(|r| r.wait_id).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    assert_eq!(tl.rows.len(), b.waits.len());
+    assert_eq!(ids, b.waits.iter().map(|w| w.id).collect::<Vec<_>>());
+    // Time zero is the incident's start (03:00:00); wait 1 began a second later, went
+    // warn at 1 s, critical at 4 s of its age, ended at 8 s.
+    assert_eq!(tl.origin.as_deref(), Some("2026-11-23T03:00:00.000Z"));
+    let w1 = tl.rows.iter().find(|r| r.wait_id == 1).unwrap();
+    assert_eq!((w1.start_s, w1.end_s, w1.ended, w1.start_known), (1.0, 9.0, true, true));
+    assert_eq!(w1.marks, vec![("warn".to_string(), 2.0), ("critical".to_string(), 5.0)]);
+    // Wait 8 had no stall line: its start comes from its age on the incident line (6 s
+    // line at 03:00:06, aged 5.5 s) and it is still open.
+    let w8 = tl.rows.iter().find(|r| r.wait_id == 8).unwrap();
+    assert!((w8.start_s - 0.5).abs() < 1e-6 && !w8.ended && w8.start_known, "{w8:?}");
+    // The incident went warn at 2 s and imminent at 6 s.
+    let marks: Vec<(String, f64)> = tl.incident_marks.iter().map(|m| (m.level.clone(), m.at_s)).collect();
+    assert_eq!(marks, vec![("warn".to_string(), 2.0), ("imminent".to_string(), 6.0)]);
+    // The page draws a row per wait.
+    let html = render::html(&b, None).unwrap();
+    assert_eq!(html.matches("class=\"tl-row\"").count(), b.waits.len());
+    assert_eq!(super::timeline::tick_step(9.0), 2.0);
+    assert_eq!(super::timeline::tick_step(0.3), 0.05);
+}
