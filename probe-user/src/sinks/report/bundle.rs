@@ -13,10 +13,11 @@
 //! thread-seconds. Waits off the chain (threads attached by a heuristic link,
 //! or further waits behind the same root) stand on a frame of their own.
 //!
-//! What is not symbolized yet: user stacks are not captured at all (the
-//! `user_stack` of a stall is always empty today), so the stacks end at the
-//! kernel; kernel frames are names already (`/proc/TID/stack`, or the
-//! off-CPU probe's symbolized stack when the stall had none).
+//! Above the hops stand the waiting thread's stacks, named already: its user
+//! stack as the kernel took it at the wait's start (Go by gopclntab, C by ELF
+//! symbols; watched syscalls only, so far), then its kernel stack
+//! (`/proc/TID/stack`, or the off-CPU probe's symbolized stack when the stall
+//! had none), suffixed `_[k]`.
 
 use crate::events::{Resolved, Stall};
 use crate::graph::incidents::{Incident, IncidentResolved};
@@ -391,8 +392,16 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
         let from_hop = hop.and_then(|h| h.waited_s).unwrap_or(0.0);
         secs_ns(from_wait.max(from_hop))
     };
+    // The thread's stacks, outermost first: its user stack (taken at the wait's start),
+    // then its kernel stack (where it sleeps).
     let kernel = |id: u64| -> Vec<String> {
-        by_id.get(&id).map(|w| w.kernel_stack.iter().rev().map(|f| kernel_frame(f)).collect()).unwrap_or_default()
+        by_id
+            .get(&id)
+            .map(|w| {
+                let user = w.user_stack.iter().rev().map(|f| frame_text(f));
+                user.chain(w.kernel_stack.iter().rev().map(|f| kernel_frame(f))).collect()
+            })
+            .unwrap_or_default()
     };
     let labels = |kind: &str, id: u64, link: &str| -> BTreeMap<String, String> {
         BTreeMap::from([

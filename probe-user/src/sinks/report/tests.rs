@@ -489,3 +489,18 @@ fn timeline_rows_are_the_waits_with_their_levels_and_ends() {
     assert_eq!(super::timeline::tick_step(9.0), 2.0);
     assert_eq!(super::timeline::tick_step(0.3), 0.05);
 }
+
+#[test]
+fn the_user_stack_stands_between_the_hops_and_the_kernel_stack() {
+    let mut l = Ledger::default();
+    let mut s = stall(1, WaitKind::Umount, 30, 2.0, &UMOUNT_STACK);
+    // Innermost first, as the kernel walks it.
+    s.user_stack = vec!["syscall.Syscall6".into(), "mount.unmount".into(), "task.(*service).Delete".into()];
+    l.stall(&s);
+    l.incident(&incident(Level::Imminent, 6.0));
+    let b = l.bundle_of(3, "imminent", "now".into()).expect("raised");
+    let f = folded(&b.samples);
+    let line = f.lines().find(|l| l.contains("umount c30")).unwrap_or_else(|| panic!("{f}"));
+    let user = "task.(*service).Delete;mount.unmount;syscall.Syscall6;entry_SYSCALL_64_after_hwframe_[k]";
+    assert!(line.contains(&format!("(task_work after the syscall returned);{user}")), "{line}");
+}
