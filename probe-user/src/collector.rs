@@ -774,6 +774,7 @@ impl Engine {
                     };
                     let kind = by_slot(info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
                     let stall = Stall {
+                        pod: Default::default(),
                         level,
                         id,
                         kind,

@@ -39,6 +39,9 @@ pub struct Stall {
     pub chain: Vec<Value>,
     pub kernel_stack: Vec<String>,
     pub user_stack: Vec<String>,
+    /// The waiting process's pod and container (omitted for a host process).
+    #[serde(flatten)]
+    pub pod: crate::graph::model::PodRef,
 }
 
 

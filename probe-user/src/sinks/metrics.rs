@@ -393,6 +393,7 @@ mod tests {
 
     fn hop(kind: &str, what: &str, root: bool) -> Hop {
         Hop {
+            pod: Default::default(),
             wait_id: Some(1),
             kind: kind.into(),
             pid: Some(42),
@@ -481,6 +482,7 @@ mod tests {
         let (mut sink, exp) = metrics();
         let stall = |id, level| {
             Event::Stall(Stall {
+                pod: Default::default(),
                 level,
                 id,
                 kind: WaitKind::Umount,

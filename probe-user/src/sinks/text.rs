@@ -319,6 +319,7 @@ mod tests {
 
     fn stall() -> Stall {
         Stall {
+            pod: Default::default(),
             level: Level::Warn,
             id: 7,
             kind: WaitKind::Umount,
@@ -427,6 +428,7 @@ mod tests {
 
     fn hop(kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<(crate::graph::model::EdgeKind, crate::graph::model::Exactness)>, root: bool) -> Hop {
         Hop {
+            pod: Default::default(),
             wait_id: waited.map(|_| u64::from(pid)),
             kind: kind.into(),
             pid: Some(pid),
