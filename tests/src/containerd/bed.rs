@@ -461,12 +461,24 @@ impl<B: StallBed> Watched<B> {
         Self::run_until_warn(bed, WARN, done)
     }
 
-    fn run_until_warn(mut bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
+    /// [`Watched::run`] with plegwatch reading pod names from the containers' bundles only
+    /// (`--runtime-endpoint none`): never asking the CRI.
+    pub fn run_bundles_only(bed: B) -> Result<Self> {
+        Self::run_with(bed, WARN, Some("none".into()), |e| e.is("resolved") && e.str("/kind") == Some("go_lock"))
+    }
+
+    fn run_until_warn(bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
+        Self::run_with(bed, warn, None, done)
+    }
+
+    /// Runs plegwatch with `--runtime-endpoint` the bed's containerd socket, or `endpoint`.
+    fn run_with(mut bed: B, warn: Duration, endpoint: Option<String>, done: impl Fn(&Event) -> bool) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
         let fixture = build_fake_kubelet()?;
         let socket = bed.stage().containerd().socket().display().to_string();
         let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
-        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", warn.as_millis())])?;
+        let endpoint = endpoint.unwrap_or_else(|| format!("unix://{socket}"));
+        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", warn.as_millis()), "--runtime-endpoint", &endpoint])?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let text = TextCapture::start(warn)?;
         bed.before_trigger(&mut plegwatch)?;
