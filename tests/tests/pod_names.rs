@@ -85,6 +85,10 @@ fn check(w: &Watched<Bed>) -> Result<()> {
             assert!(h.get(k).is_none(), "containerd's hop has {k}:\n{text}");
         }
     }
+    // The resolution's longest chain keeps the names, though the runc has exited by then.
+    let resolved = i.resolved.as_ref().and_then(|r| r.get("/longest_chain")).and_then(Value::as_array).cloned().unwrap_or_default();
+    let last = resolved.iter().find(|h| h["pid"].as_u64() == Some(u64::from(o.runc_pid)));
+    assert_eq!(last.and_then(|h| field(h, "container")), Some("sleeper"), "the resolved chain's runc hop:\n{}", all());
     // Its stall lines too: the shim's carry the pod, containerd's none.
     let stalls: Vec<_> = w.events.iter().filter(|e| e.is("stall")).collect();
     assert!(stalls.iter().any(|s| s.u64("/pid") == Some(u64::from(o.shim.pid)) && s.str("/pod") == Some(pod)), "no shim stall naming the pod:\n{}", all());

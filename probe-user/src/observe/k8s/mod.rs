@@ -71,7 +71,14 @@ impl Pods {
         if self.pids.len() >= CACHE_MAX {
             self.pids.retain(|_, (at, _)| at.elapsed() < PID_TTL);
         }
-        let r = self.look_up(pid);
+        let mut r = self.look_up(pid);
+        if r.is_empty() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            // Gone (a runc that went on and exited before its incident resolved): it keeps
+            // the names it had, for the resolution's chain.
+            if let Some((_, old)) = self.pids.get(&pid) {
+                r = old.clone();
+            }
+        }
         self.pids.insert(pid, (Instant::now(), r.clone()));
         r
     }
