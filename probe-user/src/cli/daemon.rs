@@ -214,6 +214,20 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:9792".parse().unwrap());
         assert_eq!(c.watch.thresholds.warn, Duration::from_secs(10));
         assert_eq!(c.watch.status_every, Some(Duration::from_secs(1)));
+        assert_eq!(c.watch.runtime_socket.as_deref(), Some(Path::new("/run/containerd/containerd.sock")));
+    }
+
+    #[test]
+    fn the_runtime_endpoint_from_the_file_or_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("d.toml");
+        std::fs::write(&f, "runtime_endpoint = \"unix:///run/k3s/containerd/containerd.sock\"\n").unwrap();
+        let c = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap();
+        assert_eq!(c.watch.runtime_socket.as_deref(), Some(Path::new("/run/k3s/containerd/containerd.sock")));
+        let c = daemon(&["--config", f.to_str().unwrap(), "--runtime-endpoint", "none"]).resolve().unwrap();
+        assert_eq!(c.watch.runtime_socket, None, "the flag wins; none: bundles only");
+        let e = daemon(&["--runtime-endpoint", "tcp://10.0.0.1:1"]).resolve().unwrap_err();
+        assert!(e.contains("--runtime-endpoint") && !e.contains('\n'), "{e}");
     }
 
     #[test]
