@@ -32,6 +32,7 @@ use crate::{
     sources::devices::DeviceIo,
     observe::Observe,
     observe::ustack::UserSymbolizer,
+    observe::k8s::Pods,
     sources::offcpu::OffCpu,
     sources::reqwatch::ReqWatch,
     observe::procfs::{self, SyscallState},
@@ -61,6 +62,8 @@ pub struct WatchConfig {
     pub go_paths: Vec<(&'static str, std::path::PathBuf)>,
     /// Emit a `status` event this often (the daemon's metrics); `None` for `watch`.
     pub status_every: Option<Duration>,
+    /// The CRI socket asked for pod and container names (none: bundles only).
+    pub runtime_socket: Option<std::path::PathBuf>,
 }
 
 
@@ -108,6 +111,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     };
     let mut incidents = Incidents::new(cfg.thresholds);
     let mut observe = Observe::default();
+    let mut pods = Pods::new(cfg.runtime_socket.clone());
     let mut scans = ScanClock::default();
     let mut devices = match choices.iter().any(|c| c.probe == "block_io" && !c.is_off()) {
         true => Some(DeviceIo::new(&mut ebpf)?),
@@ -162,13 +166,13 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     note_open(&mut open_waits, pid, kind, start);
                 }
                 {
-                    let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), ustack: &mut ustack, open_waits: &open_waits };
+                    let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), ustack: &mut ustack, open_waits: &open_waits, pods: &mut pods };
                     engine.scan(&mut sink);
                     req.scan(monotonic_ns(), &mut sink);
                     let waits = KernelWaits { by_tid: &engine.open_by_tid, by_g: &engine.open_by_g, longest_by_pid: &open_waits };
                     go.scan(monotonic_ns(), &waits, &mut sink);
                 }
-                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref() };
+                let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref(), pods: &mut pods };
                 graph.step(&mut engine, &mut req, &go, sink);
                 go.poll(&mut ebpf, sink);
                 drops.check(&ebpf);
@@ -210,7 +214,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
             guard = ring.readable_mut() => {
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the ring buffer", e))?;
                 let none = HashMap::new();
-                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), ustack: &mut ustack, open_waits: &none };
+                let mut sink = Enrich { inner: &mut *sink, offcpu: offcpu.as_ref(), ustack: &mut ustack, open_waits: &none, pods: &mut pods };
                 engine.drain(guard.get_inner_mut(), &mut sink);
                 guard.clear_ready();
             }
@@ -226,7 +230,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // One last look, so that incidents whose waits just ended are resolved.
     engine.scan(sink);
     req.scan(monotonic_ns(), sink);
-    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref() };
+    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref(), pods: &mut pods };
     graph.step(&mut engine, &mut req, &go, sink);
 
     let counters = stats::counters(&ebpf);
@@ -340,6 +344,8 @@ struct Enrich<'a> {
     ustack: &'a mut UserSymbolizer,
     /// Each process's longest open wait: (kind, start ns).
     open_waits: &'a HashMap<u32, (&'static str, u64)>,
+    /// Who is in which pod.
+    pods: &'a mut Pods,
 }
 
 
@@ -348,6 +354,7 @@ impl Sink for Enrich<'_> {
         if let Event::Stall(s) = event {
             let now = monotonic_ns();
             let mut s = s.clone();
+            s.pod = self.pods.of_pid(s.pid);
             // The holder's own longest open wait, if it has one: the next link.
             if let Some(Value::Object(h)) = &mut s.holder {
                 let pid = h.get("pid").and_then(Value::as_u64).map(|p| p as u32);
@@ -392,6 +399,8 @@ struct Graph<'a> {
     filter: &'a Filter,
     /// The `parked_threads` sampler (off the event loop).
     parked: Option<&'a Sampler>,
+    /// Who is in which pod, for the hops as they are printed.
+    pods: &'a mut Pods,
 }
 
 impl Graph<'_> {
@@ -432,9 +441,26 @@ impl Graph<'_> {
         let filter = self.filter;
         for change in self.incidents.scan(&waits, &edges, clocks, &|w| filter.matches_wait(w), &mut ids::id_of) {
             match change {
-                Change::Raised(i) => sink.emit(&Event::Incident(Box::new(i))),
-                Change::Resolved(r) => sink.emit(&Event::IncidentResolved(r)),
+                Change::Raised(mut i) => {
+                    let hops = i.root.iter_mut().chain([&mut i.symptom]).chain(i.chain.iter_mut()).chain(i.attached.iter_mut());
+                    name_pods(hops, self.pods);
+                    sink.emit(&Event::Incident(Box::new(i)))
+                }
+                Change::Resolved(mut r) => {
+                    name_pods(r.longest_chain.iter_mut(), self.pods);
+                    sink.emit(&Event::IncidentResolved(r))
+                }
             }
+        }
+    }
+}
+
+/// Each hop's pod and container, by its process, as the incident is printed (after the
+/// incident builder decided what changed: names never make a line of their own).
+fn name_pods<'h>(hops: impl Iterator<Item = &'h mut crate::graph::model::Hop>, pods: &mut Pods) {
+    for h in hops {
+        if let Some(pid) = h.pid {
+            h.pod = pods.of_pid(pid);
         }
     }
 }
@@ -783,6 +809,7 @@ impl Engine {
                     };
                     let kind = by_slot(info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
                     let stall = Stall {
+                        pod: Default::default(),
                         level,
                         id,
                         kind,

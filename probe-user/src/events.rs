@@ -43,6 +43,9 @@ pub struct Stall {
     /// The user stack's id in the kernel's stack map, until it is named (-1: none).
     #[serde(skip)]
     pub user_stack_id: i32,
+    /// The waiting process's pod and container (omitted for a host process).
+    #[serde(flatten)]
+    pub pod: crate::graph::model::PodRef,
 }
 
 

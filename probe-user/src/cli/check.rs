@@ -91,6 +91,7 @@ fn self_watch_config(args: &CheckArgs, duration: Duration) -> Result<collector::
         containerd: None,
         kubelet: None,
         report_dir: None,
+        runtime_endpoint: crate::observe::k8s::cri::DEFAULT_ENDPOINT.into(),
         duration: Some(duration),
         interval: Duration::from_millis(250),
     }

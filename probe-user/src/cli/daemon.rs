@@ -35,7 +35,8 @@ Config file (TOML; every key optional, flags win):
   pid = [1234]
   comm = [\"containerd-shim*\"]
   containerd = \"/usr/bin/containerd\"
-  kubelet = \"/usr/bin/kubelet\"")]
+  kubelet = \"/usr/bin/kubelet\"
+  runtime_endpoint = \"unix:///run/containerd/containerd.sock\"")]
 pub struct DaemonArgs {
     /// TOML config file.
     #[arg(long, value_name = "FILE")]
@@ -67,6 +68,10 @@ pub struct DaemonArgs {
     /// Write a bundle per incident (flamegraph, folded stacks, pprof, JSON) under DIR.
     #[arg(long, value_name = "DIR")]
     pub report_dir: Option<PathBuf>,
+    /// The runtime's CRI socket for pod and container names; `none` for bundles only
+    /// [default: unix:///run/containerd/containerd.sock].
+    #[arg(long, value_name = "ENDPOINT")]
+    pub runtime_endpoint: Option<String>,
     /// Stop after this long (tests).
     #[arg(long, value_parser = durations::parse, hide = true)]
     pub duration: Option<Duration>,
@@ -85,6 +90,7 @@ pub struct FileConfig {
     pub containerd: Option<PathBuf>,
     pub kubelet: Option<PathBuf>,
     pub report_dir: Option<PathBuf>,
+    pub runtime_endpoint: Option<String>,
 }
 
 /// What the daemon runs with.
@@ -143,6 +149,7 @@ impl DaemonArgs {
             duration: self.duration,
             interval: Duration::from_millis(250),
             report_dir: None,
+            runtime_endpoint: self.runtime_endpoint.clone().or(file.runtime_endpoint).unwrap_or_else(|| crate::observe::k8s::cri::DEFAULT_ENDPOINT.into()),
         };
         let mut watch = watch.config()?;
         watch.status_every = Some(Duration::from_secs(1));
@@ -207,6 +214,20 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:9792".parse().unwrap());
         assert_eq!(c.watch.thresholds.warn, Duration::from_secs(10));
         assert_eq!(c.watch.status_every, Some(Duration::from_secs(1)));
+        assert_eq!(c.watch.runtime_socket.as_deref(), Some(Path::new("/run/containerd/containerd.sock")));
+    }
+
+    #[test]
+    fn the_runtime_endpoint_from_the_file_or_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("d.toml");
+        std::fs::write(&f, "runtime_endpoint = \"unix:///run/k3s/containerd/containerd.sock\"\n").unwrap();
+        let c = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap();
+        assert_eq!(c.watch.runtime_socket.as_deref(), Some(Path::new("/run/k3s/containerd/containerd.sock")));
+        let c = daemon(&["--config", f.to_str().unwrap(), "--runtime-endpoint", "none"]).resolve().unwrap();
+        assert_eq!(c.watch.runtime_socket, None, "the flag wins; none: bundles only");
+        let e = daemon(&["--runtime-endpoint", "tcp://10.0.0.1:1"]).resolve().unwrap_err();
+        assert!(e.contains("--runtime-endpoint") && !e.contains('\n'), "{e}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ use std::time::Duration;
   plegwatch watch --no-live | tee plegwatch.log
   plegwatch watch --json --pid 1234 --comm umount
   plegwatch watch --comm 'containerd-shim*'
+  plegwatch watch --runtime-endpoint unix:///run/k3s/containerd/containerd.sock
   plegwatch watch --report-dir /var/lib/plegwatch/reports")]
 pub struct WatchArgs {
     /// Print one JSON object per line instead of text.
@@ -63,6 +64,10 @@ pub struct WatchArgs {
     /// Stop after this long, with a summary.
     #[arg(long, value_parser = durations::parse)]
     pub duration: Option<Duration>,
+    /// The runtime's CRI socket, asked (off the scan loop, 2 s deadlines) for pod
+    /// and container names; `none` to read them from containers' bundles only.
+    #[arg(long, value_name = "ENDPOINT", default_value = crate::observe::k8s::cri::DEFAULT_ENDPOINT)]
+    pub runtime_endpoint: String,
     /// How often open waits are scanned (at most 250ms).
     #[arg(long, default_value = "250ms", value_parser = durations::parse, hide = true)]
     pub interval: Duration,
@@ -85,6 +90,10 @@ impl WatchArgs {
             duration: self.duration,
             go_paths: self.go_paths()?,
             status_every: None,
+            runtime_socket: match self.runtime_endpoint.as_str() {
+                "none" => None,
+                e => Some(crate::observe::k8s::cri::socket_path(e).map_err(|e| e.to_string())?),
+            },
         })
     }
 

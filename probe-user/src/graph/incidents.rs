@@ -16,7 +16,7 @@
 //! Pure logic: the waits, edges and clocks are passed in, nothing sleeps,
 //! nothing reads the kernel, nothing prints.
 
-use super::model::{Edge, Exactness, HeldBy, HolderId, Hop, OpenWait, Terminal, WaitKey};
+use super::model::{Edge, Exactness, HeldBy, HolderId, Hop, OpenWait, PodRef, Terminal, WaitKey};
 use crate::levels::{Level, PLEG_BUDGET, Thresholds};
 use crate::syscalls::WaitKind;
 use serde::Serialize;
@@ -171,6 +171,7 @@ impl<'a> Graph<'a> {
             evidence: edge.map(|e| e.evidence.clone()),
             exactness: edge.map(|e| e.exactness),
             root,
+            pod: PodRef::default(),
         })
     }
 }
@@ -189,6 +190,7 @@ fn terminal_hop(t: &Terminal) -> Hop {
         evidence: None,
         exactness: None,
         root: false,
+        pod: PodRef::default(),
     }
 }
 

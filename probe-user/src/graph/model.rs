@@ -45,6 +45,43 @@ fn hex_opt<S: serde::Serializer>(g: &Option<u64>, s: S) -> Result<S::Ok, S::Erro
     }
 }
 
+/// The Kubernetes pod and container a process belongs to, as far as plegwatch
+/// could tell (see `observe::k8s`): every field is omitted when unknown, and
+/// all of them for a host process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct PodRef {
+    /// The pod's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// The pod's namespace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The container's name (none for a pod's shim or sandbox: they serve the whole pod).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// The container's full id (from its cgroup, or the runc command line).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
+}
+
+impl PodRef {
+    /// Nothing known: a host process.
+    pub fn is_empty(&self) -> bool {
+        self.pod.is_none() && self.namespace.is_none() && self.container.is_none() && self.container_id.is_none()
+    }
+
+    /// `namespace/pod` (with `/container` when known), or none without a pod name.
+    pub fn label(&self) -> Option<String> {
+        let pod = self.pod.as_deref()?;
+        let mut out = format!("{}/{pod}", self.namespace.as_deref().unwrap_or("?"));
+        if let Some(c) = &self.container {
+            out.push('/');
+            out.push_str(c);
+        }
+        Some(out)
+    }
+}
+
 /// How exact a wait's start time is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -217,6 +254,9 @@ pub struct Hop {
     pub exactness: Option<Exactness>,
     /// The root: the deepest open wait, where the chain's cause sits.
     pub root: bool,
+    /// The pod and container of the process at this hop (omitted for a host process).
+    #[serde(flatten)]
+    pub pod: PodRef,
 }
 
 impl Hop {

@@ -6,9 +6,11 @@
 
 //!
 //! Below them: `procfs` (reads of `/proc`), `mounts` (mountinfo) and
-//! `holders` (who owns a socket, a D-Bus name, a unix peer).
+//! `holders` (who owns a socket, a D-Bus name, a unix peer) and `k8s` (the pod
+//! and container a process belongs to).
 
 pub mod holders;
+pub mod k8s;
 pub mod mounts;
 pub mod pipes;
 pub mod procfs;

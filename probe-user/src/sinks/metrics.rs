@@ -31,6 +31,50 @@ pub struct KindLevel {
     pub level: String,
 }
 
+/// Labels of the incidents-by-pod gauge: a pod that a hop of an open incident
+/// runs in (`container` empty for a pod's shim).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct PodLabels {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+impl PodLabels {
+    /// Where the series past [`POD_SERIES_MAX`] are counted.
+    fn other() -> Self {
+        PodLabels { namespace: "other".into(), pod: "other".into(), container: "other".into() }
+    }
+}
+
+/// Most pod label sets `plegwatch_incident_pods` shows at once (then one `other`
+/// series): a node runs a hundred pods or so, and an incident rarely names
+/// more than two or three.
+pub const POD_SERIES_MAX: usize = 32;
+
+/// The series to show for these counts by pod: those `shown` already keep
+/// their own, new ones take the free places up to `max`, and the rest add up
+/// under `other`. Label sets with no count are left out (their series go).
+pub fn bound_pods(counts: &BTreeMap<PodLabels, i64>, shown: &BTreeSet<PodLabels>, max: usize) -> BTreeMap<PodLabels, i64> {
+    let mut out: BTreeMap<PodLabels, i64> = counts.iter().filter(|(p, n)| **n > 0 && shown.contains(*p)).map(|(p, n)| (p.clone(), *n)).collect();
+    out.retain(|p, _| *p != PodLabels::other());
+    let mut other = 0;
+    for (p, n) in counts.iter().filter(|(_, n)| **n > 0) {
+        if out.contains_key(p) {
+            continue;
+        }
+        if out.len() < max {
+            out.insert(p.clone(), *n);
+        } else {
+            other += n;
+        }
+    }
+    if other > 0 {
+        out.insert(PodLabels::other(), other);
+    }
+    out
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DropLabels {
     probe: String,
@@ -173,6 +217,7 @@ impl Exposition {
 pub struct MetricsSink {
     open_waits: Family<KindLevel, Gauge>,
     incidents_open: Family<KindLevel, Gauge>,
+    incident_pods: Family<PodLabels, Gauge>,
     incidents_raised: Counter,
     incidents_resolved: Counter,
     budget: Gauge<f64, AtomicU64>,
@@ -191,6 +236,9 @@ pub struct MetricsSink {
     /// Label sets ever set, zeroed when they empty (so a series goes back to 0).
     wait_labels: BTreeSet<KindLevel>,
     incident_labels: BTreeSet<KindLevel>,
+    /// Each open incident's pods, and the pod series shown now.
+    pods_by_incident: BTreeMap<u64, BTreeSet<PodLabels>>,
+    pod_series: BTreeSet<PodLabels>,
     relist_pids: BTreeSet<String>,
     dropped_seen: HashMap<(&'static str, &'static str), u64>,
     cpu_seen: f64,
@@ -203,6 +251,12 @@ pub fn metrics() -> (MetricsSink, Exposition) {
     r.register("plegwatch_open_waits", "Reported waits still open, by kind and the level they reached", open_waits.clone());
     let incidents_open = Family::<KindLevel, Gauge>::default();
     r.register("plegwatch_incidents_open", "Open incidents, by their root's kind and their level", incidents_open.clone());
+    let incident_pods = Family::<PodLabels, Gauge>::default();
+    r.register(
+        "plegwatch_incident_pods",
+        "Open incidents with a hop in this pod and container (container empty for the pod's shim); at most 32 series, the rest under namespace/pod/container \"other\"",
+        incident_pods.clone(),
+    );
     let incidents_raised = Counter::default();
     r.register("plegwatch_incidents_raised", "Incidents raised", incidents_raised.clone());
     let incidents_resolved = Counter::default();
@@ -233,6 +287,7 @@ pub fn metrics() -> (MetricsSink, Exposition) {
     let sink = MetricsSink {
         open_waits,
         incidents_open,
+        incident_pods,
         incidents_raised,
         incidents_resolved,
         budget,
@@ -249,6 +304,8 @@ pub fn metrics() -> (MetricsSink, Exposition) {
         incidents: BTreeMap::new(),
         wait_labels: BTreeSet::new(),
         incident_labels: BTreeSet::new(),
+        pods_by_incident: BTreeMap::new(),
+        pod_series: BTreeSet::new(),
         relist_pids: BTreeSet::new(),
         dropped_seen: HashMap::new(),
         cpu_seen: 0.0,
@@ -277,6 +334,18 @@ impl MetricsSink {
             views.iter().map(|v| KindLevel { kind: v.root_kind.clone(), level: v.level.clone() }),
         );
         self.budget.set(views.iter().map(|v| v.budget_used).fold(0.0, f64::max));
+        let mut counts: BTreeMap<PodLabels, i64> = BTreeMap::new();
+        for p in self.pods_by_incident.values().flatten() {
+            *counts.entry(p.clone()).or_default() += 1;
+        }
+        let shown = bound_pods(&counts, &self.pod_series, POD_SERIES_MAX);
+        for gone in self.pod_series.iter().filter(|p| !shown.contains_key(*p)) {
+            self.incident_pods.remove(gone);
+        }
+        for (p, n) in &shown {
+            self.incident_pods.get_or_create(p).set(*n);
+        }
+        self.pod_series = shown.into_keys().collect();
         let mut sorted = views;
         sorted.sort_by(|a, b| b.budget_used.total_cmp(&a.budget_used));
         if let Ok(mut d) = self.doc.lock() {
@@ -365,12 +434,26 @@ impl Sink for MetricsSink {
                     started_at: i.started_at.clone(),
                 };
                 self.incidents.insert(i.id, view);
+                let pods: BTreeSet<PodLabels> = i
+                    .chain
+                    .iter()
+                    .chain(&i.attached)
+                    .filter_map(|h| {
+                        Some(PodLabels {
+                            namespace: h.pod.namespace.clone().unwrap_or_default(),
+                            pod: h.pod.pod.clone()?,
+                            container: h.pod.container.clone().unwrap_or_default(),
+                        })
+                    })
+                    .collect();
+                self.pods_by_incident.insert(i.id, pods);
                 self.publish_incidents();
             }
             Event::IncidentResolved(r) => {
                 if self.incidents.remove(&r.id).is_some() {
                     self.incidents_resolved.inc();
                 }
+                self.pods_by_incident.remove(&r.id);
                 self.publish_incidents();
             }
             Event::Status(s) => self.status(s),
@@ -393,6 +476,7 @@ mod tests {
 
     fn hop(kind: &str, what: &str, root: bool) -> Hop {
         Hop {
+            pod: Default::default(),
             wait_id: Some(1),
             kind: kind.into(),
             pid: Some(42),
@@ -476,11 +560,68 @@ mod tests {
         assert!(exp.incidents().incidents.is_empty());
     }
 
+    fn labels(ns: &str, pod: &str) -> PodLabels {
+        PodLabels { namespace: ns.into(), pod: pod.into(), container: String::new() }
+    }
+
+    #[test]
+    fn pod_series_are_bounded() {
+        let counts: BTreeMap<PodLabels, i64> = (0..5).map(|i| (labels("ns", &format!("p{i}")), 1)).collect();
+        // Three places: p0..p2 shown, p3 and p4 under other.
+        let shown = bound_pods(&counts, &BTreeSet::new(), 3);
+        assert_eq!(shown.len(), 4, "{shown:?}");
+        assert_eq!(shown[&PodLabels::other()], 2);
+        assert!(shown.contains_key(&labels("ns", "p0")));
+        // A series shown keeps its place when a new pod comes (no flapping).
+        let before: BTreeSet<PodLabels> = [labels("ns", "p4")].into();
+        let shown = bound_pods(&counts, &before, 3);
+        assert!(shown.contains_key(&labels("ns", "p4")));
+        assert_eq!(shown[&PodLabels::other()], 2);
+        // Pods with no open incident are left out, and with room there is no other.
+        let mut fewer = counts.clone();
+        fewer.insert(labels("ns", "p1"), 0);
+        let shown = bound_pods(&fewer, &BTreeSet::new(), 10);
+        assert_eq!(shown.len(), 4);
+        assert!(!shown.contains_key(&PodLabels::other()));
+        // Never more than max + 1 series, however many pods.
+        let many: BTreeMap<PodLabels, i64> = (0..1000).map(|i| (labels("ns", &format!("q{i}")), 1)).collect();
+        assert_eq!(bound_pods(&many, &BTreeSet::new(), POD_SERIES_MAX).len(), POD_SERIES_MAX + 1);
+    }
+
+    #[test]
+    fn incident_pods_come_and_go() {
+        let (mut sink, exp) = metrics();
+        let mut root = hop("umount", "umount2 /mnt", true);
+        root.pod = crate::graph::model::PodRef { pod: Some("web-0".into()), namespace: Some("shop".into()), container: Some("app".into()), container_id: None };
+        let host = hop("cri_call", "ListContainers", false);
+        sink.emit(&Event::Incident(Box::new(Incident {
+            level: Level::Warn,
+            id: 3,
+            changed: vec![],
+            root: Some(root.clone()),
+            symptom: host.clone(),
+            chain: vec![host, root],
+            waits: vec![1],
+            attached: vec![],
+            budget_used: 0.1,
+            started_at: String::new(),
+            waited_s: 10.0,
+            cycle: false,
+        })));
+        let text = exp.metrics().unwrap();
+        assert_eq!(value(&text, r#"plegwatch_incident_pods{namespace="shop",pod="web-0",container="app"}"#), Some(1.0), "{text}");
+        assert_eq!(text.matches("plegwatch_incident_pods{").count(), 1, "the host hop has no series:\n{text}");
+        sink.emit(&Event::IncidentResolved(IncidentResolved { id: 3, waited_s: 12.0, longest_chain: vec![], merged_into: None }));
+        let text = exp.metrics().unwrap();
+        assert!(!text.contains("plegwatch_incident_pods{"), "the series goes with the incident:\n{text}");
+    }
+
     #[test]
     fn open_waits_by_kind_and_level() {
         let (mut sink, exp) = metrics();
         let stall = |id, level| {
             Event::Stall(Stall {
+                pod: Default::default(),
                 level,
                 id,
                 kind: WaitKind::Umount,

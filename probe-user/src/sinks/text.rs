@@ -46,7 +46,14 @@ fn hop_line(h: &Hop) -> String {
     if h.comm.is_none() && h.pid.is_none() {
         return format!("{:<12} {age}  {}", h.kind, h.what);
     }
-    format!("{:<12} {age}  {}  [{who}]", h.kind, h.what)
+    let pod = match (&h.pod.pod, &h.pod.container) {
+        (Some(p), c) => {
+            let ns = h.pod.namespace.as_deref().unwrap_or("?");
+            format!("  pod {ns}/{p}{}", c.as_deref().map(|c| format!(" container {c}")).unwrap_or_default())
+        }
+        _ => String::new(),
+    };
+    format!("{:<12} {age}  {}  [{who}]{pod}", h.kind, h.what)
 }
 
 /// An incident as a block: a header, then its chain top to bottom, one hop
@@ -319,6 +326,7 @@ mod tests {
 
     fn stall() -> Stall {
         Stall {
+            pod: Default::default(),
             level: Level::Warn,
             id: 7,
             kind: WaitKind::Umount,
@@ -368,6 +376,16 @@ mod tests {
         assert_eq!(v["kind"], "umount");
         assert!(v["holder"].is_null());
         assert_eq!(buf.iter().filter(|&&b| b == b'\n').count(), 1);
+        // A host process's line names no pod; a container's names it, flat.
+        for k in ["pod", "namespace", "container", "container_id"] {
+            assert!(v.get(k).is_none(), "{k} on a host process: {v}");
+        }
+        let mut s = stall();
+        s.pod = crate::graph::model::PodRef { pod: Some("web-0".into()), namespace: Some("shop".into()), container: Some("app".into()), container_id: Some("ab".repeat(32)) };
+        let mut buf = Vec::new();
+        JsonSink(&mut buf).emit(&Event::Stall(s));
+        let v: Value = serde_json::from_slice(&buf).unwrap();
+        assert_eq!((v["pod"].as_str(), v["namespace"].as_str(), v["container"].as_str()), (Some("web-0"), Some("shop"), Some("app")), "{v}");
 
         let mut buf = Vec::new();
         JsonSink(&mut buf).emit(&Event::Resolved(Resolved {
@@ -428,6 +446,7 @@ mod tests {
 
     fn hop(kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<(crate::graph::model::EdgeKind, crate::graph::model::Exactness)>, root: bool) -> Hop {
         Hop {
+            pod: Default::default(),
             wait_id: waited.map(|_| u64::from(pid)),
             kind: kind.into(),
             pid: Some(pid),
@@ -449,7 +468,10 @@ mod tests {
         let chain = vec![
             hop("pleg_relist", 10, "pleg.(*GenericPLEG).Relist", Some(74.0), Some((EdgeKind::CriCall, Exactness::Inferred)), false),
             hop("go_lock", 20, "UpdateSync holding Status lock 0xc000a1b2", Some(73.5), Some((EdgeKind::Ttrpc, Exactness::Exact)), false),
-            hop("umount", 30, "umount2 /rootfs (task_work after the syscall returned)", Some(73.0), Some((EdgeKind::Device, Exactness::Exact)), true),
+            Hop {
+                pod: crate::graph::model::PodRef { pod: Some("web-0".into()), namespace: Some("shop".into()), container: None, container_id: None },
+                ..hop("umount", 30, "umount2 /rootfs (task_work after the syscall returned)", Some(73.0), Some((EdgeKind::Device, Exactness::Exact)), true)
+            },
             hop("device", 0, "block device 7:1 (loop1): 0 requests in flight, 1.0 MiB/s written over the last 5 s", None, None, false),
         ];
         let i = Incident {
@@ -474,6 +496,8 @@ mod tests {
         assert!(lines[1].contains("1. pleg_relist") && lines[1].contains("74.0s"), "{t}");
         assert!(lines[2].contains("-> cri_call (inferred)"), "{t}");
         assert!(t.contains("ROOT 3. umount"), "{t}");
+        assert!(t.lines().any(|l| l.contains("ROOT 3. umount") && l.ends_with("[c30 pid=30]  pod shop/web-0")), "{t}");
+        assert!(!lines[1].contains("pod "), "a host hop names no pod: {t}");
         assert!(t.contains(" END 4. device"), "{t}");
         assert!(t.contains("and 1 more wait(s) behind the same root"), "{t}");
         let r = render_text(&Event::IncidentResolved(IncidentResolved { id: 3, waited_s: 80.0, longest_chain: chain, merged_into: None }));

@@ -411,6 +411,7 @@ pub fn stall_line<T: Item>(
     detail: serde_json::Value,
 ) -> crate::events::Stall {
     crate::events::Stall {
+        pod: Default::default(),
         level,
         id,
         kind,

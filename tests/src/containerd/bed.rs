@@ -462,18 +462,32 @@ impl<B: StallBed> Watched<B> {
     }
 
     fn run_until_warn(bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
-        Self::run_with_args(bed, warn, &[], done)
+        Self::run_with(bed, warn, None, &[], done)
     }
 
     /// [`Watched::run_until`] with `plegwatch watch --warn WARN` and `extra` arguments
     /// (e.g. `--report-dir DIR`, `--critical 4s`).
-    pub fn run_with_args(mut bed: B, warn: Duration, extra: &[&str], done: impl Fn(&Event) -> bool) -> Result<Self> {
+    pub fn run_with_args(bed: B, warn: Duration, extra: &[&str], done: impl Fn(&Event) -> bool) -> Result<Self> {
+        Self::run_with(bed, warn, None, extra, done)
+    }
+
+    /// [`Watched::run`] with plegwatch reading pod names from the containers' bundles only
+    /// (`--runtime-endpoint none`): never asking the CRI.
+    pub fn run_bundles_only(bed: B) -> Result<Self> {
+        Self::run_with(bed, WARN, Some("none".into()), &[], |e| e.is("resolved") && e.str("/kind") == Some("go_lock"))
+    }
+
+    /// Runs plegwatch with `--runtime-endpoint` the bed's containerd socket (or `endpoint`)
+    /// and `extra` arguments.
+    fn run_with(mut bed: B, warn: Duration, endpoint: Option<String>, extra: &[&str], done: impl Fn(&Event) -> bool) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
         let fixture = build_fake_kubelet()?;
         let socket = bed.stage().containerd().socket().display().to_string();
         let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
+        let endpoint = endpoint.unwrap_or_else(|| format!("unix://{socket}"));
         let warn_arg = format!("{}ms", warn.as_millis());
-        let args: Vec<&str> = ["--warn", warn_arg.as_str()].into_iter().chain(extra.iter().copied()).collect();
+        let args: Vec<&str> =
+            ["--warn", warn_arg.as_str(), "--runtime-endpoint", endpoint.as_str()].into_iter().chain(extra.iter().copied()).collect();
         let mut plegwatch = Plegwatch::start(&args)?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let text = TextCapture::start(warn)?;

@@ -349,6 +349,7 @@ pub(crate) mod tests {
 
     fn hop(id: Option<u64>, kind: &str, what: &str, comm: &str, pid: u32, waited: Option<f64>, edge: Option<(EdgeKind, Exactness)>) -> Hop {
         Hop {
+            pod: Default::default(),
             wait_id: id,
             kind: kind.into(),
             pid: Some(pid),

@@ -106,6 +106,13 @@ pub struct HopRecord {
     pub exactness: Option<String>,
     #[serde(default)]
     pub root: bool,
+    /// The process's pod, namespace and container, when plegwatch knows them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// A wait of an incident, with what its stall lines said of its thread.
@@ -143,6 +150,13 @@ pub struct WaitRecord {
     /// Its age when it ended (its end record's); none while open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_after_s: Option<f64>,
+    /// The process's pod, namespace and container, from its stall lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// One folded stack of blocked time.
@@ -217,6 +231,11 @@ impl Ledger {
         let level = s.level.as_str();
         if !w.escalations.iter().any(|e| e.level == level) {
             w.escalations.push(Escalation { level: level.to_string(), after_s: s.waited_s });
+        }
+        if s.pod.pod.is_some() {
+            w.pod = s.pod.pod.clone();
+            w.namespace = s.pod.namespace.clone();
+            w.container = s.pod.container.clone();
         }
         if !s.kernel_stack.is_empty() {
             w.kernel_stack = s.kernel_stack.clone();
@@ -403,13 +422,19 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
             })
             .unwrap_or_default()
     };
-    let labels = |kind: &str, id: u64, link: &str| -> BTreeMap<String, String> {
-        BTreeMap::from([
+    let labels = |kind: &str, id: u64, link: &str, pod: [&Option<String>; 3]| -> BTreeMap<String, String> {
+        let mut l = BTreeMap::from([
             ("kind".to_string(), kind.to_string()),
             ("incident".to_string(), rec.id.to_string()),
             ("wait".to_string(), id.to_string()),
             ("link".to_string(), link.to_string()),
-        ])
+        ]);
+        for (k, v) in ["pod", "namespace", "container"].into_iter().zip(pod) {
+            if let Some(v) = v {
+                l.insert(k.to_string(), v.clone());
+            }
+        }
+        l
     };
     let mut out = Vec::new();
     let mut placed = BTreeSet::new();
@@ -422,7 +447,7 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
         }
         let mut stack = path.clone();
         stack.extend(kernel(id));
-        out.push(Sample { stack, blocked_ns: blocked(id, Some(h)), labels: labels(&h.kind, id, "chain") });
+        out.push(Sample { stack, blocked_ns: blocked(id, Some(h)), labels: labels(&h.kind, id, "chain", [&h.pod, &h.namespace, &h.container]) });
     }
     for h in &rec.attached {
         let Some(id) = h.wait_id else { continue };
@@ -431,7 +456,7 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
         }
         let mut stack = vec![frame_text(&format!("{} (attached: {})", h.frame(), h.edge.as_deref().unwrap_or("link")))];
         stack.extend(kernel(id));
-        out.push(Sample { stack, blocked_ns: blocked(id, Some(h)), labels: labels(&h.kind, id, "attached") });
+        out.push(Sample { stack, blocked_ns: blocked(id, Some(h)), labels: labels(&h.kind, id, "attached", [&h.pod, &h.namespace, &h.container]) });
     }
     for id in &rec.waits {
         let Some(w) = by_id.get(id) else { continue };
@@ -440,7 +465,7 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
         }
         let mut stack = vec![frame_text(&format!("{} {}: behind the same root, off the chain", w.kind, w.comm.as_deref().unwrap_or("?")))];
         stack.extend(kernel(*id));
-        out.push(Sample { stack, blocked_ns: blocked(*id, None), labels: labels(&w.kind, *id, "behind_root") });
+        out.push(Sample { stack, blocked_ns: blocked(*id, None), labels: labels(&w.kind, *id, "behind_root", [&w.pod, &w.namespace, &w.container]) });
     }
     out.retain(|s| s.blocked_ns > 0);
     out

@@ -13,7 +13,8 @@
 //!
 //! Each frame is one function with one location (no addresses: frames are
 //! names already). Sample value: blocked nanoseconds (`blocked`/`nanoseconds`);
-//! labels: the sample's `kind`, `incident`, `wait` and `link`.
+//! labels: the sample's `kind`, `incident`, `wait` and `link`, and `pod`,
+//! `namespace` and `container` when the hop's process is in a known pod.
 
 use super::bundle::Sample;
 use flate2::{Compression, write::GzEncoder};
