@@ -102,13 +102,16 @@ pub fn raise_memlock() {
 pub struct LoadOptions {
     /// Waits at least this long get an end record on the ring buffer.
     pub report_min: Duration,
+    /// plegwatch's own pid as the kernel reports it (the host pid namespace's,
+    /// not `getpid()` in a container): the programs skip its threads.
+    pub tracer_tgid: u32,
 }
 
 /// Loads the eBPF object with its globals set: the tracer's own TGID (always
 /// filtered out), the end-record threshold and the watched syscall numbers.
 pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
     raise_memlock();
-    let tgid = std::process::id();
+    let tgid = opts.tracer_tgid;
     let report_min = opts.report_min.as_nanos().min(u64::MAX as u128) as u64;
     let watched = syscalls::watched_nr_table();
     let sock_nr = syscalls::sock_nr_table();
@@ -148,6 +151,8 @@ pub enum WatchError {
     Io(&'static str, std::io::Error),
     #[error("Go target: {0}")]
     Target(String),
+    #[error("{0}")]
+    Namespace(String),
 }
 
 /// A map taken out of the loaded object, as the type it must have.

@@ -6,10 +6,12 @@
 
 //!
 //! Below them: `procfs` (reads of `/proc`), `mounts` (mountinfo) and
-//! `holders` (who owns a socket, a D-Bus name, a unix peer).
+//! `namespaces` (our host pid, which mount
+//! table), `holders` (who owns a socket, a D-Bus name, a unix peer).
 
 pub mod holders;
 pub mod mounts;
+pub mod namespaces;
 pub mod pipes;
 pub mod procfs;
 
