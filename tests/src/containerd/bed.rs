@@ -450,7 +450,13 @@ impl<B: StallBed> Watched<B> {
 
     /// [`Watched::run`] with `plegwatch watch --warn WARN`, for a stall shorter than [`WARN`].
     pub fn run_warn(bed: B, warn: Duration) -> Result<Self> {
-        Self::run_until_warn(bed, warn, |e| {
+        Self::run_under(bed, warn, &[])
+    }
+
+    /// [`Watched::run_warn`] with plegwatch under `wrapper` (e.g. in namespaces of its own:
+    /// [`crate::namespaces`]).
+    pub fn run_under(bed: B, warn: Duration, wrapper: &[&str]) -> Result<Self> {
+        Self::run_until_warn(bed, warn, wrapper, |e| {
             e.is("resolved") && e.str("/kind") == Some("go_lock")
         })
     }
@@ -458,15 +464,15 @@ impl<B: StallBed> Watched<B> {
     /// [`Watched::run`], stopping plegwatch once it printed a line `done` accepts (or 5 s
     /// after the trigger returned).
     pub fn run_until(bed: B, done: impl Fn(&Event) -> bool) -> Result<Self> {
-        Self::run_until_warn(bed, WARN, done)
+        Self::run_until_warn(bed, WARN, &[], done)
     }
 
-    fn run_until_warn(mut bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
+    fn run_until_warn(mut bed: B, warn: Duration, wrapper: &[&str], done: impl Fn(&Event) -> bool) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
         let fixture = build_fake_kubelet()?;
         let socket = bed.stage().containerd().socket().display().to_string();
         let kubelet = FakeKubelet::start_cri(&fixture, &socket, &[])?;
-        let mut plegwatch = Plegwatch::start(&["--warn", &format!("{}ms", warn.as_millis())])?;
+        let mut plegwatch = Plegwatch::start_under(wrapper, &["--warn", &format!("{}ms", warn.as_millis())])?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let text = TextCapture::start(warn)?;
         bed.before_trigger(&mut plegwatch)?;
