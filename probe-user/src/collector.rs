@@ -16,6 +16,7 @@ use crate::{
     levels::{Thresholds, budget_used},
     kernel::loader::{self, LoadOptions},
     observe::mounts::{self, SharedMounts},
+    observe::namespaces,
     clock::{monotonic_ns, wall_of},
     events::{Event, Ready, Sink, Stall, Summary},
     kernel::probes::{self, Choice},
@@ -72,15 +73,17 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let started = Instant::now();
     loader::require_root()?;
     loader::ensure_tracefs()?;
-    let mounts = mounts::watch().map_err(|e| WatchError::Io("reading /proc/self/mountinfo", e))?;
+    let host = namespaces::resolve().map_err(|e| WatchError::Namespace(e.to_string()))?;
+    let me = host.tgid;
+    let mounts = mounts::watch(host.mountinfo).map_err(|e| WatchError::Io(host.mountinfo, e))?;
     // End records for waits shorter than --warn would be thrown away.
-    let (mut ebpf, offsets) = loader::load(LoadOptions { report_min: cfg.thresholds.warn })?;
+    let (mut ebpf, offsets) = loader::load(LoadOptions { report_min: cfg.thresholds.warn, tracer_tgid: me })?;
     let env = probes::AttachEnv::probe(offsets.task_pid.offset().is_some());
     let choices = probes::attach_all(&mut ebpf, &env)?;
 
     let mut inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
     let mut tails: Array<MapData, u64> = take_map(&mut ebpf, maps::TAIL_PENDING)?;
-    let (swept, raced) = seed_swept(&mut inflight, &mut tails);
+    let (swept, raced) = seed_swept(&mut inflight, &mut tails, me);
     tracing::info!(swept, "startup sweep: threads already in a watched wait");
     let mut ring = async_ring(&mut ebpf, maps::EVENTS)?;
 
@@ -97,14 +100,14 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         false => None,
     };
     if choices.iter().any(|c| c.probe == "socket_io" && !c.is_off()) {
-        let (socks, waiters) = req.seed(std::process::id());
+        let (socks, waiters) = req.seed(me);
         tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
-        let shims = req.seed_ttrpc(std::process::id());
+        let shims = req.seed_ttrpc(me);
         tracing::info!(ttrpc_connections = shims, "startup sweep: containerd → shim connections already open");
     }
     let mut drops = DropWatch::default();
     let sampler = match choices.iter().any(|c| c.probe == "parked_threads" && !c.is_off()) {
-        true => Sampler::start(std::process::id())
+        true => Sampler::start(me)
             .map_err(|e| tracing::warn!(error = %e, "parked-thread sampler not started: unix-peer and futex-sibling links are off"))
             .ok(),
         false => None,
@@ -122,7 +125,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         false => None,
     };
     sink.emit(&Event::Ready(Ready {
-        pid: std::process::id(),
+        pid: me,
         probes: choices.iter().map(Choice::to_output).collect(),
         warn_s: cfg.thresholds.warn.as_secs_f64(),
         critical_s: cfg.thresholds.critical.as_secs_f64(),
@@ -298,11 +301,12 @@ fn status(ebpf: &aya::Ebpf, incidents: &Incidents, go: &GoWatch, late_since: &mu
 fn seed_swept(
     inflight: &mut BpfHashMap<MapData, u32, Wait>,
     tails: &mut Array<MapData, u64>,
+    me: u32,
 ) -> (usize, EndedWaits) {
     const BPF_NOEXIST: u64 = 1;
     let mut n = 0;
     let mut raced = EndedWaits::default();
-    let found = sweep::sweep(std::process::id(), monotonic_ns());
+    let found = sweep::sweep(me, monotonic_ns());
     // The gate opens before the tails go in: a tail's end (the thread's next
     // syscall) may come at once. The first scan sets it from the map.
     let tails_found = found.iter().filter(|s| s.tail).count() as u64;

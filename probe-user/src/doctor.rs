@@ -187,6 +187,7 @@ pub fn run(named: &Named) -> Report {
     if root.is_ok() {
         match loader::load(LoadOptions {
             report_min: Duration::from_secs(1),
+            tracer_tgid: crate::observe::namespaces::self_tgid(),
         }) {
             Ok((mut ebpf, offsets)) => {
                 checks.push(check(

@@ -49,6 +49,7 @@ pub mod gofixture;
 pub mod incidents;
 pub mod loopfs;
 pub mod mount;
+pub mod namespaces;
 pub mod netlink;
 pub mod plegwatch;
 pub mod preflight;

@@ -30,6 +30,10 @@ const POLL: Duration = Duration::from_millis(50);
 /// cleanly.
 pub struct Plegwatch {
     child: Child,
+    /// The command plegwatch runs under (`unshare ...`), empty for none.
+    wrapper: Vec<String>,
+    /// plegwatch's own pid when it runs under a wrapper (from its ready line).
+    inner: Option<u32>,
     started: Instant,
     lines: Receiver<Event>,
     events: Vec<Event>,
@@ -41,8 +45,24 @@ pub struct Plegwatch {
 impl Plegwatch {
     /// Spawns `$PLEGWATCH_BIN watch --json ARGS...`.
     pub fn start(args: &[&str]) -> Result<Self> {
+        Self::start_under(&[], args)
+    }
+
+    /// Spawns `WRAPPER... $PLEGWATCH_BIN watch --json ARGS...`: plegwatch under a command
+    /// that execs it (or forks it, as `unshare --fork` does), e.g. in namespaces of its own
+    /// ([`crate::namespaces`]). [`Plegwatch::pid`] is then plegwatch's own (host) pid, known
+    /// from its ready line, and SIGINT goes to it, not to the wrapper.
+    pub fn start_under(wrapper: &[&str], args: &[&str]) -> Result<Self> {
         let bin = plegwatch_bin()?;
-        let mut child = Command::new(&bin)
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
+        let mut child = cmd
             .args(["watch", "--json"])
             .args(args)
             .stdin(Stdio::null())
@@ -51,8 +71,9 @@ impl Plegwatch {
             .spawn()
             .with_context(|| format!("spawn {}", bin.display()))?;
         eprintln!(
-            "started plegwatch (pid {}): {} watch --json {}",
+            "started plegwatch (pid {}): {}{} watch --json {}",
             child.id(),
+            wrapper.iter().map(|w| format!("{w} ")).collect::<String>(),
             bin.display(),
             args.join(" ")
         );
@@ -73,6 +94,8 @@ impl Plegwatch {
         ];
         Ok(Self {
             child,
+            wrapper: wrapper.iter().map(|w| w.to_string()).collect(),
+            inner: None,
             started: Instant::now(),
             lines,
             events: Vec::new(),
@@ -82,8 +105,9 @@ impl Plegwatch {
         })
     }
 
+    /// plegwatch's pid: the child's, or under a wrapper the one its ready line names.
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.inner.unwrap_or(self.child.id())
     }
 
     /// What plegwatch wrote to stderr so far.
@@ -117,12 +141,17 @@ impl Plegwatch {
             return Err(self.failure(what));
         };
         let pid = u64::from(self.pid());
-        if ready.u64("/pid") != Some(pid) {
-            bail!(
-                "the ready line names pid {:?}, not plegwatch's {pid}: {}",
+        let named = ready.u64("/pid").and_then(|p| u32::try_from(p).ok());
+        match named {
+            // Under a wrapper: plegwatch is the child or one of its descendants.
+            Some(p) if !self.wrapper.is_empty() && descends_from(p, self.child.id()) => self.inner = Some(p),
+            Some(p) if u64::from(p) == pid => {}
+            _ => bail!(
+                "the ready line names pid {:?}, not plegwatch's {pid}{}: {}",
                 ready.get("/pid"),
+                if self.wrapper.is_empty() { "" } else { " or a process under it" },
                 ready.json
-            );
+            ),
         }
         eprintln!(
             "plegwatch ready after {:.2}s: probes {}",
@@ -217,8 +246,10 @@ impl Plegwatch {
     }
 
     fn interrupt(&mut self) -> Result<ExitStatus> {
-        let pid = self.child.id() as libc::pid_t;
-        // SAFETY: kill(2) on the PID of our own child, which has not been reaped yet.
+        // Under a wrapper, plegwatch itself (the wrapper, e.g. unshare, waits for it and
+        // exits with its status); it has not been reaped while the wrapper runs.
+        let pid = self.pid() as libc::pid_t;
+        // SAFETY: kill(2) on the PID of our own child, or of plegwatch under it, not reaped yet.
         if unsafe { libc::kill(pid, libc::SIGINT) } != 0 {
             bail!(
                 "SIGINT to plegwatch (pid {pid}): {}",
@@ -267,6 +298,22 @@ impl Drop for Plegwatch {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Whether process `pid` is `ancestor` or runs under it (its parent chain in `/proc`).
+fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..16 {
+        if pid == ancestor {
+            return true;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let parent = status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok());
+        match parent {
+            Some(p) if p != 0 => pid = p,
+            _ => return false,
+        }
+    }
+    false
 }
 
 fn spawn_reader(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {

@@ -38,6 +38,11 @@ const STATE_SLACK: Duration = Duration::from_millis(1500);
 /// bounded by the state timeout) looking on; `None` (with the reason printed) when blkio
 /// throttling or a release build is missing.
 fn watch(version: Version, on_disk: OnDisk) -> Result<Option<Watched<Bed>>> {
+    watch_under(version, on_disk, &[])
+}
+
+/// [`watch`] with plegwatch under `wrapper` (its own namespaces).
+fn watch_under(version: Version, on_disk: OnDisk, wrapper: &[&str]) -> Result<Option<Watched<Bed>>> {
     preflight::require();
     let scenario = format!("containerd_9770_plegwatch on {version}");
     if !containerd::require_version(version, &scenario) {
@@ -53,8 +58,8 @@ fn watch(version: Version, on_disk: OnDisk) -> Result<Option<Watched<Bed>>> {
         ..Options::default()
     })?;
     match UpdateEnd::of(version) {
-        UpdateEnd::AfterUmount => Watched::run(bed),
-        UpdateEnd::StateTimeout(_) => Watched::run_warn(bed, WARN_SHORT_HOLD),
+        UpdateEnd::AfterUmount => Watched::run_under(bed, containerd::bed::WARN, wrapper),
+        UpdateEnd::StateTimeout(_) => Watched::run_under(bed, WARN_SHORT_HOLD, wrapper),
     }
     .map(Some)
 }
@@ -116,6 +121,26 @@ fn status_lock_held_across_shim_umount_is_reported() -> Result<()> {
         return Ok(());
     };
     umount_chain_is_reported(&w, UpdateEnd::of(Version::DEBIAN))
+}
+
+/// The same staging and report with plegwatch as the DaemonSet runs it (`hostPID: true`): in
+/// a mount namespace of its own (private; the bed's later mounts, the shim's rootfs among
+/// them, are not in it: the host init's table has them). plegwatch's own threads are never
+/// reported. (In a pid namespace of its own plegwatch is that namespace's pid 1, whose exit
+/// waits for every process in it: the child that makes the last uprobe closes
+/// (kernel/handoff.rs) then holds the exit 15 s and more with containerd's 70 uprobes; the
+/// DaemonSet shares the host's pid namespace, and in_container.rs covers that shape with
+/// the umount stall.)
+#[test]
+fn status_lock_held_across_shim_umount_is_reported_from_a_container() -> Result<()> {
+    let Some(w) = watch_under(Version::DEBIAN, OnDisk::Snapshots, plegwatch_scenarios::namespaces::HOST_PID)? else {
+        return Ok(());
+    };
+    umount_chain_is_reported(&w, UpdateEnd::of(Version::DEBIAN))?;
+    let ready = w.events.iter().find(|e| e.is("ready")).and_then(|e| e.u64("/pid")).expect("a ready line");
+    let own = plegwatch_scenarios::namespaces::lines_naming(&w.events, ready as u32);
+    assert!(own.is_empty(), "plegwatch reported its own threads (host pid {ready}):\n{}", own.join("\n"));
+    Ok(())
 }
 
 /// The staging on containerd 1.7.34 (with its shim and runc 1.4.3), then the full report

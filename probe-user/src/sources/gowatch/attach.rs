@@ -362,7 +362,7 @@ impl Attacher {
     /// registers the process for goroutine ids at kernel probes. Returns the
     /// binary's (dev, inode) when the process runs a target.
     fn look_at(&mut self, ebpf: &mut Ebpf, pid: u32, found_by: &'static str, sink: &mut dyn Sink) -> Option<(u64, u64)> {
-        if pid == std::process::id() {
+        if pid == crate::observe::namespaces::self_tgid() {
             return None;
         }
         if self.known.contains(&pid) {
