@@ -95,8 +95,18 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     let dir = tempfile::Builder::new().prefix("plegwatch-canary-").tempdir()?;
     let fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
     let _throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
+    // Bundles with retention 1: an older bundle there before, and a directory that is not
+    // a bundle, which retention must never touch.
+    let reports = dir.path().join("reports");
+    let stale = reports.join("20200101T000000Z-pid1-incident-9");
+    let not_a_bundle = reports.join("notes");
+    for d in [&stale, &not_a_bundle] {
+        std::fs::create_dir_all(d)?;
+        std::fs::write(d.join("incident.json"), "{}")?;
+    }
+    let reports_arg = reports.display().to_string();
     // Only this test's umount: other scenarios may run beside it.
-    let daemon = Daemon::start(&["--warn", "2s", "--comm", COMM], READY_TIMEOUT)?;
+    let daemon = Daemon::start(&["--warn", "2s", "--comm", COMM, "--report-dir", &reports_arg, "--report-keep", "1"], READY_TIMEOUT)?;
     let prom = Prometheus::start(&[("plegwatch", daemon.addr)], None)?;
     let (_npd, npd_metrics) = start_npd(daemon.addr, dir.path())?;
 
@@ -171,6 +181,18 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     // the umount counts only once it ended: wait for the first status after its end.
     let umount2 = "plegwatch_wait_duration_seconds_bucket{le=\"+Inf\",syscall=\"umount2\"}";
     let text = canary::poll(Duration::from_secs(5), "the umount2 histogram in /metrics", || daemon.metrics().ok().filter(|t| t.contains(umount2)))?;
+    // Retention: the resolved incident's bundle replaced the stale one; the notes stay.
+    let bundles = || -> Vec<String> {
+        std::fs::read_dir(&reports)
+            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| n.contains("-pid")).collect())
+            .unwrap_or_default()
+    };
+    canary::poll(Duration::from_secs(10), "the resolved incident's bundle, and the stale one removed", || {
+        let b = bundles();
+        (b.len() == 1 && b[0].contains("-incident-") && !stale.exists()).then_some(())
+    })
+    .with_context(|| format!("bundles now: {:?}", bundles()))?;
+    assert!(not_a_bundle.join("incident.json").is_file(), "retention touched a directory that is not a bundle");
     let rss = series(&text, "process_resident_memory_bytes").unwrap_or(0.0);
     let cpu = series(&text, "process_cpu_seconds_total").unwrap_or(0.0);
     assert!(rss > 1e6, "RSS exported: {rss}");

@@ -10,7 +10,7 @@ use crate::{
     collector,
     durations,
     export,
-    sinks::{LogSink, ReportSink, Tee, metrics},
+    sinks::{LogSink, ReportSink, Tee, metrics, report::retention::Retention},
 };
 use anyhow::Context as _;
 use clap::Args;
@@ -36,7 +36,10 @@ Config file (TOML; every key optional, flags win):
   comm = [\"containerd-shim*\"]
   containerd = \"/usr/bin/containerd\"
   kubelet = \"/usr/bin/kubelet\"
-  runtime_endpoint = \"unix:///run/containerd/containerd.sock\"")]
+  runtime_endpoint = \"unix:///run/containerd/containerd.sock\"
+  report_dir = \"/var/lib/plegwatch/reports\"
+  report_keep = 100
+  report_max_mib = 256")]
 pub struct DaemonArgs {
     /// TOML config file.
     #[arg(long, value_name = "FILE")]
@@ -68,6 +71,12 @@ pub struct DaemonArgs {
     /// Write a bundle per incident (flamegraph, folded stacks, pprof, JSON) under DIR.
     #[arg(long, value_name = "DIR")]
     pub report_dir: Option<PathBuf>,
+    /// Keep at most this many bundles under --report-dir, removing the oldest [default: 100].
+    #[arg(long, value_name = "N")]
+    pub report_keep: Option<usize>,
+    /// Keep at most this many MiB of bundles under --report-dir, removing the oldest [default: 256].
+    #[arg(long, value_name = "MIB")]
+    pub report_max_mib: Option<u64>,
     /// The runtime's CRI socket for pod and container names; `none` for bundles only
     /// [default: unix:///run/containerd/containerd.sock].
     #[arg(long, value_name = "ENDPOINT")]
@@ -90,6 +99,8 @@ pub struct FileConfig {
     pub containerd: Option<PathBuf>,
     pub kubelet: Option<PathBuf>,
     pub report_dir: Option<PathBuf>,
+    pub report_keep: Option<usize>,
+    pub report_max_mib: Option<u64>,
     pub runtime_endpoint: Option<String>,
 }
 
@@ -99,6 +110,8 @@ pub struct DaemonConfig {
     pub listen: SocketAddr,
     pub watch: collector::WatchConfig,
     pub report_dir: Option<PathBuf>,
+    /// How many bundles, and bytes of them, `report_dir` keeps.
+    pub retention: Retention,
 }
 
 /// Reads a config file's text; the error is one line naming the file, the line and the key.
@@ -154,7 +167,14 @@ impl DaemonArgs {
         let mut watch = watch.config()?;
         watch.status_every = Some(Duration::from_secs(1));
         let report_dir = self.report_dir.clone().or(file.report_dir);
-        Ok(DaemonConfig { listen, watch, report_dir })
+        let retention = Retention {
+            max_bundles: self.report_keep.or(file.report_keep).unwrap_or(Retention::DAEMON.max_bundles),
+            max_bytes: self.report_max_mib.or(file.report_max_mib).map(|m| m.saturating_mul(1 << 20)).unwrap_or(Retention::DAEMON.max_bytes),
+        };
+        if retention.max_bundles == 0 {
+            return Err(format!("report_keep (--report-keep) must be at least 1{}", if origin.is_empty() { String::new() } else { format!(" (--config {origin})") }));
+        }
+        Ok(DaemonConfig { listen, watch, report_dir, retention })
     }
 }
 
@@ -178,7 +198,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let server = tokio::spawn(export::http::serve(listener, exposition));
     let mut log = LogSink;
     let mut report = cfg.report_dir.as_ref().and_then(|dir| {
-        ReportSink::new(dir)
+        ReportSink::with_retention(dir, Some(cfg.retention))
             .inspect_err(|e| tracing::warn!("report dir {}: cannot start its writer thread ({e}); going on without bundles", dir.display()))
             .ok()
     });
@@ -242,6 +262,32 @@ mod tests {
         assert_eq!(c.watch.thresholds.critical, Duration::from_secs(20), "the file's");
         assert_eq!(c.watch.filter.comms, vec!["umount".to_string()]);
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn retention_from_the_file_or_the_flags() {
+        let c = daemon(&[]).resolve().unwrap();
+        assert_eq!(c.retention, Retention::DAEMON);
+        let dir = std::env::temp_dir().join(format!("plegwatch-daemon-keep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("d.toml");
+        std::fs::write(&f, "report_keep = 5\nreport_max_mib = 3\n").unwrap();
+        let c = daemon(&["--config", f.to_str().unwrap(), "--report-keep", "7"]).resolve().unwrap();
+        assert_eq!(c.retention, Retention { max_bundles: 7, max_bytes: 3 << 20 });
+        let e = daemon(&["--report-keep", "0"]).resolve().unwrap_err();
+        assert!(e.contains("at least 1"), "{e}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// The DaemonSet's ConfigMap is a config this daemon accepts (a bad key would crash-loop it).
+    #[test]
+    fn the_daemonsets_config_parses() {
+        let yaml = include_str!("../../../deploy/daemonset.yaml");
+        let start = yaml.find("  daemon.toml: |\n").expect("a daemon.toml key") + "  daemon.toml: |\n".len();
+        let toml: String = yaml[start..].lines().take_while(|l| l.starts_with("    ") || l.is_empty()).map(|l| format!("{}\n", l.trim_start())).collect();
+        let file = parse_file(Path::new("daemonset.yaml"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        assert_eq!(file.report_keep, Some(100));
+        assert_eq!(file.listen.as_deref(), Some("0.0.0.0:9792"));
     }
 
     #[test]

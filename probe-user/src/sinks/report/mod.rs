@@ -29,6 +29,7 @@ pub mod chain_svg;
 pub mod page;
 pub mod pprof;
 pub mod render;
+pub mod retention;
 pub mod timeline;
 
 use crate::events::{Event, Sink};
@@ -77,18 +78,28 @@ impl ReportSink {
     /// A directory that cannot be created is logged, not fatal: bundles then
     /// fail to write, each with a warning.
     pub fn new(dir: &Path) -> std::io::Result<Self> {
+        Self::with_retention(dir, None)
+    }
+
+    /// As [`ReportSink::new`]; after each bundle the writer thread removes the
+    /// oldest bundles in `dir` beyond `keep` (see [`retention`]).
+    pub fn with_retention(dir: &Path, keep: Option<retention::Retention>) -> std::io::Result<Self> {
         if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
             tracing::warn!("report dir {}: cannot create it ({e}); watching goes on without bundles", dir.display());
         }
         let (tx, rx) = sync_channel::<Job>(QUEUE);
+        let top = dir.to_path_buf();
         let worker = std::thread::Builder::new().name("plegwatch-report".into()).spawn(move || {
             for job in rx {
                 match job {
-                    Job::Bundle(dir, b) => {
-                        if let Err(e) = write_bundle(&dir, &b) {
-                            tracing::warn!("report bundle {}: {e}; watching goes on", dir.display());
+                    Job::Bundle(dir, b) => match write_bundle(&dir, &b) {
+                        Ok(()) => {
+                            if let Some(keep) = keep {
+                                retention::prune(&top, keep, &dir);
+                            }
                         }
-                    }
+                        Err(e) => tracing::warn!("report bundle {}: {e}; watching goes on", dir.display()),
+                    },
                     Job::Latency(dirs, v) => {
                         for d in dirs {
                             let body = serde_json::to_vec_pretty(&v).unwrap_or_default();
