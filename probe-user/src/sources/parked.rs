@@ -307,6 +307,8 @@ mod tests {
     fn can_sample() -> bool {
         let ok = procfs::syscall(std::process::id()).is_some();
         if !ok {
+            // Under CI a missing precondition fails, naming it; elsewhere the test moves on.
+            assert!(std::env::var_os("CI").is_none(), "/proc/PID/syscall is not readable here (root or ptrace access to itself needed)");
             eprintln!("skipping: /proc/PID/syscall is not readable here");
         }
         ok

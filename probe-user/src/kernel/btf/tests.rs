@@ -403,6 +403,8 @@ fn real_vmlinux() {
     let btf = match Btf::from_sys_fs() {
         Ok(btf) => btf,
         Err(BtfError::Read { path, source }) => {
+            // Under CI a missing precondition fails, naming it; elsewhere the test moves on.
+            assert!(std::env::var_os("CI").is_none(), "cannot read {}: {source}", path.display());
             eprintln!("skipping: cannot read {}: {source}", path.display());
             return;
         }

@@ -275,6 +275,8 @@ mod tests {
         match query(Some(1)) {
             Ok(_) => true,
             Err(e) => {
+                // Under CI a missing precondition fails, naming it; elsewhere the test moves on.
+                assert!(std::env::var_os("CI").is_none(), "unix sock_diag unavailable here: {e}");
                 eprintln!("skipping: unix sock_diag unavailable here: {e}");
                 false
             }
