@@ -16,6 +16,7 @@ pub mod mounts;
 pub mod namespaces;
 pub mod pipes;
 pub mod procfs;
+pub mod goroutines;
 pub mod ustack;
 
 use crate::{

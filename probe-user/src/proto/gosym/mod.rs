@@ -23,7 +23,9 @@
 //! internally linked PIE, externally linked PIE). Layouts for Go 1.2–1.17
 //! and 1.20+ follow Go's `debug/gosym` and are covered by synthetic tables.
 
+pub mod allgs;
 pub mod elf;
+pub mod gstruct;
 mod moduledata;
 pub mod pclntab;
 pub mod rets;
@@ -37,7 +39,9 @@ mod tests;
 
 use std::path::Path;
 
+pub use allgs::{find_allgs, AllGs, AllGsError};
 pub use elf::{file_offset, Elf};
+pub use gstruct::{layout_for, GLayout, GStatus, GStructError};
 pub use pclntab::{PclnVersion, Pclntab, TableSource};
 pub use rets::{probe_points, probe_points_in, ret_addresses, ret_addresses_in, ProbePoints};
 pub use tls::{g_tls_offset, GTls, TlsSource};
