@@ -108,6 +108,9 @@ enum Val {
 pub fn from_code(bytes: &[u8], ip: u64) -> Result<AllGs, &'static str> {
     let mut decoder = Decoder::with_ip(64, bytes, ip, DecoderOptions::NONE);
     let mut regs: Vec<(Register, Val)> = Vec::new();
+    // Spill slots (`[rsp+d]`) and what they hold: values live across a
+    // call are spilled and reloaded (Go's ABI saves no register).
+    let mut slots: Vec<(u64, Val)> = Vec::new();
     let mut rip_rel: Vec<u64> = Vec::new();
     // (target, value stored)
     let mut xchgs: Vec<(u64, Option<Val>)> = Vec::new();
@@ -141,6 +144,22 @@ pub fn from_code(bytes: &[u8], ip: u64) -> Result<AllGs, &'static str> {
             }
             set(&mut regs, reg, None);
             continue;
+        }
+        if let Some(slot) = stack_slot(&instr, 0) {
+            // A spill: `mov [rsp+d], reg`.
+            let v = (instr.mnemonic() == Mnemonic::Mov && instr.op1_kind() == OpKind::Register)
+                .then(|| lookup(&regs, instr.op1_register()))
+                .flatten();
+            set_slot(&mut slots, slot, v);
+            continue;
+        }
+        if let Some(slot) = stack_slot(&instr, 1) {
+            // A reload: `mov reg, [rsp+d]`.
+            if instr.mnemonic() == Mnemonic::Mov && instr.op0_kind() == OpKind::Register {
+                let v = slots.iter().rev().find(|(d, _)| *d == slot).map(|(_, v)| *v);
+                set(&mut regs, instr.op0_register(), v);
+                continue;
+            }
         }
         if instr.op_count() >= 1 && instr.op0_kind() == OpKind::Register {
             let r = instr.op0_register();
@@ -192,6 +211,22 @@ fn is_gpr64(r: Register) -> bool {
 
 fn lookup(regs: &[(Register, Val)], r: Register) -> Option<Val> {
     regs.iter().rev().find(|(x, _)| *x == r).map(|(_, v)| *v)
+}
+
+/// The displacement of operand `op` if it is `[rsp+d]`.
+fn stack_slot(instr: &Instruction, op: u32) -> Option<u64> {
+    (op < instr.op_count()
+        && instr.op_kind(op) == OpKind::Memory
+        && instr.memory_base() == Register::RSP
+        && instr.memory_index() == Register::None)
+        .then(|| instr.memory_displacement64())
+}
+
+fn set_slot(slots: &mut Vec<(u64, Val)>, d: u64, v: Option<Val>) {
+    slots.retain(|(x, _)| *x != d);
+    if let Some(v) = v {
+        slots.push((d, v));
+    }
 }
 
 /// Records what `r` now holds. A write to a narrower register (`ecx`)
