@@ -79,9 +79,16 @@ pub struct Goroutine {
     /// Why it is parked, named for this Go version (`chan receive`,
     /// `semacquire`, `sync.RWMutex.RLock`, …); only for a waiting goroutine.
     pub wait_reason: Option<&'static str>,
-    /// `waitsince`: the runtime's `nanotime()` (`CLOCK_MONOTONIC` ns) when
-    /// it was first seen blocked, set by a GC cycle or a traceback; `None`
-    /// when the runtime has not set it (the age is then unknown).
+    /// `waitsince`: the runtime's `nanotime()` (`CLOCK_MONOTONIC` ns),
+    /// "approx time when the g became blocked"; `None` when the runtime has
+    /// not set it (the age is then unknown). Only a GC's mark sets it, on a
+    /// goroutine it finds parked with none, and to the end of the
+    /// *previous* cycle's mark (`work.tstart`, 0 before a first cycle ends,
+    /// so the first cycle sets nothing). So the goroutine was parked by the
+    /// end of the cycle that set it, and `now - waitsince` may exceed its
+    /// real wait by up to one GC interval: what a goroutine dump's
+    /// "[semacquire, 3 minutes]" shows, with the same slack. Cleared when it
+    /// runs again.
     pub waitsince_ns: Option<u64>,
     /// Saved registers (`sched`): valid while the goroutine is not running.
     pub pc: u64,
@@ -148,6 +155,16 @@ impl GoroutineReader {
     /// The Go version the layout was chosen for.
     pub fn version(&self) -> &str {
         &self.version
+    }
+
+    /// The load bias: run-time address minus link-time address (0 unless PIE).
+    pub fn bias(&self) -> u64 {
+        self.bias
+    }
+
+    /// The layout used.
+    pub fn layout(&self) -> &'static GLayout {
+        self.layout
     }
 
     /// The run-time addresses of `allgs`, `allglen` and `allgptr`.
