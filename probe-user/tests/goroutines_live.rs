@@ -217,7 +217,7 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
         let since = g.waitsince_ns.unwrap_or_else(|| panic!("{version}: {function}: waitsince not set after the GC"));
         assert!(since >= p.started_ns && since <= p.ready_ns, "{version}: {function}: waitsince {since} not in [{}, {}]", p.started_ns, p.ready_ns);
     }
-    assert_eq!(scan.inconsistent, 0, "{version}: a still process reads consistently");
+    assert_eq!(scan.inconsistent, 0, "{version}: a still process reads consistently: {:?}", scan.why);
     scan
 }
 
@@ -294,6 +294,7 @@ fn churning_process() {
     let parked: Vec<u64> = dump_headers(&p.dump).into_iter().filter(|(id, _)| *id != 1).map(|(id, _)| id).collect();
     let deadline = Instant::now() + Duration::from_secs(2);
     let (mut scans, mut torn, mut reread) = (0, 0, 0);
+    let mut reasons = BTreeMap::new();
     while Instant::now() < deadline {
         let scan = reader.scan().unwrap_or_else(|e| panic!("scan {scans}: {e}"));
         for id in &parked {
@@ -301,8 +302,11 @@ fn churning_process() {
         }
         scans += 1;
         torn += scan.inconsistent;
+        for (why, n) in &scan.why {
+            *reasons.entry(*why).or_insert(0usize) += n;
+        }
         reread += scan.reread;
     }
-    println!("{scans} scans of a churning process: {torn} g's left out as inconsistent, {reread} re-read");
+    println!("{scans} scans of a churning process: {torn} g's left out as inconsistent {reasons:?}, {reread} re-read");
     assert!(scans > 10);
 }

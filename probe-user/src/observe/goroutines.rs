@@ -21,6 +21,7 @@
 //! Positioned reads are done with `FileExt::read_exact_at`. The scan is
 //! blocking work: call it from a worker thread, never the event loop.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::{Duration, Instant};
@@ -111,6 +112,8 @@ pub struct Scan {
     pub dead: usize,
     /// `g`s left out because they read inconsistently twice.
     pub inconsistent: usize,
+    /// Why, per [`Inconsistent`] reason (the second read's).
+    pub why: BTreeMap<&'static str, usize>,
     /// `g`s that read inconsistently once and well the second time.
     pub reread: usize,
     /// How long the scan took.
@@ -191,12 +194,13 @@ impl GoroutineReader {
         let mut ptrs = vec![0u8; (allglen * 8) as usize];
         self.read(array, &mut ptrs, "the allgs array")?;
         let now = monotonic_ns();
-        let mut scan = Scan { goroutines: Vec::new(), allglen, dead: 0, inconsistent: 0, reread: 0, took: Duration::ZERO };
+        let mut scan = Scan { goroutines: Vec::new(), allglen, dead: 0, inconsistent: 0, why: BTreeMap::new(), reread: 0, took: Duration::ZERO };
         let mut buf = vec![0u8; self.layout.span() as usize];
         for chunk in ptrs.chunks_exact(8) {
             let g = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
             if g == 0 || g % 8 != 0 {
                 scan.inconsistent += 1;
+                *scan.why.entry("a nil or unaligned pointer in allgs").or_default() += 1;
                 continue;
             }
             let mut result = self.read_g(g, &mut buf, now);
@@ -209,7 +213,10 @@ impl GoroutineReader {
             match result {
                 Ok(Some(gr)) => scan.goroutines.push(gr),
                 Ok(None) => scan.dead += 1,
-                Err(()) => scan.inconsistent += 1,
+                Err(Inconsistent(why)) => {
+                    scan.inconsistent += 1;
+                    *scan.why.entry(why).or_default() += 1;
+                }
             }
         }
         scan.took = started.elapsed();
@@ -218,8 +225,8 @@ impl GoroutineReader {
 
     /// Reads and checks one `g`: `Ok(None)` for a dead one, `Err` for an
     /// unreadable or inconsistent one.
-    fn read_g(&self, g: u64, buf: &mut [u8], now: u64) -> Result<Option<Goroutine>, ()> {
-        self.mem.read_exact_at(buf, g).map_err(|_| ())?;
+    fn read_g(&self, g: u64, buf: &mut [u8], now: u64) -> Result<Option<Goroutine>, Inconsistent> {
+        self.mem.read_exact_at(buf, g).map_err(|_| Inconsistent("unreadable"))?;
         decode_g(self.layout, g, buf, now)
     }
 
@@ -242,18 +249,23 @@ impl GoroutineReader {
     }
 }
 
+/// Why a `g` read did not make sense (a torn read, or not a `g`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inconsistent(pub &'static str);
+
 /// Decodes and checks one `g` read as `buf` (at least [`GLayout::span`]
 /// bytes) from address `g`; `now` is `CLOCK_MONOTONIC` in ns. Pure, for
-/// tests: `Ok(None)` for a dead descriptor, `Err(())` for values that
-/// cannot be a goroutine's (a torn read).
-pub fn decode_g(layout: &GLayout, g: u64, buf: &[u8], now: u64) -> Result<Option<Goroutine>, ()> {
-    let u64_at = |off: u64| -> Result<u64, ()> {
+/// tests: `Ok(None)` for a dead descriptor, `Err` for values that cannot
+/// be a goroutine's (a torn read), naming the first that was wrong.
+pub fn decode_g(layout: &GLayout, g: u64, buf: &[u8], now: u64) -> Result<Option<Goroutine>, Inconsistent> {
+    let short = Inconsistent("the read is shorter than the layout");
+    let u64_at = |off: u64| -> Result<u64, Inconsistent> {
         let o = off as usize;
-        buf.get(o..o + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).ok_or(())
+        buf.get(o..o + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).ok_or(short)
     };
     let o = layout.atomicstatus as usize;
-    let raw_status = buf.get(o..o + 4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes).ok_or(())?;
-    let status = GStatus::from_raw(raw_status).ok_or(())?;
+    let raw_status = buf.get(o..o + 4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes).ok_or(short)?;
+    let status = GStatus::from_raw(raw_status).ok_or(Inconsistent("atomicstatus is no status"))?;
     if status.is_dead() {
         return Ok(None);
     }
@@ -262,16 +274,19 @@ pub fn decode_g(layout: &GLayout, g: u64, buf: &[u8], now: u64) -> Result<Option
     let sp = u64_at(layout.sched_sp)?;
     let pc = u64_at(layout.sched_pc)?;
     // goid 0 is only ever the g0s, which are not in allgs.
-    if goid == 0 || goid > 1 << 62 || lo >= hi || hi - lo > 1 << 30 {
-        return Err(());
+    if goid == 0 || goid > 1 << 62 {
+        return Err(Inconsistent("goid out of range"));
+    }
+    if lo >= hi || hi - lo > 1 << 30 {
+        return Err(Inconsistent("stack bounds"));
     }
     // A parked goroutine's saved sp is on its own stack, and its pc is set.
     if matches!(status, GStatus::Waiting | GStatus::Runnable | GStatus::Preempted) && (sp < lo || sp > hi || pc == 0) {
-        return Err(());
+        return Err(Inconsistent("saved sp off its stack, or no saved pc"));
     }
-    let reason_raw = *buf.get(layout.waitreason as usize).ok_or(())?;
+    let reason_raw = *buf.get(layout.waitreason as usize).ok_or(short)?;
     let wait_reason = match status {
-        GStatus::Waiting => Some(layout.wait_reason(reason_raw).ok_or(())?),
+        GStatus::Waiting => Some(layout.wait_reason(reason_raw).ok_or(Inconsistent("waitreason unknown to this version"))?),
         _ => None,
     };
     let since = u64_at(layout.waitsince)? as i64;
@@ -359,18 +374,18 @@ mod tests {
         let l = &LAYOUTS[0];
         assert_eq!(decode_g(l, 0, &g_bytes(l, 6, 7, 0, 0, 0), 1), Ok(None));
         // Not a status.
-        assert_eq!(decode_g(l, 0, &g_bytes(l, 5, 7, 0, 0, 0xc000_2f00), 1), Err(()));
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 5, 7, 0, 0, 0xc000_2f00), 1), Err(Inconsistent("atomicstatus is no status")));
         // A parked goroutine whose sp is off its stack.
-        assert_eq!(decode_g(l, 0, &g_bytes(l, 4, 7, 14, 0, 0x1234), 1), Err(()));
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 4, 7, 14, 0, 0x1234), 1), Err(Inconsistent("saved sp off its stack, or no saved pc")));
         // A wait reason this version does not have.
-        assert_eq!(decode_g(l, 0, &g_bytes(l, 4, 7, 200, 0, 0xc000_2f00), 1), Err(()));
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 4, 7, 200, 0, 0xc000_2f00), 1), Err(Inconsistent("waitreason unknown to this version")));
         // goid 0.
-        assert_eq!(decode_g(l, 0, &g_bytes(l, 2, 0, 0, 0, 0), 1), Err(()));
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 2, 0, 0, 0, 0), 1), Err(Inconsistent("goid out of range")));
         // waitsince in the future is not believed.
         let g = decode_g(l, 0, &g_bytes(l, 4, 7, 14, 50, 0xc000_2f00), 10).unwrap().unwrap();
         assert_eq!(g.waitsince_ns, None);
         // Too short a buffer.
-        assert_eq!(decode_g(l, 0, &[0u8; 16], 1), Err(()));
+        assert_eq!(decode_g(l, 0, &[0u8; 16], 1), Err(Inconsistent("the read is shorter than the layout")));
         // A running goroutine's stale sched is not checked.
         assert!(decode_g(l, 0, &g_bytes(l, 2, 9, 0, 0, 0), 1).unwrap().is_some());
     }
