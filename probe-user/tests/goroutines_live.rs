@@ -310,3 +310,108 @@ fn churning_process() {
     println!("{scans} scans of a churning process: {torn} g's left out as inconsistent {reasons:?}, {reread} re-read");
     assert!(scans > 10);
 }
+
+/// A containerd started on a private root, state and socket, killed on drop.
+struct Containerd {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(format!("/tmp/containerd.{}.stacks.log", self.child.id()));
+    }
+}
+
+/// Waits until `dir/log` holds `needle`.
+fn wait_log(c: &Containerd, needle: &str, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if std::fs::read_to_string(c.dir.path().join("log")).is_ok_and(|l| l.contains(needle)) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+/// A real containerd: its goroutines read from outside against the dump it
+/// writes itself on SIGUSR1 (to `/tmp/containerd.PID.stacks.log`; the test
+/// sends the signal, plegwatch never would). An idle daemon's goroutines
+/// mostly stay parked; a few may wake between the dump and the read.
+fn real_containerd(bin: &str) {
+    let missing = if !Path::new(bin).exists() {
+        Some(format!("{bin} is missing"))
+    } else if unsafe { libc::geteuid() } != 0 {
+        Some("running containerd needs root".to_string())
+    } else {
+        None
+    };
+    if let Some(why) = missing {
+        assert!(std::env::var_os("CI").is_none(), "CI: {why}");
+        println!("SKIP: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let child = Command::new(bin)
+        .args(["--config", "/dev/null", "--root"])
+        .arg(dir.path().join("root"))
+        .arg("--state")
+        .arg(dir.path().join("state"))
+        .arg("--address")
+        .arg(dir.path().join("c.sock"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let c = Containerd { child, dir };
+    assert!(wait_log(&c, "containerd successfully booted", Duration::from_secs(20)), "{bin} did not boot");
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = c.child.id();
+    let binary = GoBinary::open(bin).unwrap();
+    let reader = GoroutineReader::new(pid, binary.symbols(), binary.data()).unwrap_or_else(|e| panic!("{e}"));
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
+    assert!(wait_log(&c, "goroutine stack dump written to", Duration::from_secs(10)), "{bin}: no stack dump");
+    let scan = reader.scan().unwrap_or_else(|e| panic!("{e}"));
+    let dump = dump_headers(&std::fs::read_to_string(format!("/tmp/containerd.{pid}.stacks.log")).unwrap());
+    let read: BTreeMap<u64, &plegwatch::observe::goroutines::Goroutine> = scan.goroutines.iter().map(|g| (g.goid, g)).collect();
+    let (mut same, mut changed, mut gone) = (0, Vec::new(), Vec::new());
+    for (goid, reason) in &dump {
+        match read.get(goid) {
+            None => gone.push(*goid),
+            Some(g) if g.wait_reason == Some(reason.as_str()) => same += 1,
+            Some(_) if matches!(reason.as_str(), "running" | "runnable" | "syscall") => {}
+            Some(g) => changed.push((*goid, reason.clone(), g.status, g.wait_reason)),
+        }
+    }
+    println!(
+        "{bin} ({}): dump {} goroutines, read {} in {:?}; {same} parked the same, changed {changed:?}, gone {gone:?}",
+        reader.version(), dump.len(), scan.goroutines.len(), scan.took
+    );
+    assert!(dump.len() >= 10, "{bin}: dump lists {}", dump.len());
+    assert!(gone.len() <= 2 && changed.len() <= 2, "{bin}: too many differences from its own dump");
+    assert!(same + 4 >= dump.len(), "{bin}: only {same} of {} parked the same", dump.len());
+    assert_eq!(scan.inconsistent, 0, "{bin}: {:?}", scan.why);
+}
+
+/// Debian's containerd 1.6.20 (Go 1.19, cgo, externally linked).
+#[test]
+fn containerd_1_6_go1_19() {
+    real_containerd("/usr/bin/containerd");
+}
+
+/// containerd 1.7.34 (Go 1.25).
+#[test]
+fn containerd_1_7_go1_25() {
+    real_containerd(&format!("{}/containerd-1.7.34", std::env::var("PLEGWATCH_SHARED_BIN").unwrap_or_else(|_| "/work/shared/bin".into())));
+}
+
+/// containerd 2.3.4 (Go 1.26): the 1.26 row of the layout table, live.
+#[test]
+fn containerd_2_3_go1_26() {
+    real_containerd(&format!("{}/containerd-2.3.4", std::env::var("PLEGWATCH_SHARED_BIN").unwrap_or_else(|_| "/work/shared/bin".into())));
+}
