@@ -11,9 +11,14 @@
 //! one with goroutines starting and ending all the time checks that torn
 //! reads are tolerated.
 //!
+//! Real containerd 1.6.20 (Debian, Go 1.19), 1.7.34 (Go 1.25) and 2.3.4
+//! (Go 1.26) are read the same way against the dump each writes on SIGUSR1
+//! (sent by the test only); these need root, as running containerd does.
+//! A patched build info checks that an unknown Go version is named.
+//!
 //! Reading `/proc/PID/mem` of a child needs no root (the parent may ptrace
-//! it). Under `CI` a missing toolchain fails the test naming it; elsewhere
-//! the test prints why and passes nothing else.
+//! it). Under `CI` a missing toolchain, binary or root fails the test naming
+//! it; elsewhere the test prints why and checks nothing.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -414,4 +419,29 @@ fn containerd_1_7_go1_25() {
 #[test]
 fn containerd_2_3_go1_26() {
     real_containerd(&format!("{}/containerd-2.3.4", std::env::var("PLEGWATCH_SHARED_BIN").unwrap_or_else(|_| "/work/shared/bin".into())));
+}
+
+/// A Go version the layout table does not know (1.20: no toolchain of it was
+/// at hand to check it) gives an error naming it, never a guess.
+#[test]
+fn unknown_version_is_named() {
+    let Some(go) = toolchain(None, "1.19") else { return };
+    let bin = build(&go, "go1.19", false);
+    let mut data = std::fs::read(&bin).unwrap();
+    let version = GoBinary::open(&bin).unwrap().symbols().version().unwrap();
+    let (from, to) = (version.as_bytes().to_vec(), version.replacen("go1.19", "go1.20", 1).into_bytes());
+    let mut patched = 0;
+    for i in 0..data.len().saturating_sub(from.len()) {
+        if data[i..i + from.len()] == from[..] {
+            data[i..i + to.len()].copy_from_slice(&to);
+            patched += 1;
+        }
+    }
+    assert!(patched > 0);
+    let syms = plegwatch::proto::gosym::GoSymbols::from_elf_named(&data, "patched").unwrap();
+    let want = String::from_utf8(to).unwrap();
+    assert_eq!(syms.version().as_deref(), Some(want.as_str()));
+    let err = GoroutineReader::new(std::process::id(), &syms, &data).unwrap_err().to_string();
+    println!("{err}");
+    assert!(err.contains(&format!("Go version {want}:")) && err.contains("known: 1.19, 1.21-1.27"), "{err}");
 }
