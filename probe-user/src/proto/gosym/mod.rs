@@ -6,6 +6,9 @@
 //! functions and find their entry addresses, converts addresses to the file
 //! offsets uprobes take, and finds every RET so that plegwatch never needs a
 //! uretprobe on Go code (those crash Go when a goroutine stack moves).
+//! For reading a live process's goroutines from outside, [`allgs`] finds the
+//! goroutine list's variables from the code and [`gstruct`] gives the layout
+//! of `runtime.g` and the wait reasons' names per Go version.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), plegwatch::proto::gosym::GoSymError> {
