@@ -8,7 +8,8 @@
 //! Below them: `procfs` (reads of `/proc`), `mounts` (mountinfo) and
 //! `namespaces` (our host pid, which mount table), `holders` (who owns a
 //! socket, a D-Bus name, a unix peer), `k8s` (the pod and container a process
-//! belongs to) and `ustack` (user stacks named).
+//! belongs to), `ustack` (user stacks named) and `goroutines` (a Go
+//! process's goroutines, read from `/proc/PID/mem` without stopping it).
 
 pub mod holders;
 pub mod k8s;
@@ -16,6 +17,7 @@ pub mod mounts;
 pub mod namespaces;
 pub mod pipes;
 pub mod procfs;
+pub mod goroutines;
 pub mod ustack;
 
 use crate::{

@@ -6,6 +6,9 @@
 //! functions and find their entry addresses, converts addresses to the file
 //! offsets uprobes take, and finds every RET so that plegwatch never needs a
 //! uretprobe on Go code (those crash Go when a goroutine stack moves).
+//! For reading a live process's goroutines from outside, [`allgs`] finds the
+//! goroutine list's variables from the code and [`gstruct`] gives the layout
+//! of `runtime.g` and the wait reasons' names per Go version.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), plegwatch::proto::gosym::GoSymError> {
@@ -23,7 +26,9 @@
 //! internally linked PIE, externally linked PIE). Layouts for Go 1.2–1.17
 //! and 1.20+ follow Go's `debug/gosym` and are covered by synthetic tables.
 
+pub mod allgs;
 pub mod elf;
+pub mod gstruct;
 mod moduledata;
 pub mod pclntab;
 pub mod rets;
@@ -37,7 +42,9 @@ mod tests;
 
 use std::path::Path;
 
+pub use allgs::{find_allgs, AllGs, AllGsError};
 pub use elf::{file_offset, Elf};
+pub use gstruct::{layout_for, GLayout, GStatus, GStructError};
 pub use pclntab::{PclnVersion, Pclntab, TableSource};
 pub use rets::{probe_points, probe_points_in, ret_addresses, ret_addresses_in, ProbePoints};
 pub use tls::{g_tls_offset, GTls, TlsSource};

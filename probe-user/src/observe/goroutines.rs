@@ -1,0 +1,392 @@
+//! The goroutines of a running Go process, read from outside through
+//! `/proc/PID/mem`: no signal, no ptrace stop, nothing the process notices.
+//!
+//! Where the list is ([`find_allgs`]) and how a `g` is laid out
+//! ([`layout_for`]) come from `proto::gosym`; this module does the reads:
+//!
+//! 1. `allglen`, then `allgptr` (8 bytes each), as `runtime.forEachGRace`
+//!    reads them: the runtime stores the array before the length, so the
+//!    first `allglen` entries of that array are valid;
+//! 2. the whole array of `*g` in one read;
+//! 3. each `g` with one small read (the first [`GLayout::span`] bytes).
+//!
+//! The process keeps running, so a read may be torn (a goroutine changing
+//! state between two words). Every value is checked: a status that is no
+//! status, a pointer that is not aligned or not readable, a saved `sp`
+//! outside the goroutine's stack. Such a `g` is read once more; if it is
+//! still inconsistent it is left out and counted ([`Scan::inconsistent`]).
+//!
+//! Reading `/proc/PID/mem` needs the ptrace access mode (root, or the same
+//! user with `ptrace_scope` 0); it does not stop or signal the process.
+//! Positioned reads are done with `FileExt::read_exact_at`. The scan is
+//! blocking work: call it from a worker thread, never the event loop.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::time::{Duration, Instant};
+
+use crate::clock::monotonic_ns;
+use crate::proto::gosym::{find_allgs, layout_for, AllGs, AllGsError, GLayout, GStatus, GStructError, GoSymbols};
+
+/// More goroutines than any process is believed to hold: an `allglen`
+/// above this is a torn or wrong read.
+pub const MAX_GOROUTINES: u64 = 10_000_000;
+
+/// Errors from reading a process's goroutines. Each names the pid.
+#[derive(Debug, thiserror::Error)]
+pub enum GoroutineError {
+    /// The binary's Go version is unknown to the layout table (named).
+    #[error("pid {pid}: {source}")]
+    Layout {
+        pid: u32,
+        #[source]
+        source: GStructError,
+    },
+    /// `allgs`/`allglen` not found in the binary.
+    #[error("pid {pid}: {source}")]
+    AllGs {
+        pid: u32,
+        #[source]
+        source: AllGsError,
+    },
+    /// A read of `/proc` failed (the process exited, or no permission).
+    #[error("pid {pid}: {what}: {source}")]
+    Io {
+        pid: u32,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The binary is not mapped in the process (another executable?).
+    #[error("pid {pid}: its executable is not mapped as {binary} expects (no mapping of its first PT_LOAD)")]
+    NotMapped { pid: u32, binary: String },
+    /// The goroutine list itself reads as nonsense.
+    #[error("pid {pid}: the goroutine list is unreadable: {reason}")]
+    BadList { pid: u32, reason: String },
+}
+
+/// One goroutine as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Goroutine {
+    /// Where its `g` is in the process.
+    pub g: u64,
+    /// `goid`: the number a goroutine dump prints.
+    pub goid: u64,
+    /// Its status (`_Gscan` bit removed).
+    pub status: GStatus,
+    /// True if the GC was scanning its stack (`_Gscan` set).
+    pub scanning: bool,
+    /// Why it is parked, named for this Go version (`chan receive`,
+    /// `semacquire`, `sync.RWMutex.RLock`, …); only for a waiting goroutine.
+    pub wait_reason: Option<&'static str>,
+    /// `waitsince`: the runtime's `nanotime()` (`CLOCK_MONOTONIC` ns),
+    /// "approx time when the g became blocked"; `None` when the runtime has
+    /// not set it (the age is then unknown). Only a GC's mark sets it, on a
+    /// goroutine it finds parked with none, and to the end of the
+    /// *previous* cycle's mark (`work.tstart`, 0 before a first cycle ends,
+    /// so the first cycle sets nothing). So the goroutine was parked by the
+    /// end of the cycle that set it, and `now - waitsince` may exceed its
+    /// real wait by up to one GC interval: what a goroutine dump's
+    /// "[semacquire, 3 minutes]" shows, with the same slack. Cleared when it
+    /// runs again.
+    pub waitsince_ns: Option<u64>,
+    /// Saved registers (`sched`): valid while the goroutine is not running.
+    pub pc: u64,
+    pub sp: u64,
+    pub bp: u64,
+    /// `stack.lo`, `stack.hi`.
+    pub stack: (u64, u64),
+    /// Its M (`*m`): non-zero while running or in a system call.
+    pub m: u64,
+}
+
+/// The result of one scan.
+#[derive(Clone, Debug)]
+pub struct Scan {
+    /// Live goroutines (dead descriptors left out), in `allgs` order.
+    pub goroutines: Vec<Goroutine>,
+    /// `allglen` as read.
+    pub allglen: u64,
+    /// Dead descriptors (free `g`s kept for reuse).
+    pub dead: usize,
+    /// `g`s left out because they read inconsistently twice.
+    pub inconsistent: usize,
+    /// Why, per [`Inconsistent`] reason (the second read's).
+    pub why: BTreeMap<&'static str, usize>,
+    /// `g`s that read inconsistently once and well the second time.
+    pub reread: usize,
+    /// How long the scan took.
+    pub took: Duration,
+}
+
+/// A reader of one process's goroutines: the addresses and layout are
+/// worked out once ([`GoroutineReader::new`]); each [`GoroutineReader::scan`]
+/// reads the list again.
+#[derive(Debug)]
+pub struct GoroutineReader {
+    pid: u32,
+    mem: File,
+    bias: u64,
+    vars: AllGs,
+    layout: &'static GLayout,
+    version: String,
+}
+
+impl GoroutineReader {
+    /// Prepares to read the goroutines of `pid`, whose executable's bytes
+    /// are `data` and symbols `syms`. Fails, naming it, on a Go version the
+    /// layout table does not know.
+    pub fn new(pid: u32, syms: &GoSymbols, data: &[u8]) -> Result<GoroutineReader, GoroutineError> {
+        let binary = syms.elf().binary().to_string();
+        let version = syms
+            .version()
+            .ok_or_else(|| GoroutineError::Layout { pid, source: GStructError::NoVersion { binary: binary.clone() } })?;
+        let layout = layout_for(&version).map_err(|source| GoroutineError::Layout { pid, source })?;
+        let vars = find_allgs(syms, data).map_err(|source| GoroutineError::AllGs { pid, source })?;
+        let bias = if syms.elf().is_pie() { load_bias(pid, syms)? } else { 0 };
+        let mem = File::open(format!("/proc/{pid}/mem"))
+            .map_err(|source| GoroutineError::Io { pid, what: "open /proc/PID/mem".into(), source })?;
+        Ok(GoroutineReader { pid, mem, bias, vars, layout, version })
+    }
+
+    /// The process.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The Go version the layout was chosen for.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The load bias: run-time address minus link-time address (0 unless PIE).
+    pub fn bias(&self) -> u64 {
+        self.bias
+    }
+
+    /// The layout used.
+    pub fn layout(&self) -> &'static GLayout {
+        self.layout
+    }
+
+    /// The run-time addresses of `allgs`, `allglen` and `allgptr`.
+    pub fn addresses(&self) -> AllGs {
+        AllGs {
+            allgs: self.vars.allgs + self.bias,
+            allglen: self.vars.allglen + self.bias,
+            allgptr: self.vars.allgptr + self.bias,
+        }
+    }
+
+    /// Reads every goroutine once (blocking; see the module doc).
+    pub fn scan(&self) -> Result<Scan, GoroutineError> {
+        let started = Instant::now();
+        let at = self.addresses();
+        let allglen = self.word(at.allglen, "allglen")?;
+        let array = self.word(at.allgptr, "allgptr")?;
+        if allglen > MAX_GOROUTINES {
+            return Err(self.bad(format!("allglen {allglen} is implausible")));
+        }
+        if allglen > 0 && (array == 0 || array % 8 != 0) {
+            return Err(self.bad(format!("allgptr {array:#x} is not a pointer")));
+        }
+        let mut ptrs = vec![0u8; (allglen * 8) as usize];
+        self.read(array, &mut ptrs, "the allgs array")?;
+        let now = monotonic_ns();
+        let mut scan = Scan { goroutines: Vec::new(), allglen, dead: 0, inconsistent: 0, why: BTreeMap::new(), reread: 0, took: Duration::ZERO };
+        let mut buf = vec![0u8; self.layout.span() as usize];
+        for chunk in ptrs.chunks_exact(8) {
+            let g = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+            if g == 0 || g % 8 != 0 {
+                scan.inconsistent += 1;
+                *scan.why.entry("a nil or unaligned pointer in allgs").or_default() += 1;
+                continue;
+            }
+            let mut result = self.read_g(g, &mut buf, now);
+            if result.is_err() {
+                result = self.read_g(g, &mut buf, now);
+                if result.is_ok() {
+                    scan.reread += 1;
+                }
+            }
+            match result {
+                Ok(Some(gr)) => scan.goroutines.push(gr),
+                Ok(None) => scan.dead += 1,
+                Err(Inconsistent(why)) => {
+                    scan.inconsistent += 1;
+                    *scan.why.entry(why).or_default() += 1;
+                }
+            }
+        }
+        scan.took = started.elapsed();
+        Ok(scan)
+    }
+
+    /// Reads and checks one `g`: `Ok(None)` for a dead one, `Err` for an
+    /// unreadable or inconsistent one.
+    fn read_g(&self, g: u64, buf: &mut [u8], now: u64) -> Result<Option<Goroutine>, Inconsistent> {
+        self.mem.read_exact_at(buf, g).map_err(|_| Inconsistent("unreadable"))?;
+        decode_g(self.layout, g, buf, now)
+    }
+
+    fn word(&self, addr: u64, what: &str) -> Result<u64, GoroutineError> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b, what)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn read(&self, addr: u64, buf: &mut [u8], what: &str) -> Result<(), GoroutineError> {
+        self.mem.read_exact_at(buf, addr).map_err(|source| GoroutineError::Io {
+            pid: self.pid,
+            what: format!("read {what} ({} bytes at {addr:#x}) from /proc/PID/mem", buf.len()),
+            source,
+        })
+    }
+
+    fn bad(&self, reason: String) -> GoroutineError {
+        GoroutineError::BadList { pid: self.pid, reason }
+    }
+}
+
+/// Why a `g` read did not make sense (a torn read, or not a `g`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inconsistent(pub &'static str);
+
+/// Decodes and checks one `g` read as `buf` (at least [`GLayout::span`]
+/// bytes) from address `g`; `now` is `CLOCK_MONOTONIC` in ns. Pure, for
+/// tests: `Ok(None)` for a dead descriptor, `Err` for values that cannot
+/// be a goroutine's (a torn read), naming the first that was wrong.
+pub fn decode_g(layout: &GLayout, g: u64, buf: &[u8], now: u64) -> Result<Option<Goroutine>, Inconsistent> {
+    let short = Inconsistent("the read is shorter than the layout");
+    let u64_at = |off: u64| -> Result<u64, Inconsistent> {
+        let o = off as usize;
+        buf.get(o..o + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).ok_or(short)
+    };
+    let o = layout.atomicstatus as usize;
+    let raw_status = buf.get(o..o + 4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes).ok_or(short)?;
+    let status = GStatus::from_raw(raw_status).ok_or(Inconsistent("atomicstatus is no status"))?;
+    if status.is_dead() {
+        return Ok(None);
+    }
+    let goid = u64_at(layout.goid)?;
+    let (lo, hi) = (u64_at(layout.stack_lo)?, u64_at(layout.stack_lo + 8)?);
+    let sp = u64_at(layout.sched_sp)?;
+    let pc = u64_at(layout.sched_pc)?;
+    // goid 0 is only ever the g0s, which are not in allgs.
+    if goid == 0 || goid > 1 << 62 {
+        return Err(Inconsistent("goid out of range"));
+    }
+    if lo >= hi || hi - lo > 1 << 30 {
+        return Err(Inconsistent("stack bounds"));
+    }
+    // A parked goroutine's saved sp is on its own stack, and its pc is set.
+    if matches!(status, GStatus::Waiting | GStatus::Runnable | GStatus::Preempted) && (sp < lo || sp > hi || pc == 0) {
+        return Err(Inconsistent("saved sp off its stack, or no saved pc"));
+    }
+    let reason_raw = *buf.get(layout.waitreason as usize).ok_or(short)?;
+    let wait_reason = match status {
+        GStatus::Waiting => Some(layout.wait_reason(reason_raw).ok_or(Inconsistent("waitreason unknown to this version"))?),
+        _ => None,
+    };
+    let since = u64_at(layout.waitsince)? as i64;
+    let waitsince_ns = (since > 0 && (since as u64) <= now).then_some(since as u64);
+    Ok(Some(Goroutine {
+        g,
+        goid,
+        status,
+        scanning: raw_status & crate::proto::gosym::gstruct::G_SCAN != 0,
+        wait_reason,
+        waitsince_ns,
+        pc,
+        sp,
+        bp: u64_at(layout.sched_bp)?,
+        stack: (lo, hi),
+        m: u64_at(layout.m)?,
+    }))
+}
+
+/// The load bias of a PIE: where the mapping of the executable's first
+/// PT_LOAD starts, minus that segment's page-aligned link-time address.
+/// The executable is found in `/proc/PID/maps` by the inode and device of
+/// `/proc/PID/exe`, so paths in other mount namespaces do not matter.
+fn load_bias(pid: u32, syms: &GoSymbols) -> Result<u64, GoroutineError> {
+    let binary = syms.elf().binary().to_string();
+    let io = |what: &str, source: std::io::Error| GoroutineError::Io { pid, what: what.to_string(), source };
+    let exe = std::fs::metadata(format!("/proc/{pid}/exe")).map_err(|e| io("stat /proc/PID/exe", e))?;
+    let first = syms
+        .elf()
+        .load_segments()
+        .min_by_key(|s| s.vaddr)
+        .ok_or_else(|| GoroutineError::NotMapped { pid, binary: binary.clone() })?;
+    const PAGE: u64 = 4096;
+    let proc = ::procfs::process::Process::new(pid as i32).map_err(|e| io("open /proc/PID", std::io::Error::other(e)))?;
+    let maps = proc.maps().map_err(|e| io("read /proc/PID/maps", std::io::Error::other(e)))?;
+    maps.iter()
+        .find(|m| {
+            m.inode == exe.ino()
+                && (::libc::makedev(m.dev.0 as u32, m.dev.1 as u32) as u64 == exe.dev())
+                && m.offset == first.offset & !(PAGE - 1)
+        })
+        .map(|m| m.address.0.wrapping_sub(first.vaddr & !(PAGE - 1)))
+        .ok_or(GoroutineError::NotMapped { pid, binary })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::gosym::gstruct::LAYOUTS;
+
+    /// A `g` for `layout` with the given fields.
+    fn g_bytes(l: &GLayout, status: u32, goid: u64, reason: u8, since: i64, sp: u64) -> Vec<u8> {
+        let mut b = vec![0u8; l.size as usize];
+        let mut put = |off: u64, v: u64| b[off as usize..off as usize + 8].copy_from_slice(&v.to_le_bytes());
+        put(l.stack_lo, 0xc000_1000);
+        put(l.stack_lo + 8, 0xc000_3000);
+        put(l.sched_sp, sp);
+        put(l.sched_pc, 0x46_1234);
+        put(l.sched_bp, sp + 0x40);
+        put(l.goid, goid);
+        put(l.waitsince, since as u64);
+        b[l.atomicstatus as usize..l.atomicstatus as usize + 4].copy_from_slice(&status.to_le_bytes());
+        b[l.waitreason as usize] = reason;
+        b
+    }
+
+    #[test]
+    fn decodes_a_parked_goroutine_on_every_layout() {
+        for l in LAYOUTS {
+            let recv = l.wait_reasons.iter().position(|n| *n == "chan receive").unwrap() as u8;
+            let b = g_bytes(l, 4, 42, recv, 5_000, 0xc000_2f00);
+            let g = decode_g(l, 0xc000_0000, &b, 10_000).unwrap().unwrap();
+            assert_eq!((g.goid, g.status, g.wait_reason), (42, GStatus::Waiting, Some("chan receive")), "1.{}", l.minors.0);
+            assert_eq!((g.waitsince_ns, g.pc, g.sp, g.bp), (Some(5_000), 0x46_1234, 0xc000_2f00, 0xc000_2f40));
+            assert!(!g.scanning);
+            // The _Gscan bit is kept apart.
+            let b = g_bytes(l, 0x1004, 42, recv, 0, 0xc000_2f00);
+            let g = decode_g(l, 0, &b, 10_000).unwrap().unwrap();
+            assert!(g.scanning && g.status == GStatus::Waiting && g.waitsince_ns.is_none());
+        }
+    }
+
+    #[test]
+    fn dead_and_torn_reads() {
+        let l = &LAYOUTS[0];
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 6, 7, 0, 0, 0), 1), Ok(None));
+        // Not a status.
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 5, 7, 0, 0, 0xc000_2f00), 1), Err(Inconsistent("atomicstatus is no status")));
+        // A parked goroutine whose sp is off its stack.
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 4, 7, 14, 0, 0x1234), 1), Err(Inconsistent("saved sp off its stack, or no saved pc")));
+        // A wait reason this version does not have.
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 4, 7, 200, 0, 0xc000_2f00), 1), Err(Inconsistent("waitreason unknown to this version")));
+        // goid 0.
+        assert_eq!(decode_g(l, 0, &g_bytes(l, 2, 0, 0, 0, 0), 1), Err(Inconsistent("goid out of range")));
+        // waitsince in the future is not believed.
+        let g = decode_g(l, 0, &g_bytes(l, 4, 7, 14, 50, 0xc000_2f00), 10).unwrap().unwrap();
+        assert_eq!(g.waitsince_ns, None);
+        // Too short a buffer.
+        assert_eq!(decode_g(l, 0, &[0u8; 16], 1), Err(Inconsistent("the read is shorter than the layout")));
+        // A running goroutine's stale sched is not checked.
+        assert!(decode_g(l, 0, &g_bytes(l, 2, 9, 0, 0, 0), 1).unwrap().is_some());
+    }
+}
