@@ -8,8 +8,10 @@
 //! Below them: `procfs` (reads of `/proc`), `mounts` (mountinfo) and
 //! `namespaces` (our host pid, which mount table), `holders` (who owns a
 //! socket, a D-Bus name, a unix peer), `k8s` (the pod and container a process
-//! belongs to) and `ustack` (user stacks named).
+//! belongs to), `ustack` (user stacks named) and `gostack` (Go stacks unwound
+//! from outside, through `/proc/PID/mem`).
 
+pub mod gostack;
 pub mod holders;
 pub mod k8s;
 pub mod mounts;
