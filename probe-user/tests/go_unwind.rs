@@ -176,8 +176,7 @@ impl ReadMem for Stack {
     }
 }
 
-/// The return address of the first CALL in `f` (the instruction after it),
-/// and the name of the function it calls, if any.
+/// The return address of the first CALL in `f` (the instruction after it).
 fn first_call(data: &[u8], syms: &GoSymbols, f: &GoFunc) -> u64 {
     let bytes = syms.elf().read_va(data, f.entry, f.end - f.entry).expect("code");
     let mut d = Decoder::with_ip(64, bytes, f.entry, DecoderOptions::NONE);
@@ -208,7 +207,7 @@ fn synthetic_stacks_unwind_through_real_frames() {
         let goexit_ra = goexit.entry + 1;
         for bias in [0u64, 0x5555_0000_0000] {
             let mut mem = Stack::default();
-            let sp0 = 0xc000_1000_00u64;
+            let sp0 = 0x00c0_0010_0000_u64;
             // Frame 0: the leaf at entry, [sp0] = return into gopark.
             assert_eq!(syms.frame_size_at(leaf.entry), Some(0));
             mem.0.insert(sp0, park_ra + bias);
