@@ -66,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = syms.pcsp_runs(f.entry);
             let _ = syms.frame_size_at(f.entry.wrapping_add(1));
             if i < 16 {
-                let u = unwind(Regs { pc: f.entry, sp: 0, bp: 0 }, &Bytes(data), &syms, 0, 32);
+                let u = unwind(Regs { pc: f.entry, sp: 0, bp: 0, return_address: i % 2 == 1 }, &Bytes(data), &syms, 0, 32);
                 assert!(u.frames.len() <= 32);
             }
         }

@@ -223,7 +223,7 @@ fn synthetic_stacks_unwind_through_real_frames() {
             let (bp1, bp2) = (sp1 + d1 - 8, sp2 + d2 - 8);
             mem.0.insert(bp1, bp2);
             mem.0.insert(bp2, 0);
-            let regs = Regs { pc: leaf.entry + bias, sp: sp0, bp: bp1 };
+            let regs = Regs { pc: leaf.entry + bias, sp: sp0, bp: bp1, return_address: false };
             let u = unwind(regs, &mem, syms, bias, 64);
             assert_eq!(
                 u.names(),
@@ -238,6 +238,10 @@ fn synthetic_stacks_unwind_through_real_frames() {
             assert_eq!(fp.names(), ["runtime.nanotime1", "runtime.main", "runtime.goexit"], "{path}: {:?}", fp.stop);
             // Bounds: max frames, an unknown return address, an unreadable slot.
             assert_eq!(unwind(regs, &mem, syms, bias, 2).stop, Stop::MaxFrames);
+            // From a parked goroutine's saved PC (a return address into gopark)
+            // and the SP its caller's CALL left.
+            let parked = Regs { pc: park_ra + bias, sp: sp1, bp: 0, return_address: true };
+            assert_eq!(unwind(parked, &mem, syms, bias, 64).names(), ["runtime.gopark", "runtime.main", "runtime.goexit"]);
             mem.0.insert(sp2 + d2, 0x10);
             assert_eq!(unwind(regs, &mem, syms, bias, 64).stop, Stop::UnknownPc(0x10));
             mem.0.insert(sp2 + d2, 0);

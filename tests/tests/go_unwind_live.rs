@@ -138,7 +138,7 @@ fn check(toolchain: &GoToolchain, go: &Path) -> Result<()> {
         use plegwatch::proto::gosym::ReadMem;
         mem.read_u64(bp).context("frame 1's saved BP")?
     };
-    let fp = unwind_frame_pointers(Regs { pc: f1.pc, sp: 0, bp: bp_value }, &mem, &syms, bias, 128);
+    let fp = unwind_frame_pointers(Regs { pc: f1.pc, sp: 0, bp: bp_value, return_address: true }, &mem, &syms, bias, 128);
     let fp_names = fp.names();
     ensure!(fp.complete(), "frame-pointer walk: {fp_names:?} ({:?})", fp.stop);
     // Every frame-pointer frame is a pcsp frame, in order.

@@ -51,7 +51,7 @@ pub fn parse_syscall(text: &str) -> Option<(i64, Regs)> {
         3 => (hex(f[1])?, hex(f[2])?),
         _ => return None,
     };
-    Some((nr, Regs { pc, sp, bp: 0 }))
+    Some((nr, Regs { pc, sp, bp: 0, return_address: false }))
 }
 
 /// The load bias of `pid`'s executable: run-time minus link-time addresses
@@ -82,7 +82,7 @@ mod tests {
     fn parses_proc_syscall() {
         let (nr, r) = parse_syscall("0 0x3 0xc00001a0f8 0x1 0x0 0x0 0x0 0xc00005ee38 0x402b2e\n").unwrap();
         assert_eq!(nr, 0);
-        assert_eq!(r, Regs { pc: 0x402b2e, sp: 0xc00005ee38, bp: 0 });
+        assert_eq!(r, Regs { pc: 0x402b2e, sp: 0xc00005ee38, bp: 0, return_address: false });
         let (nr, r) = parse_syscall("-1 0x7ffd1000 0x401000\n").unwrap();
         assert_eq!((nr, r.sp, r.pc), (-1, 0x7ffd1000, 0x401000));
         assert_eq!(parse_syscall("running\n"), None);

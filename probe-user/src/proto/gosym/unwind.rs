@@ -44,6 +44,11 @@ pub struct Regs {
     pub sp: u64,
     /// Frame pointer (only [`unwind_frame_pointers`] uses it).
     pub bp: u64,
+    /// True when `pc` is itself a return address, as a parked goroutine's
+    /// `g.sched.pc` is (saved by `mcall` after its CALL): the first frame is
+    /// then looked up at `pc - 1` too. False for a thread stopped in a
+    /// system call (`pc` is after the SYSCALL instruction, in the leaf).
+    pub return_address: bool,
 }
 
 /// One frame of an unwound stack.
@@ -104,7 +109,7 @@ pub fn unwind(regs: Regs, mem: &dyn ReadMem, syms: &GoSymbols, bias: u64, max_fr
             break Stop::MaxFrames;
         }
         // A return address points after its CALL: look up the CALL.
-        let at = if frames.is_empty() { pc } else { pc.wrapping_sub(1) };
+        let at = if frames.is_empty() && !regs.return_address { pc } else { pc.wrapping_sub(1) };
         let link = at.wrapping_sub(bias);
         let Some(f) = syms.function_at(link) else { break Stop::UnknownPc(pc) };
         let outermost = OUTERMOST.contains(&f.name.as_str());
@@ -135,7 +140,7 @@ pub fn unwind_frame_pointers(regs: Regs, mem: &dyn ReadMem, syms: &GoSymbols, bi
         if frames.len() >= max_frames {
             break Stop::MaxFrames;
         }
-        let at = if frames.is_empty() { pc } else { pc.wrapping_sub(1) };
+        let at = if frames.is_empty() && !regs.return_address { pc } else { pc.wrapping_sub(1) };
         let Some(f) = syms.function_at(at.wrapping_sub(bias)) else { break Stop::UnknownPc(pc) };
         let outermost = OUTERMOST.contains(&f.name.as_str());
         frames.push(Frame { pc, sp: 0, function: f.name });
