@@ -1,5 +1,5 @@
 //! Untrusted ELF files: finding and parsing the Go pclntab and build info,
-//! name lookups and RET decoding must never panic, loop or allocate beyond
+//! name lookups, RET decoding, pcsp tables and unwinding must never panic, loop or allocate beyond
 //! what the input holds.
 //!
 //! Input: the bytes of an ELF file (seeds: small synthetic Go-like ELFs in
@@ -7,7 +7,23 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plegwatch::proto::gosym::{probe_points_in, ret_addresses_in, GoSymbols};
+use plegwatch::proto::gosym::{probe_points_in, ret_addresses_in, unwind, GoSymbols, ReadMem, Regs};
+
+/// The input's own bytes as a process's memory, from address 0.
+struct Bytes<'a>(&'a [u8]);
+
+impl ReadMem for Bytes<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+        let Ok(a) = usize::try_from(addr) else { return false };
+        match self.0.get(a..a.saturating_add(buf.len())) {
+            Some(b) if b.len() == buf.len() => {
+                buf.copy_from_slice(b);
+                true
+            }
+            _ => false,
+        }
+    }
+}
 
 fuzz_target!(|data: &[u8]| {
     let Ok(syms) = GoSymbols::from_elf(data) else {
@@ -46,6 +62,13 @@ fuzz_target!(|data: &[u8]| {
                 assert!(rets.iter().all(|&r| r >= f.entry && r < f.end));
             }
             let _ = probe_points_in(syms.elf(), data, &f);
+            // pc-value tables: decode to the end or fail cleanly; the walk is bounded.
+            let _ = syms.pcsp_runs(f.entry);
+            let _ = syms.frame_size_at(f.entry.wrapping_add(1));
+            if i < 16 {
+                let u = unwind(Regs { pc: f.entry, sp: 0, bp: 0, return_address: i % 2 == 1 }, &Bytes(data), &syms, 0, 32);
+                assert!(u.frames.len() <= 32);
+            }
         }
     }
     assert!(syms.lookup("\u{0}no such function").is_none());

@@ -8,16 +8,18 @@
 //! Below them: `procfs` (reads of `/proc`), `mounts` (mountinfo) and
 //! `namespaces` (our host pid, which mount table), `holders` (who owns a
 //! socket, a D-Bus name, a unix peer), `k8s` (the pod and container a process
-//! belongs to), `ustack` (user stacks named) and `goroutines` (a Go
-//! process's goroutines, read from `/proc/PID/mem` without stopping it).
+//! belongs to), `ustack` (user stacks named), `goroutines` (a Go process's
+//! goroutines, read from `/proc/PID/mem` without stopping it) and `gostack`
+//! (Go stacks unwound from outside, through `/proc/PID/mem`).
 
+pub mod goroutines;
+pub mod gostack;
 pub mod holders;
 pub mod k8s;
 pub mod mounts;
 pub mod namespaces;
 pub mod pipes;
 pub mod procfs;
-pub mod goroutines;
 pub mod ustack;
 
 use crate::{

@@ -31,8 +31,10 @@ pub mod elf;
 pub mod gstruct;
 mod moduledata;
 pub mod pclntab;
+pub mod pcvalue;
 pub mod rets;
 pub mod tls;
+pub mod unwind;
 pub mod version;
 
 #[cfg(test)]
@@ -47,7 +49,9 @@ pub use elf::{file_offset, Elf};
 pub use gstruct::{layout_for, GLayout, GStatus, GStructError};
 pub use pclntab::{PclnVersion, Pclntab, TableSource};
 pub use rets::{probe_points, probe_points_in, ret_addresses, ret_addresses_in, ProbePoints};
+pub use pcvalue::{PcRun, PcValueError};
 pub use tls::{g_tls_offset, GTls, TlsSource};
+pub use unwind::{unwind, unwind_frame_pointers, Frame, ReadMem, Regs, Stop, Unwound};
 pub use version::{BuildInfo, Module};
 
 /// How a binary given only as bytes is named in errors.
@@ -215,6 +219,26 @@ impl GoSymbols {
     /// The function whose `[entry, end)` holds the link-time address `va`.
     pub fn function_at(&self, va: u64) -> Option<GoFunc> {
         self.table.function_at(va)
+    }
+
+    /// The SP delta at the link-time address `pc`, from the function's
+    /// `pcsp` table: the bytes between SP and the return address (0 at a
+    /// function's entry; see [`pcvalue`]). `None` if no function holds `pc`,
+    /// it has no table, the table does not reach `pc`, or the value is
+    /// negative (never for a real frame).
+    pub fn frame_size_at(&self, pc: u64) -> Option<u64> {
+        let (entry, bytes) = self.table.pcsp_table(pc)?;
+        let v = pcvalue::value_at(bytes, entry, self.table.min_lc(), pc)?;
+        u64::try_from(v).ok()
+    }
+
+    /// Every run of the `pcsp` table of the function holding `pc`, decoded
+    /// to its end marker (`Ok(empty)` if the function has no table).
+    pub fn pcsp_runs(&self, pc: u64) -> Result<Vec<PcRun>, PcValueError> {
+        let Some((entry, bytes)) = self.table.pcsp_table(pc) else {
+            return Ok(Vec::new());
+        };
+        pcvalue::runs(bytes, entry, self.table.min_lc()).collect()
     }
 
     /// The link-time address of the byte at file offset `offset` (a load segment's bytes).

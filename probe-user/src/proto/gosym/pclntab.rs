@@ -98,6 +98,8 @@ struct FuncRec {
     entry: u64,
     name_off: u32,
     name_len: u32,
+    /// Offset of the function's pcsp table in `pctab` (0: none).
+    pcsp: u32,
 }
 
 /// A parsed pclntab: function entries and names, owned (no borrow of the file).
@@ -111,6 +113,9 @@ pub struct Pclntab {
     /// The bytes the name offsets point into (`funcnametab`, or the whole
     /// table for Go 1.2–1.15).
     names: Box<[u8]>,
+    /// The bytes the pc-value offsets point into (`pctab`, or the whole table
+    /// for Go 1.2–1.15).
+    pctab: Box<[u8]>,
     /// Sorted by entry (checked while parsing).
     funcs: Vec<FuncRec>,
     /// The end sentinel: the PC just past the last function.
@@ -130,6 +135,8 @@ struct Header {
     text_start: Option<(u64, usize)>,
     /// `funcnametab` range (Go 1.16+); the whole table for Go 1.2.
     names: (usize, usize),
+    /// `pctab` range (Go 1.16+); the whole table for Go 1.2.
+    pctab: (usize, usize),
     /// Offset of `functab` in the table.
     functab: usize,
     /// Offset that `funcoff` values are relative to.
@@ -207,6 +214,7 @@ fn parse_header(ctx: &Ctx<'_>, t: &[u8]) -> Result<Option<Header>, GoSymError> {
                 nfunc,
                 text_start: None,
                 names: (0, t.len()),
+                pctab: (0, t.len()),
                 functab,
                 funcdata: 0,
             }
@@ -243,6 +251,7 @@ fn parse_header(ctx: &Ctx<'_>, t: &[u8]) -> Result<Option<Header>, GoSymError> {
                 nfunc,
                 text_start,
                 names: (offs[0], offs[1]),
+                pctab: (offs[3], offs[4]),
                 functab: offs[4],
                 funcdata: offs[4],
             }
@@ -474,6 +483,29 @@ impl Pclntab {
             .collect()
     }
 
+    /// The index of the function whose `[entry, end)` holds `va`.
+    fn index_at(&self, va: u64) -> Option<usize> {
+        let n = self.funcs.partition_point(|f| f.entry <= va).checked_sub(1)?;
+        let end = self.funcs.get(n + 1).map_or(self.end, |f| f.entry);
+        (va < end).then_some(n)
+    }
+
+    /// The pcsp table of the function holding `va`: its entry and the
+    /// table's bytes from its start (`None` if no function holds `va`, or
+    /// the function has no table, as for some assembly stubs).
+    pub(crate) fn pcsp_table(&self, va: u64) -> Option<(u64, &[u8])> {
+        let f = self.funcs.get(self.index_at(va)?)?;
+        if f.pcsp == 0 {
+            return None;
+        }
+        Some((f.entry, self.pctab.get(f.pcsp as usize..)?))
+    }
+
+    /// Bytes of `pctab` (for messages and the memory budget).
+    pub fn pctab_len(&self) -> usize {
+        self.pctab.len()
+    }
+
     /// The function whose `[entry, end)` holds `va`.
     pub fn function_at(&self, va: u64) -> Option<GoFunc> {
         let n = self.funcs.partition_point(|f| f.entry <= va);
@@ -566,6 +598,12 @@ fn parse_table(
     if u32::try_from(names.len()).is_err() {
         return Err(ctx.corrupt("funcnametab larger than 4 GiB".to_string()));
     }
+    let pctab = t
+        .get(h.pctab.0..h.pctab.1)
+        .ok_or_else(|| ctx.oob("pctab", h.pctab.0 as u64, t.len()))?;
+    if u32::try_from(pctab.len()).is_err() {
+        return Err(ctx.corrupt("pctab larger than 4 GiB".to_string()));
+    }
     let ft = h.functab;
     let fd = t.get(h.funcdata..).unwrap_or(&[]);
 
@@ -599,6 +637,15 @@ fn parse_table(
         };
         let name_at = name_at.ok_or_else(|| ctx.oob("_func.nameoff", funcoff, fd.len()))?;
         let nameoff = ctx.uint(fd, name_at, 4, "_func.nameoff")? as u32 as i32;
+        // Then args int32, deferreturn uint32, pcsp uint32 (every layout).
+        // A pcsp offset that does not fit is kept as "no table": names stay
+        // usable, and the unwinder stops at that function.
+        let pcsp = name_at
+            .checked_add(12)
+            .and_then(|at| read_uint(fd, at, 4, ctx.big))
+            .map(|v| v as u32)
+            .filter(|&v| (v as usize) < pctab.len())
+            .unwrap_or(0);
         if fentry != entry {
             return Err(ctx.corrupt(format!(
                 "function {i}: functab entry {entry:#x} but _func entry {fentry:#x}"
@@ -618,6 +665,7 @@ fn parse_table(
             entry,
             name_off,
             name_len: 0,
+            pcsp,
         });
         offs.push(name_off);
     }
@@ -659,6 +707,7 @@ fn parse_table(
         text_start,
         source,
         names: names.into(),
+        pctab: pctab.into(),
         funcs,
         end,
         by_name: OnceLock::new(),

@@ -116,6 +116,36 @@ fn text(funcs: &[(&'static str, Vec<u8>)]) -> (Vec<u8>, Vec<(String, u64, u64)>)
     (t, out)
 }
 
+/// Frame size the synthetic pcsp table of function `i` gives after its
+/// first byte (0 at its entry).
+pub fn synth_frame(i: usize) -> u64 {
+    8 * (i as u64 + 1)
+}
+
+/// The pcsp tables of `funcs`, after one zero byte (offset 0 means "no
+/// table"): 0 for the entry byte, [`synth_frame`] for the rest.
+fn pcsp_tables(funcs: &[(String, u64, u64)]) -> (Vec<u8>, Vec<u32>) {
+    fn put(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    let mut b = vec![0u8];
+    let mut offs = Vec::new();
+    for (i, (_, entry, end)) in funcs.iter().enumerate() {
+        offs.push(b.len() as u32);
+        // Value deltas zig-zag coded: -1 -> 0 is +1 (2), 0 -> N is +N (2N).
+        put(&mut b, 2);
+        put(&mut b, 1);
+        put(&mut b, 2 * synth_frame(i));
+        put(&mut b, end - entry - 1);
+        b.push(0);
+    }
+    (b, offs)
+}
+
 /// A pclntab for `funcs` (ranges from [`text`]). Returns the table and the
 /// offset of the `textStart` word (1.18+).
 pub fn pclntab(
@@ -132,6 +162,7 @@ pub fn pclntab(
         names.extend_from_slice(name.as_bytes());
         names.push(0);
     }
+    let (pcsp, pcsp_offs) = pcsp_tables(funcs);
     let mut t = Vec::new();
     match layout {
         Layout::Go12 => {
@@ -142,6 +173,7 @@ pub fn pclntab(
             let funcs_at = functab + (2 * n + 1) * 8;
             let func_size = 40;
             let names_at = funcs_at + n * func_size;
+            let pcsp_at = names_at + names.len();
             for (i, (_, entry, _)) in funcs.iter().enumerate() {
                 put_u64(&mut t, *entry);
                 put_u64(&mut t, (funcs_at + i * func_size) as u64);
@@ -151,9 +183,13 @@ pub fn pclntab(
                 let s = t.len();
                 put_u64(&mut t, *entry);
                 put_u32(&mut t, names_at as u32 + name_offs[i]);
+                // args, deferreturn (or frame), then pcsp: from the table's start.
+                t.resize(s + 8 + 12, 0);
+                put_u32(&mut t, pcsp_at as u32 + pcsp_offs[i]);
                 t.resize(s + func_size, 0);
             }
             t.extend_from_slice(&names);
+            t.extend_from_slice(&pcsp);
             (t, 0)
         }
         Layout::Go116 | Layout::Go118 | Layout::Go120 => {
@@ -171,10 +207,11 @@ pub fn pclntab(
             let hdr = 8 + nwords * 8;
             let funcname = hdr;
             let cu = funcname + names.len();
-            // Empty cutab, filetab, pctab: 4 bytes each keep them distinct.
+            // Empty cutab, filetab: 4 bytes each keep them distinct; pctab
+            // holds the pcsp tables.
             let filetab = cu + 4;
             let pctab = filetab + 4;
-            let pcln = pctab + 4;
+            let pcln = pctab + pcsp.len();
             let fw = if new { 4 } else { 8 };
             let funcs_rel = (2 * n + 1) * fw;
             let func_size = 44;
@@ -188,7 +225,8 @@ pub fn pclntab(
                 put_u64(&mut t, x as u64);
             }
             t.extend_from_slice(&names);
-            t.extend_from_slice(&[0; 12]);
+            t.extend_from_slice(&[0; 8]);
+            t.extend_from_slice(&pcsp);
             for (i, (_, entry, _)) in funcs.iter().enumerate() {
                 let fo = (funcs_rel + i * func_size) as u64;
                 if new {
@@ -212,6 +250,9 @@ pub fn pclntab(
                     put_u64(&mut t, *entry);
                 }
                 put_u32(&mut t, name_offs[i]);
+                // args, deferreturn, then pcsp: from pctab's start.
+                t.resize(t.len() + 8, 0);
+                put_u32(&mut t, pcsp_offs[i]);
                 t.resize(s + func_size, 0);
             }
             (t, if new { ts_word } else { 0 })

@@ -44,6 +44,15 @@ fn check_synthetic(layout: Layout, placement: Placement, pie: bool) {
             Some(name.clone())
         );
     }
+    // pcsp, at the per-layout place in `_func` and from the right base.
+    for (i, (name, entry, end)) in built.funcs.iter().enumerate() {
+        let what = format!("{layout:?}/{placement:?}: {name}");
+        assert_eq!(syms.frame_size_at(*entry), Some(0), "{what}");
+        assert_eq!(syms.frame_size_at(*entry + 1), Some(synth::synth_frame(i)), "{what}");
+        assert_eq!(syms.frame_size_at(*end - 1), Some(synth::synth_frame(i)), "{what}");
+        assert_eq!(syms.pcsp_runs(*entry).map(|r| r.len()), Ok(2), "{what}");
+    }
+    assert_eq!(syms.frame_size_at(built.funcs[0].1 - 1), None);
     assert!(syms.lookup("main.mai").is_none());
     assert!(syms.lookup("main.main2").is_none());
     assert!(syms.lookup("").is_none());
