@@ -369,12 +369,17 @@ impl Sink for Enrich<'_> {
                     );
                 }
             }
-            let Some(o) = self.offcpu else { return self.inner.emit(&Event::Stall(s)) };
             if s.user_stack.is_empty() {
-                let ips = o.user_ips(s.user_stack_id);
-                // Innermost first from the kernel; outermost last, as the kernel stack.
-                s.user_stack = self.ustack.frames(s.pid, &ips);
+                if let Some(o) = self.offcpu {
+                    // Innermost first from the kernel, as the kernel stack.
+                    s.user_stack = self.ustack.frames(s.pid, &o.user_ips(s.user_stack_id));
+                }
             }
+            if s.user_stack.is_empty() && s.started_before_attach {
+                // Begun before the probes: a Go thread's stack is unwound from outside.
+                s.user_stack = self.ustack.blocked_go_thread(s.pid, s.tid);
+            }
+            let Some(o) = self.offcpu else { return self.inner.emit(&Event::Stall(s)) };
             if let (Some(v), Value::Object(d)) = (o.for_tid(s.tid, now), &mut s.detail) {
                 d.insert("offcpu".into(), v);
             }

@@ -16,7 +16,7 @@
 //! fails the test, naming it.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,34 +38,6 @@ impl Drop for Running {
     }
 }
 
-fn build(toolchain: &GoToolchain, go: &Path, pie: bool) -> Result<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/go-unwind");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let dir = target.join("go-unwind").join(format!("go{}", toolchain.minor));
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let bin = dir.join(if pie { "go-unwind-pie" } else { "go-unwind" });
-    let out = Command::new(go)
-        .current_dir(&src)
-        .args(["build", "-trimpath", if pie { "-buildmode=pie" } else { "-buildmode=exe" }, "-ldflags=-s -w", "-o"])
-        .arg(&bin)
-        .arg("main.go")
-        .env("CGO_ENABLED", "0")
-        .env("GO111MODULE", "off")
-        .env("GOFLAGS", "")
-        .env("GOPROXY", "off")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOENV", "off")
-        .env("GOPATH", dir.join("gopath"))
-        .env("GOCACHE", dir.join("gocache"))
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("run {} build", go.display()))?;
-    ensure!(out.status.success(), "{} build failed: {}", go.display(), String::from_utf8_lossy(&out.stderr).trim());
-    Ok(bin)
-}
-
 /// The function names of a `runtime.Stack` dump: the lines that do not start with a tab,
 /// less their argument lists.
 fn stack_names(dump: &[String]) -> Vec<String> {
@@ -76,7 +48,7 @@ fn stack_names(dump: &[String]) -> Vec<String> {
 }
 
 fn check(toolchain: &GoToolchain, go: &Path, pie: bool) -> Result<()> {
-    let bin = build(toolchain, go, pie)?;
+    let bin = plegwatch_scenarios::gofixture::build_go_unwind(toolchain, go, pie)?;
     let data = std::fs::read(&bin)?;
     let syms = GoSymbols::from_elf_named(&data, &bin.display().to_string())?;
     ensure!(syms.elf().section(".symtab").is_none(), "{} is not stripped", bin.display());

@@ -1,5 +1,7 @@
 //! User stacks in words: the addresses the kernel walked (by frame pointers, at
-//! a wait's `sys_enter`) named by function.
+//! a wait's `sys_enter`) named by function; and, for a wait the kernel did not
+//! see begin (the startup sweep's), a Go thread's stack unwound from outside
+//! ([`UserSymbolizer::blocked_go_thread`]).
 //!
 //! - **Go code** is named through plegwatch's own gopclntab reader
 //!   ([`crate::proto::gosym`]): release Go binaries are stripped of ELF symbols,
@@ -86,6 +88,22 @@ impl UserSymbolizer {
                 })
             })
             .collect()
+    }
+
+    /// The user stack of a Go thread blocked in a syscall now, unwound from outside
+    /// (`/proc/TID/syscall`'s sp and pc, the pcsp tables, `/proc/PID/mem`), innermost
+    /// first: for waits the kernel did not see begin (the startup sweep's). Empty for a
+    /// thread not in a syscall, or a process whose executable is not Go.
+    pub fn blocked_go_thread(&mut self, pid: u32, tid: u32) -> Vec<String> {
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Vec::new() };
+        let exe = exe.to_string_lossy().into_owned();
+        let maps = mappings(pid);
+        let Some(m) = maps.iter().find(|m| m.map.path == exe) else { return Vec::new() };
+        let Some(go) = self.go_symbols(pid, &m.map) else { return Vec::new() };
+        match crate::observe::gostack::unwind_blocked_thread(pid, tid, &go) {
+            Some(u) => u.names().into_iter().map(str::to_string).collect(),
+            None => Vec::new(),
+        }
     }
 
     fn go_symbols(&mut self, pid: u32, m: &Mapped) -> Option<Arc<GoSymbols>> {
