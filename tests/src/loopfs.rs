@@ -62,6 +62,34 @@ impl LoopFs {
         &self.mount_point
     }
 
+    /// Unmounts it with umount(8), a process of its own (single-threaded: its pid is the
+    /// waiting thread's tid), timed from the spawn: its pid and how long it took. Fails when
+    /// umount(8) does.
+    pub fn umount_timed(&self) -> Result<(u32, std::time::Duration)> {
+        let started = std::time::Instant::now();
+        let mut umount = Command::new("umount").arg(&self.mount_point).spawn().context("spawn umount")?;
+        let pid = umount.id();
+        let status = umount.wait()?;
+        let took = started.elapsed();
+        eprintln!("umount {} took {:.3}s ({status})", self.mount_point.display(), took.as_secs_f64());
+        anyhow::ensure!(status.success(), "umount {} failed: {status}", self.mount_point.display());
+        Ok((pid, took))
+    }
+
+    /// The `detail` of a stall line for a umount of this file system that went on in its
+    /// task_work tail (the syscall returned long before the --warn mark).
+    pub fn umount_tail_detail(&self) -> Vec<(&'static str, serde_json::Value)> {
+        use serde_json::json;
+        vec![
+            ("syscall", json!("umount2")),
+            ("target", json!(self.mount_point)),
+            ("fstype", json!("ext4")),
+            ("device", json!(self.device())),
+            ("dev", json!(self.dev().to_string())),
+            ("phase", json!("task_work")),
+        ]
+    }
+
     /// The loop device, e.g. `/dev/loop0`.
     pub fn device(&self) -> &Path {
         &self.device.path

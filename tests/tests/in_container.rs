@@ -13,10 +13,8 @@
 //! containerd#9770 under the same wrapper is `containerd_9770_plegwatch.rs`'s
 //! `status_lock_held_across_shim_umount_is_reported_from_a_container`.
 
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::json;
 
 use plegwatch_scenarios::dirty::{self, MIB};
 use plegwatch_scenarios::namespaces::{self, HOST_PID, OWN_PID, OWN_PROC};
@@ -83,12 +81,7 @@ fn umount_stall_under(scenario: &str, wrapper: &[&str], own_pid_ns: bool) -> any
     dirty::write_file(&target.join("dirty.bin"), DIRTY)?;
     let started_wall = SystemTime::now();
     let started = Instant::now();
-    let mut umount = Command::new("umount").arg(target).spawn()?;
-    let pid = umount.id();
-    let status = umount.wait()?;
-    let measured = started.elapsed();
-    eprintln!("umount {} took {:.3}s ({status})", target.display(), measured.as_secs_f64());
-    assert!(status.success(), "umount {} failed: {status}", target.display());
+    let (pid, measured) = fs.umount_timed()?;
     assert!(
         measured > REAL_STALL,
         "umount of {DIRTY} dirty bytes took only {measured:?}: the {THROTTLE_BPS} B/s throttle on {} did not take",
@@ -101,14 +94,7 @@ fn umount_stall_under(scenario: &str, wrapper: &[&str], own_pid_ns: bool) -> any
         &events,
         &CausedWait { kind: "umount", pid, tid: pid, comm: "umount", warn: WARN, started, started_wall, measured },
     );
-    report.assert_detail(&[
-        ("syscall", json!("umount2")),
-        ("target", json!(target)),
-        ("fstype", json!("ext4")),
-        ("device", json!(fs.device())),
-        ("dev", json!(fs.dev().to_string())),
-        ("phase", json!("task_work")),
-    ]);
+    report.assert_detail(&fs.umount_tail_detail());
     let is_umount = |h: &serde_json::Value| h["kind"] == "umount" && h["pid"].as_u64() == Some(u64::from(pid));
     let i = incidents::the_one(&events, WARN, Some(started + measured), is_umount)?;
     let chain = incidents::Incident::chain(i.first());

@@ -71,12 +71,7 @@ fn a_real_umount_stall_leaves_a_complete_private_bundle() -> anyhow::Result<()> 
     let target = fs.mount_point();
     dirty::write_file(&target.join("dirty.bin"), DIRTY)?;
     let started = Instant::now();
-    let mut umount = Command::new("umount").arg(target).spawn()?;
-    let pid = umount.id();
-    let status = umount.wait()?;
-    let measured = started.elapsed();
-    eprintln!("umount {} took {:.3}s ({status})", target.display(), measured.as_secs_f64());
-    assert!(status.success(), "umount failed: {status}");
+    let (pid, measured) = fs.umount_timed()?;
     assert!(measured > REAL_STALL, "umount took only {measured:?}: the throttle on {} did not take", fs.dev());
 
     plegwatch.wait_for(Duration::from_secs(10), |e| e.is_about("resolved", pid));

@@ -4,10 +4,8 @@
 //! task_work (`cleanup_mnt → deactivate_locked_super → sync_filesystem`), before the thread
 //! gets back to user space. plegwatch must still see the whole wait, while it lasts.
 
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::json;
 
 use plegwatch_scenarios::dirty::{self, MIB};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
@@ -37,21 +35,7 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
     dirty::write_file(&target.join("dirty.bin"), DIRTY)?;
     let started_wall = SystemTime::now();
     let started = Instant::now();
-    let mut umount = Command::new("umount").arg(target).spawn()?;
-    // umount(8) is single-threaded: its pid is the waiting thread's tid.
-    let pid = umount.id();
-    let status = umount.wait()?;
-    let measured = started.elapsed();
-    eprintln!(
-        "umount {} took {:.3}s ({status})",
-        target.display(),
-        measured.as_secs_f64()
-    );
-    assert!(
-        status.success(),
-        "umount {} failed: {status}",
-        target.display()
-    );
+    let (pid, measured) = fs.umount_timed()?;
     assert!(
         !fs.is_mounted()?,
         "{} is still mounted after umount",
@@ -80,15 +64,8 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
             measured,
         },
     );
-    report.assert_detail(&[
-        ("syscall", json!("umount2")),
-        ("target", json!(target)),
-        ("fstype", json!("ext4")),
-        ("device", json!(fs.device())),
-        ("dev", json!(fs.dev().to_string())),
-        // The syscall returned long before the 2 s mark: the wait was in its task_work.
-        ("phase", json!("task_work")),
-    ]);
+    // The syscall returned long before the 2 s mark: the wait was in its task_work.
+    report.assert_detail(&fs.umount_tail_detail());
 
     // One incident, whose root is the umount in task_work and whose last hop is the
     // throttled loop device, with the write rate the throttle allows.
