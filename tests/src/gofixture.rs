@@ -1147,6 +1147,36 @@ impl Drop for FakeKubelet {
     }
 }
 
+/// Builds the `tests/fixtures/go-unwind` fixture with `toolchain`'s `go`, stripped, as an
+/// executable or a PIE, under the target directory.
+pub fn build_go_unwind(toolchain: &GoToolchain, go: &Path, pie: bool) -> Result<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/go-unwind");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let dir = target.join("go-unwind").join(format!("go{}", toolchain.minor));
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let bin = dir.join(if pie { "go-unwind-pie" } else { "go-unwind" });
+    let out = Command::new(go)
+        .current_dir(&src)
+        .args(["build", "-trimpath", if pie { "-buildmode=pie" } else { "-buildmode=exe" }, "-ldflags=-s -w", "-o"])
+        .arg(&bin)
+        .arg("main.go")
+        .env("CGO_ENABLED", "0")
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOENV", "off")
+        .env("GOPATH", dir.join("gopath"))
+        .env("GOCACHE", dir.join("gocache"))
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("run {} build", go.display()))?;
+    ensure!(out.status.success(), "{} build failed: {}", go.display(), String::from_utf8_lossy(&out.stderr).trim());
+    Ok(bin)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1239,34 +1269,4 @@ mod tests {
         );
         assert_eq!(parse_line("relist end 5 1.5 pods=0 changed=0"), Kind::RelistEnd { n: 5, t: 1.5, path: ReturnPath::NoPods });
     }
-}
-
-/// Builds the `tests/fixtures/go-unwind` fixture with `toolchain`'s `go`, stripped, as an
-/// executable or a PIE, under the target directory.
-pub fn build_go_unwind(toolchain: &GoToolchain, go: &Path, pie: bool) -> Result<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/go-unwind");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let dir = target.join("go-unwind").join(format!("go{}", toolchain.minor));
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    let bin = dir.join(if pie { "go-unwind-pie" } else { "go-unwind" });
-    let out = Command::new(go)
-        .current_dir(&src)
-        .args(["build", "-trimpath", if pie { "-buildmode=pie" } else { "-buildmode=exe" }, "-ldflags=-s -w", "-o"])
-        .arg(&bin)
-        .arg("main.go")
-        .env("CGO_ENABLED", "0")
-        .env("GO111MODULE", "off")
-        .env("GOFLAGS", "")
-        .env("GOPROXY", "off")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOENV", "off")
-        .env("GOPATH", dir.join("gopath"))
-        .env("GOCACHE", dir.join("gocache"))
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("run {} build", go.display()))?;
-    ensure!(out.status.success(), "{} build failed: {}", go.display(), String::from_utf8_lossy(&out.stderr).trim());
-    Ok(bin)
 }
