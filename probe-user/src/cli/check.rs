@@ -6,7 +6,7 @@
 //! started, with their age as a lower bound.
 
 use crate::{
-    cli::watch::WatchArgs,
+    cli::watch::{LevelArgs, WatchArgs},
     collector, durations,
     events::{Event, Sink},
     export::check,
@@ -51,18 +51,12 @@ pub struct CheckArgs {
     #[arg(long, default_value = "3s", value_parser = durations::parse)]
     pub timeout: Duration,
     /// When no daemon listens at --listen, trace for this long by itself (as root)
-    /// instead of answering "cannot tell".
+    /// instead of answering "cannot tell"; --warn, --critical and --imminent set its levels.
     #[arg(long, value_name = "DURATION", value_parser = durations::parse)]
     pub self_watch: Option<Duration>,
-    /// With --self-watch: the age at which a wait is reported (warn).
-    #[arg(long, default_value = "10s", value_parser = durations::parse)]
-    pub warn: Duration,
-    /// With --self-watch: the age at which it is critical.
-    #[arg(long, default_value = "60s", value_parser = durations::parse)]
-    pub critical: Duration,
-    /// With --self-watch: the age at which it is imminent.
-    #[arg(long, default_value = "150s", value_parser = durations::parse)]
-    pub imminent: Duration,
+    /// The levels' ages (used by --self-watch only; a daemon has its own).
+    #[command(flatten)]
+    pub levels: LevelArgs,
 }
 
 /// Runs the check: prints its line, returns its exit code.
@@ -83,9 +77,7 @@ fn self_watch_config(args: &CheckArgs, duration: Duration) -> Result<collector::
         json: false,
         no_live: true,
         waits: false,
-        warn: args.warn,
-        critical: args.critical,
-        imminent: args.imminent,
+        levels: args.levels.clone(),
         pids: Vec::new(),
         comms: Vec::new(),
         containerd: None,

@@ -6,7 +6,7 @@
 //! flags, which win. An unknown key or a bad value stops it at start, named.
 
 use crate::{
-    cli::watch::WatchArgs,
+    cli::watch::{LevelArgs, WatchArgs},
     collector,
     durations,
     export,
@@ -152,9 +152,11 @@ impl DaemonArgs {
             json: false,
             no_live: true,
             waits: false,
-            warn: dur("warn", self.warn, &file.warn, "10s")?,
-            critical: dur("critical", self.critical, &file.critical, "60s")?,
-            imminent: dur("imminent", self.imminent, &file.imminent, "150s")?,
+            levels: LevelArgs {
+                warn: dur("warn", self.warn, &file.warn, "10s")?,
+                critical: dur("critical", self.critical, &file.critical, "60s")?,
+                imminent: dur("imminent", self.imminent, &file.imminent, "150s")?,
+            },
             pids: pick(&self.pids, &file.pid),
             comms: pick(&self.comms, &file.comm),
             containerd: self.containerd.clone().or(file.containerd),

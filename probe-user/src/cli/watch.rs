@@ -35,15 +35,8 @@ pub struct WatchArgs {
     /// has them); implies --no-live.
     #[arg(long)]
     pub waits: bool,
-    /// Report a wait once it has lasted this long.
-    #[arg(long, default_value = "10s", value_parser = durations::parse)]
-    pub warn: Duration,
-    /// Report it again, as critical, at this age.
-    #[arg(long, default_value = "60s", value_parser = durations::parse)]
-    pub critical: Duration,
-    /// Report it again, as imminent, at this age (kubelet's PLEG budget is 3m).
-    #[arg(long, default_value = "150s", value_parser = durations::parse)]
-    pub imminent: Duration,
+    #[command(flatten)]
+    pub levels: LevelArgs,
     /// Only waits of this process or thread id (repeatable).
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
@@ -73,10 +66,24 @@ pub struct WatchArgs {
     pub interval: Duration,
 }
 
+/// The ages at which a wait is reported, and reported again (`watch`, `check --self-watch`).
+#[derive(Clone, Debug, Args)]
+pub struct LevelArgs {
+    /// Report a wait once it has lasted this long.
+    #[arg(long, default_value = "10s", value_parser = durations::parse)]
+    pub warn: Duration,
+    /// Report it again, as critical, at this age.
+    #[arg(long, default_value = "60s", value_parser = durations::parse)]
+    pub critical: Duration,
+    /// Report it again, as imminent, at this age (kubelet's PLEG budget is 3m).
+    #[arg(long, default_value = "150s", value_parser = durations::parse)]
+    pub imminent: Duration,
+}
+
 impl WatchArgs {
     /// Checks the flags together.
     pub fn config(&self) -> Result<WatchConfig, String> {
-        let thresholds = Thresholds::new(self.warn, self.critical, self.imminent)?;
+        let thresholds = Thresholds::new(self.levels.warn, self.levels.critical, self.levels.imminent)?;
         if self.interval.is_zero() || self.interval > Duration::from_millis(250) {
             return Err("--interval must be between 1ms and 250ms".into());
         }
@@ -203,7 +210,7 @@ mod tests {
             panic!()
         };
         assert!(w.json);
-        assert_eq!(w.warn, Duration::from_secs(2));
+        assert_eq!(w.levels.warn, Duration::from_secs(2));
         assert_eq!(w.duration, Some(Duration::from_secs(30)));
         assert_eq!((w.pids, w.comms), (vec![7], vec!["umount".to_string()]));
     }

@@ -263,16 +263,23 @@ impl Hop {
     /// Who waits (or holds), in words: `comm pid=1 tid=2 g=0x…` (the tid
     /// only when it is not the pid).
     pub fn who(&self) -> String {
-        let mut who = self.comm.clone().unwrap_or_else(|| "?".into());
-        if let Some(p) = self.pid {
-            who.push_str(&format!(" pid={p}"));
-        }
-        if let Some(t) = self.tid.filter(|t| Some(*t) != self.pid) {
-            who.push_str(&format!(" tid={t}"));
-        }
-        if let Some(g) = self.goroutine {
-            who.push_str(&format!(" g={g:#x}"));
-        }
-        who
+        let g = self.goroutine.map(|g| format!("{g:#x}"));
+        who_text(self.comm.as_deref(), self.pid, self.tid, g.as_deref())
     }
+}
+
+/// Who waits, in words: `comm pid=… tid=… g=…` (the tid only when it is not the
+/// pid; the goroutine as given, `0x…`). A hop's, or a report record's.
+pub fn who_text(comm: Option<&str>, pid: Option<u32>, tid: Option<u32>, goroutine: Option<&str>) -> String {
+    let mut who = comm.unwrap_or("?").to_string();
+    if let Some(p) = pid {
+        who.push_str(&format!(" pid={p}"));
+    }
+    if let Some(t) = tid.filter(|t| Some(*t) != pid) {
+        who.push_str(&format!(" tid={t}"));
+    }
+    if let Some(g) = goroutine {
+        who.push_str(&format!(" g={g}"));
+    }
+    who
 }

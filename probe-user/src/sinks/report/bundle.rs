@@ -107,6 +107,14 @@ pub struct HopRecord {
     #[serde(default)]
     pub root: bool,
     /// The process's pod, namespace and container, when plegwatch knows them.
+    #[serde(flatten)]
+    pub pod: PodNames,
+}
+
+/// A process's pod, namespace and container, each when known: the keys `pod`,
+/// `namespace` and `container` of a hop or wait record.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct PodNames {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -114,6 +122,16 @@ pub struct HopRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
 }
+
+impl PodNames {
+    /// The known ones, as (label, value).
+    pub fn labels(&self) -> impl Iterator<Item = (&'static str, &String)> {
+        [("pod", &self.pod), ("namespace", &self.namespace), ("container", &self.container)]
+            .into_iter()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+    }
+}
+
 
 /// A wait of an incident, with what its stall lines said of its thread.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -151,12 +169,8 @@ pub struct WaitRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_after_s: Option<f64>,
     /// The process's pod, namespace and container, from its stall lines.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container: Option<String>,
+    #[serde(flatten)]
+    pub pod: PodNames,
 }
 
 /// One folded stack of blocked time.
@@ -233,9 +247,7 @@ impl Ledger {
             w.escalations.push(Escalation { level: level.to_string(), after_s: s.waited_s });
         }
         if s.pod.pod.is_some() {
-            w.pod = s.pod.pod.clone();
-            w.namespace = s.pod.namespace.clone();
-            w.container = s.pod.container.clone();
+            w.pod = PodNames { pod: s.pod.pod.clone(), namespace: s.pod.namespace.clone(), container: s.pod.container.clone() };
         }
         if !s.kernel_stack.is_empty() {
             w.kernel_stack = s.kernel_stack.clone();
@@ -422,18 +434,14 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
             })
             .unwrap_or_default()
     };
-    let labels = |kind: &str, id: u64, link: &str, pod: [&Option<String>; 3]| -> BTreeMap<String, String> {
+    let labels = |kind: &str, id: u64, link: &str, pod: &PodNames| -> BTreeMap<String, String> {
         let mut l = BTreeMap::from([
             ("kind".to_string(), kind.to_string()),
             ("incident".to_string(), rec.id.to_string()),
             ("wait".to_string(), id.to_string()),
             ("link".to_string(), link.to_string()),
         ]);
-        for (k, v) in ["pod", "namespace", "container"].into_iter().zip(pod) {
-            if let Some(v) = v {
-                l.insert(k.to_string(), v.clone());
-            }
-        }
+        l.extend(pod.labels().map(|(k, v)| (k.to_string(), v.clone())));
         l
     };
     let mut out = Vec::new();
@@ -447,7 +455,7 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
         }
         let mut stack = path.clone();
         stack.extend(kernel(id));
-        out.push(Sample { stack, blocked_ns: blocked(id, Some(h)), labels: labels(&h.kind, id, "chain", [&h.pod, &h.namespace, &h.container]) });
+        out.push(Sample { stack, blocked_ns: blocked(id, Some(h)), labels: labels(&h.kind, id, "chain", &h.pod) });
     }
     for h in &rec.attached {
         let Some(id) = h.wait_id else { continue };
@@ -456,7 +464,7 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
         }
         let mut stack = vec![frame_text(&format!("{} (attached: {})", h.frame(), h.edge.as_deref().unwrap_or("link")))];
         stack.extend(kernel(id));
-        out.push(Sample { stack, blocked_ns: blocked(id, Some(h)), labels: labels(&h.kind, id, "attached", [&h.pod, &h.namespace, &h.container]) });
+        out.push(Sample { stack, blocked_ns: blocked(id, Some(h)), labels: labels(&h.kind, id, "attached", &h.pod) });
     }
     for id in &rec.waits {
         let Some(w) = by_id.get(id) else { continue };
@@ -465,7 +473,7 @@ pub fn samples_of(rec: &IncidentRecord, waits: &[WaitRecord]) -> Vec<Sample> {
         }
         let mut stack = vec![frame_text(&format!("{} {}: behind the same root, off the chain", w.kind, w.comm.as_deref().unwrap_or("?")))];
         stack.extend(kernel(*id));
-        out.push(Sample { stack, blocked_ns: blocked(*id, None), labels: labels(&w.kind, *id, "behind_root", [&w.pod, &w.namespace, &w.container]) });
+        out.push(Sample { stack, blocked_ns: blocked(*id, None), labels: labels(&w.kind, *id, "behind_root", &w.pod) });
     }
     out.retain(|s| s.blocked_ns > 0);
     out

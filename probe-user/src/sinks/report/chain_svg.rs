@@ -180,17 +180,7 @@ fn edge_label(h: &HopRecord) -> String {
 
 /// The hop's who, as `comm pid=… tid=… g=…`.
 pub fn who(h: &HopRecord) -> String {
-    let mut who = h.comm.clone().unwrap_or_else(|| "?".into());
-    if let Some(p) = h.pid {
-        who.push_str(&format!(" pid={p}"));
-    }
-    if let Some(t) = h.tid.filter(|t| Some(*t) != h.pid) {
-        who.push_str(&format!(" tid={t}"));
-    }
-    if let Some(gid) = &h.goroutine {
-        who.push_str(&format!(" g={gid}"));
-    }
-    who
+    crate::graph::model::who_text(h.comm.as_deref(), h.pid, h.tid, h.goroutine.as_deref())
 }
 
 fn label(h: &HopRecord, l: Look) -> String {

@@ -65,16 +65,7 @@ pub fn of(b: &Bundle) -> Timeline {
             let of_incident = b.incidents.iter().find(|i| i.waits.contains(&w.id)).and_then(|i| at(parse(&i.started_at)));
             let start_s = own.or(of_incident).unwrap_or(0.0).max(0.0);
             let age = w.ended_after_s.unwrap_or(w.waited_s).max(0.0);
-            let mut who = w.comm.clone().unwrap_or_else(|| "?".into());
-            if let Some(p) = w.pid {
-                who.push_str(&format!(" pid={p}"));
-            }
-            if let Some(t) = w.tid.filter(|t| Some(*t) != w.pid) {
-                who.push_str(&format!(" tid={t}"));
-            }
-            if let Some(g) = &w.goroutine {
-                who.push_str(&format!(" g={g}"));
-            }
+            let who = crate::graph::model::who_text(w.comm.as_deref(), w.pid, w.tid, w.goroutine.as_deref());
             Row {
                 wait_id: w.id,
                 kind: w.kind.clone(),
