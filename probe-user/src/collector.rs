@@ -84,7 +84,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let mut inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
     let mut tails: Array<MapData, u64> = take_map(&mut ebpf, maps::TAIL_PENDING)?;
     let (swept, raced) = seed_swept(&mut inflight, &mut tails, me);
-    tracing::info!(swept, "startup sweep: threads already in a watched wait");
+    tracing::info!(swept = swept.len(), "startup sweep: threads already in a watched wait");
     let mut ring = async_ring(&mut ebpf, maps::EVENTS)?;
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight, raced, tails);
@@ -95,6 +95,14 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let mut go_ring = async_ring(&mut ebpf, go_maps::GO_EVENTS)?;
     let mut sock_ring = async_ring(&mut ebpf, sock_maps::SOCK_EVENTS)?;
     let mut ustack = UserSymbolizer::new();
+    // Read now, while the swept threads are still blocked: a swept wait whose age is a
+    // low bound may cross --warn only as it ends, and is then reported from its end.
+    for w in &swept {
+        ustack.pin_blocked(w.tgid, w.tid);
+        if let Some(k) = procfs::kernel_stack(w.tid) {
+            engine.swept_kstacks.insert(w.tid, (w.start_ns, k));
+        }
+    }
     let mut offcpu = match choices.iter().any(|c| c.probe == "offcpu" && !c.is_off()) {
         true => Some(OffCpu::new(&mut ebpf, &cfg.filter.comms)?),
         false => None,
@@ -302,9 +310,9 @@ fn seed_swept(
     inflight: &mut BpfHashMap<MapData, u32, Wait>,
     tails: &mut Array<MapData, u64>,
     me: u32,
-) -> (usize, EndedWaits) {
+) -> (Vec<Wait>, EndedWaits) {
     const BPF_NOEXIST: u64 = 1;
-    let mut n = 0;
+    let mut n = Vec::new();
     let mut raced = EndedWaits::default();
     let found = sweep::sweep(me, monotonic_ns());
     // The gate opens before the tails go in: a tail's end (the thread's next
@@ -325,7 +333,7 @@ fn seed_swept(
             raced.mark((tid, s.wait.start_ns));
             continue;
         }
-        n += 1;
+        n.push(s.wait);
     }
     (n, raced)
 }
@@ -355,6 +363,9 @@ struct Enrich<'a> {
 
 impl Sink for Enrich<'_> {
     fn emit(&mut self, event: &Event) {
+        if let Event::Resolved(r) = event {
+            self.ustack.unpin(r.tid);
+        }
         if let Event::Stall(s) = event {
             let now = monotonic_ns();
             let mut s = s.clone();
@@ -610,6 +621,9 @@ struct Engine {
     devices: HashMap<WaitKey, Option<DeviceFound>>,
     /// Waits judged over by `/proc` whose entries the kernel still holds.
     ended: EndedWaits,
+    /// The kernel stacks of the startup sweep's waits, read while they were blocked:
+    /// by thread, with the wait's start.
+    swept_kstacks: HashMap<u32, (u64, Vec<String>)>,
     /// `TAIL_PENDING`: userspace writes slot 1 only (see the ABI's invariant).
     tails: Array<MapData, u64>,
     /// What slot 1 was last set to, if it was.
@@ -643,6 +657,7 @@ impl Engine {
             open_infos: Vec::new(),
             devices: HashMap::new(),
             ended,
+            swept_kstacks: HashMap::new(),
             tails,
             swept_tails: None,
         }
@@ -796,6 +811,24 @@ impl Engine {
         }
     }
 
+    /// The kernel stack of a wait being reported: the thread's now while it is still in
+    /// the wait (in its syscall, or in umount2's task_work tail), else the one the
+    /// startup sweep read, else none (a wait reported from its end record has left).
+    fn kernel_stack(&self, info: &WaitInfo) -> Vec<String> {
+        let live = procfs::kernel_stack(info.tid).unwrap_or_default();
+        let in_wait = match procfs::syscall(info.tid) {
+            Some(SyscallState::In { nr, .. }) => nr as u32 == info.nr,
+            _ => info.sys_exit_ns != 0 && live.iter().any(|f| f == "task_work_run"),
+        };
+        if in_wait {
+            return live;
+        }
+        match self.swept_kstacks.get(&info.tid) {
+            Some((start, k)) if *start == info.start_ns => k.clone(),
+            _ => Vec::new(),
+        }
+    }
+
     fn act(&mut self, actions: Vec<Action>, sink: &mut dyn Sink) {
         for a in actions {
             match a {
@@ -834,7 +867,7 @@ impl Engine {
                         holder: None,
                         cause: None,
                         chain: Vec::new(),
-                        kernel_stack: procfs::kernel_stack(info.tid).unwrap_or_default(),
+                        kernel_stack: self.kernel_stack(&info),
                         user_stack: Vec::new(),
                         user_stack_id: info.user_stack,
                     };
@@ -845,6 +878,9 @@ impl Engine {
                     let kind = by_slot(t.info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
                     self.fixed.remove(&key);
                     self.running_seen.remove(&key);
+                    if self.swept_kstacks.get(&key.0).is_some_and(|(start, _)| *start == key.1) {
+                        self.swept_kstacks.remove(&key.0);
+                    }
                     if let Some(r) = self.registry.resolve(&key, waited, exact, kind) {
                         sink.emit(&Event::Resolved(r));
                     }

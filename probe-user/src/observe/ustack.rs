@@ -24,11 +24,17 @@ use std::sync::Arc;
 /// Binaries parsed, at most; beyond, a new one is not cached.
 const MAX_BINARIES: usize = 64;
 
+/// Swept threads whose stacks are kept, at most.
+const MAX_PINNED: usize = 256;
+
 /// Names user addresses (see the module doc). Keeps its caches for the run.
 pub struct UserSymbolizer {
     blaze: Symbolizer,
     /// (dev, inode) → the binary's Go symbols, or None when it has no pclntab.
     go: HashMap<(u64, u64), Option<Arc<GoSymbols>>>,
+    /// Stacks unwound while their thread was still blocked, by thread: a wait swept
+    /// at startup may cross `--warn` only as it ends, when its thread has left it.
+    pinned: HashMap<u32, Vec<String>>,
 }
 
 impl Default for UserSymbolizer {
@@ -48,7 +54,7 @@ struct Mapped {
 
 impl UserSymbolizer {
     pub fn new() -> Self {
-        UserSymbolizer { blaze: Symbolizer::new(), go: HashMap::new() }
+        UserSymbolizer { blaze: Symbolizer::new(), go: HashMap::new(), pinned: HashMap::new() }
     }
 
     /// Names each of `ips` (innermost first, as the kernel gives them) in process `pid`.
@@ -94,7 +100,32 @@ impl UserSymbolizer {
     /// (`/proc/TID/syscall`'s sp and pc, the pcsp tables, `/proc/PID/mem`), innermost
     /// first: for waits the kernel did not see begin (the startup sweep's). Empty for a
     /// thread not in a syscall, or a process whose executable is not Go.
+    /// Frames pinned by [`UserSymbolizer::pin_blocked`] come first: they were read while
+    /// the thread was still in its wait.
     pub fn blocked_go_thread(&mut self, pid: u32, tid: u32) -> Vec<String> {
+        if let Some(pinned) = self.pinned.get(&tid) {
+            return pinned.clone();
+        }
+        self.unwind_blocked(pid, tid)
+    }
+
+    /// Unwinds a swept thread's Go stack now, while it is blocked, and keeps it until
+    /// [`UserSymbolizer::unpin`]. Returns how many frames it kept.
+    pub fn pin_blocked(&mut self, pid: u32, tid: u32) -> usize {
+        let frames = self.unwind_blocked(pid, tid);
+        let n = frames.len();
+        if n > 0 && self.pinned.len() < MAX_PINNED {
+            self.pinned.insert(tid, frames);
+        }
+        n
+    }
+
+    /// Forgets a pinned stack (its wait was resolved).
+    pub fn unpin(&mut self, tid: u32) {
+        self.pinned.remove(&tid);
+    }
+
+    fn unwind_blocked(&mut self, pid: u32, tid: u32) -> Vec<String> {
         let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else { return Vec::new() };
         let exe = exe.to_string_lossy().into_owned();
         let maps = mappings(pid);
