@@ -16,6 +16,14 @@
 //! outside the goroutine's stack. Such a `g` is read once more; if it is
 //! still inconsistent it is left out and counted ([`Scan::inconsistent`]).
 //!
+//! A goroutine's stack ([`GoroutineReader::stack`]) is unwound with the
+//! binary's pcsp tables ([`crate::proto::gosym::unwind`]): a parked one
+//! from its saved `sched` registers, one in a system call from the
+//! registers `/proc/TID/syscall` gives for the thread whose stack pointer
+//! lies in the goroutine's stack (each goroutine has its own stack, so the
+//! match is exact). The stack from `sp` up is read in one positioned read
+//! ([`STACK_WINDOW`] bytes at most), the rest word by word.
+//!
 //! Reading `/proc/PID/mem` needs the ptrace access mode (root, or the same
 //! user with `ptrace_scope` 0); it does not stop or signal the process.
 //! Positioned reads are done with `FileExt::read_exact_at`. The scan is
@@ -27,7 +35,15 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::{Duration, Instant};
 
 use crate::clock::monotonic_ns;
-use crate::proto::gosym::{find_allgs, layout_for, AllGs, AllGsError, GLayout, GStatus, GStructError, GoSymbols};
+use crate::proto::gosym::{
+    find_allgs, layout_for, unwind, AllGs, AllGsError, GLayout, GStatus, GStructError, GoSymbols, ReadMem, Regs, Unwound,
+};
+
+/// The most of a goroutine's stack read at once, from its `sp` up.
+pub const STACK_WINDOW: u64 = 64 * 1024;
+
+/// Frames read at most per goroutine.
+pub const MAX_STACK_FRAMES: usize = 100;
 
 /// More goroutines than any process is believed to hold: an `allglen`
 /// above this is a torn or wrong read.
@@ -230,6 +246,58 @@ impl GoroutineReader {
         decode_g(self.layout, g, buf, now)
     }
 
+    /// The 8-byte word at `addr` in the process (a spilled argument, a lock's state).
+    pub fn read_word(&self, addr: u64) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.mem.read_exact_at(&mut b, addr).ok().map(|_| u64::from_le_bytes(b))
+    }
+
+    /// Reads `g` once more: whether it is still the same goroutine parked at the same
+    /// place (same goid, status and saved `sp`). A goroutine that ran in between may
+    /// have returned from calls it was seen in.
+    pub fn still_parked(&self, g: &Goroutine) -> bool {
+        let mut buf = vec![0u8; self.layout.span() as usize];
+        matches!(self.read_g(g.g, &mut buf, monotonic_ns()), Ok(Some(now)) if now.goid == g.goid && now.status == g.status && now.sp == g.sp)
+    }
+
+    /// The threads of the process in a system call now, with the user registers
+    /// `/proc/TID/syscall` gives for each.
+    pub fn threads_in_syscall(&self) -> Vec<(u32, Regs)> {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{}/task", self.pid)) else { return Vec::new() };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|tid| {
+                let (nr, regs) = crate::observe::gostack::syscall_regs(self.pid, tid)?;
+                (nr >= 0).then_some((tid, regs))
+            })
+            .collect()
+    }
+
+    /// Unwinds goroutine `g` (see the module doc): a parked or runnable one from its
+    /// saved registers; one in a system call from the thread among `threads` (see
+    /// [`GoroutineReader::threads_in_syscall`]) whose stack pointer lies in its stack,
+    /// with that thread. `None` for a running goroutine, or one in a call whose thread
+    /// is not among `threads`.
+    pub fn stack(&self, g: &Goroutine, syms: &GoSymbols, threads: &[(u32, Regs)]) -> Option<(Unwound, Option<u32>)> {
+        let (regs, tid) = match g.status {
+            GStatus::Waiting | GStatus::Runnable | GStatus::Preempted => {
+                (Regs { pc: g.pc, sp: g.sp, bp: g.bp, return_address: true }, None)
+            }
+            GStatus::Syscall => {
+                let (tid, regs) = threads.iter().find(|(_, r)| r.sp >= g.stack.0 && r.sp < g.stack.1)?;
+                (*regs, Some(*tid))
+            }
+            _ => return None,
+        };
+        let len = g.stack.1.saturating_sub(regs.sp).min(STACK_WINDOW);
+        let mut bytes = vec![0u8; len as usize];
+        let window = match self.mem.read_exact_at(&mut bytes, regs.sp) {
+            Ok(()) => StackWindow { base: regs.sp, bytes, mem: &self.mem },
+            Err(_) => StackWindow { base: 0, bytes: Vec::new(), mem: &self.mem },
+        };
+        Some((unwind(regs, &window, syms, self.bias, MAX_STACK_FRAMES), tid))
+    }
+
     fn word(&self, addr: u64, what: &str) -> Result<u64, GoroutineError> {
         let mut b = [0u8; 8];
         self.read(addr, &mut b, what)?;
@@ -246,6 +314,24 @@ impl GoroutineReader {
 
     fn bad(&self, reason: String) -> GoroutineError {
         GoroutineError::BadList { pid: self.pid, reason }
+    }
+}
+
+/// A goroutine's stack read once from its `sp` up; words outside it are read one by one.
+struct StackWindow<'a> {
+    base: u64,
+    bytes: Vec<u8>,
+    mem: &'a File,
+}
+
+impl ReadMem for StackWindow<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+        let off = addr.wrapping_sub(self.base);
+        if addr >= self.base && off.saturating_add(buf.len() as u64) <= self.bytes.len() as u64 {
+            buf.copy_from_slice(&self.bytes[off as usize..off as usize + buf.len()]);
+            return true;
+        }
+        self.mem.read_exact_at(buf, addr).is_ok()
     }
 }
 
