@@ -20,7 +20,7 @@ use crate::{
     clock::{monotonic_ns, wall_of},
     events::{Event, Ready, Sink, Stall, Summary},
     kernel::probes::{self, Choice},
-    sources::gowatch::{GoWatch, chain::KernelWaits},
+    sources::gowatch::{Background, GoWatch, chain::KernelWaits},
     sources::children::ChildWaits,
     graph::{
         children as graph_children,
@@ -204,10 +204,15 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 }
                 guard.clear_ready();
             }
-            done = go.inspected() => {
+            done = go.background() => match done {
                 // A new Go binary, read off the loop: its uprobes are attached below.
-                go.on_inspected(done);
-            }
+                Background::Inspected(done) => go.on_inspected(done),
+                // A newly probed process's goroutines, read off the loop.
+                Background::Late(found) => {
+                    let threads = go.on_late(found, sink);
+                    engine.note_goroutines(&threads);
+                }
+            },
             _ = std::future::ready(()), if go.attaching() => {
                 // A slice of uprobe attaches per turn: a scan due meanwhile runs in between.
                 let began = std::time::Instant::now();
@@ -621,6 +626,9 @@ struct Engine {
     devices: HashMap<WaitKey, Option<DeviceFound>>,
     /// Waits judged over by `/proc` whose entries the kernel still holds.
     ended: EndedWaits,
+    /// The goroutine each swept wait's thread runs (the goroutine scan's), by thread: a
+    /// swept wait carries none (the kernel reads it from TLS at `sys_enter`).
+    swept_g: HashMap<u32, u64>,
     /// The kernel stacks of the startup sweep's waits, read while they were blocked:
     /// by thread, with the wait's start.
     swept_kstacks: HashMap<u32, (u64, Vec<String>)>,
@@ -658,6 +666,7 @@ impl Engine {
             devices: HashMap::new(),
             ended,
             swept_kstacks: HashMap::new(),
+            swept_g: HashMap::new(),
             tails,
             swept_tails: None,
         }
@@ -671,7 +680,13 @@ impl Engine {
         if self.swept_tails != Some(swept_tails) && self.tails.set(1, swept_tails, 0).is_ok() {
             self.swept_tails = Some(swept_tails);
         }
-        let open: Vec<WaitInfo> = live.iter().map(WaitInfo::from).collect();
+        let mut open: Vec<WaitInfo> = live.iter().map(WaitInfo::from).collect();
+        if !self.swept_g.is_empty() {
+            for w in open.iter_mut().filter(|w| w.before_attach && w.g == 0) {
+                w.g = self.swept_g.get(&w.tid).copied().unwrap_or(0);
+            }
+            self.swept_g.retain(|tid, _| open.iter().any(|w| w.tid == *tid && w.before_attach));
+        }
         self.open_tgids = open.iter().map(|w| w.tgid).collect();
         self.open_by_pid.clear();
         self.open_by_tid.clear();
@@ -808,6 +823,16 @@ impl Engine {
             }
             let actions = self.registry.end(info, rec.end_ns);
             self.act(actions, sink);
+        }
+    }
+
+    /// Takes the goroutine scan's (thread, goroutine) pairs: those of threads in a
+    /// swept wait give it its goroutine.
+    fn note_goroutines(&mut self, threads: &[(u32, u64)]) {
+        for (tid, g) in threads {
+            if self.open_infos.iter().any(|w| w.tid == *tid && w.before_attach) {
+                self.swept_g.insert(*tid, *g);
+            }
         }
     }
 

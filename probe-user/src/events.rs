@@ -261,12 +261,38 @@ pub struct SyscallHistogram {
     pub buckets: Vec<(f64, u64)>,
 }
 
+/// The goroutines of a probed Go process, read from outside once its probes were on
+/// (`sources::gowatch::late`): the calls found open on them, begun before plegwatch
+/// could see them start, become open waits marked `started_before_attach`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GoroutineScan {
+    /// `containerd`, `containerd-shim`, `kubelet`.
+    pub target: String,
+    pub pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub go_version: Option<String>,
+    /// Goroutines read (dead ones left out).
+    pub goroutines: usize,
+    /// Probed calls found open on them and taken as open waits.
+    pub open_calls: usize,
+    /// Goroutines in a system call matched to their thread.
+    pub in_syscall: usize,
+    /// Goroutines whose read did not make sense twice (left out).
+    pub inconsistent: usize,
+    pub took_ms: f64,
+    /// Why the goroutines could not be read (an unknown Go version, named): every
+    /// other probe goes on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// Anything plegwatch prints on stdout.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     Ready(Ready),
     Target(Target),
+    GoroutineScan(GoroutineScan),
     Stall(Stall),
     Resolved(Resolved),
     Summary(Summary),

@@ -947,6 +947,15 @@ impl FakeKubelet {
         }
     }
 
+    /// Runs two GC cycles in the fixture (`runtime.GC()` twice): the second one's mark
+    /// stamps each goroutine it finds parked (`waitsince`, what a goroutine dump's
+    /// "[chan receive, 3 minutes]" shows), as the GCs a real kubelet runs do; returns once
+    /// acknowledged.
+    pub fn gc(&mut self) -> Result<()> {
+        self.command("gc", "ack gc", |k| matches!(k, Kind::Ack { command } if command == "gc"))?;
+        Ok(())
+    }
+
     /// Lets the write lock go; returns once it is free.
     pub fn wunlock(&mut self) -> Result<()> {
         self.command("wunlock", "ack wunlock", |k| matches!(k, Kind::Ack { command } if command == "wunlock"))?;

@@ -295,6 +295,7 @@ mod tests {
             container: Some(container.into()),
             start_ns,
             function: "task.(*service).Update",
+            late: false,
         }
     }
 

@@ -44,5 +44,6 @@ pub fn go_call(tgid: u32, g: u64, func: u32, role: CallRole, start_ns: u64, cont
         container: container.map(String::from),
         start_ns,
         function: "f",
+        late: false,
     }
 }

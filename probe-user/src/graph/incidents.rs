@@ -49,6 +49,10 @@ pub struct Incident {
     pub waited_s: f64,
     /// The chain closes on itself: a deadlock.
     pub cycle: bool,
+    /// A wait on its chain began before plegwatch started (found by the startup sweep
+    /// or the goroutine scan): its age is that of the hops marked `start`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub started_before_attach: bool,
 }
 
 /// An incident whose waits have all ended.
@@ -172,6 +176,7 @@ impl<'a> Graph<'a> {
             exactness: edge.map(|e| e.exactness),
             root,
             pod: PodRef::default(),
+            start: w.start,
         })
     }
 }
@@ -190,7 +195,7 @@ fn terminal_hop(t: &Terminal) -> Hop {
         evidence: None,
         exactness: None,
         root: false,
-        pod: PodRef::default(),
+        pod: PodRef::default(), start: Default::default(),
     }
 }
 
@@ -420,7 +425,9 @@ impl Incidents {
                 longest = chain.clone();
             }
             if let Some(changed) = changed {
+                let started_before_attach = chain.iter().chain(attached.iter()).any(|h| !h.start.is_exact());
                 changes.push(Change::Raised(Incident {
+                    started_before_attach,
                     level,
                     id,
                     changed,

@@ -83,13 +83,36 @@ impl PodRef {
 }
 
 /// How exact a wait's start time is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StartTiming {
     /// Seen by a probe as it began.
+    #[default]
     Exact,
     /// Found already open (the startup sweep): the start is a lower bound of its age.
     LowerBound,
+    /// Found already open on a goroutine (the goroutine scan): the start is the
+    /// goroutine's `waitsince`, a GC's stamp that may read up to one GC interval
+    /// before the real park.
+    Waitsince,
+    /// Found already open with no clue to its start: counted from when it was found.
+    Unknown,
+}
+
+impl StartTiming {
+    pub fn is_exact(&self) -> bool {
+        *self == StartTiming::Exact
+    }
+
+    /// `snake_case`, as in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartTiming::Exact => "exact",
+            StartTiming::LowerBound => "lower_bound",
+            StartTiming::Waitsince => "waitsince",
+            StartTiming::Unknown => "unknown",
+        }
+    }
 }
 
 /// A wait still in flight, as a source saw it at this scan.
@@ -257,6 +280,10 @@ pub struct Hop {
     /// The pod and container of the process at this hop (omitted for a host process).
     #[serde(flatten)]
     pub pod: PodRef,
+    /// How exact its age is (omitted when exact): `lower_bound` (found by the startup
+    /// sweep), `waitsince` (by the goroutine scan, from a GC's stamp), `unknown`.
+    #[serde(skip_serializing_if = "StartTiming::is_exact")]
+    pub start: StartTiming,
 }
 
 impl Hop {

@@ -281,6 +281,7 @@ mod tests {
             container: None,
             start_ns: start_s * S,
             function: "server.(*instrumentedService).RunPodSandbox",
+            late: false,
         };
         let wait = OpenWait {
             key,

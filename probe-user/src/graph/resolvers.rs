@@ -50,6 +50,9 @@ pub struct GoCallFact {
     pub start_ns: u64,
     /// The function's short name, for evidence.
     pub function: &'static str,
+    /// Found open by the goroutine scan: its start is not when it began, so the
+    /// order of starts between it and other calls proves nothing.
+    pub late: bool,
 }
 
 /// The Go side of the graph at one scan.
@@ -200,14 +203,18 @@ fn shim_edge(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, procs: &m
         return Some(edge(c.key, HeldBy::Wait(s.key), EdgeKind::Ttrpc, Exactness::Inferred, evidence));
     }
     let mut best: Option<&GoCallFact> = None;
-    for s in shim_calls().filter(|s| s.start_ns >= c.start_ns) {
+    for s in shim_calls().filter(|s| s.start_ns >= c.start_ns || s.late || c.late) {
         if best.is_some_and(|b| b.start_ns <= s.start_ns) || !procs.connected(c.tgid, s.tgid) {
             continue;
         }
         best = Some(s);
     }
     let s = best?;
-    let evidence = format!("no container id; the first task call ({}) in a shim containerd is connected to since", s.function);
+    let evidence = if s.late || c.late {
+        format!("no container id, no request seen (open before plegwatch started); a task call ({}) open in a shim containerd is connected to", s.function)
+    } else {
+        format!("no container id; the first task call ({}) in a shim containerd is connected to since", s.function)
+    };
     Some(edge(c.key, HeldBy::Wait(s.key), EdgeKind::Ttrpc, Exactness::Inferred, evidence))
 }
 
@@ -253,17 +260,16 @@ pub fn relist_edges(facts: &GoFacts, procs: &mut dyn Procs) -> Vec<Edge> {
         let call = facts
             .calls
             .iter()
-            .filter(|c| c.role == CallRole::CriHandler { list: true } && c.start_ns >= r.start_ns && c.tgid != r.tgid)
+            .filter(|c| c.role == CallRole::CriHandler { list: true } && (c.start_ns >= r.start_ns || c.late || r.late) && c.tgid != r.tgid)
             .filter(|c| procs.connected(r.tgid, c.tgid))
             .min_by_key(|c| c.start_ns);
         if let Some(c) = call {
-            out.push(edge(
-                r.key,
-                HeldBy::Wait(c.key),
-                EdgeKind::CriCall,
-                Exactness::Inferred,
-                format!("pid {} is connected to pid {}'s socket and {} began during the relist", r.tgid, c.tgid, c.function),
-            ));
+            let evidence = if c.late || r.late {
+                format!("pid {} is connected to pid {}'s socket and {} is open (both found open by the goroutine scan)", r.tgid, c.tgid, c.function)
+            } else {
+                format!("pid {} is connected to pid {}'s socket and {} began during the relist", r.tgid, c.tgid, c.function)
+            };
+            out.push(edge(r.key, HeldBy::Wait(c.key), EdgeKind::CriCall, Exactness::Inferred, evidence));
         }
     }
     out

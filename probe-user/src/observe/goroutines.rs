@@ -82,6 +82,25 @@ pub enum GoroutineError {
     BadList { pid: u32, reason: String },
 }
 
+/// Why [`GoroutineReader::locate`] failed: the Go version, or the goroutine list.
+#[derive(Debug, thiserror::Error)]
+pub enum GStructOrAllGs {
+    #[error(transparent)]
+    Layout(GStructError),
+    #[error(transparent)]
+    AllGs(AllGsError),
+}
+
+impl GStructOrAllGs {
+    /// As the error of a reader of `pid`.
+    pub fn for_pid(self, pid: u32) -> GoroutineError {
+        match self {
+            GStructOrAllGs::Layout(source) => GoroutineError::Layout { pid, source },
+            GStructOrAllGs::AllGs(source) => GoroutineError::AllGs { pid, source },
+        }
+    }
+}
+
 /// One goroutine as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Goroutine {
@@ -160,6 +179,21 @@ impl GoroutineReader {
             .ok_or_else(|| GoroutineError::Layout { pid, source: GStructError::NoVersion { binary: binary.clone() } })?;
         let layout = layout_for(&version).map_err(|source| GoroutineError::Layout { pid, source })?;
         let vars = find_allgs(syms, data).map_err(|source| GoroutineError::AllGs { pid, source })?;
+        Self::with_vars(pid, syms, vars, version, layout)
+    }
+
+    /// Where the goroutine list is and how a `g` is laid out in `syms`' binary, worked
+    /// out once for every process that runs it: `(allgs, version, layout)`.
+    pub fn locate(syms: &GoSymbols, data: &[u8]) -> Result<(AllGs, String, &'static GLayout), GStructOrAllGs> {
+        let binary = syms.elf().binary().to_string();
+        let version = syms.version().ok_or(GStructOrAllGs::Layout(GStructError::NoVersion { binary }))?;
+        let layout = layout_for(&version).map_err(GStructOrAllGs::Layout)?;
+        let vars = find_allgs(syms, data).map_err(GStructOrAllGs::AllGs)?;
+        Ok((vars, version, layout))
+    }
+
+    /// [`GoroutineReader::new`] with what [`GoroutineReader::locate`] found.
+    pub fn with_vars(pid: u32, syms: &GoSymbols, vars: AllGs, version: String, layout: &'static GLayout) -> Result<GoroutineReader, GoroutineError> {
         let bias = if syms.elf().is_pie() { load_bias(pid, syms)? } else { 0 };
         let mem = File::open(format!("/proc/{pid}/mem"))
             .map_err(|source| GoroutineError::Io { pid, what: "open /proc/PID/mem".into(), source })?;

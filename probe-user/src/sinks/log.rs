@@ -12,6 +12,10 @@ impl Sink for LogSink {
         match event {
             Event::Ready(r) => tracing::info!(pid = r.pid, probes = r.probes.len(), warn_s = r.warn_s, critical_s = r.critical_s, imminent_s = r.imminent_s, "plegwatch daemon ready"),
             Event::Target(t) => tracing::info!(target_kind = %t.target, status = t.status, pid = t.pid, binary = %t.binary, "Go target"),
+            Event::GoroutineScan(g) => match &g.error {
+                Some(e) => tracing::warn!(target_kind = %g.target, pid = g.pid, "goroutines not read: {e}; every other probe goes on"),
+                None => tracing::info!(target_kind = %g.target, pid = g.pid, goroutines = g.goroutines, open_calls = g.open_calls, took_ms = g.took_ms, "goroutines read"),
+            },
             Event::Incident(i) => {
                 let root = i.root.as_ref().map(|r| format!("{} [{}]", r.what, r.who())).unwrap_or_else(|| "a cycle (deadlock)".into());
                 let root_kind = i.root.as_ref().map(|r| r.kind.as_str()).unwrap_or("cycle");

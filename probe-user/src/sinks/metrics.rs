@@ -461,7 +461,7 @@ impl Sink for MetricsSink {
                 self.up.set(0);
                 self.ready.store(false, Ordering::Relaxed);
             }
-            Event::Target(_) => {}
+            Event::Target(_) | Event::GoroutineScan(_) => {}
         }
     }
 }
@@ -476,7 +476,7 @@ mod tests {
 
     fn hop(kind: &str, what: &str, root: bool) -> Hop {
         Hop {
-            pod: Default::default(),
+            pod: Default::default(), start: Default::default(),
             wait_id: Some(1),
             kind: kind.into(),
             pid: Some(42),
@@ -507,6 +507,7 @@ mod tests {
             started_at: "2026-11-24T00:00:00.000Z".into(),
             waited_s: 3.0,
             cycle: false,
+            started_before_attach: false,
         }))
     }
 
@@ -607,6 +608,7 @@ mod tests {
             started_at: String::new(),
             waited_s: 10.0,
             cycle: false,
+            started_before_attach: false,
         })));
         let text = exp.metrics().unwrap();
         assert_eq!(value(&text, r#"plegwatch_incident_pods{namespace="shop",pod="web-0",container="app"}"#), Some(1.0), "{text}");

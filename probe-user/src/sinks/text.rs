@@ -315,6 +315,18 @@ pub fn render_text(event: &Event) -> String {
             t.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
         ),
         Event::Status(s) => format!("{clock} status: {} incident(s) open", s.incidents.len()),
+        Event::GoroutineScan(g) => match &g.error {
+            Some(e) => format!("{clock} goroutines of {} pid={} not read: {e}; every other probe goes on", g.target, g.pid),
+            None => format!(
+                "{clock} goroutines of {} pid={}{}: {} read in {:.1}ms, {} probed call(s) open since before plegwatch started",
+                g.target,
+                g.pid,
+                g.go_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
+                g.goroutines,
+                g.took_ms,
+                g.open_calls
+            ),
+        },
     }
 }
 
@@ -446,7 +458,7 @@ mod tests {
 
     fn hop(kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<(crate::graph::model::EdgeKind, crate::graph::model::Exactness)>, root: bool) -> Hop {
         Hop {
-            pod: Default::default(),
+            pod: Default::default(), start: Default::default(),
             wait_id: waited.map(|_| u64::from(pid)),
             kind: kind.into(),
             pid: Some(pid),
@@ -487,6 +499,7 @@ mod tests {
             started_at: "2026-11-23T03:00:00.000Z".into(),
             waited_s: 74.0,
             cycle: false,
+            started_before_attach: false,
         };
         let t = render_text(&Event::Incident(Box::new(i)));
         eprintln!("{t}");

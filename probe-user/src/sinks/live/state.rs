@@ -71,7 +71,7 @@ impl LiveState {
                 self.resolved.truncate(RESOLVED_SHOWN);
             }
             Event::Summary(s) => self.summary = Some(s.clone()),
-            Event::Target(_) | Event::Stall(_) | Event::Resolved(_) | Event::Status(_) => {}
+            Event::Target(_) | Event::GoroutineScan(_) | Event::Stall(_) | Event::Resolved(_) | Event::Status(_) => {}
         }
     }
 
@@ -349,7 +349,7 @@ pub(crate) mod tests {
 
     fn hop(id: Option<u64>, kind: &str, what: &str, comm: &str, pid: u32, waited: Option<f64>, edge: Option<(EdgeKind, Exactness)>) -> Hop {
         Hop {
-            pod: Default::default(),
+            pod: Default::default(), start: Default::default(),
             wait_id: id,
             kind: kind.into(),
             pid: Some(pid),
@@ -388,6 +388,7 @@ pub(crate) mod tests {
             started_at: "2026-11-22T02:45:01.123Z".into(),
             waited_s,
             cycle: false,
+            started_before_attach: false,
         }
     }
 
@@ -409,6 +410,7 @@ pub(crate) mod tests {
             started_at: "2026-11-22T02:44:00.000Z".into(),
             waited_s,
             cycle: false,
+            started_before_attach: false,
         }
     }
 

@@ -177,7 +177,7 @@ impl Sink for ReportSink {
                 self.send(Job::Latency(dirs, latency), "latency.json");
             }
             Event::Status(s) => self.dropped = s.dropped.clone(),
-            Event::Ready(_) | Event::Target(_) => {}
+            Event::Ready(_) | Event::Target(_) | Event::GoroutineScan(_) => {}
         }
     }
 }

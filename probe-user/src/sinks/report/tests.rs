@@ -11,7 +11,7 @@ const UMOUNT_STACK: [&str; 4] = ["folio_wait_bit", "sync_filesystem", "cleanup_m
 
 fn hop(id: Option<u64>, kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<EdgeKind>, root: bool) -> Hop {
     Hop {
-        pod: Default::default(),
+        pod: Default::default(), start: Default::default(),
         wait_id: id,
         kind: kind.into(),
         pid: Some(pid),
@@ -33,7 +33,7 @@ fn chain(waited: f64) -> Vec<Hop> {
         hop(Some(7), "pleg_relist", 10, "pleg.(*GenericPLEG).Relist", Some(waited - 0.5), Some(EdgeKind::CriCall), false),
         hop(Some(8), "cri_call", 20, "server.(*criService).ListContainers", Some(waited - 0.5), Some(EdgeKind::SameGoroutine), false),
         hop(Some(1), "umount", 30, "umount2 /mnt (task_work after the syscall returned)", Some(waited), Some(EdgeKind::Device), true),
-        Hop { wait_id: None, kind: "device".into(), pid: None, tid: None, comm: None, goroutine: None, what: "block device 7:0 (loop0)".into(), waited_s: None, edge: None, evidence: None, exactness: None, root: false, pod: Default::default() },
+        Hop { wait_id: None, kind: "device".into(), pid: None, tid: None, comm: None, goroutine: None, what: "block device 7:0 (loop0)".into(), waited_s: None, edge: None, evidence: None, exactness: None, root: false, pod: Default::default(), start: Default::default() },
     ]
 }
 
@@ -52,6 +52,7 @@ fn incident(level: Level, waited: f64) -> Incident {
         started_at: "2026-11-23T03:00:00.000Z".into(),
         waited_s: waited,
         cycle: false,
+        started_before_attach: false,
     }
 }
 

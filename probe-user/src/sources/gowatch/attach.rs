@@ -9,6 +9,7 @@
 //! of a probed binary also goes into `GO_PROCS` with `g`'s TLS offset, so
 //! that its kernel waits carry the goroutine that made them.
 
+use super::late::{Job as LateJob, LateFunc, LateScanner};
 use super::inspector::{Done, Inspector, Job};
 use super::targets::{Arg, GoFuncSpec, Role, Target, short, target_named, target_of};
 use crate::{kernel::loader::take_map, kernel::loader::WatchError, proto::gosym::GoBinary, events::Event, events::Sink, observe::procfs};
@@ -250,6 +251,10 @@ pub struct Attacher {
     pending: HashMap<(u64, u64), Vec<(u32, &'static str)>>,
     /// Binaries read off the loop, being attached a slice at a time.
     attaching: VecDeque<Plan>,
+    /// Reads the goroutines of each newly probed process, off the loop (see `late`).
+    late: Option<LateScanner>,
+    /// Processes whose goroutines were queued for reading.
+    late_queued: HashSet<u32>,
 }
 
 impl Attacher {
@@ -268,6 +273,10 @@ impl Attacher {
                 .ok(),
             pending: HashMap::new(),
             attaching: VecDeque::new(),
+            late: LateScanner::start()
+                .inspect_err(|e| tracing::warn!("no worker thread to read goroutines: calls begun before plegwatch started are not seen: {e}"))
+                .ok(),
+            late_queued: HashSet::new(),
         })
     }
 
@@ -311,6 +320,7 @@ impl Attacher {
             let _ = self.procs.remove(&pid);
             self.known.remove(&pid);
         }
+        self.late_queued.retain(|p| alive.contains(p));
     }
 
     /// A process called `execve` (from the kernel's `proc_exec` record).
@@ -404,7 +414,31 @@ impl Attacher {
                 self.known.insert(pid);
             }
         }
+        self.queue_late(pid, key);
         Some(key)
+    }
+
+    /// Queues the reading of `pid`'s goroutines, once per process, when its binary
+    /// `key` is probed (its uprobes on: a call found open then is closed by its RET
+    /// probe). Not for runc, which lives for milliseconds.
+    fn queue_late(&mut self, pid: u32, key: (u64, u64)) {
+        let Some(Binary::Probed { target, ids, .. }) = self.binaries.get(&key) else { return };
+        if target.name == "runc" || self.late_queued.contains(&pid) {
+            return;
+        }
+        let Some(late) = &self.late else { return };
+        let funcs = ids
+            .iter()
+            .filter_map(|id| self.funcs.get(id).map(|f| LateFunc { id: *id, symbol: f.symbol, role: f.role }))
+            .collect();
+        if late.submit(LateJob { pid, target: target.name, funcs }) {
+            self.late_queued.insert(pid);
+        }
+    }
+
+    /// The binary reader and the goroutine reader, for the loop's `select!`.
+    pub fn workers(&mut self) -> (Option<&mut Inspector>, Option<&mut LateScanner>) {
+        (self.inspector.as_mut(), self.late.as_mut())
     }
 
     /// Inspects and attaches one binary at once; reports it with a `target`
@@ -439,11 +473,6 @@ impl Attacher {
         // Attached a slice at a time by [`Attacher::attach_some`]; its processes stay in
         // `pending` until then, so that none is looked at twice.
         self.attaching.push_back(plan);
-    }
-
-    /// Binaries being read off the loop (see [`Attacher::finish`]).
-    pub fn inspector(&mut self) -> Option<&mut Inspector> {
-        self.inspector.as_mut()
     }
 
     /// What attaching an inspected binary takes: its function ids taken, the
@@ -611,6 +640,7 @@ impl Attacher {
                         self.known.insert(pid);
                     }
                 }
+                self.queue_late(pid, key);
                 continue;
             }
             // The others found meanwhile: a `traced` line each, and GO_PROCS.

@@ -248,7 +248,7 @@ mod tests {
     }
 
     fn call(g: u64, func: u32, start_ns: u64, arg: Option<&str>) -> GoOpen {
-        GoOpen { g, func, tgid: NO_PID, tid: NO_PID, comm: "containerd".into(), start_ns, receiver: 0xc000, arg: arg.map(String::from) }
+        GoOpen { g, func, tgid: NO_PID, tid: NO_PID, comm: "containerd".into(), start_ns, receiver: 0xc000, arg: arg.map(String::from), start: Default::default() }
     }
 
     #[test]

@@ -17,6 +17,7 @@
 pub mod attach;
 pub mod chain;
 pub mod inspector;
+pub mod late;
 pub mod targets;
 
 use crate::{
@@ -58,6 +59,9 @@ pub struct GoOpen {
     pub receiver: u64,
     /// The captured string argument (a container id), if it looked like one.
     pub arg: Option<String>,
+    /// How exact `start_ns` is: `Exact` from the entry probe; otherwise found open by
+    /// the goroutine scan (see [`late`]).
+    pub start: StartTiming,
 }
 
 impl GoOpen {
@@ -71,6 +75,7 @@ impl GoOpen {
             start_ns: call.start_ns,
             receiver: call.receiver,
             arg: captured(&call.arg, call.arg_len),
+            start: StartTiming::Exact,
         }
     }
 }
@@ -187,6 +192,16 @@ fn reader_wait_row(symbol: &str) -> &'static str {
     }
 }
 
+/// What a late call's age means, in words (see [`late`]).
+fn late_age(start: StartTiming) -> &'static str {
+    match start {
+        StartTiming::Waitsince => "from the goroutine's waitsince: a GC's stamp, up to one GC interval early",
+        StartTiming::Unknown => "unknown: counted from when the goroutine scan found it",
+        StartTiming::LowerBound => "a lower bound",
+        StartTiming::Exact => "exact",
+    }
+}
+
 /// How many kubelet relist clocks are kept before those of exited processes are dropped.
 const RELIST_CLOCKS_MAX: usize = 64;
 
@@ -202,6 +217,14 @@ struct RelistClock {
     last_took: Duration,
     /// The last [`RECENT_RELISTS`] relists: (start ns, end ns).
     recent: std::collections::VecDeque<(u64, u64)>,
+}
+
+/// What a worker thread of [`GoWatch`] gives back to the loop.
+pub enum Background {
+    /// A new Go binary read: its uprobes are attached next ([`GoWatch::on_inspected`]).
+    Inspected(inspector::Done),
+    /// A newly probed process's goroutines ([`GoWatch::on_late`]).
+    Late(late::Found),
 }
 
 pub struct GoWatch {
@@ -224,6 +247,9 @@ pub struct GoWatch {
     orphaned: u64,
     /// Per Status lock, by (process, lock address).
     locks: HashMap<(u32, u64), LockStats>,
+    /// Calls found open by the goroutine scan and put in `GO_CALLS`: their start and how
+    /// exact it is, until they end.
+    late: HashMap<GoKey, (u64, StartTiming)>,
 }
 
 impl GoWatch {
@@ -241,6 +267,7 @@ impl GoWatch {
             exits: GoExits::default(),
             orphaned: 0,
             locks: HashMap::new(),
+            late: HashMap::new(),
         })
     }
 
@@ -259,13 +286,50 @@ impl GoWatch {
         self.attacher.detach(ebpf);
     }
 
-    /// The next Go binary read off the loop (a `select!` branch; never ready
-    /// when binaries are read on the loop).
-    pub async fn inspected(&mut self) -> inspector::Done {
-        match self.attacher.inspector() {
-            Some(i) => i.next().await,
-            None => std::future::pending().await,
+    /// The next result of a worker thread (a `select!` branch; cancel-safe): a Go
+    /// binary read, or a process's goroutines read.
+    pub async fn background(&mut self) -> Background {
+        let (inspector, late) = self.attacher.workers();
+        tokio::select! {
+            d = async { match inspector { Some(i) => i.next().await, None => std::future::pending().await } } => Background::Inspected(d),
+            f = async { match late { Some(l) => l.next().await, None => std::future::pending().await } } => Background::Late(f),
         }
+    }
+
+    /// Takes the calls a goroutine scan found open (see [`late`]): each goes into the
+    /// kernel's `GO_CALLS` unless the entry probe saw it already, so that its RET probe
+    /// closes it. A goroutine that ran between the scan and now may have returned from
+    /// some (their RET found no entry): its calls are taken out again. Returns the
+    /// goroutine each thread in a system call runs, for the kernel waits the startup
+    /// sweep found (which carry none).
+    pub fn on_late(&mut self, found: late::Found, sink: &mut dyn Sink) -> Vec<(u32, u64)> {
+        const BPF_NOEXIST: u64 = 1;
+        sink.emit(&Event::GoroutineScan(found.event.clone()));
+        let late::Found { pid, calls, threads, parked, reader, .. } = found;
+        let mut seeded: Vec<(GoCallKey, u64)> = Vec::new();
+        for c in &calls {
+            // A reader's wait on an unknown lock links to nothing: left out.
+            if c.role == Role::LockWait && c.receiver == 0 {
+                continue;
+            }
+            let key = GoCallKey { g: c.g, func: c.func, tgid: pid };
+            let call = GoCall { start_ns: c.start_ns, receiver: c.receiver, tgid: pid, tid: c.tid, arg_len: 0, _pad: 0, arg: [0; plegwatch_abi::GO_ARG_LEN] };
+            if self.calls.insert(key, call, BPF_NOEXIST).is_ok() {
+                self.late.insert((pid, c.g, c.func), (c.start_ns, c.timing));
+                seeded.push((key, c.start_ns));
+            }
+        }
+        if let Some(reader) = reader {
+            for g in parked.iter().filter(|g| !reader.still_parked(g)) {
+                for (key, start) in seeded.iter().filter(|(k, _)| k.g == g.g) {
+                    if matches!(self.calls.get(key, 0), Ok(now) if now.start_ns == *start) {
+                        let _ = self.calls.remove(key);
+                    }
+                    self.late.remove(&(pid, key.g, key.func));
+                }
+            }
+        }
+        threads
     }
 
     /// Takes a binary read off the loop; its attach follows in slices
@@ -322,6 +386,14 @@ impl GoWatch {
         // Ended: no longer one of the calls open since the last scan (the graph's
         // last step at exit runs on these without another scan).
         self.open.retain(|o| !(o.tgid == rec.tgid && o.g == rec.g && o.func == rec.func && o.start_ns == rec.start_ns));
+        let start = match self.late.get(&end_key(rec)) {
+            Some((s, timing)) if *s == rec.start_ns => {
+                let t = *timing;
+                self.late.remove(&end_key(rec));
+                t
+            }
+            _ => StartTiming::Exact,
+        };
         let Some(f) = self.attacher.funcs.get(&rec.func) else { return };
         let (role, target, symbol) = (f.role, f.target, f.symbol);
         if role != Role::LockWait {
@@ -384,7 +456,7 @@ impl GoWatch {
             _pad: 0,
             arg: rec.arg,
         };
-        let actions = self.registry.end(GoOpen::new(rec.g, rec.func, &call), rec.end_ns);
+        let actions = self.registry.end(GoOpen { start, ..GoOpen::new(rec.g, rec.func, &call) }, rec.end_ns);
         let none = HashMap::new();
         let no_g = HashMap::new();
         let waits = KernelWaits { by_tid: &none, by_g: &no_g, longest_by_pid: &HashMap::new() };
@@ -436,10 +508,21 @@ impl GoWatch {
                 self.parked_since.insert((c.tgid, k.g), (c.start_ns, k.func));
                 continue;
             }
-            self.open.push(GoOpen::new(k.g, k.func, &c));
+            let mut o = GoOpen::new(k.g, k.func, &c);
+            if let Some((start, timing)) = self.late.get(&(c.tgid, k.g, k.func)) {
+                if *start == c.start_ns {
+                    o.start = *timing;
+                }
+            }
+            self.open.push(o);
         }
         for k in dead {
             let _ = self.calls.remove(&k);
+        }
+        if !self.late.is_empty() {
+            let present: std::collections::HashSet<GoKey> =
+                self.calls.keys().filter_map(Result::ok).map(|k| (k.tgid, k.g, k.func)).collect();
+            self.late.retain(|k, _| present.contains(k));
         }
         // Bounded in a long run (a clock per kubelet process ever seen, restarts
         // included): past RELIST_CLOCKS_MAX, the clocks of exited processes go.
@@ -549,10 +632,15 @@ impl GoWatch {
                     if let (Value::Object(d), Value::Object(e)) = (&mut detail, extra) {
                         d.extend(e);
                     }
+                    if let (false, Value::Object(d)) = (o.start.is_exact(), &mut detail) {
+                        d.insert("found_by".into(), json!("goroutine scan (/proc/PID/mem): open before plegwatch started"));
+                        d.insert("age".into(), json!(late_age(o.start)));
+                    }
                     sink.emit(&Event::Stall(Stall {
                         holder: blame.holder,
                         cause: blame.cause,
                         chain: blame.chain,
+                        started_before_attach: !o.start.is_exact(),
                         ..crate::sources::inflight::stall_line(&o, level, id, kind, waited, detail)
                     }));
                 }
@@ -607,7 +695,7 @@ impl GoWatch {
                     kind,
                     what,
                     start_ns: o.start_ns,
-                    start: StartTiming::Exact,
+                    start: o.start,
                     pleg_path: f.role == Role::Relist || (f.role == Role::CriHandler && is_list_call(f.symbol)),
                 })
             })
@@ -664,6 +752,7 @@ impl GoWatch {
                     container: o.arg.clone(),
                     start_ns: o.start_ns,
                     function: short(f.symbol),
+                    late: !o.start.is_exact(),
                 })
             })
             .collect();
@@ -797,6 +886,7 @@ mod tests {
             start_ns,
             receiver: 0xc000_0a0000,
             arg: None,
+            start: Default::default(),
         }
     }
 

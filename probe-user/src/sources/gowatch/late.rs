@@ -1,0 +1,326 @@
+//! Go calls begun before plegwatch could see them: read from the goroutines of a
+//! probed process, from outside, once its uprobes are on.
+//!
+//! Uprobes see calls that start after they are attached. A containerd stuck for
+//! minutes, or a kubelet whose relist never returned, had its calls open long
+//! before: the Status lock held by `UpdateSync`, the `ListContainers` parked
+//! behind it in `RLock`, the relist waiting on that list. So once a process's
+//! probes are attached, a worker thread reads its goroutines
+//! ([`crate::observe::goroutines`]: `/proc/PID/mem`, no signal, no ptrace stop),
+//! unwinds each parked goroutine and each one in a system call, and names the
+//! probed functions on its stack. Each is an open call, as the uprobe at its
+//! entry would have recorded it; the loop puts it in the kernel's `GO_CALLS` map
+//! ([`super::GoWatch::on_late`]), so that the probe at its RET closes it like any
+//! other.
+//!
+//! What the entry probe would have read is recovered where Go's register ABI
+//! left it in memory: a register argument that is live across a call is spilled
+//! to its slot in the caller's frame, the first word above the return address.
+//! - `(*statusStorage).Update`/`UpdateSync(s, u)`: `s` (the lock) is live across
+//!   `u()`, so it sits at the frame's argument slot 0.
+//! - A reader parked in `RLock`: `runtime.semacquire1(addr, …)` keeps `addr`
+//!   (`&rw.readerSem`) across its park, at its argument slot 0.
+//!
+//! Each value is checked against the lock itself: a `sync.RWMutex` held for
+//! writing has a negative `readerCount`. A value that fails is not used (the
+//! lock is then unknown, and the link to its holder is not made).
+//!
+//! A call's start is unknown. The goroutine's `waitsince` (what a goroutine
+//! dump's "[semacquire, 3 minutes]" shows) is used where the runtime set it: a
+//! GC's mark stamps a goroutine it finds parked with the previous cycle's mark
+//! start, so it may read up to one GC interval before the real park. Where it is
+//! not set, the start is when the scan found it, and the age is said to be
+//! unknown ([`StartTiming::Unknown`]). Calls on one goroutine keep their order:
+//! each outer one is given a start one nanosecond per frame earlier.
+
+use super::targets::Role;
+use crate::clock::monotonic_ns;
+use crate::events::GoroutineScan;
+use crate::graph::model::StartTiming;
+use crate::observe::goroutines::{Goroutine, GoroutineReader};
+use crate::proto::gosym::{AllGs, GLayout, GStatus, GoSymbols};
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt as _,
+    sync::{Arc, mpsc},
+    time::Instant,
+};
+
+/// Offset of `readerCount` in Go's `sync.RWMutex` (`w` 8 bytes, `writerSem`,
+/// `readerSem`, then `readerCount`: Go 1.9 to 1.27).
+pub const READER_COUNT_OFF: u64 = 16;
+
+/// Binaries whose goroutine list was located, kept by the worker.
+const CACHED_BINARIES: usize = 16;
+
+/// A probed function of the binary a process runs.
+#[derive(Clone, Debug)]
+pub struct LateFunc {
+    pub id: u32,
+    pub symbol: &'static str,
+    pub role: Role,
+}
+
+/// A process to read.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub pid: u32,
+    pub target: &'static str,
+    pub funcs: Vec<LateFunc>,
+}
+
+/// A probed call found open on a goroutine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LateCall {
+    pub g: u64,
+    pub func: u32,
+    pub role: Role,
+    /// The thread, for a goroutine in a system call; else the process.
+    pub tid: u32,
+    pub start_ns: u64,
+    pub timing: StartTiming,
+    /// What the entry probe reads (the lock, or `&rw.readerSem`), 0 when unknown.
+    pub receiver: u64,
+}
+
+/// What reading one process gave.
+#[derive(Debug)]
+pub struct Found {
+    pub pid: u32,
+    pub event: GoroutineScan,
+    pub calls: Vec<LateCall>,
+    /// Threads in a system call, with the goroutine they run.
+    pub threads: Vec<(u32, u64)>,
+    /// The goroutines the calls were found on, as read (to check again once the
+    /// calls are in the kernel's map).
+    pub parked: Vec<Goroutine>,
+    pub reader: Option<GoroutineReader>,
+}
+
+/// Whether the `sync.RWMutex` at `lock` is held (or wanted) for writing: its
+/// `readerCount` is negative. A lock is 4-byte aligned (its fields are 32-bit; inside a
+/// struct it need not be 8-byte aligned).
+pub fn writer_holds(read_word: &dyn Fn(u64) -> Option<u64>, lock: u64) -> bool {
+    lock != 0 && lock % 4 == 0 && read_word(lock + READER_COUNT_OFF).is_some_and(|w| (w as u32 as i32) < 0)
+}
+
+/// The frames (index, function) of `names` (innermost first) that are probed.
+pub fn probed_frames<'a>(names: &[&str], funcs: &'a [LateFunc]) -> Vec<(usize, &'a LateFunc)> {
+    names.iter().enumerate().filter_map(|(i, n)| funcs.iter().find(|f| f.symbol == *n).map(|f| (i, f))).collect()
+}
+
+/// The receiver of the probed call at frame `i` (see the module doc): `names`
+/// innermost first, `cfa(j)` the address of frame `j`'s argument slots (the caller's
+/// SP), `read_word` the process's memory. 0 when not found or not confirmed.
+pub fn receiver_of(role: Role, i: usize, names: &[&str], cfa: &dyn Fn(usize) -> Option<u64>, read_word: &dyn Fn(u64) -> Option<u64>) -> u64 {
+    let arg0 = |j: usize| cfa(j).and_then(read_word);
+    match role {
+        Role::StatusUpdate => arg0(i).filter(|s| writer_holds(read_word, *s)).unwrap_or(0),
+        Role::LockWait => {
+            let inner = i.checked_sub(1).filter(|j| names.get(*j) == Some(&"runtime.semacquire1"));
+            let candidates = inner.into_iter().chain(std::iter::once(i));
+            candidates
+                .filter_map(arg0)
+                .find(|sem| writer_holds(read_word, sem.wrapping_sub(super::targets::READER_SEM_OFF)))
+                .unwrap_or(0)
+        }
+        _ => 0,
+    }
+}
+
+/// Where `pid`'s binary keeps its goroutines, per binary.
+type Located = Result<(Arc<GoSymbols>, AllGs, String, &'static GLayout), String>;
+
+/// Reads one process (on the worker thread).
+pub fn read_process(job: &Job, cache: &mut HashMap<(u64, u64), Located>) -> Found {
+    let started = Instant::now();
+    let mut event = GoroutineScan {
+        target: job.target.to_string(),
+        pid: job.pid,
+        go_version: None,
+        goroutines: 0,
+        open_calls: 0,
+        in_syscall: 0,
+        inconsistent: 0,
+        took_ms: 0.0,
+        error: None,
+    };
+    let mut found = Found { pid: job.pid, event: event.clone(), calls: Vec::new(), threads: Vec::new(), parked: Vec::new(), reader: None };
+    let fail = |mut event: GoroutineScan, e: String, mut found: Found| {
+        event.error = Some(e);
+        event.took_ms = started.elapsed().as_secs_f64() * 1e3;
+        found.event = event;
+        found
+    };
+    let exe = format!("/proc/{}/exe", job.pid);
+    let key = match std::fs::metadata(&exe) {
+        Ok(m) => (m.dev(), m.ino()),
+        Err(e) => return fail(event, format!("{exe}: {e}"), found),
+    };
+    if !cache.contains_key(&key) {
+        if cache.len() >= CACHED_BINARIES {
+            cache.clear();
+        }
+        let located = std::fs::read(&exe).map_err(|e| format!("{exe}: {e}")).and_then(|data| {
+            let syms = GoSymbols::from_elf_named(&data, &exe).map_err(|e| e.to_string())?;
+            let (vars, version, layout) = GoroutineReader::locate(&syms, &data).map_err(|e| e.to_string())?;
+            Ok((Arc::new(syms), vars, version, layout))
+        });
+        cache.insert(key, located);
+    }
+    let (syms, vars, version, layout) = match cache.get(&key) {
+        Some(Ok(l)) => l.clone(),
+        Some(Err(e)) => return fail(event, e.clone(), found),
+        None => return fail(event, "not located".into(), found),
+    };
+    event.go_version = Some(version.clone());
+    let reader = match GoroutineReader::with_vars(job.pid, &syms, vars, version, layout) {
+        Ok(r) => r,
+        Err(e) => return fail(event, e.to_string(), found),
+    };
+    let scan = match reader.scan() {
+        Ok(s) => s,
+        Err(e) => return fail(event, e.to_string(), found),
+    };
+    let found_ns = monotonic_ns();
+    let threads = reader.threads_in_syscall();
+    let read_word = |a: u64| reader.read_word(a);
+    for g in &scan.goroutines {
+        if !matches!(g.status, GStatus::Waiting | GStatus::Syscall) {
+            continue;
+        }
+        let Some((unwound, tid)) = reader.stack(g, &syms, &threads) else { continue };
+        if let Some(t) = tid {
+            found.threads.push((t, g.g));
+        }
+        let names = unwound.names();
+        let probed = probed_frames(&names, &job.funcs);
+        if probed.is_empty() {
+            continue;
+        }
+        let cfa = |j: usize| unwound.frames.get(j + 1).map(|f| f.sp);
+        let (base, timing) = match g.waitsince_ns {
+            Some(since) => (since, StartTiming::Waitsince),
+            None => (found_ns, StartTiming::Unknown),
+        };
+        for (i, f) in probed {
+            found.calls.push(LateCall {
+                g: g.g,
+                func: f.id,
+                role: f.role,
+                tid: tid.unwrap_or(job.pid),
+                start_ns: base.saturating_sub(i as u64),
+                timing,
+                receiver: receiver_of(f.role, i, &names, &cfa, &read_word),
+            });
+        }
+        found.parked.push(g.clone());
+    }
+    event.goroutines = scan.goroutines.len();
+    event.open_calls = found.calls.len();
+    event.in_syscall = found.threads.len();
+    event.inconsistent = scan.inconsistent;
+    event.took_ms = started.elapsed().as_secs_f64() * 1e3;
+    found.event = event;
+    found.reader = Some(reader);
+    found
+}
+
+/// The worker thread and its two channels.
+#[derive(Debug)]
+pub struct LateScanner {
+    jobs: mpsc::Sender<Job>,
+    done: tokio::sync::mpsc::UnboundedReceiver<Found>,
+}
+
+impl LateScanner {
+    /// Starts the worker; it ends when the scanner is dropped.
+    pub fn start() -> std::io::Result<Self> {
+        let (jobs, rx) = mpsc::channel::<Job>();
+        let (tx, done) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::Builder::new().name("go-goroutines".into()).spawn(move || {
+            let mut cache = HashMap::new();
+            while let Ok(job) = rx.recv() {
+                if tx.send(read_process(&job, &mut cache)).is_err() {
+                    break;
+                }
+            }
+        })?;
+        Ok(LateScanner { jobs, done })
+    }
+
+    /// Queues a process; false if the worker is gone.
+    pub fn submit(&self, job: Job) -> bool {
+        self.jobs.send(job).is_ok()
+    }
+
+    /// The next process read (for a `select!` branch); pending for ever once the
+    /// worker is gone.
+    pub async fn next(&mut self) -> Found {
+        match self.done.recv().await {
+            Some(d) => d,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn funcs() -> Vec<LateFunc> {
+        vec![
+            LateFunc { id: 1, symbol: "pkg.(*statusStorage).UpdateSync", role: Role::StatusUpdate },
+            LateFunc { id: 2, symbol: "sync.runtime_SemacquireRWMutexR", role: Role::LockWait },
+            LateFunc { id: 3, symbol: "pkg.(*criService).ListContainers", role: Role::CriHandler },
+        ]
+    }
+
+    /// A tiny memory: address → word.
+    fn mem(words: &[(u64, u64)]) -> impl Fn(u64) -> Option<u64> + '_ {
+        move |a| words.iter().find(|(at, _)| *at == a).map(|(_, w)| *w)
+    }
+
+    const HELD: u64 = (-(1i64 << 30) as i32) as u32 as u64;
+
+    #[test]
+    fn names_the_probed_frames_innermost_first() {
+        let names = ["runtime.gopark", "runtime.semacquire1", "sync.runtime_SemacquireRWMutexR", "sync.(*RWMutex).RLock", "pkg.(*criService).ListContainers", "runtime.goexit"];
+        let f = funcs();
+        let p: Vec<(usize, u32)> = probed_frames(&names, &f).into_iter().map(|(i, f)| (i, f.id)).collect();
+        assert_eq!(p, vec![(2, 2), (4, 3)]);
+    }
+
+    #[test]
+    fn a_parked_readers_semaphore_comes_from_semacquire1s_spill_slot_and_is_checked() {
+        let names = ["runtime.gopark", "runtime.semacquire1", "sync.runtime_SemacquireRWMutexR", "pkg.Get"];
+        // Frame j's argument slots start at frame j+1's SP.
+        let sps = [0x1000u64, 0x1100, 0x1200, 0x1300];
+        let cfa = |j: usize| sps.get(j + 1).copied();
+        let lock = 0xc000_0100u64;
+        let sem = lock + 12;
+        // semacquire1's slot 0 (at frame 2's SP) holds &readerSem; the lock is write-held.
+        let m = [(0x1200, sem), (lock + READER_COUNT_OFF, HELD)];
+        assert_eq!(receiver_of(Role::LockWait, 2, &names, &cfa, &mem(&m)), sem);
+        // Not held for writing: not believed.
+        let m = [(0x1200, sem), (lock + READER_COUNT_OFF, 3)];
+        assert_eq!(receiver_of(Role::LockWait, 2, &names, &cfa, &mem(&m)), 0);
+        // Nothing readable: unknown.
+        assert_eq!(receiver_of(Role::LockWait, 2, &names, &cfa, &mem(&[])), 0);
+    }
+
+    #[test]
+    fn a_holders_lock_comes_from_its_own_spill_slot() {
+        let names = ["runtime.gopark", "pkg.(*statusStorage).UpdateSync", "pkg.UpdateContainerResources"];
+        let sps = [0x2000u64, 0x2100, 0x2200];
+        let cfa = |j: usize| sps.get(j + 1).copied();
+        let lock = 0xc000_0200u64;
+        let m = [(0x2200, lock), (lock + READER_COUNT_OFF, HELD)];
+        assert_eq!(receiver_of(Role::StatusUpdate, 1, &names, &cfa, &mem(&m)), lock);
+        // An unaligned or unheld value is no lock.
+        let m = [(0x2200, lock + 1), (lock + 1 + READER_COUNT_OFF, HELD)];
+        assert_eq!(receiver_of(Role::StatusUpdate, 1, &names, &cfa, &mem(&m)), 0);
+        // Other roles read nothing.
+        assert_eq!(receiver_of(Role::CriHandler, 2, &names, &cfa, &mem(&m)), 0);
+    }
+}
