@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use plegwatch::observe::goroutines::{GoroutineReader, Scan};
-use plegwatch::proto::gosym::{GStatus, GoBinary};
+use plegwatch::observe::goroutines::{Goroutine, GoroutineReader, Scan};
+use plegwatch::proto::gosym::{GStatus, GoBinary, GoSymbols, Stop, Unwound};
 
 /// The fixture's sources.
 fn fixture_dir() -> PathBuf {
@@ -167,6 +167,130 @@ fn dump_functions(dump: &str) -> BTreeMap<u64, String> {
     out
 }
 
+/// One goroutine's stack as its dump prints it.
+#[derive(Debug, Default)]
+struct DumpStack {
+    /// The header's state (`chan receive`, `running`…).
+    state: String,
+    /// The function of each frame not inlined, innermost first (`(...)` args
+    /// mark an inlined frame, which has no frame of its own on the stack).
+    frames: Vec<String>,
+    /// Inlined frames left out of `frames`.
+    inlined: usize,
+    /// The dump cut the stack (`...additional frames elided...`).
+    elided: bool,
+}
+
+/// Each goroutine's stack in a `runtime.Stack(all)` dump (as a SIGUSR1 dump
+/// of containerd too): after the `goroutine N [state, …]:` header, function
+/// lines `name(args)` alternate with tab-indented `file:line +0xoff` lines,
+/// until `created by X [in goroutine N]` (the creator, not a frame) or a
+/// blank line.
+fn dump_stacks(dump: &str) -> BTreeMap<u64, DumpStack> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<(u64, DumpStack)> = None;
+    let mut done = false;
+    for l in dump.lines() {
+        if let Some(rest) = l.strip_prefix("goroutine ") {
+            out.extend(current.take());
+            let id = rest.split_once(' ').and_then(|(id, _)| id.parse::<u64>().ok());
+            let state = rest.split_once('[').and_then(|(_, r)| r.split_once(']')).map(|(s, _)| s.split(", ").next().unwrap_or("").to_string());
+            current = id.zip(state).map(|(id, state)| (id, DumpStack { state, ..DumpStack::default() }));
+            done = false;
+            continue;
+        }
+        let Some((_, stack)) = current.as_mut() else { continue };
+        if l.is_empty() || l.starts_with("created by ") {
+            done = true;
+        } else if l.starts_with("...additional frames elided") {
+            stack.elided = true;
+        } else if !done && !l.starts_with('\t') {
+            // The arguments never hold a '(' (hex words, `?`, `{…}`, `...`).
+            let Some(open) = l.rfind('(') else { continue };
+            if &l[open..] == "(...)" {
+                stack.inlined += 1;
+            } else {
+                stack.frames.push(l[..open].to_string());
+            }
+        }
+    }
+    out.extend(current);
+    out
+}
+
+/// The frames a default (`GOTRACEBACK=single`) traceback prints of a
+/// parked goroutine's unwound stack, named as it prints them
+/// (`runtime/traceback.go`, `showfuncinfo` and `funcNameForPrint`): a frame
+/// of package `runtime` only if its function is exported (`runtime.Gosched`;
+/// so never `runtime.gopark` or `runtime.goexit`), no compiler-generated
+/// wrapper (`funcID` wrapper: `main.main.gowrap1`, `main.main.func3` for a
+/// `go f(x)`), and a generic function's type arguments as `[...]`. Every
+/// frame's PC is a return address: looked up at `pc - 1`.
+fn shown_frames(u: &Unwound, syms: &GoSymbols, bias: u64) -> Vec<String> {
+    u.frames
+        .iter()
+        .filter(|f| !syms.is_wrapper(f.pc - 1 - bias))
+        .map(|f| f.function.as_str())
+        .filter(|n| n.contains('.') && n.strip_prefix("runtime.").is_none_or(|f| f.starts_with(|c: char| c.is_ascii_uppercase())))
+        .map(|n| match (n.find('['), n.rfind(']')) {
+            (Some(i), Some(j)) if j > i => format!("{}[...]{}", &n[..i], &n[j + 1..]),
+            _ => n.to_string(),
+        })
+        .collect()
+}
+
+/// The stacks of goroutines unwound from outside, compared with the dump.
+#[derive(Debug, Default)]
+struct Compared {
+    goroutines: usize,
+    frames: usize,
+    /// goid, the dump's frames, what was unwound (all frames), why it stopped.
+    mismatches: Vec<(u64, Vec<String>, Vec<String>, String)>,
+    took: Duration,
+}
+
+/// Unwinds every goroutine of `gs` that `dump` shows in the same parked
+/// state (`wait_reason`) and compares: the frames the dump prints (inlined
+/// ones left out) must be exactly the frames of the unwound stack a
+/// traceback shows ([`shown_frames`]), and the unwinding must end at
+/// `runtime.goexit`. Goroutines whose dump is cut are left out.
+fn compare_stacks(reader: &GoroutineReader, syms: &GoSymbols, gs: &[Goroutine], dump: &BTreeMap<u64, DumpStack>) -> Compared {
+    let mut c = Compared::default();
+    let started = Instant::now();
+    for g in gs {
+        let Some(d) = dump.get(&g.goid) else { continue };
+        if g.status != GStatus::Waiting || g.wait_reason != Some(d.state.as_str()) || d.elided {
+            continue;
+        }
+        let unwound = reader.stack(g, syms, &[]).map(|(u, _)| u);
+        let names = unwound.as_ref().map(|u| u.names()).unwrap_or_default();
+        let complete = matches!(&unwound, Some(u) if u.stop == Stop::Outermost("runtime.goexit".into()));
+        let shown = unwound.as_ref().map(|u| shown_frames(u, syms, reader.bias())).unwrap_or_default();
+        c.goroutines += 1;
+        c.frames += d.frames.len();
+        if !complete || shown != d.frames {
+            let why = unwound.as_ref().map(|u| format!("{:?}", u.stop)).unwrap_or_else(|| "not unwound".into());
+            c.mismatches.push((g.goid, d.frames.clone(), names.iter().map(|n| n.to_string()).collect(), why));
+        }
+    }
+    c.took = started.elapsed();
+    c
+}
+
+/// Unwinds every goroutine of `scan` that can be (not a running one): how many and how long.
+fn unwind_all(reader: &GoroutineReader, syms: &GoSymbols, scan: &Scan) -> (usize, usize, Duration) {
+    let started = Instant::now();
+    let threads = reader.threads_in_syscall();
+    let (mut unwound, mut complete) = (0, 0);
+    for g in &scan.goroutines {
+        if let Some((u, _)) = reader.stack(g, syms, &threads) {
+            unwound += 1;
+            complete += u.complete() as usize;
+        }
+    }
+    (unwound, complete, started.elapsed())
+}
+
 /// Scans `p` and checks the result against its own dump.
 fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
     let binary = GoBinary::open(bin).unwrap();
@@ -223,6 +347,30 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
         assert!(since >= p.started_ns && since <= p.ready_ns, "{version}: {function}: waitsince {since} not in [{}, {}]", p.started_ns, p.ready_ns);
     }
     assert_eq!(scan.inconsistent, 0, "{version}: a still process reads consistently: {:?}", scan.why);
+    // Each parked goroutine's stack, unwound from its saved registers, is the
+    // one its dump prints.
+    let stacks = dump_stacks(&p.dump);
+    assert_eq!(stacks.len(), dump.len(), "{version}: dump parse");
+    let c = compare_stacks(&reader, binary.symbols(), &scan.goroutines, &stacks);
+    println!(
+        "{version}: {} goroutines' stacks compared with the dump ({} frames, {} inlined left out): {} mismatches, unwound in {:?}",
+        c.goroutines, c.frames, stacks.values().map(|s| s.inlined).sum::<usize>(), c.mismatches.len(), c.took
+    );
+    for m in c.mismatches.iter().take(5) {
+        println!("  mismatch: goroutine {}: dump {:?}, unwound {:?} ({})", m.0, m.1, m.2, m.3);
+    }
+    assert!(c.mismatches.is_empty(), "{version}: {} stacks differ from the dump", c.mismatches.len());
+    assert_eq!(c.goroutines, dump.len() - 1, "{version}: every goroutine of the dump but 1 compared");
+    assert!(c.frames >= 7 + extra, "{version}: only {} frames compared", c.frames);
+    // Goroutine 1 now reads its stdin in a system call: unwound from its thread.
+    let threads = reader.threads_in_syscall();
+    let g1 = read[&1];
+    if g1.status == GStatus::Syscall {
+        let (u, tid) = reader.stack(g1, binary.symbols(), &threads).unwrap_or_else(|| panic!("{version}: goroutine 1 in a call: no thread of {threads:?}"));
+        let names = u.names();
+        println!("{version}: goroutine 1 in a system call, thread {tid:?}: {names:?} ({:?})", u.stop);
+        assert!(u.stop == Stop::Outermost("runtime.goexit".into()) && names.ends_with(&["main.main", "runtime.main", "runtime.goexit"]), "{version}: goroutine 1: {names:?} {:?}", u.stop);
+    }
     scan
 }
 
