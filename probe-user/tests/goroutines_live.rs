@@ -432,6 +432,12 @@ fn ten_thousand_goroutines() {
         let per_1000 = best / (scan.goroutines.len() as u32 / 1000);
         println!("Go {minor}: {} goroutines read in {best:?} ({per_1000:?} per 1,000)", scan.goroutines.len());
         assert!(best < Duration::from_millis(500), "Go {minor}: {best:?} for {} goroutines", scan.goroutines.len());
+        // And every stack unwound (`check` compared them with the dump): well
+        // under a second in a release build; this is a debug build.
+        let (unwound, complete, took) = unwind_all(&reader, binary.symbols(), &scan);
+        println!("Go {minor}: {unwound} goroutines' stacks unwound in {took:?} ({complete} complete)");
+        assert!(unwound >= 10_005 && complete >= 10_005, "Go {minor}: {unwound} unwound, {complete} complete");
+        assert!(took < Duration::from_secs(5), "Go {minor}: {took:?} to unwind {unwound} stacks");
     }
 }
 
@@ -530,7 +536,8 @@ fn real_containerd(bin: &str) {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
     assert!(wait_log(&c, "goroutine stack dump written to", Duration::from_secs(10)), "{bin}: no stack dump");
     let scan = reader.scan().unwrap_or_else(|e| panic!("{e}"));
-    let dump = dump_headers(&std::fs::read_to_string(format!("/tmp/containerd.{pid}.stacks.log")).unwrap());
+    let text = std::fs::read_to_string(format!("/tmp/containerd.{pid}.stacks.log")).unwrap();
+    let dump = dump_headers(&text);
     let read: BTreeMap<u64, &plegwatch::observe::goroutines::Goroutine> = scan.goroutines.iter().map(|g| (g.goid, g)).collect();
     let (mut same, mut changed, mut gone) = (0, Vec::new(), Vec::new());
     for (goid, reason) in &dump {
@@ -549,6 +556,22 @@ fn real_containerd(bin: &str) {
     assert!(gone.len() <= 2 && changed.len() <= 2, "{bin}: too many differences from its own dump");
     assert!(same + 4 >= dump.len(), "{bin}: only {same} of {} parked the same", dump.len());
     assert_eq!(scan.inconsistent, 0, "{bin}: {:?}", scan.why);
+    // The stacks of the goroutines parked the same way: as the dump prints
+    // them, but for a few that may have woken in between.
+    let stacks = dump_stacks(&text);
+    assert_eq!(stacks.len(), dump.len(), "{bin}: dump parse");
+    let c = compare_stacks(&reader, binary.symbols(), &scan.goroutines, &stacks);
+    let same = c.goroutines - c.mismatches.len();
+    let (unwound, complete, took) = unwind_all(&reader, binary.symbols(), &scan);
+    println!(
+        "{bin}: {} parked goroutines' stacks compared with the dump ({} frames, {} inlined left out): {same} identical, {} mismatches, in {:?}; all {unwound} unwindable unwound in {took:?}, {complete} to their outermost frame",
+        c.goroutines, c.frames, stacks.values().map(|s| s.inlined).sum::<usize>(), c.mismatches.len(), c.took
+    );
+    for m in &c.mismatches {
+        println!("  mismatch: goroutine {}: dump {:?}, unwound {:?} ({})", m.0, m.1, m.2, m.3);
+    }
+    assert!(c.mismatches.len() <= 2, "{bin}: {} stacks differ from the dump", c.mismatches.len());
+    assert!(same >= 10, "{bin}: only {same} stacks identical to the dump");
 }
 
 /// Debian's containerd 1.6.20 (Go 1.19, cgo, externally linked).
