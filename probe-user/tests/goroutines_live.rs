@@ -7,13 +7,18 @@
 //! own goroutine dump (`runtime.Stack(all)`) and waits. Read from outside,
 //! the goroutines must match that dump: the goids, the wait reasons, the
 //! saved PC in `runtime.gopark`, a `waitsince` between the fixture's start
-//! and its dump. A run with 10,000 parked goroutines prints the scan time;
+//! and its dump. Each parked goroutine's stack, unwound from its saved
+//! registers, must be the one the dump prints, frame for frame (see
+//! [`compare_stacks`]), and goroutine 1, in a `read(2)` of its stdin, is
+//! unwound from its thread down to `runtime.goexit`. A run with 10,000
+//! parked goroutines prints the scan and unwind times;
 //! one with goroutines starting and ending all the time checks that torn
 //! reads are tolerated.
 //!
 //! Real containerd 1.6.20 (Debian, Go 1.19), 1.7.34 (Go 1.25) and 2.3.4
 //! (Go 1.26) are read the same way against the dump each writes on SIGUSR1
-//! (sent by the test only); these need root, as running containerd does.
+//! (sent by the test only), stacks included; these need root, as running
+//! containerd does.
 //! A patched build info checks that an unknown Go version is named.
 //!
 //! Reading `/proc/PID/mem` of a child needs no root (the parent may ptrace
@@ -216,6 +221,24 @@ fn dump_stacks(dump: &str) -> BTreeMap<u64, DumpStack> {
     }
     out.extend(current);
     out
+}
+
+/// The dump parser on the forms a dump takes: inlined frames, a method of a
+/// pointer type, a generic function, `created by … in goroutine N`, a cut stack.
+#[test]
+fn dump_stacks_parses() {
+    let dump = "goroutine 18 [sync.RWMutex.RLock, 2 minutes]:\n\
+sync.runtime_SemacquireRWMutexR(0xc000?, 0xff?, 0x0?)\n\truntime/sema.go:100 +0x25\n\
+sync.(*RWMutex).RLock(...)\n\tsync/rwmutex.go:74\n\
+main.apply[...]({0xc0001, 0x2, 0x2}, ...)\n\tmain.go:9 +0x48\n\
+created by main.main in goroutine 1\n\tmain.go:85 +0x2c5\n\n\
+goroutine 7 [select]:\nmain.f()\n\tmain.go:3 +0x1\n...additional frames elided...\ncreated by main.g\n\tmain.go:4 +0x2\n";
+    let s = dump_stacks(dump);
+    assert_eq!(s.len(), 2);
+    assert_eq!(s[&18].state, "sync.RWMutex.RLock");
+    assert_eq!(s[&18].frames, ["sync.runtime_SemacquireRWMutexR", "main.apply[...]"]);
+    assert_eq!((s[&18].inlined, s[&18].elided), (1, false));
+    assert_eq!((s[&7].frames.len(), s[&7].elided), (1, true));
 }
 
 /// The frames a default (`GOTRACEBACK=single`) traceback prints of a
