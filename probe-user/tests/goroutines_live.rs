@@ -7,13 +7,18 @@
 //! own goroutine dump (`runtime.Stack(all)`) and waits. Read from outside,
 //! the goroutines must match that dump: the goids, the wait reasons, the
 //! saved PC in `runtime.gopark`, a `waitsince` between the fixture's start
-//! and its dump. A run with 10,000 parked goroutines prints the scan time;
+//! and its dump. Each parked goroutine's stack, unwound from its saved
+//! registers, must be the one the dump prints, frame for frame (see
+//! [`compare_stacks`]), and goroutine 1, in a `read(2)` of its stdin, is
+//! unwound from its thread down to `runtime.goexit`. A run with 10,000
+//! parked goroutines prints the scan and unwind times;
 //! one with goroutines starting and ending all the time checks that torn
 //! reads are tolerated.
 //!
 //! Real containerd 1.6.20 (Debian, Go 1.19), 1.7.34 (Go 1.25) and 2.3.4
 //! (Go 1.26) are read the same way against the dump each writes on SIGUSR1
-//! (sent by the test only); these need root, as running containerd does.
+//! (sent by the test only), stacks included; these need root, as running
+//! containerd does.
 //! A patched build info checks that an unknown Go version is named.
 //!
 //! Reading `/proc/PID/mem` of a child needs no root (the parent may ptrace
@@ -26,8 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use plegwatch::observe::goroutines::{GoroutineReader, Scan};
-use plegwatch::proto::gosym::{GStatus, GoBinary};
+use plegwatch::observe::goroutines::{Goroutine, GoroutineReader, Scan};
+use plegwatch::proto::gosym::{GStatus, GoBinary, GoSymbols, Stop, Unwound};
 
 /// The fixture's sources.
 fn fixture_dir() -> PathBuf {
@@ -167,6 +172,148 @@ fn dump_functions(dump: &str) -> BTreeMap<u64, String> {
     out
 }
 
+/// One goroutine's stack as its dump prints it.
+#[derive(Debug, Default)]
+struct DumpStack {
+    /// The header's state (`chan receive`, `running`…).
+    state: String,
+    /// The function of each frame not inlined, innermost first (`(...)` args
+    /// mark an inlined frame, which has no frame of its own on the stack).
+    frames: Vec<String>,
+    /// Inlined frames left out of `frames`.
+    inlined: usize,
+    /// The dump cut the stack (`...additional frames elided...`).
+    elided: bool,
+}
+
+/// Each goroutine's stack in a `runtime.Stack(all)` dump (as a SIGUSR1 dump
+/// of containerd too): after the `goroutine N [state, …]:` header, function
+/// lines `name(args)` alternate with tab-indented `file:line +0xoff` lines,
+/// until `created by X [in goroutine N]` (the creator, not a frame) or a
+/// blank line.
+fn dump_stacks(dump: &str) -> BTreeMap<u64, DumpStack> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<(u64, DumpStack)> = None;
+    let mut done = false;
+    for l in dump.lines() {
+        if let Some(rest) = l.strip_prefix("goroutine ") {
+            out.extend(current.take());
+            let id = rest.split_once(' ').and_then(|(id, _)| id.parse::<u64>().ok());
+            let state = rest.split_once('[').and_then(|(_, r)| r.split_once(']')).map(|(s, _)| s.split(", ").next().unwrap_or("").to_string());
+            current = id.zip(state).map(|(id, state)| (id, DumpStack { state, ..DumpStack::default() }));
+            done = false;
+            continue;
+        }
+        let Some((_, stack)) = current.as_mut() else { continue };
+        if l.is_empty() || l.starts_with("created by ") {
+            done = true;
+        } else if l.starts_with("...additional frames elided") {
+            stack.elided = true;
+        } else if !done && !l.starts_with('\t') {
+            // The arguments never hold a '(' (hex words, `?`, `{…}`, `...`).
+            let Some(open) = l.rfind('(') else { continue };
+            if &l[open..] == "(...)" {
+                stack.inlined += 1;
+            } else {
+                stack.frames.push(l[..open].to_string());
+            }
+        }
+    }
+    out.extend(current);
+    out
+}
+
+/// The dump parser on the forms a dump takes: inlined frames, a method of a
+/// pointer type, a generic function, `created by … in goroutine N`, a cut stack.
+#[test]
+fn dump_stacks_parses() {
+    let dump = "goroutine 18 [sync.RWMutex.RLock, 2 minutes]:\n\
+sync.runtime_SemacquireRWMutexR(0xc000?, 0xff?, 0x0?)\n\truntime/sema.go:100 +0x25\n\
+sync.(*RWMutex).RLock(...)\n\tsync/rwmutex.go:74\n\
+main.apply[...]({0xc0001, 0x2, 0x2}, ...)\n\tmain.go:9 +0x48\n\
+created by main.main in goroutine 1\n\tmain.go:85 +0x2c5\n\n\
+goroutine 7 [select]:\nmain.f()\n\tmain.go:3 +0x1\n...additional frames elided...\ncreated by main.g\n\tmain.go:4 +0x2\n";
+    let s = dump_stacks(dump);
+    assert_eq!(s.len(), 2);
+    assert_eq!(s[&18].state, "sync.RWMutex.RLock");
+    assert_eq!(s[&18].frames, ["sync.runtime_SemacquireRWMutexR", "main.apply[...]"]);
+    assert_eq!((s[&18].inlined, s[&18].elided), (1, false));
+    assert_eq!((s[&7].frames.len(), s[&7].elided), (1, true));
+}
+
+/// The frames a default (`GOTRACEBACK=single`) traceback prints of a
+/// parked goroutine's unwound stack, named as it prints them
+/// (`runtime/traceback.go`, `showfuncinfo` and `funcNameForPrint`): a frame
+/// of package `runtime` only if its function is exported (`runtime.Gosched`;
+/// so never `runtime.gopark` or `runtime.goexit`), no compiler-generated
+/// wrapper (`funcID` wrapper: `main.main.gowrap1`, `main.main.func3` for a
+/// `go f(x)`), and a generic function's type arguments as `[...]`. Every
+/// frame's PC is a return address: looked up at `pc - 1`.
+fn shown_frames(u: &Unwound, syms: &GoSymbols, bias: u64) -> Vec<String> {
+    u.frames
+        .iter()
+        .filter(|f| !syms.is_wrapper(f.pc - 1 - bias))
+        .map(|f| f.function.as_str())
+        .filter(|n| n.contains('.') && n.strip_prefix("runtime.").is_none_or(|f| f.starts_with(|c: char| c.is_ascii_uppercase())))
+        .map(|n| match (n.find('['), n.rfind(']')) {
+            (Some(i), Some(j)) if j > i => format!("{}[...]{}", &n[..i], &n[j + 1..]),
+            _ => n.to_string(),
+        })
+        .collect()
+}
+
+/// The stacks of goroutines unwound from outside, compared with the dump.
+#[derive(Debug, Default)]
+struct Compared {
+    goroutines: usize,
+    frames: usize,
+    /// goid, the dump's frames, what was unwound (all frames), why it stopped.
+    mismatches: Vec<(u64, Vec<String>, Vec<String>, String)>,
+    took: Duration,
+}
+
+/// Unwinds every goroutine of `gs` that `dump` shows in the same parked
+/// state (`wait_reason`) and compares: the frames the dump prints (inlined
+/// ones left out) must be exactly the frames of the unwound stack a
+/// traceback shows ([`shown_frames`]), and the unwinding must end at
+/// `runtime.goexit`. Goroutines whose dump is cut are left out.
+fn compare_stacks(reader: &GoroutineReader, syms: &GoSymbols, gs: &[Goroutine], dump: &BTreeMap<u64, DumpStack>) -> Compared {
+    let mut c = Compared::default();
+    let started = Instant::now();
+    for g in gs {
+        let Some(d) = dump.get(&g.goid) else { continue };
+        if g.status != GStatus::Waiting || g.wait_reason != Some(d.state.as_str()) || d.elided {
+            continue;
+        }
+        let unwound = reader.stack(g, syms, &[]).map(|(u, _)| u);
+        let names = unwound.as_ref().map(|u| u.names()).unwrap_or_default();
+        let complete = matches!(&unwound, Some(u) if u.stop == Stop::Outermost("runtime.goexit".into()));
+        let shown = unwound.as_ref().map(|u| shown_frames(u, syms, reader.bias())).unwrap_or_default();
+        c.goroutines += 1;
+        c.frames += d.frames.len();
+        if !complete || shown != d.frames {
+            let why = unwound.as_ref().map(|u| format!("{:?}", u.stop)).unwrap_or_else(|| "not unwound".into());
+            c.mismatches.push((g.goid, d.frames.clone(), names.iter().map(|n| n.to_string()).collect(), why));
+        }
+    }
+    c.took = started.elapsed();
+    c
+}
+
+/// Unwinds every goroutine of `scan` that can be (not a running one): how many and how long.
+fn unwind_all(reader: &GoroutineReader, syms: &GoSymbols, scan: &Scan) -> (usize, usize, Duration) {
+    let started = Instant::now();
+    let threads = reader.threads_in_syscall();
+    let (mut unwound, mut complete) = (0, 0);
+    for g in &scan.goroutines {
+        if let Some((u, _)) = reader.stack(g, syms, &threads) {
+            unwound += 1;
+            complete += u.complete() as usize;
+        }
+    }
+    (unwound, complete, started.elapsed())
+}
+
 /// Scans `p` and checks the result against its own dump.
 fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
     let binary = GoBinary::open(bin).unwrap();
@@ -223,6 +370,30 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
         assert!(since >= p.started_ns && since <= p.ready_ns, "{version}: {function}: waitsince {since} not in [{}, {}]", p.started_ns, p.ready_ns);
     }
     assert_eq!(scan.inconsistent, 0, "{version}: a still process reads consistently: {:?}", scan.why);
+    // Each parked goroutine's stack, unwound from its saved registers, is the
+    // one its dump prints.
+    let stacks = dump_stacks(&p.dump);
+    assert_eq!(stacks.len(), dump.len(), "{version}: dump parse");
+    let c = compare_stacks(&reader, binary.symbols(), &scan.goroutines, &stacks);
+    println!(
+        "{version}: {} goroutines' stacks compared with the dump ({} frames, {} inlined left out): {} mismatches, unwound in {:?}",
+        c.goroutines, c.frames, stacks.values().map(|s| s.inlined).sum::<usize>(), c.mismatches.len(), c.took
+    );
+    for m in c.mismatches.iter().take(5) {
+        println!("  mismatch: goroutine {}: dump {:?}, unwound {:?} ({})", m.0, m.1, m.2, m.3);
+    }
+    assert!(c.mismatches.is_empty(), "{version}: {} stacks differ from the dump", c.mismatches.len());
+    assert_eq!(c.goroutines, dump.len() - 1, "{version}: every goroutine of the dump but 1 compared");
+    assert!(c.frames >= 7 + extra, "{version}: only {} frames compared", c.frames);
+    // Goroutine 1 now reads its stdin in a system call: unwound from its thread.
+    let threads = reader.threads_in_syscall();
+    let g1 = read[&1];
+    if g1.status == GStatus::Syscall {
+        let (u, tid) = reader.stack(g1, binary.symbols(), &threads).unwrap_or_else(|| panic!("{version}: goroutine 1 in a call: no thread of {threads:?}"));
+        let names = u.names();
+        println!("{version}: goroutine 1 in a system call, thread {tid:?}: {names:?} ({:?})", u.stop);
+        assert!(u.stop == Stop::Outermost("runtime.goexit".into()) && names.ends_with(&["main.main", "runtime.main", "runtime.goexit"]), "{version}: goroutine 1: {names:?} {:?}", u.stop);
+    }
     scan
 }
 
@@ -284,6 +455,12 @@ fn ten_thousand_goroutines() {
         let per_1000 = best / (scan.goroutines.len() as u32 / 1000);
         println!("Go {minor}: {} goroutines read in {best:?} ({per_1000:?} per 1,000)", scan.goroutines.len());
         assert!(best < Duration::from_millis(500), "Go {minor}: {best:?} for {} goroutines", scan.goroutines.len());
+        // And every stack unwound (`check` compared them with the dump): well
+        // under a second in a release build; this is a debug build.
+        let (unwound, complete, took) = unwind_all(&reader, binary.symbols(), &scan);
+        println!("Go {minor}: {unwound} goroutines' stacks unwound in {took:?} ({complete} complete)");
+        assert!(unwound >= 10_005 && complete >= 10_005, "Go {minor}: {unwound} unwound, {complete} complete");
+        assert!(took < Duration::from_secs(5), "Go {minor}: {took:?} to unwind {unwound} stacks");
     }
 }
 
@@ -382,7 +559,8 @@ fn real_containerd(bin: &str) {
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
     assert!(wait_log(&c, "goroutine stack dump written to", Duration::from_secs(10)), "{bin}: no stack dump");
     let scan = reader.scan().unwrap_or_else(|e| panic!("{e}"));
-    let dump = dump_headers(&std::fs::read_to_string(format!("/tmp/containerd.{pid}.stacks.log")).unwrap());
+    let text = std::fs::read_to_string(format!("/tmp/containerd.{pid}.stacks.log")).unwrap();
+    let dump = dump_headers(&text);
     let read: BTreeMap<u64, &plegwatch::observe::goroutines::Goroutine> = scan.goroutines.iter().map(|g| (g.goid, g)).collect();
     let (mut same, mut changed, mut gone) = (0, Vec::new(), Vec::new());
     for (goid, reason) in &dump {
@@ -401,6 +579,22 @@ fn real_containerd(bin: &str) {
     assert!(gone.len() <= 2 && changed.len() <= 2, "{bin}: too many differences from its own dump");
     assert!(same + 4 >= dump.len(), "{bin}: only {same} of {} parked the same", dump.len());
     assert_eq!(scan.inconsistent, 0, "{bin}: {:?}", scan.why);
+    // The stacks of the goroutines parked the same way: as the dump prints
+    // them, but for a few that may have woken in between.
+    let stacks = dump_stacks(&text);
+    assert_eq!(stacks.len(), dump.len(), "{bin}: dump parse");
+    let c = compare_stacks(&reader, binary.symbols(), &scan.goroutines, &stacks);
+    let same = c.goroutines - c.mismatches.len();
+    let (unwound, complete, took) = unwind_all(&reader, binary.symbols(), &scan);
+    println!(
+        "{bin}: {} parked goroutines' stacks compared with the dump ({} frames, {} inlined left out): {same} identical, {} mismatches, in {:?}; all {unwound} unwindable unwound in {took:?}, {complete} to their outermost frame",
+        c.goroutines, c.frames, stacks.values().map(|s| s.inlined).sum::<usize>(), c.mismatches.len(), c.took
+    );
+    for m in &c.mismatches {
+        println!("  mismatch: goroutine {}: dump {:?}, unwound {:?} ({})", m.0, m.1, m.2, m.3);
+    }
+    assert!(c.mismatches.len() <= 2, "{bin}: {} stacks differ from the dump", c.mismatches.len());
+    assert!(same >= 10, "{bin}: only {same} stacks identical to the dump");
 }
 
 /// Debian's containerd 1.6.20 (Go 1.19, cgo, externally linked).

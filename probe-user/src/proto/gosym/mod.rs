@@ -221,6 +221,22 @@ impl GoSymbols {
         self.table.function_at(va)
     }
 
+    /// True when the function holding the link-time address `va` is
+    /// compiler-generated glue a Go traceback does not print (`funcID` is
+    /// `wrapper`): method wrappers, `go`/`defer` closures (`main.main.gowrap1`),
+    /// hash and equality functions. The `funcID` numbering changes between
+    /// releases, but in every one since 1.16 `wrapper` directly follows
+    /// `systemstack_switch`, so it is read off `runtime.systemstack_switch`.
+    /// False when that function is missing or the layout has no `funcID`
+    /// (Go 1.2–1.15).
+    pub fn is_wrapper(&self, va: u64) -> bool {
+        let Some(switch) = self.table.lookup("runtime.systemstack_switch") else { return false };
+        match (self.table.func_id_at(switch.entry), self.table.func_id_at(va)) {
+            (Some(s), Some(id)) => s != 0 && id == s.wrapping_add(1),
+            _ => false,
+        }
+    }
+
     /// The SP delta at the link-time address `pc`, from the function's
     /// `pcsp` table: the bytes between SP and the return address (0 at a
     /// function's entry; see [`pcvalue`]). `None` if no function holds `pc`,

@@ -100,6 +100,8 @@ struct FuncRec {
     name_len: u32,
     /// Offset of the function's pcsp table in `pctab` (0: none).
     pcsp: u32,
+    /// `_func.funcID` (0, "normal", for the Go 1.2–1.15 layout, not read).
+    func_id: u8,
 }
 
 /// A parsed pclntab: function entries and names, owned (no borrow of the file).
@@ -501,6 +503,13 @@ impl Pclntab {
         Some((f.entry, self.pctab.get(f.pcsp as usize..)?))
     }
 
+    /// The `_func.funcID` of the function holding `va` (`None` if none
+    /// does). The numbering differs between Go releases: see
+    /// [`super::GoSymbols::is_wrapper`].
+    pub fn func_id_at(&self, va: u64) -> Option<u8> {
+        self.funcs.get(self.index_at(va)?).map(|f| f.func_id)
+    }
+
     /// Bytes of `pctab` (for messages and the memory budget).
     pub fn pctab_len(&self) -> usize {
         self.pctab.len()
@@ -646,6 +655,16 @@ fn parse_table(
             .map(|v| v as u32)
             .filter(|&v| (v as usize) < pctab.len())
             .unwrap_or(0);
+        // funcID follows nameoff, args, deferreturn, pcsp, pcfile, pcln,
+        // npcdata, cuOffset, and startLine from 1.20 (1.16–1.19: no startLine).
+        let func_id_at = match h.version {
+            PclnVersion::Go12 => None,
+            PclnVersion::Go116 | PclnVersion::Go118 => name_at.checked_add(32),
+            PclnVersion::Go120 => name_at.checked_add(36),
+        };
+        let func_id = func_id_at
+            .and_then(|at| read_uint(fd, at, 1, ctx.big))
+            .map_or(0, |v| v as u8);
         if fentry != entry {
             return Err(ctx.corrupt(format!(
                 "function {i}: functab entry {entry:#x} but _func entry {fentry:#x}"
@@ -666,6 +685,7 @@ fn parse_table(
             name_off,
             name_len: 0,
             pcsp,
+            func_id,
         });
         offs.push(name_off);
     }

@@ -1091,3 +1091,46 @@ fn toolchain_builds_goroutine_list_matches_symbols() {
         assert_eq!(Some(vars.allgptr), sym("runtime.allgptr"), "{name}");
     }
 }
+
+/// `GoSymbols::is_wrapper` on real binaries of both `_func` layouts (Go
+/// 1.19's and 1.20+'s): method-value closures (`…-fm`) and the pointer
+/// methods `pkg.(*T).M` the compiler generates for a value method `pkg.T.M`
+/// declared on `T` itself (a type cannot declare both; `pkg.T.M` is then no
+/// wrapper) are wrappers, as the runtime marks them (a method promoted from
+/// an embedded pointer may get a tail-call stub that is not marked: left out);
+/// `main.main`, `runtime.main`, `runtime.gopark` and `runtime.systemstack_switch`
+/// (off which the wrapper `funcID` is read) are not.
+#[test]
+fn real_binaries_wrappers() {
+    for path in ["/usr/bin/containerd", "/work/shared/bin/containerd-2.3.4"] {
+        let Some(data) = read_or_fail_under_ci(path) else { continue };
+        let syms = GoSymbols::from_elf_named(&data, path).unwrap();
+        let (mut fm, mut fm_wrapped, mut ptr, mut ptr_wrapped, mut wrappers) = (0, 0, 0, 0, 0);
+        for f in syms.functions() {
+            let w = syms.is_wrapper(f.entry);
+            wrappers += w as usize;
+            if f.name.ends_with("-fm") {
+                fm += 1;
+                fm_wrapped += w as usize;
+            }
+            // pkg.(*T).M → pkg.T.M
+            let value_method = f.name.split_once(".(*").and_then(|(pkg, rest)| {
+                let (t, m) = rest.split_once(").")?;
+                (!f.name.contains('[') && !m.contains('.')).then(|| format!("{pkg}.{t}.{m}"))
+            });
+            let declared = |v: String| syms.lookup(&v).is_some_and(|v| !syms.is_wrapper(v.entry));
+            if value_method.is_some_and(declared) {
+                ptr += 1;
+                ptr_wrapped += w as usize;
+            }
+        }
+        println!("{path}: {wrappers} wrappers of {} functions; {fm_wrapped} of {fm} method values, {ptr_wrapped} of {ptr} generated pointer methods", syms.len());
+        assert!(fm > 10 && fm_wrapped == fm, "{path}: {fm_wrapped} of {fm} -fm functions are wrappers");
+        assert!(ptr > 10 && ptr_wrapped == ptr, "{path}: {ptr_wrapped} of {ptr} generated pointer methods are wrappers");
+        for name in ["main.main", "runtime.main", "runtime.systemstack_switch", "runtime.gopark"] {
+            let f = syms.require(name).unwrap();
+            assert!(!syms.is_wrapper(f.entry), "{path}: {name}");
+        }
+        assert!(wrappers < syms.len() / 4, "{path}: {wrappers} wrappers of {}", syms.len());
+    }
+}
