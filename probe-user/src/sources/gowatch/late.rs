@@ -101,7 +101,7 @@ pub struct Found {
 /// `readerCount` is negative. A lock is 4-byte aligned (its fields are 32-bit; inside a
 /// struct it need not be 8-byte aligned).
 pub fn writer_holds(read_word: &dyn Fn(u64) -> Option<u64>, lock: u64) -> bool {
-    lock != 0 && lock % 4 == 0 && read_word(lock + READER_COUNT_OFF).is_some_and(|w| (w as u32 as i32) < 0)
+    lock != 0 && lock.is_multiple_of(4) && read_word(lock + READER_COUNT_OFF).is_some_and(|w| (w as u32 as i32) < 0)
 }
 
 /// The frames (index, function) of `names` (innermost first) that are probed.
