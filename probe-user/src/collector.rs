@@ -827,13 +827,9 @@ impl Engine {
     }
 
     /// Takes the goroutine scan's (thread, goroutine) pairs: those of threads in a
-    /// swept wait give it its goroutine.
+    /// swept wait give it its goroutine (the next scan keeps only those).
     fn note_goroutines(&mut self, threads: &[(u32, u64)]) {
-        for (tid, g) in threads {
-            if self.open_infos.iter().any(|w| w.tid == *tid && w.before_attach) {
-                self.swept_g.insert(*tid, *g);
-            }
-        }
+        self.swept_g.extend(threads.iter().copied());
     }
 
     /// The kernel stack of a wait being reported: the thread's now while it is still in

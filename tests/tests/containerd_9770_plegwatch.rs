@@ -17,9 +17,9 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use plegwatch_scenarios::containerd;
-use plegwatch_scenarios::containerd::bed::Watched;
+use plegwatch_scenarios::containerd::bed::{StallBed as _, StallOutcome as _, Watched};
 use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options, UpdateEnd};
 use plegwatch_scenarios::containerd::Version;
@@ -361,5 +361,90 @@ fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
         "lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls",
         syncs.len()
     );
+    Ok(())
+}
+
+/// How far into the stall (after the update went out) plegwatch is started, in
+/// [`started_mid_stall_it_sees_what_began_before`]: the stall lasts about 20 s.
+const MID_STALL_START: Duration = Duration::from_secs(5);
+/// How soon after its `ready` line plegwatch must show the whole chain.
+const MID_STALL_WITHIN: Duration = Duration::from_secs(2);
+
+/// The staging on 1.6.20 with plegwatch started only once the stall is under way, as an SRE
+/// paged for it would: the Status lock's hold, the ListContainers parked behind it and the
+/// relist waiting on that (the fake-kubelet fixture's, not kubelet's) all began before its
+/// uprobes were on. It must read them from containerd's and the fixture's goroutines
+/// (`/proc/PID/mem`), find the shim's umount with the startup sweep, and show them as one
+/// incident within 2 s of `ready`, marked `started_before_attach`. With no GC in containerd
+/// since the calls began, their ages are unknown and counted from when they were found, so
+/// plegwatch runs with `--warn 1s`.
+#[test]
+fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
+    preflight::require();
+    let scenario = "containerd_9770_plegwatch mid-stall start";
+    if !containerd::require_version(Version::DEBIAN, scenario) {
+        return Ok(());
+    }
+    if let Some(why) = WriteThrottle::unavailable() {
+        preflight::skip(scenario, &why);
+        return Ok(());
+    }
+    let mut bed = Bed::prepare(Options::default())?;
+    let fixture = plegwatch_scenarios::gofixture::build_fake_kubelet()?;
+    let socket = bed.stage().containerd().socket().display().to_string();
+    let kubelet = plegwatch_scenarios::gofixture::FakeKubelet::start_cri(&fixture, &socket, &[])?;
+    let endpoint = format!("unix://{socket}");
+    let mut seen: Option<Result<(Vec<plegwatch_scenarios::events::Event>, std::time::Instant, Option<std::time::Instant>)>> = None;
+    let outcome = bed.trigger_with(|_| {
+        std::thread::sleep(MID_STALL_START);
+        seen = Some((|| {
+            let mut plegwatch = plegwatch_scenarios::Plegwatch::start(&["--warn", "1s", "--runtime-endpoint", &endpoint])?;
+            plegwatch.wait_ready(plegwatch_scenarios::plegwatch::READY_TIMEOUT)?;
+            let ready = std::time::Instant::now();
+            let whole = |e: &plegwatch_scenarios::events::Event| {
+                let chain = e.get("/chain").and_then(|c| c.as_array()).cloned().unwrap_or_default();
+                e.is("incident")
+                    && chain.iter().any(|h| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync")))
+                    && chain.iter().any(|h| h["what"].as_str().is_some_and(|s| s.contains("ListContainers")))
+                    && chain.iter().any(|h| h["kind"] == "umount")
+            };
+            let at = plegwatch.wait_for(MID_STALL_WITHIN, whole).map(|_| std::time::Instant::now());
+            Ok((plegwatch.stop()?, ready, at))
+        })());
+    })?;
+    drop(kubelet);
+    let (events, ready, at) = seen.context("the mid-stall hook did not run")??;
+    let all = || format!("{}\n{}", outcome.summary(), plegwatch_scenarios::events::dump(&events, outcome.started));
+    let at = at.unwrap_or_else(|| panic!("no incident with the lock, ListContainers and the umount within {MID_STALL_WITHIN:?} of ready:\n{}", all()));
+    let incident = events
+        .iter()
+        .find(|e| e.is("incident") && e.get("/chain").and_then(|c| c.as_array()).is_some_and(|c| c.iter().any(|h| h["kind"] == "umount")))
+        .unwrap_or_else(|| panic!("no incident reaching the umount:\n{}", all()));
+    let chain = incidents::Incident::chain(incident);
+    let text = incidents::chain_text(&chain);
+    eprintln!("started {MID_STALL_START:?} into the stall; the whole chain {:.3}s after ready:\n{text}", at.duration_since(ready).as_secs_f64());
+    assert_eq!(incident.get("/started_before_attach"), Some(&serde_json::json!(true)), "{text}");
+    // The relist leads it, then ListContainers, parked on the lock UpdateSync holds.
+    assert_eq!(chain[0]["kind"], "pleg_relist", "{text}");
+    let list = chain.iter().position(|h| h["what"].as_str().is_some_and(|s| s.contains("ListContainers"))).expect("ListContainers");
+    assert_eq!(chain[list]["edge"], "go_lock", "ListContainers waits on the Status lock:\n{text}");
+    let holder = &chain[list + 1];
+    assert!(holder["what"].as_str().is_some_and(|s| s.contains("UpdateSync")), "{text}");
+    assert!(holder["goroutine"].as_str().is_some_and(|g| g.starts_with("0xc")), "the holder's goroutine: {text}");
+    // The root: the shim's umount in its task_work tail.
+    let root = chain.iter().find(|h| h["root"] == true).expect("a root");
+    assert_eq!(root["kind"], "umount", "{text}");
+    assert_eq!(root["pid"].as_u64(), Some(u64::from(outcome.shim.pid)), "{text}");
+    // Every Go hop was found by the goroutine scan, with the age it could give.
+    for h in chain.iter().filter(|h| matches!(h["kind"].as_str(), Some("pleg_relist" | "cri_call" | "go_lock" | "go_call"))) {
+        assert!(matches!(h["start"].as_str(), Some("waitsince" | "unknown")), "{h}\n{text}");
+    }
+    // The goroutine scan of containerd and of the fixture.
+    for pid in [bed.stage().containerd().pid(), outcome.shim.pid] {
+        let scan = events.iter().find(|e| e.is("goroutine_scan") && e.u64("/pid") == Some(u64::from(pid)));
+        let scan = scan.unwrap_or_else(|| panic!("no goroutine_scan of pid {pid}:\n{}", all()));
+        assert_eq!(scan.get("/error"), None, "{}", all());
+        eprintln!("goroutine scan of pid {pid}: {} goroutines, {} open calls, {:.1} ms", scan.u64("/goroutines").unwrap_or(0), scan.u64("/open_calls").unwrap_or(0), scan.f64("/took_ms").unwrap_or(0.0));
+    }
     Ok(())
 }

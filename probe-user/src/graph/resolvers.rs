@@ -162,7 +162,7 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
                 out.extend(to_shim(c, container.as_deref(), facts, waits, procs));
             }
             CallRole::StatusHolder => out.extend(to_shim(c, container.as_deref(), facts, waits, procs)),
-            CallRole::ShimTask => out.extend(shim_inner_edge(c, facts, waits, procs)),
+            CallRole::ShimTask => out.extend(shim_inner_edge(c, facts, waits, procs, &kernel_by_g)),
             CallRole::RuncSystemd => {
                 let dbus = waits
                     .iter()
@@ -220,7 +220,13 @@ fn shim_edge(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, procs: &m
 
 /// A shim task call with no kernel wait of its own: an earlier call for the
 /// same container (the shim's mutex), else a child it waits for.
-fn shim_inner_edge(c: &GoCallFact, facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Option<Edge> {
+fn shim_inner_edge(
+    c: &GoCallFact,
+    facts: &GoFacts,
+    waits: &[OpenWait],
+    procs: &mut dyn Procs,
+    kernel_by_g: &HashMap<(u32, u64), &OpenWait>,
+) -> Option<Edge> {
     let earlier = facts
         .calls
         .iter()
@@ -235,6 +241,24 @@ fn shim_inner_edge(c: &GoCallFact, facts: &GoFacts, waits: &[OpenWait], procs: &
             Exactness::Inferred,
             format!("the shim runs one task call per container at a time; {} began first", e.function),
         ));
+    }
+    // Found open by the goroutine scan, the starts say nothing: the call whose goroutine
+    // is in a kernel wait is the one doing the work, and holds the mutex.
+    if c.late {
+        let working = facts
+            .calls
+            .iter()
+            .filter(|s| s.role == CallRole::ShimTask && s.tgid == c.tgid && s.key != c.key)
+            .find(|s| kernel_by_g.contains_key(&(s.tgid, s.g)));
+        if let Some(e) = working {
+            return Some(edge(
+                c.key,
+                HeldBy::Wait(e.key),
+                EdgeKind::ShimMutex,
+                Exactness::Inferred,
+                format!("found open by the goroutine scan; the shim runs one task call per container at a time, and {} is the one in a kernel wait", e.function),
+            ));
+        }
     }
     let kids = procs.children(c.tgid);
     let stuck: Vec<u32> = kids.iter().copied().filter(|k| matches!(procs.state(*k), Some('T' | 't' | 'D'))).collect();
