@@ -628,7 +628,7 @@ struct Engine {
     ended: EndedWaits,
     /// The goroutine each swept wait's thread runs (the goroutine scan's), by thread: a
     /// swept wait carries none (the kernel reads it from TLS at `sys_enter`).
-    swept_g: HashMap<u32, u64>,
+    swept_g: HashMap<u32, (u64, Option<u64>)>,
     /// The kernel stacks of the startup sweep's waits, read while they were blocked:
     /// by thread, with the wait's start.
     swept_kstacks: HashMap<u32, (u64, Vec<String>)>,
@@ -683,7 +683,7 @@ impl Engine {
         let mut open: Vec<WaitInfo> = live.iter().map(WaitInfo::from).collect();
         if !self.swept_g.is_empty() {
             for w in open.iter_mut().filter(|w| w.before_attach && w.g == 0) {
-                w.g = self.swept_g.get(&w.tid).copied().unwrap_or(0);
+                w.g = self.swept_g.get(&w.tid).map(|(g, _)| *g).unwrap_or(0);
             }
             self.swept_g.retain(|tid, _| open.iter().any(|w| w.tid == *tid && w.before_attach));
         }
@@ -705,7 +705,7 @@ impl Engine {
             }
             self.open_by_tid.insert(w.tid, v);
         }
-        self.open_waits = open.iter().map(WaitInfo::open_wait).collect();
+        self.open_waits = open.iter().map(|w| self.open_wait(w)).collect();
         self.open_infos = open.clone();
         self.devices.retain(|k, _| open.iter().any(|w| w.key() == *k));
         let actions = self.registry.scan(open.iter(), now);
@@ -826,10 +826,26 @@ impl Engine {
         }
     }
 
-    /// Takes the goroutine scan's (thread, goroutine) pairs: those of threads in a
+    /// A wait as a graph node. A swept wait's start is a lower bound: the time since its
+    /// thread last ran, which is close to now for a umount whose thread wakes at every
+    /// page. For a Go thread whose goroutine a GC found in the call, its `waitsince` (the
+    /// goroutine scan's) goes further back: the node starts there, marked `waitsince`
+    /// (the key, and the stall lines, keep the sweep's bound).
+    fn open_wait(&self, w: &WaitInfo) -> OpenWait {
+        let mut node = w.open_wait();
+        if let Some((_, Some(since))) = self.swept_g.get(&w.tid).filter(|_| w.before_attach) {
+            if *since < node.start_ns {
+                node.start_ns = *since;
+                node.start = crate::graph::model::StartTiming::Waitsince;
+            }
+        }
+        node
+    }
+
+    /// Takes the goroutine scan's (thread, goroutine, waitsince): those of threads in a
     /// swept wait give it its goroutine (the next scan keeps only those).
-    fn note_goroutines(&mut self, threads: &[(u32, u64)]) {
-        self.swept_g.extend(threads.iter().copied());
+    fn note_goroutines(&mut self, threads: &[(u32, u64, Option<u64>)]) {
+        self.swept_g.extend(threads.iter().map(|(t, g, since)| (*t, (*g, *since))));
     }
 
     /// The kernel stack of a wait being reported: the thread's now while it is still in

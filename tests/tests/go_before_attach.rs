@@ -130,3 +130,56 @@ fn a_relist_parked_in_rlock_before_start_names_its_lock() -> anyhow::Result<()> 
     assert_eq!(stall.str("/detail/reader_wait/lock"), Some(format!("{lock:#x}").as_str()), "{}", all());
     Ok(())
 }
+
+/// A Go version the goroutine layout table does not know (the fixture's binary with its
+/// version strings rewritten from go1.19 to go1.20, a release no toolchain was at hand to
+/// check the layout on): its goroutines are not read, the `goroutine_scan` line names the
+/// version, and every other probe goes on: the relist, parked after start, is reported by
+/// its uprobes as usual.
+#[test]
+fn an_unknown_go_version_is_named_and_the_probes_go_on() -> anyhow::Result<()> {
+    preflight::require();
+    let bin = gofixture::build_fake_kubelet()?;
+    let mut data = std::fs::read(&bin)?;
+    let (from, to) = (b"go1.19.".as_slice(), b"go1.20.".as_slice());
+    let mut patched = 0;
+    let mut i = 0;
+    while i + from.len() <= data.len() {
+        if &data[i..i + from.len()] == from {
+            data[i..i + to.len()].copy_from_slice(to);
+            patched += 1;
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    anyhow::ensure!(patched > 0, "no go1.19 version string in {}", bin.display());
+    let dir = tempfile::tempdir()?;
+    let copy = dir.path().join("fake-kubelet");
+    std::fs::write(&copy, &data)?;
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let mut kubelet = FakeKubelet::start(&copy)?;
+    let pid = kubelet.pid();
+    kubelet.wait_relist_start(Duration::from_secs(3)).context("the patched fixture does not relist")?;
+    let started = Instant::now();
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    plegwatch.wait_probed(pid, Duration::from_secs(5))?;
+    let scan = plegwatch.wait_for(Duration::from_secs(5), |e| e.is("goroutine_scan") && e.u64("/pid") == Some(u64::from(pid)));
+    kubelet.block_next()?;
+    kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
+    let stall = plegwatch.wait_for(Duration::from_secs(5), |e| e.is_about_pid("stall", pid));
+    kubelet.release()?;
+    let events = plegwatch.stop()?;
+    let _ = kubelet.quit()?;
+    let all = || dump(&events, started);
+    let scan = scan.unwrap_or_else(|| panic!("no goroutine_scan line for pid {pid}:\n{}", all()));
+    let error = scan.str("/error").unwrap_or_else(|| panic!("the scan of an unknown version gave no error:\n{}", all()));
+    assert!(error.contains("go1.20"), "the error names the version: {error}");
+    assert_eq!(scan.u64("/goroutines"), Some(0), "{}", all());
+    let stall = stall.unwrap_or_else(|| panic!("the relist parked after start was not reported:\n{}", all()));
+    assert_eq!(stall.str("/kind"), Some("pleg_relist"), "{}", all());
+    assert_eq!(stall.get("/started_before_attach"), Some(&serde_json::json!(false)), "{}", all());
+    eprintln!("unknown version: {error}");
+    Ok(())
+}

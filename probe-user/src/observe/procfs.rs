@@ -121,6 +121,14 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     Some(stat(pid)?.starttime)
 }
 
+/// How long ago thread `tid` was created (seconds): an upper bound of the age of
+/// any wait it is in. From `starttime` (clock ticks since boot) and `/proc/uptime`.
+pub fn thread_age_s(tid: u32) -> Option<f64> {
+    let start = start_ticks(tid)? as f64 / (::procfs::ticks_per_second() as f64).max(1.0);
+    let uptime = std::fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse::<f64>().ok()?;
+    Some((uptime - start).max(0.0))
+}
+
 /// Every process's parent, from `/proc/*/stat`.
 pub fn parents() -> HashMap<u32, u32> {
     let Ok(all) = ::procfs::process::all_processes() else { return HashMap::new() };

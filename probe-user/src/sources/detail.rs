@@ -120,6 +120,11 @@ pub fn now(fixed: &Map<String, Value>, info: &WaitInfo) -> Value {
         json!(procfs::state(info.tid).map(String::from)),
     );
     d.insert("wchan".into(), json!(procfs::wchan(info.tid)));
+    if info.before_attach {
+        // Found by the startup sweep: say what its age rests on, and its bound above.
+        d.insert("age_basis".into(), json!("lower bound: since its thread last ran (found already open)"));
+        d.insert("at_most_s".into(), json!(procfs::thread_age_s(info.tid)));
+    }
     Value::Object(d)
 }
 

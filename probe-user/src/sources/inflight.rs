@@ -92,6 +92,9 @@ impl WaitInfo {
         // The kernel keeps PATH_LEN - 1 bytes of a path: mark one it cut.
         let path = if self.path.len() + 1 >= plegwatch_abi::PATH_LEN { format!("{}…", self.path) } else { self.path.clone() };
         let what = match (watched.map(|w| w.arg0), self.sys_exit_ns != 0) {
+            (Some(crate::syscalls::Arg0::Path), true) if path.is_empty() => {
+                format!("{name} (task_work after the syscall returned; found there, its target already unmounted)")
+            }
             (Some(crate::syscalls::Arg0::Path), true) => format!("{name} {path} (task_work after the syscall returned)"),
             (Some(crate::syscalls::Arg0::Path), false) => format!("{name} {path}"),
             (Some(crate::syscalls::Arg0::Fd), _) => format!("{name} fd {}", self.arg0),

@@ -89,8 +89,9 @@ pub struct Found {
     pub pid: u32,
     pub event: GoroutineScan,
     pub calls: Vec<LateCall>,
-    /// Threads in a system call, with the goroutine they run.
-    pub threads: Vec<(u32, u64)>,
+    /// Threads in a system call, with the goroutine they run and its `waitsince` (a GC
+    /// stamps goroutines it finds in a system call too).
+    pub threads: Vec<(u32, u64, Option<u64>)>,
     /// The goroutines the calls were found on, as read (to check again once the
     /// calls are in the kernel's map).
     pub parked: Vec<Goroutine>,
@@ -191,7 +192,7 @@ pub fn read_process(job: &Job, cache: &mut HashMap<(u64, u64), Located>) -> Foun
         }
         let Some((unwound, tid)) = reader.stack(g, &syms, &threads) else { continue };
         if let Some(t) = tid {
-            found.threads.push((t, g.g));
+            found.threads.push((t, g.g, g.waitsince_ns));
         }
         let names = unwound.names();
         let probed = probed_frames(&names, &job.funcs);

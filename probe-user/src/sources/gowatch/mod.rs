@@ -300,9 +300,9 @@ impl GoWatch {
     /// kernel's `GO_CALLS` unless the entry probe saw it already, so that its RET probe
     /// closes it. A goroutine that ran between the scan and now may have returned from
     /// some (their RET found no entry): its calls are taken out again. Returns the
-    /// goroutine each thread in a system call runs, for the kernel waits the startup
-    /// sweep found (which carry none).
-    pub fn on_late(&mut self, found: late::Found, sink: &mut dyn Sink) -> Vec<(u32, u64)> {
+    /// goroutine each thread in a system call runs (and its `waitsince`), for the kernel
+    /// waits the startup sweep found (which carry none).
+    pub fn on_late(&mut self, found: late::Found, sink: &mut dyn Sink) -> Vec<(u32, u64, Option<u64>)> {
         const BPF_NOEXIST: u64 = 1;
         sink.emit(&Event::GoroutineScan(found.event.clone()));
         let late::Found { pid, calls, threads, parked, reader, .. } = found;
