@@ -399,6 +399,8 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
         std::thread::sleep(MID_STALL_START);
         seen = Some((|| {
             let mut plegwatch = plegwatch_scenarios::Plegwatch::start(&["--warn", "1s", "--runtime-endpoint", &endpoint])?;
+            // The README's text example, when PLEGWATCH_TEXT_CAPTURE names a file.
+            let text = plegwatch_scenarios::containerd::bed::TextCapture::start(Duration::from_secs(1))?;
             plegwatch.wait_ready(plegwatch_scenarios::plegwatch::READY_TIMEOUT)?;
             let ready = std::time::Instant::now();
             let whole = |e: &plegwatch_scenarios::events::Event| {
@@ -409,6 +411,10 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
                     && chain.iter().any(|h| h["kind"] == "umount")
             };
             let at = plegwatch.wait_for(MID_STALL_WITHIN, whole).map(|_| std::time::Instant::now());
+            if let Some(t) = text {
+                std::thread::sleep(Duration::from_secs(1));
+                t.stop();
+            }
             Ok((plegwatch.stop()?, ready, at))
         })());
     })?;

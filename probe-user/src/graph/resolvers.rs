@@ -136,12 +136,15 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
         .collect();
     for (c, container) in innermost {
         if let Some(k) = kernel_by_g.get(&(c.tgid, c.g)) {
+            // A wait the kernel saw begin carries the g it read from TLS; one found by the
+            // startup sweep, the g the goroutine scan matched to its thread.
+            let how = if k.start.is_exact() { "g read from TLS at sys_enter" } else { "g found by the goroutine scan: the thread's stack pointer lies in its stack" };
             out.push(edge(
                 c.key,
                 HeldBy::Wait(k.key),
                 EdgeKind::SameGoroutine,
                 Exactness::Exact,
-                format!("{}'s goroutine is in {} (g read from TLS at sys_enter)", c.function, k.what),
+                format!("{}'s goroutine is in {} ({how})", c.function, k.what),
             ));
             continue;
         }

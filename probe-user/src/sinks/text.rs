@@ -2,7 +2,7 @@
 //! to bottom; with `--waits`, today's per-wait `stall` and `resolved` lines too.
 
 use crate::events::{Event, Sink};
-use crate::graph::{incidents::Incident, model::Hop};
+use crate::graph::{incidents::Incident, model::{Hop, StartTiming}};
 use serde_json::Value;
 use std::io::Write;
 
@@ -42,7 +42,15 @@ impl<W: Write> Sink for TextSink<W> {
 /// One hop of a chain, as a line: who, how long, what.
 fn hop_line(h: &Hop) -> String {
     let who = h.who();
-    let age = h.waited_s.map(|w| format!("{w:>7.1}s")).unwrap_or_else(|| "        ".into());
+    // Begun before plegwatch started: `>=` a lower bound, `~` from a GC's waitsince,
+    // `?` unknown (counted from when it was found).
+    let mark = match h.start {
+        StartTiming::Exact => "",
+        StartTiming::LowerBound => ">=",
+        StartTiming::Waitsince => "~",
+        StartTiming::Unknown => "?",
+    };
+    let age = h.waited_s.map(|w| format!("{:>8}", format!("{mark}{w:.1}s"))).unwrap_or_else(|| "        ".into());
     if h.comm.is_none() && h.pid.is_none() {
         return format!("{:<12} {age}  {}", h.kind, h.what);
     }
@@ -72,6 +80,9 @@ fn incident_text(clock: &str, i: &Incident) -> String {
         i.budget_used * 100.0,
         if i.changed.is_empty() { String::new() } else { format!(" ({} changed)", i.changed.join(", ")) },
     );
+    if i.started_before_attach {
+        out.push_str("\n       begun before plegwatch started: ages marked >= are lower bounds, ~ from the goroutine's GC stamp, ? unknown (counted from when found)");
+    }
     for (n, h) in i.chain.iter().enumerate() {
         let mark = if h.root { "ROOT" } else if h.wait_id.is_none() { " END" } else { "    " };
         out.push_str(&format!("\n  {mark} {}. {}", n + 1, hop_line(h)));
@@ -458,7 +469,8 @@ mod tests {
 
     fn hop(kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<(crate::graph::model::EdgeKind, crate::graph::model::Exactness)>, root: bool) -> Hop {
         Hop {
-            pod: Default::default(), start: Default::default(),
+            pod: Default::default(),
+            start: Default::default(),
             wait_id: waited.map(|_| u64::from(pid)),
             kind: kind.into(),
             pid: Some(pid),
@@ -471,6 +483,16 @@ mod tests {
             evidence: edge.map(|_| "seen".to_string()),
             exactness: edge.map(|e| e.1),
             root,
+        }
+    }
+
+    #[test]
+    fn ages_begun_before_start_are_marked_by_what_they_rest_on() {
+        let mut h = hop("cri_call", 7, "ListContainers", Some(0.25), None, false);
+        assert!(hop_line(&h).contains(" 0.2s  ListContainers"), "{}", hop_line(&h));
+        for (start, mark) in [(StartTiming::LowerBound, ">=0.2s"), (StartTiming::Waitsince, "~0.2s"), (StartTiming::Unknown, "?0.2s")] {
+            h.start = start;
+            assert!(hop_line(&h).contains(&format!("{mark}  ListContainers")), "{}", hop_line(&h));
         }
     }
 

@@ -401,10 +401,11 @@ pub const TEXT_CAPTURE_ENV: &str = "PLEGWATCH_TEXT_CAPTURE";
 /// A second `plegwatch watch --no-live` beside the JSON one, its text output going to the
 /// file named by [`TEXT_CAPTURE_ENV`], when that is set: how the README's text example of
 /// an incident is captured from a real run. Not used by the suite.
-struct TextCapture(std::process::Child);
+pub struct TextCapture(std::process::Child);
 
 impl TextCapture {
-    fn start(warn: Duration) -> Result<Option<Self>> {
+    /// Starts it when [`TEXT_CAPTURE_ENV`] names a file (none otherwise).
+    pub fn start(warn: Duration) -> Result<Option<Self>> {
         let Some(path) = std::env::var_os(TEXT_CAPTURE_ENV) else { return Ok(None) };
         let out = std::fs::File::create(&path).with_context(|| format!("create {}", path.to_string_lossy()))?;
         let child = std::process::Command::new(crate::preflight::plegwatch_bin()?)
@@ -422,7 +423,8 @@ impl TextCapture {
         Ok(Some(Self(child)))
     }
 
-    fn stop(mut self) {
+    /// Stops it (SIGINT: its summary is written too).
+    pub fn stop(mut self) {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGINT) };
         let _ = self.0.wait();
