@@ -1,7 +1,10 @@
 //! `cargo xtask bench`: plegwatch's overhead, measured interleaved in one run against an
 //! untraced baseline from the same run:
-//! - `loops`: tight syscall loops, untraced, under plegwatch and under a bpftrace script
-//!   doing equivalent enter/exit tracking;
+//! - `loops`: tight syscall loops, untraced, under plegwatch, under a bpftrace script
+//!   doing equivalent enter/exit tracking, and under the floors any hook costs (one empty
+//!   program on `raw_syscalls:sys_enter`; one on a syscall tracepoint the loop never
+//!   calls) and the hook-free set (`sched_switch` and the `sock:*` length tracepoints),
+//!   each with its spread over the rounds;
 //! - `relist`: the latency of containerd's `ListContainers` and `ListPodSandbox` under the
 //!   test bed's relist driver (a private containerd 1.6.20, a pod of running containers),
 //!   untraced, under plegwatch (its uprobes on containerd's CRI functions), untraced again
@@ -168,18 +171,33 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<String> {
                     }
                 }
             }
+            let mut traced = vec![Some(under_plegwatch), under_bpftrace];
+            for &(name, _) in tracer::REFERENCES {
+                let t = if bpftrace_ok {
+                    match tracer::reference(bench_dir, name) {
+                        Ok(r) => {
+                            let t = measure();
+                            r.stop();
+                            Some(t?)
+                        }
+                        Err(e) => {
+                            eprintln!("bench: {name} failed to attach, left out: {e:#}");
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                traced.push(t);
+            }
 
-            let sample = Sample {
-                mode,
-                round,
-                untraced,
-                plegwatch: under_plegwatch,
-                bpftrace: under_bpftrace,
-            };
-            eprintln!(
-                "bench: round {round} {mode:<5} x{iterations}: untraced {untraced:.1} ns/op, plegwatch {under_plegwatch:.1}, bpftrace {}",
-                under_bpftrace.map_or_else(|| "-".to_owned(), |b| format!("{b:.1}"))
-            );
+            let cells: Vec<String> = report::COLUMNS
+                .iter()
+                .zip(&traced)
+                .map(|(c, t)| format!("{c} {}", t.map_or_else(|| "-".to_owned(), |t| format!("{t:.1}"))))
+                .collect();
+            eprintln!("bench: round {round} {mode:<6} x{iterations}: untraced {untraced:.1} ns/op, {}", cells.join(", "));
+            let sample = Sample { mode, round, untraced, traced };
             samples.push(sample);
         }
     }

@@ -2,67 +2,68 @@
 
 use std::fmt::Write as _;
 
+/// The tracers each loop runs under, besides untraced, in table order: plegwatch, then
+/// the references it is judged against (see [`super::tracer::REFERENCES`]).
+pub const COLUMNS: &[&str] = &["plegwatch", "bpftrace", "floor-raw", "floor-unused", "hook-free"];
+
 /// One (mode, round) measurement, in ns per loop iteration.
 #[derive(Clone, Debug)]
 pub struct Sample {
     pub mode: &'static str,
     pub round: u32,
     pub untraced: f64,
-    pub plegwatch: f64,
-    /// `None` when bpftrace was unavailable or failed to attach.
-    pub bpftrace: Option<f64>,
+    /// Per [`COLUMNS`] entry, `None` when that tracer was unavailable or failed to attach.
+    pub traced: Vec<Option<f64>>,
 }
 
 impl Sample {
-    pub fn plegwatch_ratio(&self) -> f64 {
-        self.plegwatch / self.untraced
-    }
-
-    pub fn bpftrace_ratio(&self) -> Option<f64> {
-        self.bpftrace.map(|b| b / self.untraced)
+    /// The column's time over the untraced one, if measured.
+    pub fn ratio(&self, column: usize) -> Option<f64> {
+        self.traced.get(column).copied().flatten().map(|t| t / self.untraced)
     }
 }
 
-/// The table of every sample, then the median ratios per mode.
+/// The table of every sample, then per mode each column's median ratio with its spread
+/// (the lowest and highest ratio over the rounds): these machines are noisy.
 pub fn render(samples: &[Sample], modes: &[&str]) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<6} {:>5} {:>12} {:>12} {:>12} {:>10} {:>10}",
-        "mode", "round", "untraced", "plegwatch", "bpftrace", "pw/untr", "bt/untr"
-    );
-    let _ = writeln!(
-        out,
-        "{:<6} {:>5} {:>12} {:>12} {:>12}",
-        "", "", "ns/op", "ns/op", "ns/op"
-    );
-    for s in samples {
-        let _ = writeln!(
-            out,
-            "{:<6} {:>5} {:>12.1} {:>12.1} {:>12} {:>10.2} {:>10}",
-            s.mode,
-            s.round,
-            s.untraced,
-            s.plegwatch,
-            opt(s.bpftrace, 1),
-            s.plegwatch_ratio(),
-            opt(s.bpftrace_ratio(), 2),
-        );
+    let _ = write!(out, "{:<6} {:>5} {:>10}", "mode", "round", "untraced");
+    for c in COLUMNS {
+        let _ = write!(out, " {c:>12}");
     }
-    let _ = writeln!(out, "\nmedian ratios (traced / untraced, same run):");
+    let _ = writeln!(out, "   (ns/op; ratio to untraced in brackets)");
+    for s in samples {
+        let _ = write!(out, "{:<6} {:>5} {:>10.1}", s.mode, s.round, s.untraced);
+        for (i, t) in s.traced.iter().enumerate() {
+            let cell = match (t, s.ratio(i)) {
+                (Some(t), Some(r)) => format!("{t:.0} [{r:.2}]"),
+                _ => "-".to_owned(),
+            };
+            let _ = write!(out, " {cell:>12}");
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(out, "\nmedian ratio (lowest-highest) per mode, traced / untraced, same run:");
     for mode in modes {
         let of_mode: Vec<&Sample> = samples.iter().filter(|s| s.mode == *mode).collect();
-        let pw = median(of_mode.iter().map(|s| s.plegwatch_ratio()).collect());
-        let bt = median(of_mode.iter().filter_map(|s| s.bpftrace_ratio()).collect());
-        let _ = writeln!(
-            out,
-            "{:<6} plegwatch {:>6}   bpftrace {:>6}   ({} rounds)",
-            mode,
-            opt(pw, 2),
-            opt(bt, 2),
-            of_mode.len()
-        );
+        let _ = write!(out, "{mode:<6}");
+        for (i, c) in COLUMNS.iter().enumerate() {
+            let ratios: Vec<f64> = of_mode.iter().filter_map(|s| s.ratio(i)).collect();
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let cell = match median(ratios.clone()) {
+                Some(m) => format!("{m:.2} ({lo:.2}-{hi:.2})"),
+                None => "-".to_owned(),
+            };
+            let _ = write!(out, "  {c} {cell}");
+        }
+        let _ = writeln!(out, "  ({} rounds)", of_mode.len());
     }
+    let _ = writeln!(
+        out,
+        "floor-raw: one empty program on raw_syscalls:sys_enter; floor-unused: one on a syscall tracepoint the loop never calls \
+         (the tracing slow path alone); hook-free: only sched:sched_switch and sock:sock_send_length/sock_recv_length"
+    );
     out
 }
 
@@ -375,16 +376,13 @@ mod tests {
     }
 
     #[test]
-    fn table_shows_missing_bpftrace_as_dash() {
-        let samples = [Sample {
-            mode: "unix",
-            round: 1,
-            untraced: 600.0,
-            plegwatch: 900.0,
-            bpftrace: None,
-        }];
+    fn table_shows_missing_tracers_as_dash_and_the_spread() {
+        let sample = |round, pw| Sample { mode: "unix", round, untraced: 600.0, traced: vec![Some(pw), None, Some(660.0), None, None] };
+        let samples = [sample(1, 900.0), sample(2, 690.0), sample(3, 720.0)];
         let text = render(&samples, &["unix"]);
-        assert!(text.contains("1.50"), "{text}");
-        assert!(text.contains("bpftrace      -"), "{text}");
+        assert!(text.contains("900 [1.50]"), "{text}");
+        assert!(text.contains("plegwatch 1.20 (1.15-1.50)"), "{text}");
+        assert!(text.contains("bpftrace -"), "{text}");
+        assert!(text.contains("floor-raw 1.10 (1.10-1.10)"), "{text}");
     }
 }

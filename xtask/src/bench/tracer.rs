@@ -48,6 +48,33 @@ tracepoint:syscalls:sys_exit_fsync
 }
 "#;
 
+/// The reference tracers after bpftrace's enter/exit tracking, each a bpftrace script of
+/// empty programs (name, script): what any hook there costs, whatever it does.
+/// - `floor-raw`: one program on `raw_syscalls:sys_enter`, on every syscall;
+/// - `floor-unused`: one program on a syscall tracepoint the loops never call: attaching
+///   any syscall tracepoint turns on the kernel's syscall tracing slow path for every task;
+/// - `hook-free`: only `sched:sched_switch` and the `sock:sock_send_length` and
+///   `sock:sock_recv_length` tracepoints, where a design without syscall hooks would see
+///   sleeps and socket traffic.
+pub const REFERENCES: &[(&str, &str)] = &[
+    ("floor-raw", "tracepoint:raw_syscalls:sys_enter { }\n"),
+    ("floor-unused", "tracepoint:syscalls:sys_enter_getpgid { }\n"),
+    ("hook-free", "tracepoint:sched:sched_switch { }\ntracepoint:sock:sock_send_length { }\ntracepoint:sock:sock_recv_length { }\n"),
+];
+
+/// A bpftrace script of [`REFERENCES`] (`name`), attached and settled.
+pub fn reference(log_dir: &Path, name: &'static str) -> Result<Tracer> {
+    let script = REFERENCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).ok_or_else(|| anyhow!("no reference tracer {name}"))?;
+    let path = log_dir.join(format!("{name}.bt"));
+    std::fs::write(&path, script).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut command = Command::new("bpftrace");
+    command.arg(&path);
+    let mut tracer = Tracer::spawn(name, command, log_dir)?;
+    tracer.wait_for(BPFTRACE_ATTACH_TIMEOUT, "its \"Attaching\" line", |l| l.starts_with("Attaching"))?;
+    thread::sleep(BPFTRACE_SETTLE);
+    Ok(tracer)
+}
+
 /// A running tracer. Dropping it without [`Tracer::stop`] kills it.
 pub struct Tracer {
     name: &'static str,
