@@ -167,6 +167,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let mut tgids = engine.open_tgids.clone();
                     tgids.extend(req.tgids());
                     o.refresh(&tgids);
+                    if o.prune_due() {
+                        let user_stacks: Vec<i32> = engine.inflight.iter().filter_map(Result::ok).map(|(_, w)| w.user_stack).collect();
+                        let (entries, stacks) = o.prune(&user_stacks);
+                        tracing::debug!(entries, stacks, "pruned the off-CPU aggregate and the stack map");
+                    }
                 }
                 // Short Go calls are queued without a wakeup: take them now.
                 while let Some(item) = go_ring.get_mut().next() {
