@@ -27,8 +27,9 @@
 //! `LockStackFailed` (recorded without the waiter's stack, so without the
 //! lock's name).
 //!
-//! Map memory: [`LOCK_WAITS`] is preallocated, 4,096 × ~80 B (48 B header, 8 B
-//! key, 24 B value) ≈ 320 KiB. An entry lives only while a thread that matters
+//! Map memory: [`LOCK_WAITS`] is preallocated, 4,096 × ~96 B (element header,
+//! key, 24 B value) ≈ 385 KiB as the kernel charges it (bpftool's
+//! `bytes_memlock`, Linux 6.18 x86-64); [`LOCK_WAITS_OPEN`] one `u64`. An entry lives only while a thread that matters
 //! is blocked on a mutex: a few at a time normally, the threads of the
 //! runtime's processes at worst (a stuck `rtnl_mutex` blocks every netlink
 //! user behind it); 4,096 covers that on a node of a few hundred pods.

@@ -17,20 +17,21 @@
 //! `OffcpuStackFailed`); userspace prunes [`OFFCPU`] and [`STACKS`]
 //! (`sources::offcpu::prune`).
 //!
-//! Map memory (hash maps are preallocated: about `max_entries × (48 B of
-//! element header + key + value)`, 8-byte aligned; x86-64, Linux 6.x):
-//! - [`INTERESTING`]: 4,096 × ~64 B ≈ 256 KiB. One entry per process that
+//! Map memory, as the kernel charges it (bpftool's `bytes_memlock`, Linux
+//! 6.18 x86-64; hash maps are preallocated, each element a header of about
+//! 64 B plus key and value):
+//! - [`INTERESTING`]: 4,096 × ~80 B ≈ 321 KiB. One entry per process that
 //!   matters (the runtime's processes, one per shim, plus umount2 callers and
 //!   the processes being reported): a node with a few hundred pods has a few
 //!   hundred.
-//! - [`OFFCPU_START`]: 16,384 × ~72 B ≈ 1.1 MiB. One entry per thread of those
+//! - [`OFFCPU_START`]: 16,384 × ~88 B ≈ 1.4 MiB. One entry per thread of those
 //!   processes that is in D right now. A hung filesystem can put every shim
 //!   and containerd thread in D at once (thousands on a busy node): the size
 //!   is that worst case, with room, and is the moment that matters most.
-//! - [`OFFCPU`]: 16,384 × ~88 B ≈ 1.4 MiB. One entry per (process, thread,
+//! - [`OFFCPU`]: 16,384 × ~104 B ≈ 1.6 MiB. One entry per (process, thread,
 //!   stack) that has slept in D; entries of processes that are gone are pruned
 //!   every 30 s, so it holds the live threads' distinct D stacks.
-//! - [`STACKS`]: 4,096 × ~1 KiB (127 frames × 8 B, plus a bucket) ≈ 4.1 MiB,
+//! - [`STACKS`]: 4,096 × ~1 KiB (127 frames × 8 B, plus a bucket) ≈ 4.2 MiB,
 //!   the largest. Shared with the kernel-mutex waiters (`locks`) and the user
 //!   stacks of watched waits (`waits`). Distinct stacks in use are a few
 //!   hundred; the rest keeps hash collisions (which drop a stack:
