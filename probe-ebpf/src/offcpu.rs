@@ -8,6 +8,36 @@
 //! back in, the period is added to [`OFFCPU`], aggregated in the kernel by
 //! (tgid, tid, stack); nothing is streamed per switch. Open periods stay in
 //! [`OFFCPU_START`], so userspace sees a D sleep that has not ended.
+//!
+//! `sched_switch` runs at every context switch on the node, so both halves
+//! return after one map read when there is nothing to do: the switch-out half
+//! after the state test and the [`INTERESTING`] lookup, the switch-in half
+//! after reading the [`OFFCPU_OPEN`] gate, before `next->pid` is read at all.
+//! Every failure is counted in `STATS` (`OffcpuStartFull`, `OffcpuFull`,
+//! `OffcpuStackFailed`); userspace prunes [`OFFCPU`] and [`STACKS`]
+//! (`sources::offcpu::prune`).
+//!
+//! Map memory, as the kernel charges it (bpftool's `bytes_memlock`, Linux
+//! 6.18 x86-64; hash maps are preallocated, each element a header of about
+//! 64 B plus key and value):
+//! - [`INTERESTING`]: 4,096 × ~80 B ≈ 321 KiB. One entry per process that
+//!   matters (the runtime's processes, one per shim, plus umount2 callers and
+//!   the processes being reported): a node with a few hundred pods has a few
+//!   hundred.
+//! - [`OFFCPU_START`]: 16,384 × ~88 B ≈ 1.4 MiB. One entry per thread of those
+//!   processes that is in D right now. A hung filesystem can put every shim
+//!   and containerd thread in D at once (thousands on a busy node): the size
+//!   is that worst case, with room, and is the moment that matters most.
+//! - [`OFFCPU`]: 16,384 × ~104 B ≈ 1.6 MiB. One entry per (process, thread,
+//!   stack) that has slept in D; entries of processes that are gone are pruned
+//!   every 30 s, so it holds the live threads' distinct D stacks.
+//! - [`STACKS`]: 4,096 × ~1 KiB (127 frames × 8 B, plus a bucket) ≈ 4.2 MiB,
+//!   the largest. Shared with the kernel-mutex waiters (`locks`) and the user
+//!   stacks of watched waits (`waits`). Distinct stacks in use are a few
+//!   hundred; the rest keeps hash collisions (which drop a stack:
+//!   `bpf_get_stackid` without `BPF_F_REUSE_STACKID` refuses to overwrite one
+//!   that is referenced) rare. Ids nothing references are pruned every 30 s.
+//! - [`OFFCPU_OPEN`]: one `u64`.
 
 use aya_ebpf::{
     EbpfContext as _,
@@ -16,7 +46,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, StackTrace},
     programs::{BtfTracePointContext, TracePointContext, tracing::StackIdContext as _},
 };
-use plegwatch_abi::{OffCpuKey, OffCpuStart, OffCpuVal, TASK_UNINTERRUPTIBLE};
+use plegwatch_abi::{OffCpuKey, OffCpuStart, OffCpuVal, Stat, TASK_UNINTERRUPTIBLE};
+
+use crate::waits::count;
 
 /// tgid → 1 when marked by userspace, 2 when marked here because it started a
 /// umount2 (whose task_work tail is what the D sleeps attribute).
@@ -62,16 +94,26 @@ fn switch_out<C: StackIdContextExt>(ctx: &C, prev_state: u64) {
     }
     let tid = pid_tgid as u32;
     let stack_id = ctx.kernel_stack_id();
+    if stack_id < 0 {
+        count(Stat::OffcpuStackFailed);
+    }
     // SAFETY: a plain helper call.
     let start = OffCpuStart { start_ns: unsafe { bpf_ktime_get_ns() }, stack_id, tgid };
-    let _ = crate::gate::insert_counted(&OFFCPU_START, &tid, &start, &OFFCPU_OPEN, 0);
+    if crate::gate::insert_counted(&OFFCPU_START, &tid, &start, &OFFCPU_OPEN, 0).is_err() {
+        count(Stat::OffcpuStartFull);
+    }
 }
 
+/// Whether a switch-in can have anything to do: some D sleep is open. Read
+/// before `next`'s pid, so that the common case costs one array read.
+#[inline(always)]
+fn any_open() -> bool {
+    crate::gate::open(&OFFCPU_OPEN, 0)
+}
+
+/// Ends `next_tid`'s D sleep, if it was in one; call only when [`any_open`].
 #[inline(always)]
 fn switch_in(next_tid: u32) {
-    if !crate::gate::open(&OFFCPU_OPEN, 0) {
-        return;
-    }
     // SAFETY: copied out before removal.
     let Some(start) = (unsafe { OFFCPU_START.get(&next_tid) }).copied() else { return };
     if OFFCPU_START.remove(&next_tid).is_err() {
@@ -92,7 +134,9 @@ fn switch_in(next_tid: u32) {
             }
         }
         None => {
-            let _ = OFFCPU.insert(&key, &OffCpuVal { total_ns: delta, count: 1, max_ns: delta }, 0);
+            if OFFCPU.insert(&key, &OffCpuVal { total_ns: delta, count: 1, max_ns: delta }, 0).is_err() {
+                count(Stat::OffcpuFull);
+            }
         }
     }
 }
@@ -121,6 +165,9 @@ impl StackIdContextExt for BtfTracePointContext {
 pub fn offcpu_switch_btf(ctx: BtfTracePointContext) -> i32 {
     let prev_state: u32 = ctx.arg(3);
     switch_out(&ctx, prev_state as u64);
+    if !any_open() {
+        return 0;
+    }
     let next: *const u8 = ctx.arg(2);
     // SAFETY: a read-only global patched by the loader.
     let off = unsafe { core::ptr::read_volatile(&TASK_PID_OFF) };
@@ -142,6 +189,10 @@ pub fn offcpu_switch_tp(ctx: TracePointContext) -> u32 {
     // SAFETY: offsets from the format above.
     let prev_state: i64 = unsafe { ctx.read_at(32) }.unwrap_or(0);
     switch_out(&ctx, prev_state as u64);
+    if !any_open() {
+        return 0;
+    }
+    // SAFETY: offset from the format above.
     if let Ok(next_pid) = unsafe { ctx.read_at::<i32>(56) } {
         switch_in(next_pid as u32);
     }

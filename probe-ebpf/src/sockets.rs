@@ -43,7 +43,7 @@ static SOCK_GEN: HashMap<u32, u32> = HashMap::with_max_entries(16_384, 0);
 #[map]
 static DUP_CALLS: HashMap<u32, u64> = HashMap::with_max_entries(1_024, 0);
 #[map]
-static SOCK_CALLS: HashMap<u32, SockCall> = HashMap::with_max_entries(8_192, 0);
+pub(crate) static SOCK_CALLS: HashMap<u32, SockCall> = HashMap::with_max_entries(8_192, 0);
 #[map]
 static SOCK_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 /// Per-CPU scratch for building a [`SockIo`] (too big for the stack).
@@ -57,7 +57,7 @@ static SOCKET_CALLS: HashMap<u32, u32> = HashMap::with_max_entries(1_024, 0);
 /// entry ([`crate::gate::insert_counted`]), down only when `sock_exit`'s delete
 /// removed one; userspace never writes `SOCK_CALLS`.
 #[map]
-static SOCK_CALLS_OPEN: Array<u64> = Array::with_max_entries(1, 0);
+pub(crate) static SOCK_CALLS_OPEN: Array<u64> = Array::with_max_entries(1, 0);
 
 #[unsafe(no_mangle)]
 static SOCK_NR: [u32; SOCK_SLOTS] = [u32::MAX; SOCK_SLOTS];

@@ -27,7 +27,7 @@ use plegwatch_abi::{
 };
 
 #[map]
-static INFLIGHT: HashMap<u32, Wait> = HashMap::with_max_entries(INFLIGHT_MAX, 0);
+pub(crate) static INFLIGHT: HashMap<u32, Wait> = HashMap::with_max_entries(INFLIGHT_MAX, 0);
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTES, 0);
 #[map]
@@ -204,7 +204,13 @@ fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
         slot,
         flags: 0,
         // By frame pointers: whole for Go, often one frame for C built without them.
-        user_stack: ctx.get_stackid(&crate::offcpu::STACKS, BPF_F_USER_STACK as u64).map(|id| id as i32).unwrap_or(-1),
+        user_stack: match ctx.get_stackid(&crate::offcpu::STACKS, BPF_F_USER_STACK as u64) {
+            Ok(id) => id as i32,
+            Err(_) => {
+                count(Stat::UserStackFailed);
+                -1
+            }
+        },
         g: crate::gofuncs::current_g(tgid),
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
         path: [0u8; PATH_LEN],

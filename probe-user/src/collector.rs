@@ -167,6 +167,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                     let mut tgids = engine.open_tgids.clone();
                     tgids.extend(req.tgids());
                     o.refresh(&tgids);
+                    if o.prune_due() {
+                        let user_stacks: Vec<i32> = engine.inflight.iter().filter_map(Result::ok).map(|(_, w)| w.user_stack).collect();
+                        let (entries, stacks) = o.prune(&user_stacks);
+                        tracing::debug!(entries, stacks, "pruned the off-CPU aggregate and the stack map");
+                    }
                 }
                 // Short Go calls are queued without a wakeup: take them now.
                 while let Some(item) = go_ring.get_mut().next() {
@@ -262,6 +267,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         dropped_waits: stats::counter(&counters, Stat::InflightFull),
         dropped_events: stats::counter(&counters, Stat::RingbufFull)
             + stats::counter(&counters, Stat::SockEventsFull),
+        dropped: stats::drops(&counters),
         syscalls: stats::latency(&ebpf),
         offcpu_top: offcpu.as_ref().map(|o| o.top(10)).unwrap_or_default(),
         go_latency: go.latency(),
@@ -565,11 +571,12 @@ impl ScanClock {
     }
 }
 
-/// Warns, at most every few seconds, when the kernel's drop counters grow.
+/// Warns, at most every few seconds, when any of the kernel's drop counters
+/// grows: one line per probe and reason that grew.
 #[derive(Default)]
 struct DropWatch {
     last_check: Option<Instant>,
-    seen: (u64, u64),
+    seen: HashMap<(&'static str, &'static str), u64>,
 }
 
 impl DropWatch {
@@ -580,19 +587,31 @@ impl DropWatch {
             return;
         }
         self.last_check = Some(Instant::now());
-        let c = stats::counters(ebpf);
-        let now = (
-            stats::counter(&c, Stat::InflightFull),
-            stats::counter(&c, Stat::RingbufFull),
-        );
-        if now != self.seen {
-            tracing::warn!(
-                new_dropped_waits = now.0 - self.seen.0,
-                new_dropped_end_records = now.1 - self.seen.1,
-                "the kernel dropped records (in-flight map or ring buffer full): affected waits are missed or timed approximately"
-            );
-            self.seen = now;
+        for d in stats::drops(&stats::counters(ebpf)) {
+            let seen = self.seen.entry((d.probe, d.reason)).or_default();
+            if d.count > *seen {
+                tracing::warn!(
+                    probe = d.probe,
+                    reason = d.reason,
+                    new = d.count - *seen,
+                    total = d.count,
+                    "the kernel dropped records: {}",
+                    drop_effect(d.reason)
+                );
+                *seen = d.count;
+            }
         }
+    }
+}
+
+/// What a drop of `reason` costs the output, for the warning.
+fn drop_effect(reason: &str) -> &'static str {
+    match reason {
+        "inflight_full" | "ringbuf_full" => "affected waits are missed or timed approximately",
+        "offcpu_start_full" | "offcpu_full" => "some D-state time is missing from the off-CPU figures",
+        "lock_waits_full" => "some kernel-mutex waits are not linked to their owner",
+        "stack_failed" | "user_stack_failed" => "some stacks are missing (a full stack map, or a hash collision)",
+        _ => "some requests or details are missing",
     }
 }
 

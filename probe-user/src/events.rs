@@ -108,6 +108,9 @@ pub struct Summary {
     pub dropped_waits: u64,
     /// End records the kernel could not send (ring buffer full).
     pub dropped_events: u64,
+    /// Every kernel drop counter at exit, by probe and reason (zeros
+    /// included, so that a consumer can tell a counter that stayed at zero).
+    pub dropped: Vec<DropCount>,
     pub syscalls: Vec<SyscallSummary>,
     /// The (process, kernel stack) pairs with the most D-state time, for the
     /// processes that matter.

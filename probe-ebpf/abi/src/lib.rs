@@ -244,6 +244,11 @@ const _: () = assert!(size_of::<GoCallEnd>() == 120);
 pub mod lock_maps {
     /// `HashMap<u32 tid, LockWait>`: threads waiting on a contended kernel mutex now.
     pub const LOCK_WAITS: &str = "LOCK_WAITS";
+    /// `Array<u64>`, one slot written by the kernel only: how many
+    /// [`LOCK_WAITS`] entries there are (+1 only when an insert made one, -1
+    /// only when a delete removed one), so that `contention_end`, which fires
+    /// for every contended lock on the node, costs one array read while none is.
+    pub const LOCK_WAITS_OPEN: &str = "LOCK_WAITS_OPEN";
     /// `u32` global: offset of `owner` in `struct mutex` (from BTF).
     pub const MUTEX_OWNER_OFF: &str = "MUTEX_OWNER_OFF";
 }
@@ -846,9 +851,23 @@ pub enum Stat {
     /// ttrpc sockets forgotten because a header made no sense (the stream was
     /// joined out of step, or more frames came at once than a record holds).
     TtrpcDesync = 10,
+    /// D sleeps not recorded: `OFFCPU_START` was full.
+    OffcpuStartFull = 11,
+    /// Ended D sleeps not added up: `OFFCPU` was full.
+    OffcpuFull = 12,
+    /// D sleeps recorded without their kernel stack (`bpf_get_stackid` failed:
+    /// `STACKS` full, or a hash collision with another stack).
+    OffcpuStackFailed = 13,
+    /// Kernel mutex waits not recorded: `LOCK_WAITS` was full.
+    LockWaitsFull = 14,
+    /// Kernel mutex waits recorded without the waiter's stack (so without the
+    /// lock's name).
+    LockStackFailed = 15,
+    /// Watched waits recorded without their user stack.
+    UserStackFailed = 16,
 }
-/// Number of [`Stat`] slots.
-pub const STAT_COUNT: u32 = 11;
+/// Number of [`Stat`] slots (one more than the last [`Stat`]).
+pub const STAT_COUNT: u32 = Stat::UserStackFailed as u32 + 1;
 
 /// The histogram bucket of a duration: floor(log2(µs)), clamped to the table.
 /// Written without loops or `leading_zeros` so the eBPF verifier takes it as is.

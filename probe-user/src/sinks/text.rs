@@ -279,6 +279,10 @@ pub fn render_text(event: &Event) -> String {
                 s.dropped_waits,
                 s.dropped_events
             );
+            let dropped: Vec<String> = s.dropped.iter().filter(|d| d.count > 0).map(|d| format!("{}/{} {}", d.probe, d.reason, d.count)).collect();
+            if !dropped.is_empty() {
+                out.push_str(&format!("\n    kernel drops by probe: {}", dropped.join(", ")));
+            }
             out.push_str(&format!(
                 "\n    incidents: {} raised, {} resolved; scans: {} (late p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; took p99 {:.1} ms)",
                 s.incidents, s.incidents_resolved, s.scans.scans, s.scans.late_p50_ms, s.scans.late_p99_ms, s.scans.late_max_ms, s.scans.took_p99_ms

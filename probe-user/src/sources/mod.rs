@@ -20,6 +20,7 @@ pub mod ended;
 pub mod gowatch;
 pub mod inflight;
 pub mod offcpu;
+pub mod offcpu_prune;
 pub mod parked;
 pub mod reqwatch;
 pub mod sockets;

@@ -3,11 +3,14 @@
 //! The kernel records D sleeps only for the processes in its `INTERESTING`
 //! map; this module keeps that map current (by comm, and with the processes
 //! plegwatch is reporting on) and turns the aggregates into the `offcpu` part
-//! of a stall's detail and the summary's top stacks.
+//! of a stall's detail and the summary's top stacks. It also prunes the
+//! kernel's `OFFCPU` and `STACKS` maps, which the kernel only adds to
+//! ([`OffCpu::prune`], what goes: [`super::offcpu_prune`]).
 
 use crate::{
     kernel::loader::{WatchError, take_map},
     observe::procfs,
+    sources::offcpu_prune,
 };
 use aya::{
     Ebpf,
@@ -39,7 +42,17 @@ pub struct OffCpu {
     marked: HashSet<u32>,
     /// Comms of the processes marked, kept for the summary after they exit.
     comm_of: HashMap<u32, String>,
+    /// D time of processes that are gone, pruned from the kernel's aggregate:
+    /// (tgid, symbolized stack) → sums, at most [`RETIRED_MAX`] rows (the
+    /// most D time), for the summary's top stacks.
+    retired: HashMap<(u32, Vec<String>), OffCpuVal>,
+    /// When the maps were last pruned, and the stack ids then unreferenced.
+    last_prune: Option<Instant>,
+    unreferenced: HashSet<u32>,
 }
+
+/// Most rows kept of processes pruned from the aggregate.
+const RETIRED_MAX: usize = 64;
 
 /// Most comms kept for processes that exited.
 const COMM_MAX: usize = 4096;
@@ -67,6 +80,9 @@ impl OffCpu {
             last_refresh: None,
             marked: HashSet::new(),
             comm_of: HashMap::new(),
+            retired: HashMap::new(),
+            last_prune: None,
+            unreferenced: HashSet::new(),
         })
     }
 
@@ -109,7 +125,66 @@ impl OffCpu {
         if self.comm_of.len() > COMM_MAX {
             let mut keep: HashSet<u32> = self.agg.keys().filter_map(Result::ok).map(|k| k.tgid).collect();
             keep.extend(self.marked.iter().copied());
+            keep.extend(self.retired.keys().map(|(tgid, _)| *tgid));
             self.comm_of.retain(|pid, _| keep.contains(pid));
+        }
+    }
+
+    /// Whether a pruning pass is due (every [`offcpu_prune::EVERY`]; the first
+    /// one a period after the start).
+    pub fn prune_due(&mut self) -> bool {
+        match self.last_prune {
+            None => {
+                self.last_prune = Some(Instant::now());
+                false
+            }
+            Some(t) => t.elapsed() >= offcpu_prune::EVERY,
+        }
+    }
+
+    /// One pruning pass (see [`super::offcpu_prune`]): deletes the `OFFCPU`
+    /// entries of processes that are gone, folding their D time into the
+    /// summary's rows, and the stack ids nothing references. `inflight_stacks`
+    /// are the user stack ids of the watched waits open now. Returns how many
+    /// entries and stacks went.
+    pub fn prune(&mut self, inflight_stacks: &[i32]) -> (usize, usize) {
+        self.last_prune = Some(Instant::now());
+        let agg: Vec<OffCpuKey> = self.agg.keys().filter_map(Result::ok).collect();
+        let mut referenced: HashSet<i32> = inflight_stacks.iter().copied().collect();
+        referenced.extend(self.open.iter().filter_map(Result::ok).map(|(_, s)| s.stack_id));
+        referenced.extend(self.locks.iter().filter_map(Result::ok).map(|(_, w)| w.stack_id));
+        let ids: Vec<u32> = self.stacks.stack_ids().filter_map(Result::ok).collect();
+        let plan = offcpu_prune::plan(&agg, procfs::thread_exists, &referenced, &ids, &self.unreferenced, offcpu_prune::MAX_DELETES);
+        let mut gone = 0;
+        for k in &plan.offcpu {
+            let v = self.agg.get(k, 0).ok();
+            if self.agg.remove(k).is_ok() {
+                gone += 1;
+                if let Some(v) = v {
+                    self.retire(k, v);
+                }
+            }
+        }
+        let mut stacks = 0;
+        for id in &plan.stacks {
+            if self.stacks.remove(id).is_ok() {
+                stacks += 1;
+            }
+        }
+        self.unreferenced = plan.unreferenced;
+        (gone, stacks)
+    }
+
+    /// Keeps a pruned entry's D time for the summary (the rows with the most).
+    fn retire(&mut self, k: &OffCpuKey, v: OffCpuVal) {
+        let e = self.retired.entry((k.tgid, self.symbolize(k.stack_id))).or_default();
+        e.total_ns += v.total_ns;
+        e.count += v.count;
+        e.max_ns = e.max_ns.max(v.max_ns);
+        if self.retired.len() > RETIRED_MAX {
+            if let Some(least) = self.retired.iter().min_by_key(|(_, v)| v.total_ns).map(|(k, _)| k.clone()) {
+                self.retired.remove(&least);
+            }
         }
     }
 
@@ -205,6 +280,12 @@ impl OffCpu {
         }
         let mut rows: Vec<_> = by.into_iter().collect();
         rows.sort_by_key(|(_, v)| std::cmp::Reverse(v.total_ns));
+        // The live rows, then those of processes pruned since they exited (a
+        // process pruned and still running under a reused pid is two rows).
+        let mut rows: Vec<((u32, Vec<String>), OffCpuVal)> =
+            rows.into_iter().take(n).map(|((tgid, stack), v)| ((tgid, self.symbolize(stack)), v)).collect();
+        rows.extend(self.retired.iter().map(|(k, v)| (k.clone(), *v)));
+        rows.sort_by_key(|(_, v)| std::cmp::Reverse(v.total_ns));
         rows.into_iter()
             .take(n)
             .map(|((tgid, stack), v)| {
@@ -214,7 +295,7 @@ impl OffCpu {
                     "d_state_s": v.total_ns as f64 / 1e9,
                     "d_sleeps": v.count,
                     "longest_s": v.max_ns as f64 / 1e9,
-                    "stack": self.symbolize(stack),
+                    "stack": stack,
                 })
             })
             .collect()

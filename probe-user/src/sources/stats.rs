@@ -73,6 +73,12 @@ pub fn drops(all: &[u64; STAT_COUNT as usize]) -> Vec<DropCount> {
         ("socket_io", "read_failed", Stat::SockReadFailed),
         ("socket_io", "ttrpc_desync", Stat::TtrpcDesync),
         ("wait_enter", "path_read_failed", Stat::PathReadFailed),
+        ("wait_enter", "user_stack_failed", Stat::UserStackFailed),
+        ("offcpu", "offcpu_start_full", Stat::OffcpuStartFull),
+        ("offcpu", "offcpu_full", Stat::OffcpuFull),
+        ("offcpu", "stack_failed", Stat::OffcpuStackFailed),
+        ("lock_contention", "lock_waits_full", Stat::LockWaitsFull),
+        ("lock_contention", "stack_failed", Stat::LockStackFailed),
     ]
     .into_iter()
     .map(|(probe, reason, s)| DropCount { probe, reason, count: counter(all, s) })
@@ -113,6 +119,36 @@ pub fn summarize(name: &str, counts: &[u64]) -> Option<SyscallSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_drop_slot_is_named_once() {
+        let mut all = [0u64; STAT_COUNT as usize];
+        for (i, v) in all.iter_mut().enumerate() {
+            *v = 100 + i as u64;
+        }
+        let d = drops(&all);
+        let mut pairs: Vec<_> = d.iter().map(|c| (c.probe, c.reason)).collect();
+        pairs.sort_unstable();
+        pairs.dedup();
+        assert_eq!(pairs.len(), d.len(), "a (probe, reason) pair twice: {d:?}");
+        for (probe, reason, s) in [
+            ("offcpu", "offcpu_start_full", Stat::OffcpuStartFull),
+            ("offcpu", "offcpu_full", Stat::OffcpuFull),
+            ("offcpu", "stack_failed", Stat::OffcpuStackFailed),
+            ("lock_contention", "lock_waits_full", Stat::LockWaitsFull),
+            ("lock_contention", "stack_failed", Stat::LockStackFailed),
+            ("wait_enter", "user_stack_failed", Stat::UserStackFailed),
+        ] {
+            let c = d.iter().find(|c| c.probe == probe && c.reason == reason);
+            assert_eq!(c.map(|c| c.count), Some(100 + s as u64), "{probe}/{reason}: {d:?}");
+        }
+        // Every slot but the three that count work done (not losses) is a drop.
+        let counted: Vec<u64> = d.iter().map(|c| c.count - 100).collect();
+        for s in 0..STAT_COUNT as u64 {
+            let not_a_drop = [Stat::WaitsStarted as u64, Stat::TailsStarted as u64, Stat::EndedByExit as u64].contains(&s);
+            assert_eq!(counted.contains(&s), !not_a_drop, "slot {s}");
+        }
+    }
 
     #[test]
     fn summary_bounds() {

@@ -192,6 +192,7 @@ mod tests {
             waits_started: 10,
             dropped_waits: 0,
             dropped_events: 0,
+            dropped: vec![],
             syscalls: vec![],
             offcpu_top: vec![],
             go_latency: vec![],

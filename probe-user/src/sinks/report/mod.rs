@@ -170,8 +170,10 @@ impl Sink for ReportSink {
                 let b = self.ledger.run_bundle(now_rfc3339());
                 self.send(Job::Bundle(dir, Box::new(b)), "the run's bundle");
                 let mut latency = latency_tables(s);
-                if !self.dropped.is_empty() {
-                    latency["dropped_by_probe"] = json!(self.dropped);
+                // The summary's counters are the last word; a status's are older.
+                let dropped = if s.dropped.is_empty() { &self.dropped } else { &s.dropped };
+                if !dropped.is_empty() {
+                    latency["dropped_by_probe"] = json!(dropped);
                 }
                 let dirs = self.written.iter().cloned().collect();
                 self.send(Job::Latency(dirs, latency), "latency.json");
