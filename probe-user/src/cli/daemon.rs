@@ -48,19 +48,19 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Raise an incident once its oldest wait has lasted this long [default: 10s].
-    #[arg(long, value_parser = durations::parse)]
+    #[arg(long, value_parser = durations::level, allow_negative_numbers = true)]
     pub warn: Option<Duration>,
     /// Escalate to critical at this age [default: 60s].
-    #[arg(long, value_parser = durations::parse)]
+    #[arg(long, value_parser = durations::level, allow_negative_numbers = true)]
     pub critical: Option<Duration>,
     /// Escalate to imminent at this age [default: 150s].
-    #[arg(long, value_parser = durations::parse)]
+    #[arg(long, value_parser = durations::level, allow_negative_numbers = true)]
     pub imminent: Option<Duration>,
     /// Only waits of this process or thread id (repeatable).
-    #[arg(long = "pid", value_name = "PID")]
+    #[arg(long = "pid", value_name = "PID", allow_negative_numbers = true)]
     pub pids: Vec<u32>,
     /// Only waits of tasks with this comm; a trailing `*` matches a prefix (repeatable).
-    #[arg(long = "comm", value_name = "COMM")]
+    #[arg(long = "comm", value_name = "COMM", value_parser = crate::cli::watch::comm)]
     pub comms: Vec<String>,
     /// Probe this containerd binary.
     #[arg(long, value_name = "PATH")]
@@ -82,7 +82,7 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ENDPOINT")]
     pub runtime_endpoint: Option<String>,
     /// Stop after this long (tests).
-    #[arg(long, value_parser = durations::parse, hide = true)]
+    #[arg(long, value_parser = durations::parse, allow_negative_numbers = true, hide = true)]
     pub duration: Option<Duration>,
 }
 
@@ -139,8 +139,8 @@ impl DaemonArgs {
                 return Ok(d);
             }
             match file {
-                Some(v) => durations::parse(v).map_err(|e| format!("--config {origin}: {key} = {v:?}: {e}")),
-                None => durations::parse(default),
+                Some(v) => durations::level(v).map_err(|e| format!("--config {origin}: {key} = {v:?}: {e}")),
+                None => durations::level(default),
             }
         };
         let listen = match (self.listen, &file.listen) {
@@ -148,6 +148,9 @@ impl DaemonArgs {
             (None, Some(v)) => v.parse().map_err(|e| format!("--config {origin}: listen = {v:?}: {e} (want ADDR:PORT)"))?,
             (None, None) => DEFAULT_LISTEN.parse().map_err(|e| format!("{DEFAULT_LISTEN}: {e}"))?,
         };
+        for c in file.comm.iter().flatten() {
+            crate::cli::watch::comm(c).map_err(|e| format!("--config {origin}: comm = {c:?}: {e}"))?;
+        }
         let watch = WatchArgs {
             json: false,
             no_live: true,
@@ -187,7 +190,7 @@ fn pick<T: Clone>(flag: &[T], file: &Option<Vec<T>>) -> Vec<T> {
 
 /// Runs the daemon until SIGTERM or Ctrl-C; the error is one line.
 pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
-    let cfg = args.resolve().map_err(anyhow::Error::msg)?;
+    let cfg = args.resolve().map_err(super::UsageError)?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("--listen {}: cannot listen", cfg.listen))?;
@@ -308,6 +311,20 @@ mod tests {
         std::fs::write(&f, "listen = \"localhost\"\n").unwrap();
         let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
         assert!(e.contains("listen = \"localhost\""), "{e}");
+        for (text, named) in [
+            ("warn = \"1e20\"\n", "warn = \"1e20\""),
+            ("imminent = \"-5s\"\n", "imminent = \"-5s\""),
+            ("critical = \"0\"\n", "critical = \"0\""),
+            ("comm = [\"\"]\n", "comm = \"\""),
+            ("comm = [\"containerd-shim-runc-v2\"]\n", "comm = \"containerd-shim-runc-v2\""),
+            ("warn = 5\n", "line 1"),
+            ("warn = \"5s\n", "line 1"),
+            ("[listen]\nx = 1\n", "line 1"),
+        ] {
+            std::fs::write(&f, text).unwrap();
+            let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
+            assert!(e.contains(named) && e.contains("--config") && !e.contains('\n'), "{text}: {e}");
+        }
         std::fs::write(&f, "warn = \"70s\"\n").unwrap();
         let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
         assert!(e.contains("--critical"), "{e}");
