@@ -191,6 +191,9 @@ fn pick<T: Clone>(flag: &[T], file: &Option<Vec<T>>) -> Vec<T> {
 /// Runs the daemon until SIGTERM or Ctrl-C; the error is one line.
 pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let cfg = args.resolve().map_err(super::UsageError)?;
+    // Before the endpoint is served: a daemon that cannot load its probes says
+    // so in one line rather than answering /healthz first.
+    crate::kernel::loader::require_root()?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("--listen {}: cannot listen", cfg.listen))?;
