@@ -245,6 +245,21 @@ impl Plegwatch {
         Ok(std::mem::take(&mut self.events))
     }
 
+    /// Sends SIGKILL and reaps it: no summary, no exit hand-off, nothing of its own
+    /// clean-up runs. Returns every line read before it died and its exit status.
+    pub fn kill9(mut self) -> Result<(Vec<Event>, ExitStatus)> {
+        if let Some(status) = self.child.try_wait()? {
+            return Err(self.failure(format!("plegwatch exited ({status}) before SIGKILL")));
+        }
+        self.child.kill().context("SIGKILL plegwatch")?;
+        let status = self.child.wait().context("reap plegwatch")?;
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+        self.events.extend(self.lines.try_iter());
+        Ok((std::mem::take(&mut self.events), status))
+    }
+
     fn interrupt(&mut self) -> Result<ExitStatus> {
         // Under a wrapper, plegwatch itself (the wrapper, e.g. unshare, waits for it and
         // exits with its status); it has not been reaped while the wrapper runs.
