@@ -57,7 +57,7 @@ pub struct DaemonArgs {
     #[arg(long, value_parser = durations::level, allow_negative_numbers = true)]
     pub imminent: Option<Duration>,
     /// Only waits of this process or thread id (repeatable).
-    #[arg(long = "pid", value_name = "PID", allow_negative_numbers = true)]
+    #[arg(long = "pid", value_name = "PID", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
     /// Only waits of tasks with this comm; a trailing `*` matches a prefix (repeatable).
     #[arg(long = "comm", value_name = "COMM", value_parser = crate::cli::watch::comm)]
@@ -72,10 +72,10 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "DIR")]
     pub report_dir: Option<PathBuf>,
     /// Keep at most this many bundles under --report-dir, removing the oldest [default: 100].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub report_keep: Option<usize>,
     /// Keep at most this many MiB of bundles under --report-dir, removing the oldest [default: 256].
-    #[arg(long, value_name = "MIB")]
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true)]
     pub report_max_mib: Option<u64>,
     /// The runtime's CRI socket for pod and container names; `none` for bundles only
     /// [default: unix:///run/containerd/containerd.sock].
@@ -148,6 +148,9 @@ impl DaemonArgs {
             (None, Some(v)) => v.parse().map_err(|e| format!("--config {origin}: listen = {v:?}: {e} (want ADDR:PORT)"))?,
             (None, None) => DEFAULT_LISTEN.parse().map_err(|e| format!("{DEFAULT_LISTEN}: {e}"))?,
         };
+        if file.pid.iter().flatten().any(|p| *p == 0) {
+            return Err(format!("--config {origin}: pid = 0: no process has pid 0"));
+        }
         for c in file.comm.iter().flatten() {
             crate::cli::watch::comm(c).map_err(|e| format!("--config {origin}: comm = {c:?}: {e}"))?;
         }
@@ -321,6 +324,7 @@ mod tests {
             ("comm = [\"\"]\n", "comm = \"\""),
             ("comm = [\"containerd-shim-runc-v2\"]\n", "comm = \"containerd-shim-runc-v2\""),
             ("warn = 5\n", "line 1"),
+            ("pid = [0]\n", "pid = 0"),
             ("warn = \"5s\n", "line 1"),
             ("[listen]\nx = 1\n", "line 1"),
         ] {

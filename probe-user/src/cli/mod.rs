@@ -99,6 +99,8 @@ mod tests {
             (&["watch", "--comm", ""], "--comm", "empty comm"),
             (&["watch", "--comm", "containerd-shim-runc-v2"], "--comm", "containerd-shim-runc-v2"),
             (&["watch", "--pid", "-5"], "--pid", "-5"),
+            (&["watch", "--pid", "0"], "--pid", "0"),
+            (&["daemon", "--report-keep", "-1"], "--report-keep", "-1"),
             (&["daemon", "--warn", "1e20"], "--warn", "1e20"),
             (&["daemon", "--comm", ""], "--comm", "empty comm"),
             (&["daemon", "--listen", "localhost"], "--listen", "localhost"),

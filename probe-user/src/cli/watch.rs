@@ -38,7 +38,7 @@ pub struct WatchArgs {
     #[command(flatten)]
     pub levels: LevelArgs,
     /// Only waits of this process or thread id (repeatable).
-    #[arg(long = "pid", value_name = "PID", allow_negative_numbers = true)]
+    #[arg(long = "pid", value_name = "PID", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
     /// Only waits of tasks with this comm; a trailing `*` matches a prefix (repeatable).
     #[arg(long = "comm", value_name = "COMM", value_parser = comm)]
