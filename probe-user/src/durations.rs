@@ -1,10 +1,49 @@
-//! Durations on the command line: `150ms`, `10s`, `2m`, `1h`, `1m30s`, or a bare
-//! number of seconds (`30`, `2.5`).
+//! Durations on the command line and in the config file: `150ms`, `10s`, `2m`,
+//! `1h`, `1m30s`, or a bare number of seconds (`30`, `2.5`).
+//!
+//! Every duration plegwatch takes must be greater than zero (a zero warn level,
+//! scan interval, run length or timeout means nothing useful) and at most
+//! [`MAX`]; the alert levels at most [`MAX_LEVEL`]. Values out of range are
+//! refused here, as one line, rather than overflowing later (`--warn 1e20`
+//! used to panic converting to a `Duration`; a huge `--duration` would
+//! overflow the `Instant` it is added to).
 
 use std::time::Duration;
 
-/// Parses a duration flag; the error is one line fit for clap.
+/// The longest duration any flag takes: one year. Far past any sensible run
+/// length or timeout, and far below where adding it to an `Instant` overflows.
+pub const MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest alert level (`--warn`, `--critical`, `--imminent`): one day.
+/// kubelet gives a relist 3 minutes (`PLEG_BUDGET`); a level beyond a day
+/// would never fire for a wait that matters to PLEG, so a larger value is a
+/// mistaken unit (`1e20`, `600000` meaning ms), not an intent.
+pub const MAX_LEVEL: Duration = Duration::from_secs(24 * 3600);
+
+/// Parses a duration flag: greater than 0, at most [`MAX`]; the error is one line fit for clap.
 pub fn parse(s: &str) -> Result<Duration, String> {
+    bounded(s, MAX, "1 year")
+}
+
+/// Parses an alert level: greater than 0, at most [`MAX_LEVEL`].
+pub fn level(s: &str) -> Result<Duration, String> {
+    bounded(s, MAX_LEVEL, "1 day (kubelet's PLEG budget is 3m)")
+}
+
+fn bounded(s: &str, max: Duration, max_name: &str) -> Result<Duration, String> {
+    let d = any(s, max, max_name)?;
+    if d.is_zero() {
+        return Err(format!("invalid duration {s:?}: must be greater than 0"));
+    }
+    if d > max {
+        return Err(format!("invalid duration {s:?}: must be at most {max_name}"));
+    }
+    Ok(d)
+}
+
+/// Any well-formed duration, zero included; a number of seconds above `max` is refused here,
+/// before it is converted (where it could overflow).
+fn any(s: &str, max: Duration, max_name: &str) -> Result<Duration, String> {
     let t = s.trim();
     if t.is_empty() {
         return Err("empty duration: expected e.g. 10s, 2m, 150ms".into());
@@ -15,7 +54,11 @@ pub fn parse(s: &str) -> Result<Duration, String> {
                 "invalid duration {s:?}: must be a non-negative number of seconds"
             ));
         }
-        return Ok(Duration::from_secs_f64(secs));
+        if secs > max.as_secs_f64() {
+            return Err(format!("invalid duration {s:?}: must be at most {max_name}"));
+        }
+        return Duration::try_from_secs_f64(secs)
+            .map_err(|_| format!("invalid duration {s:?}: too large"));
     }
     humantime::parse_duration(t)
         .map_err(|e| format!("invalid duration {s:?} ({e}): expected e.g. 10s, 2m, 150ms"))
@@ -37,10 +80,30 @@ mod tests {
 
     #[test]
     fn malformed_is_one_line_error() {
-        for bad in ["", "ten", "10x", "-3", "s10", "NaN"] {
+        for bad in ["", "ten", "10x", "-3", "s10", "NaN", "inf", "-inf", "0", "0s", "0.0"] {
             let e = parse(bad).unwrap_err();
             assert!(!e.contains('\n'), "{e}");
             assert!(e.contains("duration"), "{e}");
         }
+    }
+
+    #[test]
+    fn huge_values_are_refused_not_a_panic() {
+        for huge in ["1e20", "1e300", "18446744073709551615", "18446744073709551616s", "400d", "100000000000000000000000ns", "9999999999999999999h"] {
+            let e = parse(huge).unwrap_err();
+            assert!(!e.contains('\n') && e.contains(huge), "{huge}: {e}");
+        }
+        assert_eq!(parse("365d"), Ok(MAX));
+    }
+
+    #[test]
+    fn levels_stop_at_a_day() {
+        assert_eq!(level("24h"), Ok(MAX_LEVEL));
+        assert_eq!(level("86400"), Ok(MAX_LEVEL));
+        let e = level("25h").unwrap_err();
+        assert!(e.contains("\"25h\"") && e.contains("1 day"), "{e}");
+        assert!(level("1e20").unwrap_err().contains("1e20"));
+        assert!(level("0").unwrap_err().contains("greater than 0"));
+        assert_eq!(level("1ms"), Ok(Duration::from_millis(1)));
     }
 }

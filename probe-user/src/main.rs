@@ -3,12 +3,20 @@
 
 use clap::Parser as _;
 use plegwatch::{
-    cli::{Cli, Command, check, daemon, doctor, report, watch},
+    cli::{self, Cli, Command, UsageError, check, daemon, doctor, report, watch},
     logging,
 };
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprintln!("plegwatch: error: {}", cli::one_line(&e.render().to_string()));
+            std::process::exit(cli::USAGE_EXIT);
+        }
+        // --help, --version.
+        Err(e) => e.exit(),
+    };
     logging::init(cli.log_format);
     let result = match cli.command {
         Command::Doctor(args) => doctor::run(args),
@@ -27,6 +35,10 @@ fn main() {
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(daemon::run(args))),
         Command::Check(args) => {
+            if let Err(e) = args.levels.thresholds() {
+                eprintln!("plegwatch: error: {e}");
+                std::process::exit(cli::USAGE_EXIT);
+            }
             let code = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt.block_on(check::run(args)),
                 Err(e) => {
@@ -39,6 +51,6 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("plegwatch: error: {}", format!("{e:#}").replace('\n', " "));
-        std::process::exit(1);
+        std::process::exit(if e.is::<UsageError>() { cli::USAGE_EXIT } else { 1 });
     }
 }

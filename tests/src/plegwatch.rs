@@ -219,18 +219,23 @@ impl Plegwatch {
     /// Sends SIGINT, waits for the exit (SIGKILL after [`STOP_TIMEOUT`]) and returns every
     /// line read. An error unless plegwatch was still running, exited with status 0, printed
     /// only JSON lines and ended with a `summary` line.
-    pub fn stop(mut self) -> Result<Vec<Event>> {
+    pub fn stop(self) -> Result<Vec<Event>> {
+        self.stop_with(libc::SIGINT)
+    }
+
+    /// As [`Plegwatch::stop`], with `signal` (SIGTERM, as a DaemonSet's pod is stopped).
+    pub fn stop_with(mut self, signal: libc::c_int) -> Result<Vec<Event>> {
         if let Some(status) = self.child.try_wait()? {
             return Err(self.failure(format!("plegwatch exited ({status}) before it was stopped")));
         }
-        let status = self.interrupt()?;
+        let status = self.interrupt(signal)?;
         for reader in self.readers.drain(..) {
             let _ = reader.join();
         }
         self.events.extend(self.lines.try_iter());
         if !status.success() {
             return Err(self.failure(format!(
-                "plegwatch exited with {status} after SIGINT, not 0"
+                "plegwatch exited with {status} after signal {signal}, not 0"
             )));
         }
         let not_json = self.not_json.lock().map(|v| v.clone()).unwrap_or_default();
@@ -245,14 +250,29 @@ impl Plegwatch {
         Ok(std::mem::take(&mut self.events))
     }
 
-    fn interrupt(&mut self) -> Result<ExitStatus> {
+    /// Sends SIGKILL and reaps it: no summary, no exit hand-off, nothing of its own
+    /// clean-up runs. Returns every line read before it died and its exit status.
+    pub fn kill9(mut self) -> Result<(Vec<Event>, ExitStatus)> {
+        if let Some(status) = self.child.try_wait()? {
+            return Err(self.failure(format!("plegwatch exited ({status}) before SIGKILL")));
+        }
+        self.child.kill().context("SIGKILL plegwatch")?;
+        let status = self.child.wait().context("reap plegwatch")?;
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+        self.events.extend(self.lines.try_iter());
+        Ok((std::mem::take(&mut self.events), status))
+    }
+
+    fn interrupt(&mut self, signal: libc::c_int) -> Result<ExitStatus> {
         // Under a wrapper, plegwatch itself (the wrapper, e.g. unshare, waits for it and
         // exits with its status); it has not been reaped while the wrapper runs.
         let pid = self.pid() as libc::pid_t;
         // SAFETY: kill(2) on the PID of our own child, or of plegwatch under it, not reaped yet.
-        if unsafe { libc::kill(pid, libc::SIGINT) } != 0 {
+        if unsafe { libc::kill(pid, signal) } != 0 {
             bail!(
-                "SIGINT to plegwatch (pid {pid}): {}",
+                "signal {signal} to plegwatch (pid {pid}): {}",
                 std::io::Error::last_os_error()
             );
         }
@@ -266,7 +286,7 @@ impl Plegwatch {
         let _ = self.child.kill();
         let _ = self.child.wait();
         Err(self.failure(format!(
-            "plegwatch did not exit within {STOP_TIMEOUT:?} of SIGINT; killed it"
+            "plegwatch did not exit within {STOP_TIMEOUT:?} of signal {signal}; killed it"
         )))
     }
 

@@ -48,11 +48,11 @@ pub struct CheckArgs {
     #[arg(long, value_enum, default_value = "critical")]
     pub level: AtLevel,
     /// Give up (exit 2) after this long.
-    #[arg(long, default_value = "3s", value_parser = durations::parse)]
+    #[arg(long, default_value = "3s", value_parser = durations::parse, allow_negative_numbers = true)]
     pub timeout: Duration,
     /// When no daemon listens at --listen, trace for this long by itself (as root)
     /// instead of answering "cannot tell"; --warn, --critical and --imminent set its levels.
-    #[arg(long, value_name = "DURATION", value_parser = durations::parse)]
+    #[arg(long, value_name = "DURATION", value_parser = durations::parse, allow_negative_numbers = true)]
     pub self_watch: Option<Duration>,
     /// The levels' ages (used by --self-watch only; a daemon has its own).
     #[command(flatten)]

@@ -48,19 +48,19 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Raise an incident once its oldest wait has lasted this long [default: 10s].
-    #[arg(long, value_parser = durations::parse)]
+    #[arg(long, value_parser = durations::level, allow_negative_numbers = true)]
     pub warn: Option<Duration>,
     /// Escalate to critical at this age [default: 60s].
-    #[arg(long, value_parser = durations::parse)]
+    #[arg(long, value_parser = durations::level, allow_negative_numbers = true)]
     pub critical: Option<Duration>,
     /// Escalate to imminent at this age [default: 150s].
-    #[arg(long, value_parser = durations::parse)]
+    #[arg(long, value_parser = durations::level, allow_negative_numbers = true)]
     pub imminent: Option<Duration>,
     /// Only waits of this process or thread id (repeatable).
-    #[arg(long = "pid", value_name = "PID")]
+    #[arg(long = "pid", value_name = "PID", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
     /// Only waits of tasks with this comm; a trailing `*` matches a prefix (repeatable).
-    #[arg(long = "comm", value_name = "COMM")]
+    #[arg(long = "comm", value_name = "COMM", value_parser = crate::cli::watch::comm)]
     pub comms: Vec<String>,
     /// Probe this containerd binary.
     #[arg(long, value_name = "PATH")]
@@ -72,17 +72,17 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "DIR")]
     pub report_dir: Option<PathBuf>,
     /// Keep at most this many bundles under --report-dir, removing the oldest [default: 100].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub report_keep: Option<usize>,
     /// Keep at most this many MiB of bundles under --report-dir, removing the oldest [default: 256].
-    #[arg(long, value_name = "MIB")]
+    #[arg(long, value_name = "MIB", allow_negative_numbers = true)]
     pub report_max_mib: Option<u64>,
     /// The runtime's CRI socket for pod and container names; `none` for bundles only
     /// [default: unix:///run/containerd/containerd.sock].
     #[arg(long, value_name = "ENDPOINT")]
     pub runtime_endpoint: Option<String>,
     /// Stop after this long (tests).
-    #[arg(long, value_parser = durations::parse, hide = true)]
+    #[arg(long, value_parser = durations::parse, allow_negative_numbers = true, hide = true)]
     pub duration: Option<Duration>,
 }
 
@@ -139,8 +139,8 @@ impl DaemonArgs {
                 return Ok(d);
             }
             match file {
-                Some(v) => durations::parse(v).map_err(|e| format!("--config {origin}: {key} = {v:?}: {e}")),
-                None => durations::parse(default),
+                Some(v) => durations::level(v).map_err(|e| format!("--config {origin}: {key} = {v:?}: {e}")),
+                None => durations::level(default),
             }
         };
         let listen = match (self.listen, &file.listen) {
@@ -148,6 +148,12 @@ impl DaemonArgs {
             (None, Some(v)) => v.parse().map_err(|e| format!("--config {origin}: listen = {v:?}: {e} (want ADDR:PORT)"))?,
             (None, None) => DEFAULT_LISTEN.parse().map_err(|e| format!("{DEFAULT_LISTEN}: {e}"))?,
         };
+        if file.pid.iter().flatten().any(|p| *p == 0) {
+            return Err(format!("--config {origin}: pid = 0: no process has pid 0"));
+        }
+        for c in file.comm.iter().flatten() {
+            crate::cli::watch::comm(c).map_err(|e| format!("--config {origin}: comm = {c:?}: {e}"))?;
+        }
         let watch = WatchArgs {
             json: false,
             no_live: true,
@@ -187,7 +193,10 @@ fn pick<T: Clone>(flag: &[T], file: &Option<Vec<T>>) -> Vec<T> {
 
 /// Runs the daemon until SIGTERM or Ctrl-C; the error is one line.
 pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
-    let cfg = args.resolve().map_err(anyhow::Error::msg)?;
+    let cfg = args.resolve().map_err(super::UsageError)?;
+    // Before the endpoint is served: a daemon that cannot load its probes says
+    // so in one line rather than answering /healthz first.
+    crate::kernel::loader::require_root()?;
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("--listen {}: cannot listen", cfg.listen))?;
@@ -308,6 +317,21 @@ mod tests {
         std::fs::write(&f, "listen = \"localhost\"\n").unwrap();
         let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
         assert!(e.contains("listen = \"localhost\""), "{e}");
+        for (text, named) in [
+            ("warn = \"1e20\"\n", "warn = \"1e20\""),
+            ("imminent = \"-5s\"\n", "imminent = \"-5s\""),
+            ("critical = \"0\"\n", "critical = \"0\""),
+            ("comm = [\"\"]\n", "comm = \"\""),
+            ("comm = [\"containerd-shim-runc-v2\"]\n", "comm = \"containerd-shim-runc-v2\""),
+            ("warn = 5\n", "line 1"),
+            ("pid = [0]\n", "pid = 0"),
+            ("warn = \"5s\n", "line 1"),
+            ("[listen]\nx = 1\n", "line 1"),
+        ] {
+            std::fs::write(&f, text).unwrap();
+            let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
+            assert!(e.contains(named) && e.contains("--config") && !e.contains('\n'), "{text}: {e}");
+        }
         std::fs::write(&f, "warn = \"70s\"\n").unwrap();
         let e = daemon(&["--config", f.to_str().unwrap()]).resolve().unwrap_err();
         assert!(e.contains("--critical"), "{e}");

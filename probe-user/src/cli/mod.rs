@@ -45,3 +45,81 @@ pub enum Command {
     /// node-problem-detector plugin: exit 0 fine, 1 stall at --level, 2 can't tell.
     Check(check::CheckArgs),
 }
+
+/// The exit code of a bad flag or config value: clap's usage-error code.
+pub const USAGE_EXIT: i32 = 2;
+
+/// A bad flag or config value found after clap's parse (levels out of order,
+/// a bad config file): `main` prints it as one line and exits [`USAGE_EXIT`].
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// clap's error for a bad command line as one line (its message, possible
+/// values and tip, without the usage block and the `--help` hint), so that a
+/// log collector keeps it whole.
+pub fn one_line(rendered: &str) -> String {
+    rendered
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty())
+        .map(|l| l.strip_prefix("error: ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(args: &[&str]) -> String {
+        let e = Cli::try_parse_from(std::iter::once("plegwatch").chain(args.iter().copied())).unwrap_err();
+        one_line(&e.render().to_string())
+    }
+
+    /// Each bad value is refused by the parse, in one line naming the flag and the value.
+    #[test]
+    fn hostile_flags_are_one_line_naming_flag_and_value() {
+        let cases: &[(&[&str], &str, &str)] = &[
+            (&["watch", "--warn", "1e20"], "--warn", "1e20"),
+            (&["watch", "--warn", "-3"], "--warn", "-3"),
+            (&["watch", "--warn", "0"], "--warn", "0"),
+            (&["watch", "--critical", "2d"], "--critical", "2d"),
+            (&["watch", "--imminent", "NaN"], "--imminent", "NaN"),
+            (&["watch", "--duration", "1e300"], "--duration", "1e300"),
+            (&["watch", "--duration", "-1"], "--duration", "-1"),
+            (&["watch", "--comm", ""], "--comm", "empty comm"),
+            (&["watch", "--comm", "containerd-shim-runc-v2"], "--comm", "containerd-shim-runc-v2"),
+            (&["watch", "--pid", "-5"], "--pid", "-5"),
+            (&["watch", "--pid", "0"], "--pid", "0"),
+            (&["daemon", "--report-keep", "-1"], "--report-keep", "-1"),
+            (&["daemon", "--warn", "1e20"], "--warn", "1e20"),
+            (&["daemon", "--comm", ""], "--comm", "empty comm"),
+            (&["daemon", "--listen", "localhost"], "--listen", "localhost"),
+            (&["check", "--level", "bogus"], "--level", "bogus"),
+            (&["check", "--timeout", "-1"], "--timeout", "-1"),
+            (&["check", "--self-watch", "1e20"], "--self-watch", "1e20"),
+            (&["report", "x", "--format", "gif"], "--format", "gif"),
+            (&["--log-format", "xml", "doctor"], "--log-format", "xml"),
+        ];
+        for (args, flag, value) in cases {
+            let e = err(args);
+            assert!(e.contains(flag) && e.contains(value) && !e.contains('\n'), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_possible_values_stay_on_the_line() {
+        let e = err(&["check", "--level", "bogus"]);
+        assert!(e.contains("possible values: warn, critical, imminent"), "{e}");
+        assert!(!e.contains("Usage") && !e.contains("--help"), "{e}");
+    }
+}

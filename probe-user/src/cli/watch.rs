@@ -38,10 +38,10 @@ pub struct WatchArgs {
     #[command(flatten)]
     pub levels: LevelArgs,
     /// Only waits of this process or thread id (repeatable).
-    #[arg(long = "pid", value_name = "PID")]
+    #[arg(long = "pid", value_name = "PID", allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
     /// Only waits of tasks with this comm; a trailing `*` matches a prefix (repeatable).
-    #[arg(long = "comm", value_name = "COMM")]
+    #[arg(long = "comm", value_name = "COMM", value_parser = comm)]
     pub comms: Vec<String>,
     /// Probe this containerd binary (default: found by itself through /proc/*/exe).
     #[arg(long, value_name = "PATH")]
@@ -55,14 +55,14 @@ pub struct WatchArgs {
     #[arg(long, value_name = "DIR")]
     pub report_dir: Option<std::path::PathBuf>,
     /// Stop after this long, with a summary.
-    #[arg(long, value_parser = durations::parse)]
+    #[arg(long, value_parser = durations::parse, allow_negative_numbers = true)]
     pub duration: Option<Duration>,
     /// The runtime's CRI socket, asked (off the scan loop, 2 s deadlines) for pod
     /// and container names; `none` to read them from containers' bundles only.
     #[arg(long, value_name = "ENDPOINT", default_value = crate::observe::k8s::cri::DEFAULT_ENDPOINT)]
     pub runtime_endpoint: String,
     /// How often open waits are scanned (at most 250ms).
-    #[arg(long, default_value = "250ms", value_parser = durations::parse, hide = true)]
+    #[arg(long, default_value = "250ms", value_parser = durations::parse, allow_negative_numbers = true, hide = true)]
     pub interval: Duration,
 }
 
@@ -70,22 +70,55 @@ pub struct WatchArgs {
 #[derive(Clone, Debug, Args)]
 pub struct LevelArgs {
     /// Report a wait once it has lasted this long.
-    #[arg(long, default_value = "10s", value_parser = durations::parse)]
+    #[arg(long, default_value = "10s", value_parser = durations::level, allow_negative_numbers = true)]
     pub warn: Duration,
     /// Report it again, as critical, at this age.
-    #[arg(long, default_value = "60s", value_parser = durations::parse)]
+    #[arg(long, default_value = "60s", value_parser = durations::level, allow_negative_numbers = true)]
     pub critical: Duration,
     /// Report it again, as imminent, at this age (kubelet's PLEG budget is 3m).
-    #[arg(long, default_value = "150s", value_parser = durations::parse)]
+    #[arg(long, default_value = "150s", value_parser = durations::level, allow_negative_numbers = true)]
     pub imminent: Duration,
+}
+
+impl LevelArgs {
+    /// The three levels, checked to be in order.
+    pub fn thresholds(&self) -> Result<Thresholds, String> {
+        Thresholds::new(self.warn, self.critical, self.imminent)
+    }
+}
+
+/// The longest comm the kernel keeps (`TASK_COMM_LEN` less its NUL).
+const COMM_MAX: usize = 15;
+
+/// Checks a `--comm` (or the config's `comm`): not empty, and not longer
+/// than a task's comm can be, since such a filter would silently match nothing.
+pub fn comm(s: &str) -> Result<String, String> {
+    let (exact, star) = match s.strip_suffix('*') {
+        Some(prefix) => (prefix, "*"),
+        None => (s, ""),
+    };
+    if s.is_empty() {
+        return Err("empty comm: expected a task name, e.g. umount or 'containerd-shim*'".into());
+    }
+    if exact.len() > COMM_MAX {
+        let cut: String = exact.chars().scan(0, |n, c| { *n += c.len_utf8(); (*n <= COMM_MAX).then_some(c) }).collect();
+        return Err(format!(
+            "comm {s:?} is longer than the {COMM_MAX} bytes the kernel keeps of a task's name, so it would match nothing; use {:?}",
+            format!("{cut}{star}")
+        ));
+    }
+    Ok(s.to_string())
 }
 
 impl WatchArgs {
     /// Checks the flags together.
     pub fn config(&self) -> Result<WatchConfig, String> {
-        let thresholds = Thresholds::new(self.levels.warn, self.levels.critical, self.levels.imminent)?;
-        if self.interval.is_zero() || self.interval > Duration::from_millis(250) {
-            return Err("--interval must be between 1ms and 250ms".into());
+        let thresholds = self.levels.thresholds()?;
+        if self.interval > Duration::from_millis(250) {
+            return Err(format!("--interval {:?}: must be at most 250ms", self.interval));
+        }
+        for c in &self.comms {
+            comm(c).map_err(|e| format!("--comm: {e}"))?;
         }
         Ok(WatchConfig {
             thresholds,
@@ -142,7 +175,7 @@ impl WatchArgs {
 
 /// Runs `watch`; the error is one line.
 pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
-    let cfg = args.config().map_err(anyhow::Error::msg)?;
+    let cfg = args.config().map_err(super::UsageError)?;
     let stdout = std::io::stdout();
     let text = || Box::new(TextSink::new(std::io::stdout().lock(), TextOptions { waits: args.waits }));
     let mut sink: Box<dyn Sink> = match args.output(LiveSink::supported()) {
