@@ -255,6 +255,8 @@ pub struct Attacher {
     late: Option<LateScanner>,
     /// Processes whose goroutines were queued for reading.
     late_queued: HashSet<u32>,
+    /// Why the last binary left alone was (for a binary named by flag).
+    last_why: Option<String>,
 }
 
 impl Attacher {
@@ -277,6 +279,7 @@ impl Attacher {
                 .inspect_err(|e| tracing::warn!("no worker thread to read goroutines: calls begun before plegwatch started are not seen: {e}"))
                 .ok(),
             late_queued: HashSet::new(),
+            last_why: None,
         })
     }
 
@@ -292,10 +295,17 @@ impl Attacher {
     pub fn attach_path(&mut self, ebpf: &mut Ebpf, target: &str, path: &Path, sink: &mut dyn Sink) -> Result<(), String> {
         let t = target_named(target).ok_or_else(|| format!("unknown target {target}"))?;
         let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.last_why = None;
         self.probe_binary(ebpf, t, (meta.dev(), meta.ino()), path, path, 0, "flag", sink);
         match self.binaries.get(&(meta.dev(), meta.ino())) {
             Some(Binary::Probed { .. }) => Ok(()),
-            _ => Err(format!("{}: not probed (see the target line)", path.display())),
+            _ => {
+                let shown = path.display().to_string();
+                let why = self.last_why.take().unwrap_or_else(|| "see the target line".into());
+                // The reason often starts with the path already.
+                let why = why.strip_prefix(&format!("{shown}: ")).map(str::to_string).unwrap_or(why);
+                Err(format!("{shown}: not probed: {why}"))
+            }
         }
     }
 
@@ -610,6 +620,7 @@ impl Attacher {
                     return;
                 }
                 tracing::warn!(pid, target = target.name, binary = %path.display(), "Go binary not probed: {why}");
+                self.last_why = Some(why.clone());
                 plan.line.why = Some(why);
                 self.binaries.insert(plan.key, Binary::Skipped);
             }
