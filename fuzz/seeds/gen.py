@@ -83,3 +83,18 @@ split = sasl_c + hello + call(b"l", 2, b"A")
 put("dbus_stream", "split", b"\0" + b"".join(rec(split[i:i + 7]) for i in range(0, len(split), 7)))
 put("dbus_stream", "server_side", b"\1" + rec(sasl_c + call(b"l", 9, b"StartTransientUnit"), read=True)
     + rec(b"OK 00ff\r\n" + reply(b"l", 1, 9, b"")))
+
+# ---- ttrpc ----
+def ttrpc(length, stream, kind, flags=0):
+    return struct.pack(">IIBB", length, stream, kind, flags)
+
+put("ttrpc_header", "request_response", ttrpc(120, 1, 1) + ttrpc(8, 1, 2))
+put("ttrpc_header", "streams", ttrpc(64, 3, 1) + ttrpc(32, 3, 3, 1) + ttrpc(0, 5, 1) + ttrpc(16, 5, 2))
+put("ttrpc_header", "cut", ttrpc(120, 7, 1)[:6])
+
+# ---- goroutine_decode: a plausible parked g for the first layout (offsets vary by
+# version: the fuzzer finds the others; these only give it a start).
+g = bytearray(512)
+struct.pack_into("<QQ", g, 0, 0xc000001000, 0xc000003000)  # stack.lo, stack.hi
+put("goroutine_decode", "zeros", bytes([0]) + bytes(512))
+put("goroutine_decode", "stack_bounds", bytes([1]) + bytes(g))

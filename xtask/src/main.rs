@@ -51,6 +51,14 @@ enum Task {
     ///   cargo xtask bench --only relist --rounds 1 --relist-seconds 5
     #[command(verbatim_doc_comment)]
     Bench(bench::Args),
+    /// Fuzz the parsers of untrusted bytes (cargo-fuzz, nightly): netlink, D-Bus, gopclntab,
+    /// ttrpc headers, goroutine descriptors; `cargo xtask test` runs each for 15 s
+    ///
+    /// Examples:
+    ///   cargo xtask fuzz                       # every target, 5 minutes each
+    ///   cargo xtask fuzz --minutes 30 --target gopclntab
+    #[command(verbatim_doc_comment)]
+    Fuzz(test::FuzzArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +68,7 @@ fn main() -> ExitCode {
         Task::Run(args) => run::run(&args),
         Task::Test(args) => test::run(&args),
         Task::Bench(args) => bench::run(&args),
+        Task::Fuzz(args) => test::fuzz_campaign(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -46,16 +46,53 @@ fn unit_tests() -> Result<()> {
     cmd::run(cmd::cargo().args(["test", "--workspace", "--exclude", SCENARIOS]))
 }
 
-/// The cargo-fuzz targets in `fuzz/`: parsers of untrusted bytes.
-const FUZZ_TARGETS: &[&str] = &["netlink_parse", "dbus_stream", "gopclntab"];
-/// Seconds each target runs: a smoke run that catches regressions on the
-/// seeds and a little beyond, not a campaign.
-const FUZZ_SECONDS: u32 = 20;
+/// The cargo-fuzz targets in `fuzz/`: parsers of untrusted bytes (netlink and D-Bus
+/// captures, ELF files, ttrpc frame headers, another process's `runtime.g`).
+pub const FUZZ_TARGETS: &[&str] = &["netlink_parse", "dbus_stream", "gopclntab", "ttrpc_header", "goroutine_decode"];
+/// Seconds each target runs in `cargo xtask test`: a smoke run that catches
+/// regressions on the seeds and a little beyond, not a campaign (that is
+/// `cargo xtask fuzz`).
+const FUZZ_SECONDS: u32 = 15;
 
 fn fuzz() -> Result<()> {
     cmd::header("fuzz (short runs)");
+    run_fuzz(FUZZ_TARGETS, FUZZ_SECONDS)
+}
+
+/// Arguments of `cargo xtask fuzz`.
+#[derive(clap::Args)]
+pub struct FuzzArgs {
+    /// Minutes each target runs.
+    #[arg(long, value_name = "M", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1440))]
+    pub minutes: u32,
+    /// Only these targets (repeatable) [default: all].
+    #[arg(long, value_name = "TARGET")]
+    pub target: Vec<String>,
+}
+
+/// `cargo xtask fuzz`: every parser target (or those named) for `--minutes` each, its
+/// corpus kept under the temporary directory between runs; a crash stops it with the
+/// reproducing input in `fuzz/artifacts/`.
+pub fn fuzz_campaign(args: &FuzzArgs) -> Result<()> {
+    let targets: Vec<&str> = if args.target.is_empty() {
+        FUZZ_TARGETS.to_vec()
+    } else {
+        for t in &args.target {
+            if !FUZZ_TARGETS.contains(&t.as_str()) {
+                bail!("unknown fuzz target {t} (known: {})", FUZZ_TARGETS.join(", "));
+            }
+        }
+        args.target.iter().map(String::as_str).collect()
+    };
+    cmd::header(&format!("fuzz: {} target(s), {} min each", targets.len(), args.minutes));
+    run_fuzz(&targets, args.minutes * 60)
+}
+
+fn run_fuzz(targets: &[&str], seconds: u32) -> Result<()> {
     let root = cmd::workspace_root();
-    for target in FUZZ_TARGETS {
+    for target in targets {
+        let seconds = seconds.to_string();
+        let target = *target;
         let corpus = std::env::temp_dir().join(format!("plegwatch-fuzz-{target}"));
         std::fs::create_dir_all(&corpus)?;
         let seeds = root.join("fuzz/seeds").join(target);
@@ -65,7 +102,7 @@ fn fuzz() -> Result<()> {
                 .args(["+nightly", "fuzz", "run", target])
                 .arg(&corpus)
                 .arg(&seeds)
-                .args(["--", &format!("-max_total_time={FUZZ_SECONDS}"), "-print_final_stats=1"]),
+                .args(["--", &format!("-max_total_time={seconds}"), "-print_final_stats=1"]),
         )?;
     }
     Ok(())
