@@ -157,10 +157,19 @@ mod tests {
         use std::process::{Command, Stdio};
         let mut child = Command::new("sleep").arg("30").stdout(Stdio::piped()).spawn().expect("sleep runs");
         let me = std::process::id();
+        // The inode of the very pipe made for the child's stdout: a process
+        // started under a job server or a CI runner may inherit other pipes,
+        // both ends of them, and the child inherits those too.
+        let ino = {
+            use std::os::unix::fs::MetadataExt;
+            use std::os::fd::AsFd;
+            let fd = child.stdout.as_ref().expect("stdout piped").as_fd().try_clone_to_owned().expect("dup");
+            std::fs::File::from(fd).metadata().expect("fstat").ino()
+        };
         let links = child_pipes(me, &[child.id()]);
         let _ = child.kill();
         let _ = child.wait();
-        let l = links.iter().find(|l| l.child == child.id()).unwrap_or_else(|| panic!("no pipe to the child: {links:?}"));
+        let l = links.iter().find(|l| l.child == child.id() && l.ino == ino).unwrap_or_else(|| panic!("no pipe {ino} to the child: {links:?}"));
         assert_eq!(l.writer_fds, vec![1]);
         assert_eq!(l.child_argv, ["sleep", "30"]);
         assert!(l.blocked_readers.is_empty());
