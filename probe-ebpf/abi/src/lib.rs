@@ -717,6 +717,10 @@ pub const WAIT_BEFORE_ATTACH: u32 = 1;
 /// never by the kernel (a swept wait whose tail starts later, at the kernel's
 /// `sys_exit`, lacks it and is counted in slot 0 like any other).
 pub const WAIT_SWEPT_TAIL: u32 = 2;
+/// [`Wait::flags`]: the wait's user stack is still to be taken, at the
+/// thread's first switch-out inside it (`sched_switch`), so a wait that never
+/// sleeps costs no stack walk. Counted by the kernel in `USTACK_PENDING`.
+pub const WAIT_USTACK_PENDING: u32 = 4;
 
 /// The kind of a ring-buffer record, first in every record.
 #[repr(u32)]

@@ -73,7 +73,7 @@ pub fn drops(all: &[u64; STAT_COUNT as usize]) -> Vec<DropCount> {
         ("socket_io", "read_failed", Stat::SockReadFailed),
         ("socket_io", "ttrpc_desync", Stat::TtrpcDesync),
         ("wait_enter", "path_read_failed", Stat::PathReadFailed),
-        ("wait_enter", "user_stack_failed", Stat::UserStackFailed),
+        ("offcpu", "user_stack_failed", Stat::UserStackFailed),
         ("offcpu", "offcpu_start_full", Stat::OffcpuStartFull),
         ("offcpu", "offcpu_full", Stat::OffcpuFull),
         ("offcpu", "stack_failed", Stat::OffcpuStackFailed),
@@ -137,7 +137,7 @@ mod tests {
             ("offcpu", "stack_failed", Stat::OffcpuStackFailed),
             ("lock_contention", "lock_waits_full", Stat::LockWaitsFull),
             ("lock_contention", "stack_failed", Stat::LockStackFailed),
-            ("wait_enter", "user_stack_failed", Stat::UserStackFailed),
+            ("offcpu", "user_stack_failed", Stat::UserStackFailed),
         ] {
             let c = d.iter().find(|c| c.probe == probe && c.reason == reason);
             assert_eq!(c.map(|c| c.count), Some(100 + s as u64), "{probe}/{reason}: {d:?}");
