@@ -88,9 +88,9 @@ fn switch_out<C: StackIdContextExt>(ctx: &C, prev_state: u64) {
         // Preempted, not asleep.
         return;
     }
-    if crate::waits::ustack_pending() {
+    if crate::waits::details_pending() {
         // Any sleep, D or not (a FUSE fsync waits interruptibly).
-        crate::waits::fill_user_stack(bpf_get_current_pid_tgid() as u32, || ctx.user_stack_id());
+        crate::waits::fill_at_sleep(bpf_get_current_pid_tgid() as u32, || ctx.user_stack_id());
     }
     if prev_state & TASK_UNINTERRUPTIBLE == 0 {
         return;
