@@ -107,10 +107,16 @@ fn containerd_restarted_mid_incident_is_retraced_and_the_incident_kept() -> Resu
     ensure!(resolved.is_some(), "incident #{id} did not resolve after the release:\n{}", dump(plegwatch.events(), origin));
     let released = gofixture::monotonic_now();
     let first = kubelet.wait_relist_started_since(released, Duration::from_secs(3)).context("no relist after the release")?;
-    let mut last = first;
-    while last < first + AFTER {
+    // gRPC reconnects to the new socket on its own backoff: a relist may fail before it has.
+    let (mut last, mut ok) = (first - 1, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ok < AFTER {
+        ensure!(Instant::now() < deadline, "{ok} relists answered by the new containerd in 10 s: {:?}", kubelet.transcript());
         let r = kubelet.wait_cri_relist(last, Duration::from_secs(5)).with_context(|| format!("no CRI relist after {last}: {:?}", kubelet.transcript()))?;
-        ensure!(r.result.is_ok(), "relist {} against the new containerd: {:?}", r.n, r.result);
+        match &r.result {
+            Ok(_) => ok += 1,
+            Err(e) => eprintln!("relist {} before the fixture reconnected: {e:?}", r.n),
+        }
         last = r.n;
     }
     // CRI relists since both were probed: `relist cri N T ...`.
@@ -126,13 +132,14 @@ fn containerd_restarted_mid_incident_is_retraced_and_the_incident_kept() -> Resu
     assert_eq!(raised_for_it, 1, "the parked relist was raised more than once:\n{}", all());
     let summary = events.iter().find(|e| e.is("summary")).with_context(|| format!("no summary:\n{}", all()))?;
     let rows = summary.get("/go_latency").and_then(Value::as_array).cloned().unwrap_or_default();
-    let list = rows
+    let list: Vec<&Value> = rows
         .iter()
-        .find(|r| r["target"] == "containerd" && r["function"].as_str().is_some_and(|f| f.ends_with(".(*criService).ListContainers")))
-        .unwrap_or_else(|| panic!("no ListContainers latency row:\n{}", all()));
-    let count = list["count"].as_u64().unwrap_or(0);
+        .filter(|r| r["target"] == "containerd" && r["function"].as_str().is_some_and(|f| f.ends_with(".(*criService).ListContainers")))
+        .collect();
+    assert!(!list.is_empty(), "no ListContainers latency row:\n{}", all());
+    let count: u64 = list.iter().filter_map(|r| r["count"].as_u64()).sum();
     // Of the fixture's `total` ListContainers calls, at least AFTER went to the new process.
-    eprintln!("ListContainers: {count} calls seen; the fixture made {total}, {} after the restart", last - first + 1);
+    eprintln!("ListContainers: {count} calls seen; the fixture made {total}, {ok} answered by the new containerd");
     assert!(count >= total, "{count} ListContainers calls seen, the fixture made {total} (>= {AFTER} to the new containerd):\n{}", all());
     ensure!(kubelet.quit()?.success(), "the fixture exited badly");
     Ok(())
