@@ -21,8 +21,11 @@ use serde_json::Value;
 /// Storm threads: more than the machine's 2 cores, so that the reader competes for CPU.
 const THREADS: usize = 4;
 const LENGTH: Duration = Duration::from_secs(4);
-/// plegwatch's resident memory during the flood, debug build: its bound.
-const RSS_BOUND: u64 = 64 << 20;
+/// plegwatch's resident memory during the flood (debug build, about 67 MiB idle): its bound.
+const RSS_BOUND: u64 = 96 << 20;
+/// How much the flood may add to plegwatch's idle RSS: the ring buffers are preallocated
+/// maps, so a flood should cost userspace little beyond what it parses one record at a time.
+const RSS_GROWTH: u64 = 16 << 20;
 
 #[test]
 fn a_ringbuf_flood_is_counted_and_survived_with_the_incident_kept() -> Result<()> {
@@ -34,7 +37,7 @@ fn a_ringbuf_flood_is_counted_and_survived_with_the_incident_kept() -> Result<()
     plegwatch.wait_ready(READY_TIMEOUT)?;
     plegwatch.wait_probed(kpid, Duration::from_secs(5))?;
     let origin = Instant::now();
-    let idle_rss = flood::rss_bytes(plegwatch.pid()).unwrap_or(0);
+    let idle_rss = flood::rss_bytes(plegwatch.pid()).context("plegwatch's RSS")?;
 
     kubelet.block_next()?;
     kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
@@ -62,6 +65,13 @@ fn a_ringbuf_flood_is_counted_and_survived_with_the_incident_kept() -> Result<()
     );
     ensure!(samples > 10, "only {samples} RSS samples: plegwatch gone?");
     assert!(max_rss <= RSS_BOUND, "plegwatch's RSS reached {:.1} MiB during the flood (bound {} MiB)", max_rss as f64 / 1048576.0, RSS_BOUND >> 20);
+    assert!(
+        max_rss <= idle_rss + RSS_GROWTH,
+        "plegwatch's RSS grew from {:.1} to {:.1} MiB during the flood (bound +{} MiB)",
+        idle_rss as f64 / 1048576.0,
+        max_rss as f64 / 1048576.0,
+        RSS_GROWTH >> 20
+    );
     let warned = plegwatch.wait_stderr("the kernel dropped records", Duration::from_secs(3));
     let stderr = plegwatch.stderr();
     let warning = stderr.lines().find(|l| l.contains("the kernel dropped records") && l.contains("socket_io"));
