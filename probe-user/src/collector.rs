@@ -285,7 +285,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         tracing::warn!(
             dropped_waits = summary.dropped_waits,
             dropped_events = summary.dropped_events,
-            "the kernel dropped records: some waits may be missing or timed approximately"
+            "the kernel dropped records (the summary's `dropped` has them by probe): some waits or requests may be missing or timed approximately"
         );
     }
     sink.emit(&Event::Summary(summary.clone()));

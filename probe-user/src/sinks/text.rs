@@ -490,6 +490,28 @@ mod tests {
         }
     }
 
+    /// A ring-buffer flood's drops reach the text summary by probe, and the JSON one.
+    #[test]
+    fn summaries_show_the_kernel_drops_by_probe() {
+        use crate::events::{DropCount, Summary};
+        let s = Summary {
+            dropped_events: 823_658,
+            dropped: vec![
+                DropCount { probe: "wait_enter", reason: "inflight_full", count: 0 },
+                DropCount { probe: "socket_io", reason: "sock_events_full", count: 823_658 },
+            ],
+            ..Default::default()
+        };
+        let text = render_text(&Event::Summary(s.clone()));
+        assert!(text.contains("dropped 0 waits and 823658 end records"), "{text}");
+        assert!(text.contains("kernel drops by probe: socket_io/sock_events_full 823658"), "{text}");
+        assert!(!text.contains("inflight_full"), "a zero counter is left out: {text}");
+        let mut buf = Vec::new();
+        JsonSink(&mut buf).emit(&Event::Summary(s));
+        let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        assert_eq!(v["dropped"][1], serde_json::json!({"probe": "socket_io", "reason": "sock_events_full", "count": 823_658}), "{v}");
+    }
+
     #[test]
     fn ages_begun_before_start_are_marked_by_what_they_rest_on() {
         let mut h = hop("cri_call", 7, "ListContainers", Some(0.25), None, false);
