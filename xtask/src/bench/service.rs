@@ -10,8 +10,8 @@
 //!   it can (each a request and its reply: two watched events);
 //! - **workload**: `git status` on a tree of 30,000 files, untraced and under plegwatch;
 //! - **scan lateness p99**: from plegwatch's own summary;
-//! - **RSS** at the end of each round, and **BPF map memory** (`bpftool`'s
-//!   `bytes_memlock` of plegwatch's maps);
+//! - **RSS** at the end of each round, and **BPF map memory** (the `memlock` of the map
+//!   fds plegwatch holds);
 //! - with `--soak-minutes M`: RSS every 10 s over M minutes of mixed load (netlink, fsync and
 //!   unix loops in turn), its peak and its growth over the second half.
 
@@ -209,24 +209,32 @@ fn rss_mib(pid: u32) -> Result<f64> {
     Ok(kib / 1024.0)
 }
 
-/// plegwatch's maps by `bpftool map show`'s `pids`: their total `bytes_memlock` in MiB and
-/// one line per map, largest first.
+/// plegwatch's maps, from the map fds it holds (`/proc/PID/fdinfo/N`: `map_id`, `memlock`,
+/// `max_entries`) named by `bpftool map show` (this bpftool lists no owning pids): their
+/// total in MiB and one line per map, largest first.
 fn map_memory(pid: u32) -> Result<(f64, String)> {
     let out = cmd::output(Command::new("bpftool").args(["-j", "map", "show"]))?;
-    let maps: serde_json::Value = serde_json::from_str(&out).context("bpftool -j map show: not JSON")?;
-    let mut mine: Vec<(u64, String, u64)> = maps
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|m| m["pids"].as_array().is_some_and(|p| p.iter().any(|p| p["pid"].as_u64() == Some(u64::from(pid)))))
-        .map(|m| (m["bytes_memlock"].as_u64().unwrap_or(0), m["name"].as_str().unwrap_or("?").to_owned(), m["max_entries"].as_u64().unwrap_or(0)))
-        .collect();
+    let listed: serde_json::Value = serde_json::from_str(&out).context("bpftool -j map show: not JSON")?;
+    let name_of = |id: u64| {
+        listed.as_array().into_iter().flatten().find(|m| m["id"].as_u64() == Some(id)).and_then(|m| m["name"].as_str()).unwrap_or("?").to_owned()
+    };
+    let dir = format!("/proc/{pid}/fdinfo");
+    let mut mine: Vec<(u64, String, u64)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {dir}"))?.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
+        let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u64>().ok());
+        let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) else { continue };
+        if seen.insert(id) {
+            mine.push((memlock, name_of(id), field("max_entries:").unwrap_or(0)));
+        }
+    }
     if mine.is_empty() {
-        bail!("bpftool lists no map held by plegwatch (pid {pid}): was bpftool built without pid support?");
+        bail!("plegwatch (pid {pid}) holds no BPF map fd in {dir}");
     }
     mine.sort_unstable_by(|a, b| b.cmp(a));
     let total: u64 = mine.iter().map(|m| m.0).sum();
-    let mut listing = format!("BPF maps of plegwatch (bpftool bytes_memlock), {} maps, {:.1} MiB in all:\n", mine.len(), total as f64 / 1048576.0);
+    let mut listing = format!("BPF maps of plegwatch (memlock from fdinfo), {} maps, {:.1} MiB in all:\n", mine.len(), total as f64 / 1048576.0);
     for (bytes, name, entries) in &mine {
         listing += &format!("  {name:<16} {entries:>8} entries  {:>9.1} KiB\n", *bytes as f64 / 1024.0);
     }
