@@ -45,6 +45,11 @@ impl LatencyTables {
         h.saturating_record(us);
     }
 
+    /// One table's histogram, if anything was recorded in it.
+    pub fn histogram(&self, target: &str, function: &str) -> Option<&Histogram<u64>> {
+        self.tables.get(&(target.to_string(), function.to_string()))
+    }
+
     /// Every table, as rows sorted by target then function.
     pub fn rows(&self) -> Vec<LatencyRow> {
         let s = |us: u64| us as f64 / 1e6;

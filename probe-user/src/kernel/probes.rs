@@ -368,7 +368,19 @@ impl Choice {
         ProbeChoice {
             probe: self.probe.to_string(),
             variant: self.variant.describe(),
+            why: self.passed_over.first().map(|w| few_words(w)),
         }
+    }
+}
+
+/// A reason cut to its first clause and 60 characters, for the one-line start.
+fn few_words(reason: &str) -> String {
+    // `variant: reason`: the reason after the variant's name.
+    let r = reason.split_once(": ").map_or(reason, |(_, r)| r);
+    let r = r.split(['(', ';']).next().unwrap_or(r).trim();
+    match r.char_indices().nth(60) {
+        Some((i, _)) => format!("{}…", &r[..i]),
+        None => r.to_string(),
     }
 }
 
