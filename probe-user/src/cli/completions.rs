@@ -47,7 +47,7 @@ pub fn completion(shell: Shell) -> Vec<u8> {
 /// The man page (roff): the command, its options and subcommands, examples
 /// and the exit codes.
 pub fn man_page() -> std::io::Result<Vec<u8>> {
-    let cmd = super::Cli::command().after_help(None::<&str>).after_long_help(None::<&str>);
+    let cmd = super::Cli::command().after_help(None::<&str>).after_long_help(None::<&str>).long_version(None::<&str>);
     let man = clap_mangen::Man::new(cmd.clone());
     let mut out = Vec::new();
     man.render_title(&mut out)?;
