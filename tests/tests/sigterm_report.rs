@@ -94,7 +94,8 @@ fn sigterm_writes_the_final_bundle_and_exits_0() -> anyhow::Result<()> {
         let text = String::from_utf8_lossy(&out.stdout);
         eprintln!("explain {id} --from {}:\n{text}", from.display());
         assert!(out.status.success(), "explain --from {}: {}: {}", from.display(), out.status, String::from_utf8_lossy(&out.stderr));
-        assert!(text.contains(&format!("incident #{id}")) && text.contains("ROOT") && text.contains("in words:"), "{text}");
+        assert!(text.contains(&format!("incident #{id}")) && text.contains("ROOT") && text.contains("had not resolved"), "{text}");
+        assert_eq!(text.matches("in words: ").count(), hops.len() + last.json["chain"].as_array().into_iter().flatten().filter(|h| !h["edge"].is_null()).count(), "each hop and each link in words:\n{text}");
         for h in &hops {
             assert!(text.contains(h.as_str()), "hop {h:?} is not in the explanation of {}:\n{text}", from.display());
         }

@@ -95,6 +95,10 @@ pub fn incident_text(clock: &str, i: &Incident, opts: &TextOptions, explain: boo
     for (n, h) in i.chain.iter().enumerate() {
         let mark = if h.root { "ROOT" } else if h.wait_id.is_none() { " END" } else { "    " };
         out.push_str(&format!("\n  {mark} {}. {}", n + 1, hop_line(h)));
+        if explain {
+            let role = if n == 0 && i.chain.len() > 1 { " It is the symptom." } else if h.root { " It is the root: the cause sits here." } else { "" };
+            out.push_str(&format!("\n              in words: {}.{role}", kind_meaning(&h.kind)));
+        }
         if let (Some(edge), Some(x)) = (h.edge, h.exactness) {
             out.push_str(&format!("\n           -> {} ({}): {}", edge.as_str(), x.as_str(), h.evidence.as_deref().unwrap_or("")));
             if explain {
@@ -125,7 +129,7 @@ fn syscall_table(rows: &[crate::events::SyscallSummary]) -> String {
         return String::new();
     }
     let cell = |exact: Option<f64>, bound: f64| match exact {
-        Some(v) => human_secs(v),
+        Some(v) => crate::latency::secs(v),
         None => format!("<={}", human_secs(bound)),
     };
     let mut out = format!("\n    {:<16} {:>8} {:>9} {:>9} {:>9} {:>9}  measured", "syscall", "calls", "p50", "p90", "p99", "max");
@@ -143,6 +147,27 @@ fn syscall_table(rows: &[crate::events::SyscallSummary]) -> String {
     }
     out.push_str("\n    (measured: calls over --warn, timed exactly; <=X: the kernel's log2 bucket bound, not a measured value)");
     out
+}
+
+/// What a hop of this kind is, in words (`plegwatch explain`).
+fn kind_meaning(kind: &str) -> &'static str {
+    match kind {
+        "umount" => "An unmount (umount2) still running, often syncing dirty pages to disk after the syscall returned",
+        "sync" => "A sync call (sync, syncfs, fsync, fdatasync, sync_file_range) waiting for writes to reach the disk",
+        "netlink_request" => "A netlink request (to the kernel or a daemon) that has had no reply yet",
+        "dbus_call" => "A D-Bus method call that has had no reply yet",
+        "pleg_relist" => "kubelet's PLEG relist still running: when it passes 3 minutes the node goes NotReady",
+        "go_lock" => "A Go lock (containerd's CRI container Status lock) held, with callers waiting for it",
+        "cri_call" => "A CRI call still running inside containerd",
+        "go_call" => "A probed Go call (a shim task call, runc's systemd calls) still running",
+        "child_wait" => "A process waiting for its child process to finish",
+        "unix_recv" => "A thread waiting for a reply on a unix socket",
+        "futex" => "A thread parked on a contended lock",
+        "process" => "The process holding the wait above (its state says whether it is stopped or blocked)",
+        "kernel" => "The kernel, which has not answered",
+        "device" => "The block device the writes go to, with its requests in flight and write rate",
+        _ => "A wait plegwatch tracks",
+    }
 }
 
 fn chain_words(chain: &[Hop]) -> String {
@@ -692,7 +717,7 @@ mod tests {
     fn the_summary_gives_measured_quantiles_and_marks_bounds() {
         let t = render_text(&Event::Summary(summary()));
         let umount = t.lines().find(|l| l.trim_start().starts_with("umount2")).unwrap();
-        assert_eq!(umount.matches("5.1s").count(), 4, "p50, p90, p99 and max are the measured 5.06 s: {t}");
+        assert_eq!(umount.matches("5.06s").count(), 4, "p50, p90, p99 and max are the measured 5.06 s: {t}");
         assert!(!umount.contains("<="), "{t}");
         let fsync = t.lines().find(|l| l.trim_start().starts_with("fsync")).unwrap();
         assert!(fsync.contains("<=") && fsync.trim_end().ends_with(" 0"), "no fsync was measured: {t}");
