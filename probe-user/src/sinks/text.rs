@@ -96,7 +96,11 @@ pub fn incident_text(clock: &str, i: &Incident, opts: &TextOptions, explain: boo
         let mark = if h.root { "ROOT" } else if h.wait_id.is_none() { " END" } else { "    " };
         out.push_str(&format!("\n  {mark} {}. {}", n + 1, hop_line(h)));
         if explain {
-            let role = if n == 0 && i.chain.len() > 1 { " It is the symptom." } else if h.root { " It is the root: the cause sits here." } else { "" };
+            let role = match (h.root, n == 0 && i.chain.iter().filter(|h| h.wait_id.is_some()).count() > 1) {
+                (true, _) => " It is the root: the cause sits here.",
+                (false, true) => " It is the symptom.",
+                _ => "",
+            };
             out.push_str(&format!("\n              in words: {}.{role}", kind_meaning(&h.kind)));
         }
         if let (Some(edge), Some(x)) = (h.edge, h.exactness) {
