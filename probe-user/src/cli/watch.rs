@@ -195,7 +195,7 @@ pub async fn run(args: WatchArgs, text: TextOptions) -> anyhow::Result<()> {
     let mut sink: Box<dyn Sink> = match args.output(LiveSink::supported()) {
         Output::Json => Box::new(JsonSink(stdout.lock())),
         Output::Text => text(),
-        Output::Live => match LiveSink::start() {
+        Output::Live => match LiveSink::start(opts.color) {
             Ok(live) => Box::new(live),
             Err(e) => {
                 tracing::warn!("live view: cannot start its thread ({e}); printing lines");

@@ -49,11 +49,12 @@ impl LiveSink {
         io::stdout().is_terminal() && std::env::var("TERM").is_ok_and(|t| !t.is_empty() && t != "dumb")
     }
 
-    /// Starts the drawing thread. The terminal is taken over at the first
-    /// event, so that errors before it (no root, no BTF) print as usual.
-    pub fn start() -> io::Result<LiveSink> {
+    /// Starts the drawing thread, in colour or not (`--color`, `NO_COLOR`).
+    /// The terminal is taken over at the first event, so that errors before
+    /// it (no root, no BTF) print as usual.
+    pub fn start(color: bool) -> io::Result<LiveSink> {
         let (tx, rx) = mpsc::channel();
-        let drawer = std::thread::Builder::new().name("plegwatch-live".into()).spawn(move || draw_loop(rx))?;
+        let drawer = std::thread::Builder::new().name("plegwatch-live".into()).spawn(move || draw_loop(rx, color))?;
         Ok(LiveSink { tx, drawer: Some(drawer) })
     }
 }
@@ -89,8 +90,9 @@ enum Output {
     Text,
 }
 
-fn draw_loop(rx: Receiver<Msg>) {
+fn draw_loop(rx: Receiver<Msg>, color: bool) {
     let mut state = LiveState::default();
+    state.monochrome = !color;
     let mut out = Output::Pending;
     let mut last_draw: Option<Instant> = None;
     let mut dirty = false;
