@@ -142,6 +142,10 @@ mod tests {
             (&["check", "--self-watch", "1e20"], "--self-watch", "1e20"),
             (&["report", "x", "--format", "gif"], "--format", "gif"),
             (&["--log-format", "xml", "doctor"], "--log-format", "xml"),
+            (&["--color", "rainbow", "doctor"], "--color", "rainbow"),
+            (&["completions", "tcsh"], "<SHELL>", "tcsh"),
+            (&["explain", "x", "--from", "f"], "<ID>", "x"),
+            (&["watch", "--stacks", "some"], "--stacks", "some"),
         ];
         for (args, flag, value) in cases {
             let e = err(args);

@@ -496,6 +496,17 @@ where
 
 #[cfg(test)]
 mod tests {
+    /// The start line's reason for a probe that is off: the reason, not the variant, cut short.
+    #[test]
+    fn an_off_probes_reason_is_a_few_words() {
+        assert_eq!(
+            super::few_words("tracepoint lock:contention_begin: no such tracepoint in tracefs (events/lock/contention_begin/format)"),
+            "no such tracepoint in tracefs"
+        );
+        let long = super::few_words(&format!("fentry x: {}", "word ".repeat(40)));
+        assert!(long.ends_with('…') && long.chars().count() == 61, "{long}");
+    }
+
     #[test]
     fn tracefs_formats_parse() {
         let text = "name: block_rq_issue\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:char rwbs[10];\toffset:34;\tsize:10;\tsigned:0;\n\tfield:__data_loc char[] cmd;\toffset:60;\tsize:4;\tsigned:0;\n";
