@@ -79,6 +79,33 @@ fn sigterm_writes_the_final_bundle_and_exits_0() -> anyhow::Result<()> {
     let latency: Value = serde_json::from_slice(&std::fs::read(run.join("latency.json"))?)?;
     assert!(latency["families"].as_array().is_some_and(|f| !f.is_empty()), "latency.json: {latency}");
 
+    // The next morning: `plegwatch explain` reads the incident back from the JSON log
+    // (its last update) and from the run bundle, hop by hop in words, and no JSON.
+    let log = tmp.path().join("watch.jsonl");
+    std::fs::write(&log, events.iter().map(|e| format!("{}\n", e.json)).collect::<String>())?;
+    let last = events.iter().rev().find(|e| e.is("incident") && e.u64("/id") == Some(id)).context("the incident's last line")?;
+    let hops: Vec<String> = last.json["chain"].as_array().into_iter().flatten().filter_map(|h| h["what"].as_str().map(str::to_string)).collect();
+    assert!(!hops.is_empty(), "{}", last.json);
+    let explain = |from: &Path, id: &str| {
+        std::process::Command::new(preflight::plegwatch_bin()?).args(["explain", id, "--from"]).arg(from).env("NO_COLOR", "1").output().context("run plegwatch explain")
+    };
+    for from in [log.as_path(), run.as_path()] {
+        let out = explain(from, &id.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("explain {id} --from {}:\n{text}", from.display());
+        assert!(out.status.success(), "explain --from {}: {}: {}", from.display(), out.status, String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains(&format!("incident #{id}")) && text.contains("ROOT") && text.contains("had not resolved"), "{text}");
+        assert_eq!(text.matches("in words: ").count(), hops.len() + last.json["chain"].as_array().into_iter().flatten().filter(|h| !h["edge"].is_null()).count(), "each hop and each link in words:\n{text}");
+        for h in &hops {
+            assert!(text.contains(h.as_str()), "hop {h:?} is not in the explanation of {}:\n{text}", from.display());
+        }
+        assert!(!text.lines().any(|l| l.contains("{\"")), "JSON in explain's text:\n{text}");
+    }
+    let out = explain(&log, "999999")?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "an unknown id exits 2: {err}");
+    assert!(err.trim().lines().count() == 1 && err.contains("#999999"), "one line naming the id: {err}");
+
     let n = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist after the release")?;
     anyhow::ensure!(kubelet.wait_relist_end(n, Duration::from_secs(3)).is_some(), "relist {n} did not end");
     let status = kubelet.quit()?;

@@ -19,16 +19,17 @@
 use super::model::{Edge, Exactness, HeldBy, HolderId, Hop, OpenWait, PodRef, Terminal, WaitKey};
 use crate::levels::{Level, PLEG_BUDGET, Thresholds};
 use crate::syscalls::WaitKind;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 /// An incident as printed: raised, escalated or updated.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Incident {
     pub level: Level,
     pub id: u64,
     /// Why this line was printed again: `level`, `root`, `chain` (empty when first raised).
+    #[serde(skip_deserializing)]
     pub changed: Vec<&'static str>,
     /// The deepest open wait (none for a cycle).
     pub root: Option<Hop>,
@@ -40,7 +41,7 @@ pub struct Incident {
     pub waits: Vec<u64>,
     /// The waits off the chain that a heuristic link attaches (threads parked on a lock
     /// beside a sibling's long wait), each with its link.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attached: Vec<Hop>,
     pub budget_used: f64,
     /// RFC 3339: when its oldest wait began.
@@ -51,7 +52,7 @@ pub struct Incident {
     pub cycle: bool,
     /// A wait on its chain began before plegwatch started (found by the startup sweep
     /// or the goroutine scan): its age is that of the hops marked `start`.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub started_before_attach: bool,
 }
 
