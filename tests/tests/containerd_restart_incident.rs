@@ -67,15 +67,10 @@ fn containerd_restarted_mid_incident_is_retraced_and_the_incident_kept() -> Resu
         .context("the fixture does not relist")?;
 
     // The incident: the relist parked.
-    kubelet.block_next()?;
-    kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
-    let ours = move |e: &Event| {
-        e.is("incident") && e.json["chain"].as_array().is_some_and(|c| c.iter().any(|h| h["pid"].as_u64() == Some(u64::from(kpid))))
-    };
-    let raised = plegwatch.wait_for(Duration::from_secs(5), ours);
-    let raised = raised.unwrap_or_else(|| panic!("no incident for the parked relist of pid {kpid}:\n{}", dump(plegwatch.events(), origin)));
+    let raised = kubelet.park_and_await_incident(&mut plegwatch, origin)?;
     let id = raised.u64("/id").context("incident id")?;
     eprintln!("incident #{id} raised: {}", raised.json);
+    let ours = move |e: &Event| e.is("incident") && e.u64("/id") == Some(id);
 
     // containerd dies and comes back while the relist is parked.
     let old_pid = daemon.pid();

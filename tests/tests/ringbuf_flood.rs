@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use plegwatch_scenarios::events::{dump, Event};
+use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::flood::{self, RssSampler};
 use plegwatch_scenarios::gofixture::{build_fake_kubelet, FakeKubelet};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
@@ -39,13 +39,7 @@ fn a_ringbuf_flood_is_counted_and_survived_with_the_incident_kept() -> Result<()
     let origin = Instant::now();
     let idle_rss = flood::rss_bytes(plegwatch.pid()).context("plegwatch's RSS")?;
 
-    kubelet.block_next()?;
-    kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
-    let ours = move |e: &Event| {
-        e.is("incident") && e.json["chain"].as_array().is_some_and(|c| c.iter().any(|h| h["pid"].as_u64() == Some(u64::from(kpid))))
-    };
-    let raised = plegwatch.wait_for(Duration::from_secs(5), ours);
-    let raised = raised.unwrap_or_else(|| panic!("no incident for the parked relist of pid {kpid}:\n{}", dump(plegwatch.events(), origin)));
+    let raised = kubelet.park_and_await_incident(&mut plegwatch, origin)?;
     let id = raised.u64("/id").context("incident id")?;
 
     // The flood, with plegwatch's RSS sampled every 50 ms.
@@ -89,7 +83,7 @@ fn a_ringbuf_flood_is_counted_and_survived_with_the_incident_kept() -> Result<()
 
     let events = plegwatch.stop()?;
     let all = || dump(&events, origin);
-    let raised_for_it = events.iter().filter(|e| ours(e) && e.get("/changed").and_then(Value::as_array).is_some_and(Vec::is_empty)).count();
+    let raised_for_it = events.iter().filter(|e| e.is("incident") && e.u64("/id") == Some(id) && e.get("/changed").and_then(Value::as_array).is_some_and(Vec::is_empty)).count();
     assert_eq!(raised_for_it, 1, "the parked relist was raised more than once:\n{}", all());
     let summary = events.iter().find(|e| e.is("summary")).with_context(|| format!("no summary:\n{}", all()))?;
     let dropped = summary.get("/dropped").and_then(Value::as_array).cloned().unwrap_or_default();

@@ -37,19 +37,7 @@ fn sigterm_writes_the_final_bundle_and_exits_0() -> anyhow::Result<()> {
     plegwatch.wait_probed(pid, Duration::from_secs(5))?;
     let started = std::time::Instant::now();
 
-    kubelet.block_next()?;
-    kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
-    let about_it = |e: &plegwatch_scenarios::events::Event| {
-        e.is("incident") && e.json["chain"].as_array().is_some_and(|c| c.iter().any(|h| h["pid"].as_u64() == Some(u64::from(pid))))
-    };
-    let raised = plegwatch.wait_for(Duration::from_secs(5), about_it);
-    let raised = match raised {
-        Some(r) => r,
-        None => {
-            let events = plegwatch.stop_with(libc::SIGTERM)?;
-            panic!("no incident for the parked relist of pid {pid}:\n{}", dump(&events, started));
-        }
-    };
+    let raised = kubelet.park_and_await_incident(&mut plegwatch, started)?;
     let id = raised.u64("/id").context("incident id")?;
 
     // Still parked: SIGTERM now.

@@ -345,5 +345,9 @@ pub fn who_text(comm: Option<&str>, pid: Option<u32>, tid: Option<u32>, goroutin
     if let Some(g) = goroutine {
         who.push_str(&format!(" g={g}"));
     }
-    who
+    // A holder known only by its pid reads `pid=1`, not `? pid=1`.
+    match who.strip_prefix("? ") {
+        Some(rest) if comm.is_none() => rest.to_string(),
+        _ => who,
+    }
 }

@@ -9,6 +9,8 @@
 //! - [`MetricsSink`]: the daemon's OpenMetrics series and `/incidents`;
 //! - [`Tee`]: two sinks fed the same events.
 
+#[cfg(test)]
+mod first_screen;
 pub(crate) mod live;
 mod log;
 pub mod metrics;

@@ -59,7 +59,7 @@ fn hop_line(h: &Hop) -> String {
     };
     let age = h.waited_s.map(|w| format!("{:>8}", format!("{mark}{}", human_secs(w)))).unwrap_or_else(|| "        ".into());
     if h.comm.is_none() && h.pid.is_none() {
-        return format!("{:<12} {age}  {}", h.kind, h.what);
+        return format!("{:<15} {age}  {}", h.kind, h.what);
     }
     let pod = match (&h.pod.pod, &h.pod.container) {
         (Some(p), c) => {
@@ -68,7 +68,7 @@ fn hop_line(h: &Hop) -> String {
         }
         _ => String::new(),
     };
-    format!("{:<12} {age}  {}  [{who}]{pod}", h.kind, h.what)
+    format!("{:<15} {age}  {}  [{who}]{pod}", h.kind, h.what)
 }
 
 /// An incident as a block: a header, then its chain top to bottom, one hop
