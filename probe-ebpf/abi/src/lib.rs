@@ -695,8 +695,9 @@ pub struct Wait {
     pub slot: u32,
     /// `WAIT_*` flags.
     pub flags: u32,
-    /// The thread's user stack at `sys_enter`, an id in the off-CPU probe's
-    /// `STACKS` map (walked by frame pointers), or -1 (none: swept, or the walk failed).
+    /// The thread's user stack, taken at the wait's first sleep (the syscall's
+    /// user registers), an id in the off-CPU probe's `STACKS` map (walked by
+    /// frame pointers), or -1 (none: not slept yet, swept, or the walk failed).
     pub user_stack: i32,
     /// The goroutine (`g`) running on the thread, read from thread-local
     /// storage at the wait's first sleep in processes of
