@@ -35,9 +35,9 @@ static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
 static HIST: PerCpuArray<u64> = PerCpuArray::with_max_entries(HIST_ENTRIES, 0);
 #[map]
 static TAIL_PENDING: Array<u64> = Array::with_max_entries(2, 0);
-/// Slot 0: how many [`INFLIGHT`] waits still lack their user stack
-/// ([`WAIT_DETAILS_PENDING`]), so that a switch-out costs one array read while
-/// none does. Kernel-owned; an entry carrying the flag is counted once.
+/// Slot 0: how many [`INFLIGHT`] waits still lack their details (user stack,
+/// comm, goroutine: [`WAIT_DETAILS_PENDING`]), so that a switch-out costs one
+/// array read while none does. Kernel-owned; an entry carrying the flag is counted once.
 #[map]
 static DETAILS_PENDING: Array<u64> = Array::with_max_entries(1, 0);
 
@@ -109,7 +109,7 @@ fn tails_pending() -> bool {
     crate::gate::open(&TAIL_PENDING, 0) || crate::gate::open(&TAIL_PENDING, 1)
 }
 
-/// Whether some open wait still lacks its user stack.
+/// Whether some open wait still lacks its details ([`fill_at_sleep`]).
 #[inline(always)]
 pub(crate) fn details_pending() -> bool {
     crate::gate::open(&DETAILS_PENDING, 0)
@@ -146,7 +146,7 @@ pub(crate) fn fill_at_sleep(tid: u32, take: impl FnOnce() -> i32) {
     crate::gate::add(&DETAILS_PENDING, 0, -1);
 }
 
-/// Uncounts a removed entry that still waited for its user stack.
+/// Uncounts a removed entry that still waited for its details.
 #[inline(always)]
 fn details_removed(flags: u32) {
     if flags & WAIT_DETAILS_PENDING != 0 {
