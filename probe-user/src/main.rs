@@ -18,7 +18,7 @@ fn main() {
         // --help, --version.
         Err(e) => e.exit(),
     };
-    logging::init(cli.log_format, cli.verbose, cli.color);
+    logging::init(cli.log_format, cli.verbose, cli.color, matches!(cli.command, Command::Doctor(_)));
     let stdout_color = cli.color.for_stream(&std::io::stdout());
     let result = match cli.command {
         Command::Explain(args) => explain::run(args, TextOptions { color: stdout_color, ..Default::default() }),
