@@ -244,9 +244,11 @@ impl Plegwatch {
                 "plegwatch printed lines that are not JSON objects: {not_json:#?}"
             )));
         }
-        if !self.events.iter().any(|e| e.is("summary")) {
+        let Some(summary) = self.events.iter().find(|e| e.is("summary")) else {
             return Err(self.failure("plegwatch exited without a summary line"));
-        }
+        };
+        // The scan loop's lateness, for the measurements a run's log keeps (--nocapture).
+        eprintln!("plegwatch's scans: {}", summary.get("/scans").map(|v| v.to_string()).unwrap_or_default());
         Ok(std::mem::take(&mut self.events))
     }
 

@@ -52,7 +52,7 @@ enum Task {
     #[command(verbatim_doc_comment)]
     Bench(bench::Args),
     /// Fuzz the parsers of untrusted bytes (cargo-fuzz, nightly): netlink, D-Bus, gopclntab,
-    /// ttrpc headers, goroutine descriptors; `cargo xtask test` runs each for 15 s
+    /// ttrpc headers, goroutine descriptors; `cargo xtask test` runs each for 10 s
     ///
     /// Examples:
     ///   cargo xtask fuzz                       # every target, 5 minutes each
