@@ -12,6 +12,13 @@
 //!   root moves.
 //! - A chain that comes back to a wait already on it is a **cycle**: a
 //!   deadlock, reported as such.
+//! - A wait **cut off** from its incident's chain (what it waited on ended,
+//!   and it has not yet) stays in that incident for [`CUT_OFF_GRACE`]: a
+//!   chain unwinds from its root up, each caller returning a little after
+//!   its callee (containerd's `RunPodSandbox` goes on for a while after its
+//!   CNI plugin exits), and that tail is not a new problem. Cut off for
+//!   longer, it is raised on its own (a relist left waiting on a containerd
+//!   that was restarted is).
 //!
 //! Pure logic: the waits, edges and clocks are passed in, nothing sleeps,
 //! nothing reads the kernel, nothing prints.
@@ -22,6 +29,10 @@ use crate::syscalls::WaitKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
+
+/// How long a wait cut off from its incident's chain stays in that incident
+/// before it may be raised on its own (see the module doc).
+pub const CUT_OFF_GRACE: Duration = Duration::from_secs(2);
 
 /// An incident as printed: raised, escalated or updated.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -251,11 +262,13 @@ pub struct Incidents {
     resolved: u64,
     /// The last scan's clock.
     last_now_ns: u64,
+    /// Waits cut off from an open incident's chain: since when (monotonic ns).
+    cut_off: HashMap<WaitKey, u64>,
 }
 
 impl Incidents {
     pub fn new(thresholds: Thresholds) -> Self {
-        Incidents { thresholds, open: Vec::new(), next_id: 1, raised: 0, resolved: 0, last_now_ns: 0 }
+        Incidents { thresholds, open: Vec::new(), next_id: 1, raised: 0, resolved: 0, last_now_ns: 0, cut_off: HashMap::new() }
     }
 
     /// (incidents raised, incidents resolved, open now).
@@ -324,6 +337,8 @@ impl Incidents {
                 }
             }
         }
+        // Which open incident each wait was in, for the waits a chain cuts off.
+        let was_in: HashMap<WaitKey, u64> = self.open.iter().flat_map(|o| o.waits.iter().map(move |k| (*k, o.id))).collect();
         let mut still_open = Vec::new();
         for (oi, o) in std::mem::take(&mut self.open).into_iter().enumerate() {
             if let Some(into) = merged.get(&oi) {
@@ -352,9 +367,25 @@ impl Incidents {
                 }
             }
         }
+        // The incidents still open after this scan, by id: what a cut-off wait may stay in.
+        let kept_ids: HashSet<u64> = still_open.iter().filter_map(|(o, _)| o.as_ref().map(|o| o.id)).collect();
+        let mut carried: HashMap<u64, Vec<WaitKey>> = HashMap::new();
+        let mut cut_off = HashMap::new();
         for (gi, (_, members, oldest)) in groups.iter().enumerate() {
             if taken.contains(&gi) {
                 continue;
+            }
+            // Cut off from an incident still open: carried by it for the grace.
+            let from = members.iter().find_map(|(k, _)| was_in.get(k).filter(|id| kept_ids.contains(id)).map(|id| (*k, *id)));
+            if let Some((k, id)) = from {
+                let since = self.cut_off.get(&k).copied().unwrap_or(clocks.now_ns);
+                if Duration::from_nanos(clocks.now_ns.saturating_sub(since)) < CUT_OFF_GRACE {
+                    for (m, _) in members {
+                        cut_off.insert(*m, since);
+                    }
+                    carried.entry(id).or_default().extend(members.iter().map(|(m, _)| *m));
+                    continue;
+                }
             }
             let age = Duration::from_nanos(clocks.now_ns.saturating_sub(*oldest));
             if self.thresholds.level(age).is_none() {
@@ -398,7 +429,10 @@ impl Incidents {
                 Some(start) => clocks.now_ns.saturating_sub(start),
                 None => clocks.now_ns.saturating_sub(*oldest),
             };
-            let keys: BTreeSet<WaitKey> = members.iter().map(|(k, _)| *k).collect();
+            let mut keys: BTreeSet<WaitKey> = members.iter().map(|(k, _)| *k).collect();
+            if let Some(p) = &prev {
+                keys.extend(carried.remove(&p.id).unwrap_or_default());
+            }
             let (id, changed, mut longest, first_start) = match &prev {
                 None => {
                     let id = self.next_id;
@@ -413,12 +447,15 @@ impl Incidents {
                     }
                     // A root that moves deeper is news; one that moves up (the
                     // deepest waits ended first) is only the chain shrinking.
-                    let root_moved = root_key != p.root && !root_key.is_some_and(|r| p.chain_keys.contains(&r));
+                    // A root that is one of its waits already (a cut-off wait it
+                    // carried) is the chain unwinding, not news either.
+                    let root_moved = root_key != p.root && !root_key.is_some_and(|r| p.chain_keys.contains(&r) || p.waits.contains(&r));
                     if root_moved || (*end != p.end && matches!(end, End::Cycle(_))) {
                         why.push("root");
                     }
                     // A chain that only got shorter (its deepest waits ended) is not news.
-                    let grew = path.len() > p.chain_keys.len() || path.iter().any(|k| !p.chain_keys.contains(k));
+                    // Nor is a chain that now shows waits the incident already had.
+                    let grew = path.iter().any(|k| !p.chain_keys.contains(k) && !p.waits.contains(k));
                     if grew && !root_moved {
                         why.push("chain");
                     }
@@ -463,6 +500,7 @@ impl Incidents {
                 budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
             });
         }
+        self.cut_off = cut_off;
         self.last_now_ns = clocks.now_ns;
         changes
     }
@@ -687,14 +725,19 @@ mod tests {
         // containerd (waits 2 and 3) is gone: the relist and the shim's umount remain.
         let left = [waits[0].clone(), waits[3].clone()];
         let c = run(&mut b, &left, &[], 111);
+        assert!(c.is_empty(), "within the grace the cut-off relist stays in its incident: {c:?}");
+        let c = run(&mut b, &left, &[], 112);
+        assert!(c.is_empty(), "still within the grace: {c:?}");
+        // Cut off for the whole grace: raised on its own.
+        let c = run(&mut b, &left, &[], 113);
         assert!(resolved(&c).is_empty(), "nothing resolved: {c:?}");
         let r = raised(&c);
         assert_eq!(r.len(), 1, "only the cut-off relist is news: {c:?}");
         assert_ne!(r[0].id, first.id);
         assert_eq!(r[0].symptom.kind, "pleg_relist");
-        assert!((r[0].waited_s - 11.0).abs() < 1e-9, "the relist's own age: {}", r[0].waited_s);
+        assert!((r[0].waited_s - 13.0).abs() < 1e-9, "the relist's own age: {}", r[0].waited_s);
         let kept = b.open_now().into_iter().find(|o| o.id == first.id).expect("the first incident is still open");
-        assert!((kept.waited_s - 16.0).abs() < 1e-9, "from the umount's start at 95 s: {kept:?}");
+        assert!((kept.waited_s - 18.0).abs() < 1e-9, "from the umount's start at 95 s: {kept:?}");
         // At critical it is printed again: same id and start, the root's hop as before.
         let c = run(&mut b, &left, &[], 155);
         let again = raised(&c).into_iter().find(|i| i.id == first.id).cloned().expect("escalated");
@@ -708,6 +751,35 @@ mod tests {
         assert_eq!(res.len(), 1);
         assert_eq!(res[0].id, first.id);
         assert_eq!(res[0].longest_chain.len(), 4);
+    }
+
+    #[test]
+    fn a_caller_returning_after_its_callee_is_not_a_new_incident() {
+        // RunPodSandbox (1) waits on its CNI plugin (2), which waits on the daemon's
+        // netlink request (3, the root).
+        let call = wait(1, WaitKind::CriCall, "RunPodSandbox", 100);
+        let plugin = wait(2, WaitKind::UnixRecv, "read on the daemon's socket", 100);
+        let root = wait(3, WaitKind::NetlinkRequest, "route RTM_NEWLINK", 99);
+        let edges = vec![
+            edge(&call, &plugin, EdgeKind::Child, Exactness::Inferred),
+            edge(&plugin, &root, EdgeKind::UnixPeer, Exactness::Exact),
+        ];
+        let mut b = builder();
+        let first = raised(&run(&mut b, &[call.clone(), plugin.clone(), root.clone()], &edges, 110))[0].clone();
+        assert_eq!(first.chain.len(), 3);
+        // The plugin got its answer and exited; the root's end is not seen yet, and the
+        // call goes on a little: no second incident.
+        let c = run(&mut b, &[call.clone(), root.clone()], &edges, 111);
+        assert!(c.is_empty(), "{c:?}");
+        // The root ends; the call is still finishing: the same incident goes on.
+        let c = run(&mut b, std::slice::from_ref(&call), &edges, 112);
+        assert!(raised(&c).is_empty() && resolved(&c).is_empty(), "{c:?}");
+        // The call returns: the one incident resolves.
+        let c = run(&mut b, &[], &edges, 112);
+        let res = resolved(&c);
+        assert_eq!(res.len(), 1, "{c:?}");
+        assert_eq!(res[0].id, first.id);
+        assert_eq!(b.counts(), (1, 1, 0));
     }
 
     #[test]
