@@ -17,7 +17,7 @@
 //!
 //! A hop that belonged to the dead containerd (a `cri_call` or a Status lock holder) would
 //! end with it: the part of the chain still leading to the root keeps the incident's id, and
-//! a wait cut off from it is raised on its own (unit test
+//! a wait cut off from it for 2 s is raised on its own (unit test
 //! `graph::incidents::tests::a_restarted_process_leaves_the_rest_of_the_incident`).
 
 use std::time::{Duration, Instant};
