@@ -13,8 +13,17 @@ use anyhow::{bail, Context, Result};
 pub const BIN_ENV: &str = "PLEGWATCH_BIN";
 
 /// Panics unless the test runs as root with [`BIN_ENV`] naming an executable; returns its
-/// path.
+/// path. The first call also marks every fd this test process inherited above stderr
+/// close-on-exec (a CI runner hands tests a pipe it leaked), so that no helper a scenario
+/// starts holds one: they shift the fd numbers a helper counts on, and a pipe end held by
+/// a helper keeps its reader from seeing EOF.
 pub fn require() -> PathBuf {
+    static INHERITED: std::sync::Once = std::sync::Once::new();
+    INHERITED.call_once(|| {
+        // SAFETY: close_range(2) with CLOSE_RANGE_CLOEXEC only sets a flag on this
+        // process's own fds; nothing is closed.
+        let _ = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    });
     // SAFETY: geteuid(2) takes no arguments and cannot fail.
     let euid = unsafe { libc::geteuid() };
     assert!(
