@@ -21,13 +21,13 @@
 //! header in it. Parsing and request/reply matching happen in userspace.
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf},
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, bpf_probe_read_user},
     macros::{map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use plegwatch_abi::{
-    COMM_LEN, EventHeader, EventKind, NL_SUMMARIES, NlSummary, SOCK_DATA_CAP, SOCK_FIRST_RECV, SOCK_IO_HEADER_LEN,
+    COMM_LEN, DbusBytes, DbusPos, EventHeader, EventKind, NL_SUMMARIES, NlSummary, SOCK_DATA_CAP, SOCK_FIRST_RECV, SOCK_IO_HEADER_LEN,
     SOCK_SLOTS, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, Stat,
 };
 
@@ -48,7 +48,23 @@ pub(crate) static SOCK_CALLS: HashMap<u32, SockCall> = HashMap::with_max_entries
 static SOCK_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 /// Per-CPU scratch for building a [`SockIo`] (too big for the stack).
 #[map]
-static SOCK_SCRATCH: PerCpuArray<SockIo> = PerCpuArray::with_max_entries(1, 0);
+static SOCK_SCRATCH: PerCpuArray<SockScratch> = PerCpuArray::with_max_entries(1, 0);
+/// Where the kernel is in each D-Bus connection (see [`plegwatch_abi::dbus_walk`]).
+#[map]
+static DBUS_POS: LruHashMap<u64, DbusPos> = LruHashMap::with_max_entries(4_096, 0);
+/// One entry of zeros, never written: blanks a record's data before the
+/// header bytes are copied in.
+#[map]
+static ZEROS: Array<[u8; SOCK_DATA_CAP]> = Array::with_max_entries(1, 0);
+
+/// A [`SockIo`] with room past its `data`, so that the verifier sees every
+/// copy at a bounded offset of a bounded length stay inside the value.
+/// Only `SOCK_IO_HEADER_LEN + captured` bytes are ever sent.
+#[repr(C)]
+pub struct SockScratch {
+    io: SockIo,
+    _slack: [u8; SOCK_DATA_CAP],
+}
 /// `socket()` calls in flight: tid → netlink protocol.
 #[map]
 static SOCKET_CALLS: HashMap<u32, u32> = HashMap::with_max_entries(1_024, 0);
@@ -146,6 +162,9 @@ pub(crate) fn forget(tgid: u32, fd: u32) {
     let Some(class) = (unsafe { SOCKS.get(&k) }).copied() else { return };
     if class.kind == SockKind::Ttrpc as u32 {
         crate::ttrpc::forget_pos(k);
+    }
+    if class.kind == SockKind::Dbus as u32 {
+        let _ = DBUS_POS.remove(&k);
     }
     if SOCKS.remove(&k).is_ok() && class.kind != SockKind::UnixCandidate as u32 {
         let rec = SockClosed {
@@ -506,10 +525,13 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
         }
         class.kind = SockKind::Dbus as u32;
         let _ = SOCKS.insert(&k, &class, 0);
+        // Seen from its first byte: both ways start in the handshake.
+        let _ = DBUS_POS.insert(&k, &DbusPos::fresh(class.gen), 0);
     }
-    let Some(rec) = SOCK_SCRATCH.get_ptr_mut(0) else { return Ok(()) };
+    let Some(scratch) = SOCK_SCRATCH.get_ptr_mut(0) else { return Ok(()) };
     // SAFETY: this CPU's scratch slot; programs don't nest on one CPU here.
-    let rec = unsafe { &mut *rec };
+    let scratch = unsafe { &mut *scratch };
+    let rec = &mut scratch.io;
     rec.header = EventHeader { kind: EventKind::SockIo as u32, _pad: 0 };
     rec.start_ns = call.start_ns;
     rec.end_ns = now();
@@ -523,16 +545,17 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
     rec.comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
     // What the syscall really moved, within the first buffer.
     let avail = if (ret as u64) < call.buf_len { ret as u64 } else { call.buf_len };
-    rec.n_nl = if class.kind == SockKind::Netlink as u32 { walk_netlink(rec, call.buf, avail) } else { 0 };
-    let mut n = avail as usize;
-    if n > SOCK_DATA_CAP {
-        n = SOCK_DATA_CAP;
-    }
-    // SAFETY: the helper checks the user pointer; `n` is bounded by the slice.
-    if unsafe { bpf_probe_read_user_buf(call.buf as *const u8, &mut rec.data[..n]) }.is_err() {
-        count(Stat::SockReadFailed);
-        n = 0;
-    }
+    // netlink: the message headers only, summarised; no byte of a message
+    // is copied. D-Bus: the bytes of message headers (and of the SASL
+    // handshake) at their offsets, the body bytes between them left 0.
+    let n = if class.kind == SockKind::Netlink as u32 {
+        rec.n_nl = walk_netlink(rec, call.buf, avail);
+        0
+    } else {
+        rec.n_nl = 0;
+        dbus_copy_headers(scratch, &call, tgid, ret as u64, avail)
+    };
+    let rec = &mut scratch.io;
     rec.captured = n as u32;
     // SAFETY: SockIo is plain old data; the first SOCK_IO_HEADER_LEN + n bytes are its header and data.
     let bytes = unsafe { core::slice::from_raw_parts((rec as *const SockIo).cast::<u8>(), SOCK_IO_HEADER_LEN + n) };
@@ -540,6 +563,120 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
         count(Stat::SockEventsFull);
     }
     Ok(())
+}
+
+/// Copies the header bytes of what one send or receive on a D-Bus socket
+/// moved (`len` bytes, the first `avail` readable) into the record's data,
+/// at their offsets, over zeros. Returns how many leading bytes the record
+/// describes (at most [`SOCK_DATA_CAP`]): within them, a 0 that was not
+/// copied is a body byte, never read.
+#[inline(always)]
+fn dbus_copy_headers(scratch: &mut SockScratch, call: &SockCall, tgid: u32, len: u64, avail: u64) -> usize {
+    let k = key(tgid, call.fd);
+    let pos = match DBUS_POS.get_ptr_mut(&k) {
+        Some(p) => p,
+        None => {
+            // A connection older than plegwatch (seeded), or forgotten by
+            // the LRU: joined in the middle.
+            if DBUS_POS.insert(&k, &DbusPos::lost(call.class.gen), 0).is_err() {
+                return 0;
+            }
+            match DBUS_POS.get_ptr_mut(&k) {
+                Some(p) => p,
+                None => return 0,
+            }
+        }
+    };
+    // SAFETY: a live map value; a stream is read or written by one thread at a time.
+    let pos = unsafe { &mut *pos };
+    if pos.gen != call.class.gen {
+        *pos = DbusPos::lost(call.class.gen);
+    }
+    let mut blank = if avail < SOCK_DATA_CAP as u64 { avail as usize } else { SOCK_DATA_CAP };
+    if let Some(z) = ZEROS.get_ptr(0) {
+        // SAFETY: kernel memory of the ZEROS map; `blank` is bounded by the slice.
+        if unsafe { bpf_probe_read_kernel_buf(z as *const u8, &mut scratch.io.data[..blank]) }.is_err() {
+            blank = 0;
+        }
+    } else {
+        blank = 0;
+    }
+    let dir = if call.slot < SOCK_FIRST_RECV { &mut pos.tx } else { &mut pos.rx };
+    let mut bytes = DbusUser { buf: call.buf, data: scratch.io.data.as_mut_ptr(), failed: false };
+    let known = plegwatch_abi::dbus_walk(dir, len, avail, &mut bytes);
+    if bytes.failed {
+        count(Stat::SockReadFailed);
+    }
+    let known = if known < blank as u64 { known as usize } else { blank };
+    known
+}
+
+/// A D-Bus syscall's buffer in the traced process, and the record's data
+/// (followed by [`SockScratch`]'s slack) to copy header bytes into.
+struct DbusUser {
+    buf: u64,
+    data: *mut u8,
+    failed: bool,
+}
+
+impl DbusBytes for DbusUser {
+    #[inline(always)]
+    fn fixed(&mut self, off: u64) -> Option<[u8; 16]> {
+        // SAFETY: the helper checks the user pointer.
+        unsafe { bpf_probe_read_user((self.buf + off) as *const [u8; 16]) }.ok()
+    }
+
+    #[inline(always)]
+    fn text_len(&mut self, len: u64) -> u64 {
+        let mut i: u64 = 0;
+        while i < (plegwatch_abi::DBUS_AUTH_SCAN / 8) as u64 {
+            let base = i * 8;
+            if base >= len {
+                return len;
+            }
+            // SAFETY: the helper checks the user pointer.
+            let Ok(w) = (unsafe { bpf_probe_read_user((self.buf + base) as *const [u8; 8]) }) else { return base };
+            let mut j: u64 = 0;
+            while j < 8 {
+                let at = base + j;
+                if at >= len {
+                    return len;
+                }
+                let c = w[(j & 7) as usize];
+                if !((0x20..0x7f).contains(&c) || c == b'\r' || c == b'\n' || (at == 0 && c == 0)) {
+                    return at;
+                }
+                j += 1;
+            }
+            i += 1;
+        }
+        len
+    }
+
+    #[inline(always)]
+    fn copy(&mut self, off: u64, n: u64) {
+        if off >= SOCK_DATA_CAP as u64 || n == 0 {
+            return;
+        }
+        let off = (off as usize) & (SOCK_DATA_CAP - 1);
+        let mut n = n as u32;
+        if n > SOCK_DATA_CAP as u32 {
+            n = SOCK_DATA_CAP as u32;
+        }
+        // SAFETY: `off < SOCK_DATA_CAP` and `n <= SOCK_DATA_CAP`: inside data
+        // and the slack after it; the helper checks the user pointer. What
+        // lands in the slack is never sent.
+        let rc = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                self.data.add(off).cast(),
+                n,
+                (self.buf + off as u64) as *const core::ffi::c_void,
+            )
+        };
+        if rc != 0 {
+            self.failed = true;
+        }
+    }
 }
 
 /// Summarises every netlink message header in `buf[..len]` (at most

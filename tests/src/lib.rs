@@ -48,6 +48,7 @@ pub mod events;
 pub mod gofixture;
 pub mod incidents;
 pub mod loopfs;
+pub mod memscan;
 pub mod mount;
 pub mod namespaces;
 pub mod netlink;
