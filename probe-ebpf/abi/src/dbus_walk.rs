@@ -103,7 +103,7 @@ pub fn dbus_fixed(h: &[u8; 16]) -> Option<(u32, u32)> {
         if le { u32::from_le_bytes(b) } else { u32::from_be_bytes(b) }
     };
     let (body, fields) = (word(4), word(12));
-    if fields < 8 || fields > DBUS_MAX_FIELDS || body > DBUS_MAX_BODY {
+    if !(8..=DBUS_MAX_FIELDS).contains(&fields) || body > DBUS_MAX_BODY {
         return None;
     }
     Some(((16 + fields + 7) & !7, body))

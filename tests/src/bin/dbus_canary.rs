@@ -227,7 +227,7 @@ struct W(Vec<u8>);
 
 impl W {
     fn pad(&mut self, to: usize) {
-        while self.0.len() % to != 0 {
+        while !self.0.len().is_multiple_of(to) {
             self.0.push(0);
         }
     }

@@ -142,7 +142,7 @@ fn canary_alias() -> Result<Vec<u8>, String> {
     let mut line = String::new();
     io::stdin().read_line(&mut line).map_err(|e| format!("stdin: {e}"))?;
     let hex = line.trim();
-    if hex.is_empty() || hex.len() % 2 != 0 {
+    if hex.is_empty() || !hex.len().is_multiple_of(2) {
         return Err(format!("stdin: want a line of hex, got {} chars", hex.len()));
     }
     let raw = (0..hex.len())
