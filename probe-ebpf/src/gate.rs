@@ -9,9 +9,9 @@
 use aya_ebpf::maps::{Array, HashMap};
 
 /// `bpf_map_update_elem` flags (include/uapi/linux/bpf.h).
-const BPF_NOEXIST: u64 = 1;
-const BPF_EXIST: u64 = 2;
-const EEXIST: i32 = 17;
+pub(crate) const BPF_NOEXIST: u64 = 1;
+pub(crate) const BPF_EXIST: u64 = 2;
+pub(crate) const EEXIST: i32 = 17;
 
 /// Adds `delta` to `map[slot]` atomically (BPF_ATOMIC add, Linux >= 5.12).
 #[inline(always)]

@@ -41,6 +41,7 @@
 
 use aya_ebpf::{
     EbpfContext as _,
+    bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, StackTrace},
@@ -83,6 +84,14 @@ pub(crate) static TASK_PID_OFF: u32 = 0;
 
 #[inline(always)]
 fn switch_out<C: StackIdContextExt>(ctx: &C, prev_state: u64) {
+    if prev_state == 0 {
+        // Preempted, not asleep.
+        return;
+    }
+    if crate::waits::details_pending() {
+        // Any sleep, D or not (a FUSE fsync waits interruptibly).
+        crate::waits::fill_at_sleep(bpf_get_current_pid_tgid() as u32, || ctx.user_stack_id());
+    }
     if prev_state & TASK_UNINTERRUPTIBLE == 0 {
         return;
     }
@@ -144,17 +153,26 @@ fn switch_in(next_tid: u32) {
 /// A context whose kernel stack id can be taken (tracepoint or tp_btf).
 trait StackIdContextExt {
     fn kernel_stack_id(&self) -> i32;
+    /// `current`'s user stack, by frame pointers: whole for Go, often one
+    /// frame for C built without them.
+    fn user_stack_id(&self) -> i32;
 }
 
 impl StackIdContextExt for TracePointContext {
     fn kernel_stack_id(&self) -> i32 {
         self.get_stackid(&STACKS, 0).map(|id| id as i32).unwrap_or(-1)
     }
+    fn user_stack_id(&self) -> i32 {
+        self.get_stackid(&STACKS, BPF_F_USER_STACK as u64).map(|id| id as i32).unwrap_or(-1)
+    }
 }
 
 impl StackIdContextExt for BtfTracePointContext {
     fn kernel_stack_id(&self) -> i32 {
         self.get_stackid(&STACKS, 0).map(|id| id as i32).unwrap_or(-1)
+    }
+    fn user_stack_id(&self) -> i32 {
+        self.get_stackid(&STACKS, BPF_F_USER_STACK as u64).map(|id| id as i32).unwrap_or(-1)
     }
 }
 

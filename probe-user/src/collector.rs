@@ -84,7 +84,12 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let mut inflight: BpfHashMap<MapData, u32, Wait> = take_map(&mut ebpf, maps::INFLIGHT)?;
     let mut tails: Array<MapData, u64> = take_map(&mut ebpf, maps::TAIL_PENDING)?;
     let (swept, raced) = seed_swept(&mut inflight, &mut tails, me);
-    tracing::info!(swept = swept.len(), "startup sweep: threads already in a watched wait");
+    // Startup sweep results are news only when they found something.
+    if swept.is_empty() {
+        tracing::debug!("startup sweep: no thread already in a watched wait");
+    } else {
+        tracing::info!(swept = swept.len(), "startup sweep: threads already in a watched wait");
+    }
     let mut ring = async_ring(&mut ebpf, maps::EVENTS)?;
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight, raced, tails);
@@ -109,9 +114,13 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     };
     if choices.iter().any(|c| c.probe == "socket_io" && !c.is_off()) {
         let (socks, waiters) = req.seed(me);
-        tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: sockets already open");
+        if waiters > 0 {
+            tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: threads already blocked on a netlink socket");
+        } else {
+            tracing::debug!(netlink_sockets = socks, "startup sweep: netlink sockets already open, none blocked on");
+        }
         let shims = req.seed_ttrpc(me);
-        tracing::info!(ttrpc_connections = shims, "startup sweep: containerd → shim connections already open");
+        tracing::debug!(ttrpc_connections = shims, "startup sweep: containerd → shim connections already open");
     }
     let mut drops = DropWatch::default();
     let sampler = match choices.iter().any(|c| c.probe == "parked_threads" && !c.is_off()) {
@@ -268,7 +277,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         dropped_events: stats::counter(&counters, Stat::RingbufFull)
             + stats::counter(&counters, Stat::SockEventsFull),
         dropped: stats::drops(&counters),
-        syscalls: stats::latency(&ebpf),
+        syscalls: stats::latency(&ebpf, &engine.measured),
         offcpu_top: offcpu.as_ref().map(|o| o.top(10)).unwrap_or_default(),
         go_latency: go.latency(),
         relists: go.relists(monotonic_ns()),
@@ -285,7 +294,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         tracing::warn!(
             dropped_waits = summary.dropped_waits,
             dropped_events = summary.dropped_events,
-            "the kernel dropped records: some waits may be missing or timed approximately"
+            "the kernel dropped records (the summary's `dropped` has them by probe): some waits or requests may be missing or timed approximately"
         );
     }
     sink.emit(&Event::Summary(summary.clone()));
@@ -655,6 +664,9 @@ struct Engine {
     tails: Array<MapData, u64>,
     /// What slot 1 was last set to, if it was.
     swept_tails: Option<u64>,
+    /// The exact durations of the waits that got an end record (those over
+    /// `--warn`), by syscall: the summary's measured quantiles.
+    measured: crate::latency::LatencyTables,
 }
 
 impl Engine {
@@ -688,6 +700,7 @@ impl Engine {
             swept_g: HashMap::new(),
             tails,
             swept_tails: None,
+            measured: Default::default(),
         }
     }
 
@@ -827,6 +840,9 @@ impl Engine {
                 continue;
             }
             let mut info = WaitInfo::from(&rec);
+            if let Some(w) = crate::syscalls::by_slot(rec.slot) {
+                self.measured.record("syscall", w.name, Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns)));
+            }
             if self.ended.take_end(&info.key()) {
                 // Already resolved as over; the kernel only now saw its end.
                 continue;

@@ -68,6 +68,10 @@ pub struct Resolved {
 pub struct ProbeChoice {
     pub probe: String,
     pub variant: String,
+    /// Why better variants were passed over (for a probe that is off or on a
+    /// fallback), the first reason in a few words; omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// Printed once every probe is attached.
@@ -94,6 +98,20 @@ pub struct SyscallSummary {
     pub p999_le_s: f64,
     /// Upper bound of the highest non-empty bucket, in seconds.
     pub max_le_s: f64,
+    /// Calls timed exactly: those that lasted at least `--warn`, from their
+    /// end records (hdrhistogram over the measured durations).
+    pub measured: u64,
+    /// The measured 50th, 90th and 99th percentiles and maximum, in seconds,
+    /// each when it falls among the measured calls (the slowest `measured`
+    /// of `count`); otherwise only the bucket bound above is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p90_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_s: Option<f64>,
 }
 
 /// Printed at exit.

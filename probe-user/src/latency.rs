@@ -45,6 +45,11 @@ impl LatencyTables {
         h.saturating_record(us);
     }
 
+    /// One table's histogram, if anything was recorded in it.
+    pub fn histogram(&self, target: &str, function: &str) -> Option<&Histogram<u64>> {
+        self.tables.get(&(target.to_string(), function.to_string()))
+    }
+
     /// Every table, as rows sorted by target then function.
     pub fn rows(&self) -> Vec<LatencyRow> {
         let s = |us: u64| us as f64 / 1e6;
@@ -82,9 +87,11 @@ pub fn render_table(rows: &[LatencyRow]) -> String {
     out
 }
 
-/// `1.2ms`, `35µs`, `24.07s`.
-fn secs(s: f64) -> String {
-    if s >= 1.0 {
+/// `1.2ms`, `35µs`, `24.07s`, `3m05s`: three figures where they matter.
+pub fn secs(s: f64) -> String {
+    if s >= 59.995 {
+        crate::style::human_secs(s)
+    } else if s >= 1.0 {
         format!("{s:.2}s")
     } else if s >= 1e-3 {
         format!("{:.1}ms", s * 1e3)

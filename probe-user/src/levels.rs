@@ -1,13 +1,13 @@
 //! Alert levels against kubelet's PLEG budget.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// kubelet's `relistThreshold`: a relist older than this makes the node NotReady.
 pub const PLEG_BUDGET: Duration = Duration::from_secs(180);
 
 /// How close a wait is to using up the PLEG budget.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Level {
     Warn,

@@ -28,6 +28,7 @@ pub mod durations;
 pub mod latency;
 pub mod levels;
 pub mod logging;
+pub mod style;
 pub mod syscalls;
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 
 use clap::Parser as _;
 use plegwatch::{
-    cli::{self, Cli, Command, UsageError, check, daemon, doctor, report, watch},
+    cli::{self, Cli, Command, UsageError, check, completions, daemon, doctor, explain, report, watch},
     logging,
+    sinks::TextOptions,
 };
 
 fn main() {
@@ -17,15 +18,19 @@ fn main() {
         // --help, --version.
         Err(e) => e.exit(),
     };
-    logging::init(cli.log_format);
+    logging::init(cli.log_format, cli.verbose, cli.color);
+    let stdout_color = cli.color.for_stream(&std::io::stdout());
     let result = match cli.command {
+        Command::Explain(args) => explain::run(args, TextOptions { color: stdout_color, ..Default::default() }),
+        Command::Completions(args) => completions::run_completions(args),
+        Command::Man(args) => completions::run_man(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Report(args) => report::run(args),
         Command::Watch(args) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(watch::run(args))),
+            .and_then(|rt| rt.block_on(watch::run(args, TextOptions { color: stdout_color, verbose: cli.verbose > 0, ..Default::default() }))),
         // The scan loop runs on this thread; the HTTP endpoint on the worker,
         // so a scrape never waits for a scan nor a scan for a scrape.
         Command::Daemon(args) => tokio::runtime::Builder::new_multi_thread()

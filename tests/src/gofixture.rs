@@ -885,6 +885,22 @@ impl FakeKubelet {
         Ok(())
     }
 
+    /// Parks the next relist ([`block_next`](Self::block_next)), waits for it to start, and
+    /// returns plegwatch's first `incident` line whose chain has a hop in this fixture's
+    /// process (within 5 s: `--warn 1s` and a scan). The error dumps what plegwatch printed
+    /// since `origin`.
+    pub fn park_and_await_incident(&mut self, plegwatch: &mut crate::Plegwatch, origin: Instant) -> Result<crate::events::Event> {
+        let pid = u64::from(self.pid());
+        self.block_next()?;
+        self.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
+        let ours = move |e: &crate::events::Event| {
+            e.is("incident") && e.json["chain"].as_array().is_some_and(|c| c.iter().any(|h| h["pid"].as_u64() == Some(pid)))
+        };
+        plegwatch
+            .wait_for(Duration::from_secs(5), ours)
+            .ok_or_else(|| anyhow!("no incident for the parked relist of pid {pid}:\n{}", crate::events::dump(plegwatch.events(), origin)))
+    }
+
     /// Lets the parked relist go on (or cancels a `block` no relist took yet), and returns
     /// once the fixture acknowledged it.
     pub fn release(&mut self) -> Result<()> {

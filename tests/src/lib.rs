@@ -45,6 +45,7 @@ pub mod containerd;
 pub mod dbus;
 pub mod dirty;
 pub mod events;
+pub mod flood;
 pub mod gofixture;
 pub mod incidents;
 pub mod loopfs;

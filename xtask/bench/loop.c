@@ -6,6 +6,13 @@
  *   unixrw write() + read() of 64 bytes on an AF_UNIX SOCK_STREAM socketpair:
  *          the ordinary unix-socket traffic (not D-Bus) every node is full of
  *   fsync  pwrite() of 64 bytes to a file in /dev/shm (tmpfs), then fsync()
+ *   netlink an RTM_GETLINK request for `lo` on a NETLINK_ROUTE socket and its
+ *          reply: one netlink request plegwatch tracks to its answer
+ *
+ * `loop childwait SECONDS` is no loop: it forks a child that stops itself
+ * (SIGSTOP) and waits for it in waitpid(), a wait that never ends by itself;
+ * a second child sends SIGCONT after SECONDS, so the wait ends then. It is
+ * the staged wait whose flagging `cargo xtask bench` times.
  *
  * Built by `cargo xtask bench` with `cc -O2`. Only the loop itself is timed
  * (CLOCK_MONOTONIC), after a short warm-up.
@@ -15,7 +22,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,6 +62,58 @@ static int fsync_once(int fd) {
     return fsync(fd);
 }
 
+static unsigned nl_seq;
+
+static int netlink_once(int fd) {
+    struct {
+        struct nlmsghdr h;
+        struct ifinfomsg i;
+    } req;
+    memset(&req, 0, sizeof req);
+    req.h.nlmsg_len = sizeof req;
+    req.h.nlmsg_type = RTM_GETLINK;
+    req.h.nlmsg_flags = NLM_F_REQUEST;
+    req.h.nlmsg_seq = ++nl_seq;
+    req.i.ifi_family = AF_UNSPEC;
+    req.i.ifi_index = 1; /* lo */
+    if (send(fd, &req, sizeof req, 0) != (ssize_t)sizeof req)
+        return -1;
+    static char reply[16384];
+    ssize_t n = recv(fd, reply, sizeof reply, 0);
+    if (n < (ssize_t)sizeof(struct nlmsghdr))
+        return -1;
+    return ((struct nlmsghdr *)reply)->nlmsg_seq == nl_seq ? 0 : -1;
+}
+
+static int childwait(const char *arg) {
+    char *end = NULL;
+    long seconds = strtol(arg, &end, 10);
+    if (*arg == '\0' || *end != '\0' || seconds <= 0) {
+        fprintf(stderr, "loop: SECONDS must be a positive integer, got '%s'\n", arg);
+        return 2;
+    }
+    pid_t child = fork();
+    if (child < 0)
+        die("fork");
+    if (child == 0) {
+        raise(SIGSTOP);
+        _exit(0);
+    }
+    pid_t waker = fork();
+    if (waker < 0)
+        die("fork");
+    if (waker == 0) {
+        sleep((unsigned)seconds);
+        kill(child, SIGCONT);
+        _exit(0);
+    }
+    int status;
+    if (waitpid(child, &status, 0) != child) /* no WUNTRACED: the stop does not end it */
+        die("waitpid");
+    waitpid(waker, &status, 0);
+    return 0;
+}
+
 static double now_ns(void) {
     struct timespec ts;
     if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
@@ -60,9 +123,11 @@ static double now_ns(void) {
 
 int main(int argc, char **argv) {
     if (argc != 3) {
-        fprintf(stderr, "usage: %s unix|unixrw|fsync ITER\n", argv[0]);
+        fprintf(stderr, "usage: %s unix|unixrw|fsync|netlink ITER | childwait SECONDS\n", argv[0]);
         return 2;
     }
+    if (strcmp(argv[1], "childwait") == 0)
+        return childwait(argv[2]);
     char *end = NULL;
     long iter = strtol(argv[2], &end, 10);
     if (*argv[2] == '\0' || *end != '\0' || iter <= 0) {
@@ -73,6 +138,7 @@ int main(int argc, char **argv) {
 
     int is_unix = strcmp(argv[1], "unix") == 0;
     int is_unixrw = strcmp(argv[1], "unixrw") == 0;
+    int is_netlink = strcmp(argv[1], "netlink") == 0;
     int sv[2] = {-1, -1};
     int fd = -1;
     if (is_unix) {
@@ -81,6 +147,10 @@ int main(int argc, char **argv) {
     } else if (is_unixrw) {
         if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
             die("socketpair");
+    } else if (is_netlink) {
+        fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+        if (fd < 0)
+            die("socket(AF_NETLINK)");
     } else if (strcmp(argv[1], "fsync") == 0) {
         char path[] = "/dev/shm/plegwatch-bench-XXXXXX";
         fd = mkstemp(path);
@@ -88,11 +158,11 @@ int main(int argc, char **argv) {
             die("mkstemp /dev/shm/plegwatch-bench-XXXXXX");
         unlink(path); /* the open fd keeps it alive; nothing is left behind */
     } else {
-        fprintf(stderr, "loop: unknown mode '%s' (want unix, unixrw or fsync)\n", argv[1]);
+        fprintf(stderr, "loop: unknown mode '%s' (want unix, unixrw, fsync, netlink or childwait)\n", argv[1]);
         return 2;
     }
 
-#define ONCE() (is_unix ? unix_once(sv) : is_unixrw ? unixrw_once(sv) : fsync_once(fd))
+#define ONCE() (is_unix ? unix_once(sv) : is_unixrw ? unixrw_once(sv) : is_netlink ? netlink_once(fd) : fsync_once(fd))
     for (long i = 0; i < WARMUP; i++)
         if (ONCE() != 0)
             die(argv[1]);

@@ -14,6 +14,7 @@
 
 mod relist;
 mod report;
+mod service;
 mod tracer;
 
 use std::path::{Path, PathBuf};
@@ -47,6 +48,10 @@ pub struct Args {
     /// `ListContainers`).
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub containers: u32,
+    /// Minutes of mixed load for the resident-memory soak of `service` (0: no soak; the
+    /// issue's figure is 10).
+    #[arg(long, value_name = "M", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=600))]
+    pub soak_minutes: u32,
 }
 
 /// The benchmarks of `cargo xtask bench`.
@@ -56,6 +61,9 @@ pub enum Bench {
     Loops,
     /// containerd's CRI list calls under the relist driver: untraced, plegwatch, untraced.
     Relist,
+    /// plegwatch as a service: start time, CPU idle and busy, time to flag, a real
+    /// workload, memory ([`service`]).
+    Service,
 }
 
 impl Args {
@@ -84,8 +92,11 @@ pub fn run(args: &Args) -> Result<()> {
     ensure_tracefs()?;
 
     let mut report = String::new();
+    let mut figures = Vec::new();
     if args.runs(Bench::Loops) {
-        report += &loops(args, &plegwatch, &bench_dir)?;
+        let (text, loop_figures) = loops(args, &plegwatch, &bench_dir)?;
+        report += &text;
+        figures.extend(loop_figures);
     }
     if let Some(driver) = relist_driver {
         cmd::header(&format!(
@@ -107,6 +118,7 @@ pub fn run(args: &Args) -> Result<()> {
             report.push('\n');
         }
         report += &report::render_relist(&results.calls, relist::MODES, relist::CALLS);
+        figures.extend(report::relist_figures(&results.calls));
         report.push('\n');
         report += &report::render_cpu(&results.cpu, relist::MODES);
         let load = |l: Option<f64>| l.map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"));
@@ -120,13 +132,26 @@ pub fn run(args: &Args) -> Result<()> {
             report += &format!("warning: {warning}\n");
         }
     }
+    if args.runs(Bench::Service) {
+        cmd::header(&format!("measure service: {} round(s), logs in {}", args.rounds, bench_dir.display()));
+        let loop_bin = compile_loop(&bench_dir)?;
+        let (service, maps) = service::measure(&plegwatch, &loop_bin, &bench_dir, args.rounds, args.soak_minutes)?;
+        figures.extend(service);
+        if !report.is_empty() {
+            report.push('\n');
+        }
+        report += &maps;
+    }
+    report.push('\n');
+    report += &format!("issue 12's figures, {} round(s) (median, spread over the rounds, target):\n", args.rounds);
+    report += &report::render_figures(&figures);
     println!();
     print!("{report}");
     Ok(())
 }
 
 /// The syscall loops, untraced, under plegwatch and under bpftrace; the rendered table.
-fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<String> {
+fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec<report::Figure>)> {
     let loop_bin = compile_loop(bench_dir)?;
     let mut bpftrace_ok = match bpftrace_version() {
         Ok(version) => {
@@ -203,7 +228,7 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<String> {
     }
 
     let modes: Vec<&str> = MODES.iter().map(|&(m, _)| m).collect();
-    Ok(report::render(&samples, &modes))
+    Ok((report::render(&samples, &modes), report::loop_figures(&samples)))
 }
 
 /// `cc -O2 xtask/bench/loop.c -o target/bench/loop`, every time (it takes a moment).
@@ -223,7 +248,7 @@ fn compile_loop(bench_dir: &Path) -> Result<PathBuf> {
 }
 
 /// Run `loop MODE ITER` and parse the ns per iteration it prints.
-fn time_loop(loop_bin: &Path, mode: &str, iterations: u64) -> Result<f64> {
+pub(crate) fn time_loop(loop_bin: &Path, mode: &str, iterations: u64) -> Result<f64> {
     let mut command = Command::new(loop_bin);
     command.arg(mode).arg(iterations.to_string());
     let line = cmd::display(&command);

@@ -52,7 +52,7 @@ pub const FUZZ_TARGETS: &[&str] = &["netlink_parse", "dbus_stream", "gopclntab",
 /// Seconds each target runs in `cargo xtask test`: a smoke run that catches
 /// regressions on the seeds and a little beyond, not a campaign (that is
 /// `cargo xtask fuzz`).
-const FUZZ_SECONDS: u32 = 15;
+const FUZZ_SECONDS: u32 = 10;
 
 fn fuzz() -> Result<()> {
     cmd::header("fuzz (short runs)");

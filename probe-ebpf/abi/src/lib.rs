@@ -704,13 +704,15 @@ pub struct Wait {
     pub slot: u32,
     /// `WAIT_*` flags.
     pub flags: u32,
-    /// The thread's user stack at `sys_enter`, an id in the off-CPU probe's
-    /// `STACKS` map (walked by frame pointers), or -1 (none: swept, or the walk failed).
+    /// The thread's user stack, taken at the wait's first sleep (the syscall's
+    /// user registers), an id in the off-CPU probe's `STACKS` map (walked by
+    /// frame pointers), or -1 (none: not slept yet, swept, or the walk failed).
     pub user_stack: i32,
     /// The goroutine (`g`) running on the thread, read from thread-local
-    /// storage at `sys_enter` in processes of [`go_maps::GO_PROCS`]; 0 elsewhere.
+    /// storage at the wait's first sleep in processes of
+    /// [`go_maps::GO_PROCS`]; 0 elsewhere, and until then.
     pub g: u64,
-    /// The task's comm at `sys_enter`.
+    /// The task's comm, taken at the wait's first sleep (empty until then).
     pub comm: [u8; COMM_LEN],
     /// umount2's target path (NUL-terminated), empty for other syscalls.
     pub path: [u8; PATH_LEN],
@@ -726,6 +728,11 @@ pub const WAIT_BEFORE_ATTACH: u32 = 1;
 /// never by the kernel (a swept wait whose tail starts later, at the kernel's
 /// `sys_exit`, lacks it and is counted in slot 0 like any other).
 pub const WAIT_SWEPT_TAIL: u32 = 2;
+/// [`Wait::flags`]: the wait's user stack, comm and goroutine are still to be
+/// taken, at the thread's first switch-out inside it (`sched_switch`), so a
+/// wait that never sleeps costs none of that work (its end record takes the
+/// comm then). Counted by the kernel in `DETAILS_PENDING`.
+pub const WAIT_DETAILS_PENDING: u32 = 4;
 
 /// The kind of a ring-buffer record, first in every record.
 #[repr(u32)]

@@ -77,6 +77,7 @@ fn self_watch_config(args: &CheckArgs, duration: Duration) -> Result<collector::
         json: false,
         no_live: true,
         waits: false,
+        stacks: crate::cli::watch::Stacks::Folded,
         levels: args.levels.clone(),
         pids: Vec::new(),
         comms: Vec::new(),

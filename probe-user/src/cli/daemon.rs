@@ -158,6 +158,7 @@ impl DaemonArgs {
             json: false,
             no_live: true,
             waits: false,
+            stacks: crate::cli::watch::Stacks::Folded,
             levels: LevelArgs {
                 warn: dur("warn", self.warn, &file.warn, "10s")?,
                 critical: dur("critical", self.critical, &file.critical, "60s")?,

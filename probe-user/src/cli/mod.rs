@@ -1,12 +1,16 @@
 //! The command line: one module per subcommand.
 
 pub mod check;
+pub mod completions;
 pub mod daemon;
 pub mod doctor;
+pub mod explain;
 pub mod report;
+pub mod version;
 pub mod watch;
 
 use crate::logging::LogFormat;
+use crate::style::ColorChoice;
 use clap::{Parser, Subcommand};
 
 const EXAMPLES: &str = "\
@@ -18,16 +22,39 @@ Examples:
   plegwatch watch --report-dir /var/lib/plegwatch/reports   a bundle per incident (flamegraph, pprof, JSON)
   plegwatch report DIR/<bundle> --format svg -o blocked.svg
   plegwatch daemon                         canary mode: logs, and /metrics on 127.0.0.1:9792
-  plegwatch check                          node-problem-detector plugin: asks the daemon";
+  plegwatch check                          node-problem-detector plugin: asks the daemon
+  plegwatch explain 3 --from plegwatch.jsonl    incident #3 of a `watch --json` log, hop by hop in words
+  plegwatch completions bash > /etc/bash_completion.d/plegwatch
+
+Exit codes:
+  0  done: watch/daemon stopped by --duration, Ctrl-C or SIGTERM; a command did its job
+  1  failed: could not load or attach the probes, not root, an I/O error
+     (check: a stall at --level)
+  2  bad input: a bad flag, config value, file or incident id (one line on stderr)
+     (check: cannot tell)";
+
+/// The exit codes, as the `--help` epilogue and the man page give them.
+pub const EXIT_CODES: &[(i32, &str)] = &[
+    (0, "done: watch or daemon stopped by --duration, Ctrl-C or SIGTERM; any other command did its job (check: no stall at --level)"),
+    (1, "failed: the probes could not load or attach, not root, an I/O error (check: a stall at --level)"),
+    (2, "bad input: a bad flag, config value, file or incident id, in one line on stderr (check: cannot tell)"),
+];
 
 /// plegwatch catches the waits that stall kubelet's PLEG (umount2 syncs,
 /// fsyncs, ...) while they are still in flight, long before the node goes NotReady.
 #[derive(Debug, Parser)]
-#[command(name = "plegwatch", version, after_help = EXAMPLES)]
+#[command(name = "plegwatch", version = crate::cli::version::short(), long_version = crate::cli::version::long(), after_help = EXAMPLES)]
 pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Colour by level: `auto` on a terminal unless NO_COLOR is set.
+    #[arg(long, global = true, value_enum, default_value = "auto", value_name = "WHEN")]
+    pub color: ColorChoice,
+    /// More detail: the probes chosen and startup logs (-v), debug logs (-vv).
+    /// Logs are at `warn` on a terminal and `info` otherwise; PLEGWATCH_LOG overrides.
+    #[arg(long, short, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -44,6 +71,12 @@ pub enum Command {
     Daemon(daemon::DaemonArgs),
     /// node-problem-detector plugin: exit 0 fine, 1 stall at --level, 2 can't tell.
     Check(check::CheckArgs),
+    /// Print one incident of a `watch --json` log or a report bundle, hop by hop in words.
+    Explain(explain::ExplainArgs),
+    /// Print a shell completion script (bash, zsh, fish) on stdout.
+    Completions(completions::CompletionsArgs),
+    /// Print the man page (roff) on stdout: `plegwatch man | man -l -`.
+    Man(completions::ManArgs),
 }
 
 /// The exit code of a bad flag or config value: clap's usage-error code.
@@ -109,6 +142,10 @@ mod tests {
             (&["check", "--self-watch", "1e20"], "--self-watch", "1e20"),
             (&["report", "x", "--format", "gif"], "--format", "gif"),
             (&["--log-format", "xml", "doctor"], "--log-format", "xml"),
+            (&["--color", "rainbow", "doctor"], "--color", "rainbow"),
+            (&["completions", "tcsh"], "<SHELL>", "tcsh"),
+            (&["explain", "x", "--from", "f"], "<ID>", "x"),
+            (&["watch", "--stacks", "some"], "--stacks", "some"),
         ];
         for (args, flag, value) in cases {
             let e = err(args);

@@ -35,6 +35,9 @@ pub struct WatchArgs {
     /// has them); implies --no-live.
     #[arg(long)]
     pub waits: bool,
+    /// Kernel stacks in `--waits` lines: `folded` to the frames that matter, or `full`.
+    #[arg(long, value_enum, default_value = "folded", value_name = "HOW")]
+    pub stacks: Stacks,
     #[command(flatten)]
     pub levels: LevelArgs,
     /// Only waits of this process or thread id (repeatable).
@@ -64,6 +67,15 @@ pub struct WatchArgs {
     /// How often open waits are scanned (at most 250ms).
     #[arg(long, default_value = "250ms", value_parser = durations::parse, allow_negative_numbers = true, hide = true)]
     pub interval: Duration,
+}
+
+/// How much of a kernel stack text lines show.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Stacks {
+    /// Without the scheduler and syscall-entry frames, at most six frames.
+    Folded,
+    /// Every frame.
+    Full,
 }
 
 /// The ages at which a wait is reported, and reported again (`watch`, `check --self-watch`).
@@ -173,15 +185,17 @@ impl WatchArgs {
     }
 }
 
-/// Runs `watch`; the error is one line.
-pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
+/// Runs `watch`; the error is one line. `text` carries the global flags
+/// (colour, verbosity) for the text sink.
+pub async fn run(args: WatchArgs, text: TextOptions) -> anyhow::Result<()> {
     let cfg = args.config().map_err(super::UsageError)?;
     let stdout = std::io::stdout();
-    let text = || Box::new(TextSink::new(std::io::stdout().lock(), TextOptions { waits: args.waits }));
+    let opts = TextOptions { waits: args.waits, full_stacks: args.stacks == Stacks::Full, ..text };
+    let text = || Box::new(TextSink::new(std::io::stdout().lock(), opts));
     let mut sink: Box<dyn Sink> = match args.output(LiveSink::supported()) {
         Output::Json => Box::new(JsonSink(stdout.lock())),
         Output::Text => text(),
-        Output::Live => match LiveSink::start() {
+        Output::Live => match LiveSink::start(opts.color) {
             Ok(live) => Box::new(live),
             Err(e) => {
                 tracing::warn!("live view: cannot start its thread ({e}); printing lines");

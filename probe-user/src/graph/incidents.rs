@@ -19,16 +19,17 @@
 use super::model::{Edge, Exactness, HeldBy, HolderId, Hop, OpenWait, PodRef, Terminal, WaitKey};
 use crate::levels::{Level, PLEG_BUDGET, Thresholds};
 use crate::syscalls::WaitKind;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
 /// An incident as printed: raised, escalated or updated.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Incident {
     pub level: Level,
     pub id: u64,
     /// Why this line was printed again: `level`, `root`, `chain` (empty when first raised).
+    #[serde(skip_deserializing)]
     pub changed: Vec<&'static str>,
     /// The deepest open wait (none for a cycle).
     pub root: Option<Hop>,
@@ -40,7 +41,7 @@ pub struct Incident {
     pub waits: Vec<u64>,
     /// The waits off the chain that a heuristic link attaches (threads parked on a lock
     /// beside a sibling's long wait), each with its link.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attached: Vec<Hop>,
     pub budget_used: f64,
     /// RFC 3339: when its oldest wait began.
@@ -51,7 +52,7 @@ pub struct Incident {
     pub cycle: bool,
     /// A wait on its chain began before plegwatch started (found by the startup sweep
     /// or the goroutine scan): its age is that of the hops marked `start`.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub started_before_attach: bool,
 }
 
@@ -205,6 +206,9 @@ struct Open {
     id: u64,
     waits: BTreeSet<WaitKey>,
     first_start_ns: u64,
+    /// `first_start_ns` on the wall clock, as first printed: kept while the start does
+    /// not move, so that reprints do not jitter by the wall and monotonic clocks' sampling.
+    started_at: String,
     end: End,
     /// The deepest wait of its chain (none for a cycle).
     root: Option<WaitKey>,
@@ -424,6 +428,10 @@ impl Incidents {
             if chain.len() > longest.len() {
                 longest = chain.clone();
             }
+            let started_at = match &prev {
+                Some(p) if p.first_start_ns == first_start => p.started_at.clone(),
+                _ => rfc3339(clocks, first_start),
+            };
             if let Some(changed) = changed {
                 let started_before_attach = chain.iter().chain(attached.iter()).any(|h| !h.start.is_exact());
                 changes.push(Change::Raised(Incident {
@@ -437,7 +445,7 @@ impl Incidents {
                     waits: wait_ids,
                     attached,
                     budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
-                    started_at: rfc3339(clocks, first_start),
+                    started_at: started_at.clone(),
                     waited_s: secs(clocks.now_ns.saturating_sub(first_start)),
                     cycle: matches!(end, End::Cycle(_)),
                 }));
@@ -446,6 +454,7 @@ impl Incidents {
                 id,
                 waits: keys,
                 first_start_ns: first_start,
+                started_at,
                 end: *end,
                 root: root_key,
                 chain_keys: path,
@@ -664,6 +673,41 @@ mod tests {
         assert_eq!(res[0].longest_chain.len(), 4);
         assert!((res[0].waited_s - 25.0).abs() < 1e-9, "from the umount's start at 95 s: {}", res[0].waited_s);
         assert_eq!(b.counts(), (1, 1, 0));
+    }
+
+    /// containerd restarted mid-incident: its waits (the list call, the lock holder) end
+    /// with it. The part of the chain still leading to the root keeps the id and the start,
+    /// a shorter chain is no news, and a wait cut off from the root (the relist, whose link
+    /// went through containerd) is raised on its own, with its own age.
+    #[test]
+    fn a_restarted_process_leaves_the_rest_of_the_incident() {
+        let (waits, edges) = chain_9770();
+        let mut b = builder();
+        let first = raised(&run(&mut b, &waits, &edges, 110))[0].clone();
+        // containerd (waits 2 and 3) is gone: the relist and the shim's umount remain.
+        let left = [waits[0].clone(), waits[3].clone()];
+        let c = run(&mut b, &left, &[], 111);
+        assert!(resolved(&c).is_empty(), "nothing resolved: {c:?}");
+        let r = raised(&c);
+        assert_eq!(r.len(), 1, "only the cut-off relist is news: {c:?}");
+        assert_ne!(r[0].id, first.id);
+        assert_eq!(r[0].symptom.kind, "pleg_relist");
+        assert!((r[0].waited_s - 11.0).abs() < 1e-9, "the relist's own age: {}", r[0].waited_s);
+        let kept = b.open_now().into_iter().find(|o| o.id == first.id).expect("the first incident is still open");
+        assert!((kept.waited_s - 16.0).abs() < 1e-9, "from the umount's start at 95 s: {kept:?}");
+        // At critical it is printed again: same id and start, the root's hop as before.
+        let c = run(&mut b, &left, &[], 155);
+        let again = raised(&c).into_iter().find(|i| i.id == first.id).cloned().expect("escalated");
+        assert!((again.waited_s - 60.0).abs() < 1e-9, "from the umount's start at 95 s: {}", again.waited_s);
+        assert_eq!(again.started_at, first.started_at, "printed as first printed, not recomputed");
+        assert_eq!(again.root.as_ref().map(|h| h.wait_id), first.root.as_ref().map(|h| h.wait_id));
+        assert_eq!(again.chain.iter().map(|h| h.wait_id).collect::<Vec<_>>(), vec![Some(4)]);
+        // The umount ends: the incident resolves under its id, with its longest chain.
+        let c = run(&mut b, &left[..1], &[], 156);
+        let res = resolved(&c);
+        assert_eq!(res.len(), 1);
+        assert_eq!(res[0].id, first.id);
+        assert_eq!(res[0].longest_chain.len(), 4);
     }
 
     #[test]

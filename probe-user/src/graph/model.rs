@@ -7,7 +7,7 @@
 //! incident builder works on these values alone, with time passed in.
 
 use crate::syscalls::WaitKind;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Names one open wait for as long as it stays open, whichever source saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -34,8 +34,14 @@ pub struct Who {
     pub tid: u32,
     pub comm: String,
     /// The goroutine (`g` address), for Go processes when known.
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "hex_opt")]
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "hex_opt", deserialize_with = "hex_opt_de")]
     pub goroutine: Option<u64>,
+}
+
+/// Reads a goroutine id back from its `0x…` form (`plegwatch explain`).
+fn hex_opt_de<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let s: Option<String> = Option::deserialize(d)?;
+    s.map(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).map_err(serde::de::Error::custom)).transpose()
 }
 
 fn hex_opt<S: serde::Serializer>(g: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
@@ -48,7 +54,7 @@ fn hex_opt<S: serde::Serializer>(g: &Option<u64>, s: S) -> Result<S::Ok, S::Erro
 /// The Kubernetes pod and container a process belongs to, as far as plegwatch
 /// could tell (see `observe::k8s`): every field is omitted when unknown, and
 /// all of them for a host process.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct PodRef {
     /// The pod's name.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,7 +89,7 @@ impl PodRef {
 }
 
 /// How exact a wait's start time is.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StartTiming {
     /// Seen by a probe as it began.
@@ -133,7 +139,7 @@ pub struct OpenWait {
 }
 
 /// How an edge was established.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Exactness {
     /// A heuristic: likely, not shown (threads parked beside a sibling's long wait).
@@ -152,10 +158,19 @@ impl Exactness {
             Exactness::Exact => "exact",
         }
     }
+
+    /// How sure the link is, in words (`plegwatch explain`).
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Exactness::Heuristic => "a guess from what runs beside it",
+            Exactness::Inferred => "inferred from timing and who is connected to whom",
+            Exactness::Exact => "seen directly by a probe or a lookup naming this holder",
+        }
+    }
 }
 
 /// The kinds of waiter → holder links.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EdgeKind {
     /// A Go call waits on a call it made itself, still open on the same goroutine.
@@ -208,6 +223,27 @@ impl EdgeKind {
             EdgeKind::Sibling => "sibling",
         }
     }
+
+    /// The link in words, for a reader who has not read the JSON contract
+    /// (`plegwatch explain`): "this hop ... the next one".
+    pub fn meaning(self) -> &'static str {
+        match self {
+            EdgeKind::NestedCall => "is waiting for a call it made itself, on the same goroutine, to return",
+            EdgeKind::SameGoroutine => "is held by a goroutine that is itself stuck in the kernel wait below",
+            EdgeKind::GoLock => "is parked on a Go lock (sync.RWMutex) that the next hop holds",
+            EdgeKind::CriCall => "is kubelet waiting for its CRI call to the container runtime to return",
+            EdgeKind::Ttrpc => "is containerd waiting for the shim to answer its ttrpc task call",
+            EdgeKind::ShimMutex => "is a shim task call queued behind another call for the same container in that shim",
+            EdgeKind::Child => "is a parent process waiting for its child to finish",
+            EdgeKind::UnixPeer => "is a client waiting for the process at the other end of its unix socket",
+            EdgeKind::DbusOwner => "is a D-Bus call waiting for the service that owns its destination name",
+            EdgeKind::NetlinkPeer => "is a netlink request waiting for the process that owns its destination port",
+            EdgeKind::NoReply => "is a netlink request the kernel has not answered",
+            EdgeKind::KernelMutex => "is blocked on a kernel mutex that the next hop owns",
+            EdgeKind::Device => "is waiting for writes to reach the block device below",
+            EdgeKind::Sibling => "is a thread parked on a lock beside a sibling thread's long wait (a guess)",
+        }
+    }
 }
 
 /// What a terminal holder is, when it is one thing that several waits can
@@ -256,7 +292,7 @@ pub struct Edge {
 }
 
 /// One line of an incident's chain: a wait, or the terminal holder at its end.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Hop {
     /// The wait's id (as in its `stall` lines); none for a terminal holder.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -266,7 +302,7 @@ pub struct Hop {
     pub pid: Option<u32>,
     pub tid: Option<u32>,
     pub comm: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "hex_opt")]
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "hex_opt", deserialize_with = "hex_opt_de")]
     pub goroutine: Option<u64>,
     pub what: String,
     /// How long this wait has been open (none for a terminal).
@@ -276,13 +312,14 @@ pub struct Hop {
     pub evidence: Option<String>,
     pub exactness: Option<Exactness>,
     /// The root: the deepest open wait, where the chain's cause sits.
+    #[serde(default)]
     pub root: bool,
     /// The pod and container of the process at this hop (omitted for a host process).
     #[serde(flatten)]
     pub pod: PodRef,
     /// How exact its age is (omitted when exact): `lower_bound` (found by the startup
     /// sweep), `waitsince` (by the goroutine scan, from a GC's stamp), `unknown`.
-    #[serde(skip_serializing_if = "StartTiming::is_exact")]
+    #[serde(default, skip_serializing_if = "StartTiming::is_exact")]
     pub start: StartTiming,
 }
 
@@ -308,5 +345,9 @@ pub fn who_text(comm: Option<&str>, pid: Option<u32>, tid: Option<u32>, goroutin
     if let Some(g) = goroutine {
         who.push_str(&format!(" g={g}"));
     }
-    who
+    // A holder known only by its pid reads `pid=1`, not `? pid=1`.
+    match who.strip_prefix("? ") {
+        Some(rest) if comm.is_none() => rest.to_string(),
+        _ => who,
+    }
 }

@@ -11,6 +11,11 @@ use thiserror::Error;
 static PROBES_OBJ: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/plegwatch-probes"));
 
+/// The embedded eBPF object's bytes (what `--version` fingerprints).
+pub fn probes_object() -> &'static [u8] {
+    PROBES_OBJ
+}
+
 #[derive(Debug, Error)]
 pub enum LoadError {
     #[error(

@@ -368,7 +368,19 @@ impl Choice {
         ProbeChoice {
             probe: self.probe.to_string(),
             variant: self.variant.describe(),
+            why: self.passed_over.first().map(|w| few_words(w)),
         }
+    }
+}
+
+/// A reason cut to its first clause and 60 characters, for the one-line start.
+fn few_words(reason: &str) -> String {
+    // `variant: reason`: the reason after the variant's name.
+    let r = reason.split_once(": ").map_or(reason, |(_, r)| r);
+    let r = r.split(['(', ';']).next().unwrap_or(r).trim();
+    match r.char_indices().nth(60) {
+        Some((i, _)) => format!("{}…", &r[..i]),
+        None => r.to_string(),
     }
 }
 
@@ -484,6 +496,17 @@ where
 
 #[cfg(test)]
 mod tests {
+    /// The start line's reason for a probe that is off: the reason, not the variant, cut short.
+    #[test]
+    fn an_off_probes_reason_is_a_few_words() {
+        assert_eq!(
+            super::few_words("tracepoint lock:contention_begin: no such tracepoint in tracefs (events/lock/contention_begin/format)"),
+            "no such tracepoint in tracefs"
+        );
+        let long = super::few_words(&format!("fentry x: {}", "word ".repeat(40)));
+        assert!(long.ends_with('…') && long.chars().count() == 61, "{long}");
+    }
+
     #[test]
     fn tracefs_formats_parse() {
         let text = "name: block_rq_issue\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:char rwbs[10];\toffset:34;\tsize:10;\tsigned:0;\n\tfield:__data_loc char[] cmd;\toffset:60;\tsize:4;\tsigned:0;\n";

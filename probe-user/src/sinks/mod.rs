@@ -9,7 +9,9 @@
 //! - [`MetricsSink`]: the daemon's OpenMetrics series and `/incidents`;
 //! - [`Tee`]: two sinks fed the same events.
 
-mod live;
+#[cfg(test)]
+mod first_screen;
+pub(crate) mod live;
 mod log;
 pub mod metrics;
 pub mod report;
@@ -19,7 +21,7 @@ pub use live::{LiveSink, LiveState};
 pub use log::LogSink;
 pub use metrics::{Exposition, MetricsSink};
 pub use report::ReportSink;
-pub use text::{TextOptions, TextSink, render_text};
+pub use text::{TextOptions, TextSink, incident_text, render_text, render_text_with};
 
 use crate::events::{Event, Sink};
 use std::io::Write;

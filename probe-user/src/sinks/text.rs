@@ -2,15 +2,22 @@
 //! to bottom; with `--waits`, today's per-wait `stall` and `resolved` lines too.
 
 use crate::events::{Event, Sink};
-use crate::graph::{incidents::Incident, model::{Hop, StartTiming}};
+use crate::graph::{incidents::Incident, model::{Exactness, Hop, StartTiming}};
+use crate::style::{human_secs, level_style, ok_style, paint};
 use serde_json::Value;
 use std::io::Write;
 
-/// What the text sink shows.
+/// What the text sink shows, and how.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TextOptions {
     /// Also the per-wait `stall` and `resolved` lines (`--waits`).
     pub waits: bool,
+    /// Colour each line by its level (`--color`, decided by the caller).
+    pub color: bool,
+    /// The start line lists every probe's variant (`-v`), not just counts.
+    pub verbose: bool,
+    /// Kernel stacks whole (`--stacks full`), not folded to the frames that matter.
+    pub full_stacks: bool,
 }
 
 /// Human-readable lines.
@@ -34,7 +41,7 @@ impl<W: Write> Sink for TextSink<W> {
         if matches!(event, Event::Status(_)) {
             return;
         }
-        let _ = writeln!(self.out, "{}", render_text(event));
+        let _ = writeln!(self.out, "{}", render_text_with(event, &self.options));
         let _ = self.out.flush();
     }
 }
@@ -50,9 +57,9 @@ fn hop_line(h: &Hop) -> String {
         StartTiming::Waitsince => "~",
         StartTiming::Unknown => "?",
     };
-    let age = h.waited_s.map(|w| format!("{:>8}", format!("{mark}{w:.1}s"))).unwrap_or_else(|| "        ".into());
+    let age = h.waited_s.map(|w| format!("{:>8}", format!("{mark}{}", human_secs(w)))).unwrap_or_else(|| "        ".into());
     if h.comm.is_none() && h.pid.is_none() {
-        return format!("{:<12} {age}  {}", h.kind, h.what);
+        return format!("{:<15} {age}  {}", h.kind, h.what);
     }
     let pod = match (&h.pod.pod, &h.pod.container) {
         (Some(p), c) => {
@@ -61,22 +68,24 @@ fn hop_line(h: &Hop) -> String {
         }
         _ => String::new(),
     };
-    format!("{:<12} {age}  {}  [{who}]{pod}", h.kind, h.what)
+    format!("{:<15} {age}  {}  [{who}]{pod}", h.kind, h.what)
 }
 
 /// An incident as a block: a header, then its chain top to bottom, one hop
-/// a line, each followed by the link to the next.
-fn incident_text(clock: &str, i: &Incident) -> String {
+/// a line, each followed by the link to the next; with `explain`, each link
+/// also in words (`plegwatch explain`).
+pub fn incident_text(clock: &str, i: &Incident, opts: &TextOptions, explain: bool) -> String {
     let root = i
         .root
         .as_ref()
         .map(|r| format!("root: {} in {} pid={}", r.what, r.comm.as_deref().unwrap_or("?"), r.pid.unwrap_or(0)))
         .unwrap_or_else(|| "a cycle: the chain waits on itself (deadlock)".into());
+    let level = format!("{:<8}", i.level.as_str().to_uppercase());
     let mut out = format!(
-        "{clock} {:<8} incident #{} waited {:.1}s, PLEG budget {:.0}% used{}; {root}",
-        i.level.as_str().to_uppercase(),
+        "{clock} {} incident #{} waited {}, PLEG budget {:.0}% used{}; {root}",
+        paint(opts.color, level_style(i.level), &level),
         i.id,
-        i.waited_s,
+        human_secs(i.waited_s),
         i.budget_used * 100.0,
         if i.changed.is_empty() { String::new() } else { format!(" ({} changed)", i.changed.join(", ")) },
     );
@@ -86,13 +95,28 @@ fn incident_text(clock: &str, i: &Incident) -> String {
     for (n, h) in i.chain.iter().enumerate() {
         let mark = if h.root { "ROOT" } else if h.wait_id.is_none() { " END" } else { "    " };
         out.push_str(&format!("\n  {mark} {}. {}", n + 1, hop_line(h)));
+        if explain {
+            let role = match (h.root, n == 0 && i.chain.iter().filter(|h| h.wait_id.is_some()).count() > 1) {
+                (true, _) => " It is the root: the cause sits here.",
+                (false, true) => " It is the symptom.",
+                _ => "",
+            };
+            out.push_str(&format!("\n              in words: {}.{role}", kind_meaning(&h.kind)));
+        }
         if let (Some(edge), Some(x)) = (h.edge, h.exactness) {
             out.push_str(&format!("\n           -> {} ({}): {}", edge.as_str(), x.as_str(), h.evidence.as_deref().unwrap_or("")));
+            if explain {
+                let next = i.chain.get(n + 1).map(|h| format!("#{} {}", n + 2, h.kind)).unwrap_or_else(|| "what holds it".into());
+                out.push_str(&format!("\n              in words: #{} {} {} ({next}); the link is {}", n + 1, h.kind, edge.meaning(), x.meaning()));
+            }
         }
     }
     for h in &i.attached {
         let edge = h.edge.map(|e| e.as_str()).unwrap_or("?");
         out.push_str(&format!("\n     + {}\n           -> {edge} (heuristic): {}", hop_line(h), h.evidence.as_deref().unwrap_or("")));
+        if let (true, Some(e)) = (explain, h.edge) {
+            out.push_str(&format!("\n              in words: this {} {}; the link is {}", h.kind, e.meaning(), Exactness::Heuristic.meaning()));
+        }
     }
     let others = i.waits.len().saturating_sub(i.chain.iter().filter(|h| h.wait_id.is_some()).count() + i.attached.len());
     if others > 0 {
@@ -101,22 +125,130 @@ fn incident_text(clock: &str, i: &Incident) -> String {
     out
 }
 
+/// The watched syscalls' latency: measured values where the calls were
+/// timed exactly (those over `--warn`, from their end records), else the
+/// kernel's log2 bucket bound, marked `<=`.
+fn syscall_table(rows: &[crate::events::SyscallSummary]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let cell = |exact: Option<f64>, bound: f64| match exact {
+        Some(v) => crate::latency::secs(v),
+        None => format!("<={}", human_secs(bound)),
+    };
+    let mut out = format!("\n    {:<16} {:>8} {:>9} {:>9} {:>9} {:>9}  measured", "syscall", "calls", "p50", "p90", "p99", "max");
+    for c in rows {
+        out.push_str(&format!(
+            "\n    {:<16} {:>8} {:>9} {:>9} {:>9} {:>9}  {}",
+            c.syscall,
+            c.count,
+            cell(c.p50_s, c.p50_le_s),
+            cell(c.p90_s, c.p90_le_s),
+            cell(c.p99_s, c.p99_le_s),
+            cell(c.max_s, c.max_le_s),
+            c.measured
+        ));
+    }
+    out.push_str("\n    (measured: calls over --warn, timed exactly; <=X: the kernel's log2 bucket bound, not a measured value)");
+    out
+}
+
+/// What a hop of this kind is, in words (`plegwatch explain`).
+fn kind_meaning(kind: &str) -> &'static str {
+    match kind {
+        "umount" => "An unmount (umount2) still running, often syncing dirty pages to disk after the syscall returned",
+        "sync" => "A sync call (sync, syncfs, fsync, fdatasync, sync_file_range) waiting for writes to reach the disk",
+        "netlink_request" => "A netlink request (to the kernel or a daemon) that has had no reply yet",
+        "dbus_call" => "A D-Bus method call that has had no reply yet",
+        "pleg_relist" => "kubelet's PLEG relist still running: when it passes 3 minutes the node goes NotReady",
+        "go_lock" => "A Go lock (containerd's CRI container Status lock) held, with callers waiting for it",
+        "cri_call" => "A CRI call still running inside containerd",
+        "go_call" => "A probed Go call (a shim task call, runc's systemd calls) still running",
+        "child_wait" => "A process waiting for its child process to finish",
+        "unix_recv" => "A thread waiting for a reply on a unix socket",
+        "futex" => "A thread parked on a contended lock",
+        "process" => "The process holding the wait above (its state says whether it is stopped or blocked)",
+        "kernel" => "The kernel, which has not answered",
+        "device" => "The block device the writes go to, with its requests in flight and write rate",
+        _ => "A wait plegwatch tracks",
+    }
+}
+
 fn chain_words(chain: &[Hop]) -> String {
     chain.iter().map(|h| format!("{} ({})", h.what, h.kind)).collect::<Vec<_>>().join(" -> ")
 }
 
+/// An object's fields as `key=value` words; nested objects flattened to
+/// `outer.inner=value`, lists joined with commas: never JSON in a text line.
 fn detail_text(detail: &Value) -> String {
-    let Some(obj) = detail.as_object() else {
-        return String::new();
-    };
-    obj.iter()
-        .filter(|(_, v)| !v.is_null())
-        .map(|(k, v)| match v {
-            Value::String(s) => format!("{k}={s}"),
-            other => format!("{k}={other}"),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    let mut words = Vec::new();
+    flat_words("", detail, &mut words);
+    words.join(" ")
+}
+
+fn flat_words(prefix: &str, v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Null => {}
+        Value::Object(obj) => {
+            for (k, v) in obj {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                flat_words(&key, v, out);
+            }
+        }
+        Value::Array(items) if items.iter().all(|i| !i.is_object() && !i.is_array()) => {
+            if !items.is_empty() {
+                out.push(format!("{prefix}={}", items.iter().map(scalar).collect::<Vec<_>>().join(",")));
+            }
+        }
+        Value::Array(items) => {
+            for (n, item) in items.iter().enumerate() {
+                flat_words(&format!("{prefix}[{n}]"), item, out);
+            }
+        }
+        other if prefix.is_empty() => out.push(scalar(other)),
+        other => out.push(format!("{prefix}={}", scalar(other))),
+    }
+}
+
+/// A JSON scalar as a word: strings bare, seconds fields as people read them.
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// Kernel frames that say nothing about why a thread waits: the scheduler
+/// and the syscall entry path.
+fn boring_frame(f: &str) -> bool {
+    let name = f.split(['+', ' ']).next().unwrap_or(f);
+    matches!(
+        name,
+        "__schedule" | "schedule" | "schedule_timeout" | "io_schedule" | "io_schedule_timeout" | "schedule_preempt_disabled"
+            | "do_syscall_64" | "x64_sys_call" | "entry_SYSCALL_64_after_hwframe" | "entry_SYSCALL_64" | "ret_from_fork" | "ret_from_fork_asm"
+            | "syscall_exit_to_user_mode" | "exit_to_user_mode_prepare" | "exit_to_user_mode_loop"
+    )
+}
+
+/// The frames that matter, innermost first, at most this many.
+const FOLDED_FRAMES: usize = 6;
+
+/// A kernel stack on one line: folded to [`FOLDED_FRAMES`] frames that are
+/// not the scheduler or the syscall entry, with how many were left out.
+fn stack_text(frames: &[String], full: bool) -> String {
+    if full {
+        return frames.join(" < ");
+    }
+    let kept: Vec<&str> = frames.iter().map(String::as_str).filter(|f| !boring_frame(f)).take(FOLDED_FRAMES).collect();
+    let left = frames.len() - kept.len();
+    let mut out = kept.join(" < ");
+    if left > 0 {
+        out.push_str(&format!(" (+{left} frames: --stacks full)"));
+    }
+    out
 }
 
 /// A container id cut to the 12 digits people use.
@@ -199,34 +331,59 @@ fn cause_text(c: &Value) -> String {
     format!("{text} ({})", exactness(c))
 }
 
-/// The text form of an event (no trailing newline).
+/// The text form of an event (no trailing newline), with the default options.
 pub fn render_text(event: &Event) -> String {
+    render_text_with(event, &TextOptions::default())
+}
+
+/// The start line: what is watched, how many probes are on, which are off
+/// and why; every variant with `-v`.
+fn ready_text(clock: &str, r: &crate::events::Ready, verbose: bool) -> String {
+    let levels = format!("warn {}, critical {}, imminent {}", human_secs(r.warn_s), human_secs(r.critical_s), human_secs(r.imminent_s));
+    if verbose {
+        return format!(
+            "{clock} plegwatch watching (pid {}): {levels}; probes: {}",
+            r.pid,
+            r.probes.iter().map(|p| format!("{}={}", p.probe, p.variant)).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let off: Vec<String> = r
+        .probes
+        .iter()
+        .filter(|p| p.variant == "off")
+        .map(|p| format!("{} ({})", p.probe, p.why.as_deref().unwrap_or("not offered here")))
+        .collect();
+    let fallback = r.probes.iter().filter(|p| p.variant != "off" && p.why.is_some()).count();
+    let on = r.probes.len() - off.len();
+    let mut out = format!("{clock} plegwatch watching this node (pid {}): {levels}; {on} of {} probes on", r.pid, r.probes.len());
+    if fallback > 0 {
+        out.push_str(&format!(" ({fallback} on a fallback)"));
+    }
+    if !off.is_empty() {
+        out.push_str(&format!(", off: {}", off.join(", ")));
+    }
+    out.push_str("; more: -v, plegwatch doctor");
+    out
+}
+
+/// The text form of an event (no trailing newline).
+pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
     let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
     let clock = now.get(11..23).unwrap_or(&now).to_string();
     match event {
-        Event::Ready(r) => format!(
-            "{clock} plegwatch watching (pid {}): warn {}s, critical {}s, imminent {}s; probes: {}",
-            r.pid,
-            r.warn_s,
-            r.critical_s,
-            r.imminent_s,
-            r.probes
-                .iter()
-                .map(|p| format!("{}={}", p.probe, p.variant))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        Event::Ready(r) => ready_text(&clock, r, opts.verbose),
         Event::Stall(s) => {
+            let level = format!("{:<8}", s.level.as_str().to_uppercase());
             let mut out = format!(
-                "{clock} {:<8} #{} {} {} pid={} tid={} waited={}{:.1}s budget={:.0}% {}",
-                s.level.as_str().to_uppercase(),
+                "{clock} {} #{} {} {} pid={} tid={} waited={}{} budget={:.0}% {}",
+                paint(opts.color, level_style(s.level), &level),
                 s.id,
                 s.kind.as_str(),
                 s.comm,
                 s.pid,
                 s.tid,
                 if s.started_before_attach { ">=" } else { "" },
-                s.waited_s,
+                human_secs(s.waited_s),
                 s.budget_used * 100.0,
                 detail_text(&s.detail)
             );
@@ -240,28 +397,30 @@ pub fn render_text(event: &Event) -> String {
             }
             if !s.kernel_stack.is_empty() {
                 out.push_str("\n    kernel: ");
-                out.push_str(&s.kernel_stack.join(" < "));
+                out.push_str(&stack_text(&s.kernel_stack, opts.full_stacks));
             }
             out
         }
-        Event::Incident(i) => incident_text(&clock, i),
+        Event::Incident(i) => incident_text(&clock, i, opts, false),
         Event::IncidentResolved(r) => match r.merged_into {
             Some(into) => format!("{clock} MERGED   incident #{} into #{into}", r.id),
             None => format!(
-                "{clock} RESOLVED incident #{} after {:.1}s; longest chain: {}",
+                "{clock} {} incident #{} after {}; longest chain: {}",
+                paint(opts.color, ok_style(), "RESOLVED"),
                 r.id,
-                r.waited_s,
+                human_secs(r.waited_s),
                 chain_words(&r.longest_chain)
             ),
         },
         Event::Resolved(r) => format!(
-            "{clock} RESOLVED #{} {} {} pid={} tid={} waited={:.2}s{}",
+            "{clock} {} #{} {} {} pid={} tid={} waited={}{}",
+            paint(opts.color, ok_style(), "RESOLVED"),
             r.id,
             r.kind.as_str(),
             r.comm,
             r.pid,
             r.tid,
-            r.waited_s,
+            human_secs(r.waited_s),
             if r.timing == "exact" {
                 ""
             } else {
@@ -270,8 +429,8 @@ pub fn render_text(event: &Event) -> String {
         ),
         Event::Summary(s) => {
             let mut out = format!(
-                "{clock} summary: ran {:.1}s, {} stalls, {} resolved, {} still open, {} waits seen, dropped {} waits and {} end records",
-                s.ran_s,
+                "{clock} summary: ran {}, {} stalls, {} resolved, {} still open, {} waits seen, dropped {} waits and {} end records",
+                human_secs(s.ran_s),
                 s.stalls,
                 s.resolved,
                 s.still_open,
@@ -298,12 +457,7 @@ pub fn render_text(event: &Event) -> String {
                 q.ttrpc_answered,
                 if q.ttrpc_lost_step > 0 { format!("; {} connections lost step", q.ttrpc_lost_step) } else { String::new() }
             ));
-            for c in &s.syscalls {
-                out.push_str(&format!(
-                    "\n    {:<16} {:>8} calls  p99 <= {:.6}s  max <= {:.6}s",
-                    c.syscall, c.count, c.p99_le_s, c.max_le_s
-                ));
-            }
+            out.push_str(&syscall_table(&s.syscalls));
             if !s.go_latency.is_empty() {
                 out.push('\n');
                 out.push_str(&crate::latency::render_table(&s.go_latency));
@@ -490,11 +644,33 @@ mod tests {
         }
     }
 
+    /// A ring-buffer flood's drops reach the text summary by probe, and the JSON one.
+    #[test]
+    fn summaries_show_the_kernel_drops_by_probe() {
+        use crate::events::{DropCount, Summary};
+        let s = Summary {
+            dropped_events: 823_658,
+            dropped: vec![
+                DropCount { probe: "wait_enter", reason: "inflight_full", count: 0 },
+                DropCount { probe: "socket_io", reason: "sock_events_full", count: 823_658 },
+            ],
+            ..Default::default()
+        };
+        let text = render_text(&Event::Summary(s.clone()));
+        assert!(text.contains("dropped 0 waits and 823658 end records"), "{text}");
+        assert!(text.contains("kernel drops by probe: socket_io/sock_events_full 823658"), "{text}");
+        assert!(!text.contains("inflight_full"), "a zero counter is left out: {text}");
+        let mut buf = Vec::new();
+        JsonSink(&mut buf).emit(&Event::Summary(s));
+        let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        assert_eq!(v["dropped"][1], serde_json::json!({"probe": "socket_io", "reason": "sock_events_full", "count": 823_658}), "{v}");
+    }
+
     #[test]
     fn ages_begun_before_start_are_marked_by_what_they_rest_on() {
         let mut h = hop("cri_call", 7, "ListContainers", Some(0.25), None, false);
-        assert!(hop_line(&h).contains(" 0.2s  ListContainers"), "{}", hop_line(&h));
-        for (start, mark) in [(StartTiming::LowerBound, ">=0.2s"), (StartTiming::Waitsince, "~0.2s"), (StartTiming::Unknown, "?0.2s")] {
+        assert!(hop_line(&h).contains(" 250ms  ListContainers"), "{}", hop_line(&h));
+        for (start, mark) in [(StartTiming::LowerBound, ">=250ms"), (StartTiming::Waitsince, "~250ms"), (StartTiming::Unknown, "?250ms")] {
             h.start = start;
             assert!(hop_line(&h).contains(&format!("{mark}  ListContainers")), "{}", hop_line(&h));
         }
@@ -532,7 +708,7 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert!(lines[0].contains("CRITICAL") && lines[0].contains("incident #3") && lines[0].contains("41%") && lines[0].contains("(level changed)"), "{t}");
         assert!(lines[0].contains("root: umount2 /rootfs"), "{t}");
-        assert!(lines[1].contains("1. pleg_relist") && lines[1].contains("74.0s"), "{t}");
+        assert!(lines[1].contains("1. pleg_relist") && lines[1].contains("1m14s"), "{t}");
         assert!(lines[2].contains("-> cri_call (inferred)"), "{t}");
         assert!(t.contains("ROOT 3. umount"), "{t}");
         assert!(t.lines().any(|l| l.contains("ROOT 3. umount") && l.ends_with("[c30 pid=30]  pod shop/web-0")), "{t}");
@@ -540,12 +716,90 @@ mod tests {
         assert!(t.contains(" END 4. device"), "{t}");
         assert!(t.contains("and 1 more wait(s) behind the same root"), "{t}");
         let r = render_text(&Event::IncidentResolved(IncidentResolved { id: 3, waited_s: 80.0, longest_chain: chain, merged_into: None }));
-        assert!(r.contains("RESOLVED incident #3 after 80.0s") && r.contains("pleg.(*GenericPLEG).Relist (pleg_relist) -> "), "{r}");
+        assert!(r.contains("RESOLVED incident #3 after 1m20s") && r.contains("pleg.(*GenericPLEG).Relist (pleg_relist) -> "), "{r}");
         // Per-wait lines only with --waits.
         let mut out = Vec::new();
         TextSink::new(&mut out, TextOptions::default()).emit(&Event::Stall(stall()));
         assert!(out.is_empty());
-        TextSink::new(&mut out, TextOptions { waits: true }).emit(&Event::Stall(stall()));
+        TextSink::new(&mut out, TextOptions { waits: true, ..Default::default() }).emit(&Event::Stall(stall()));
         assert!(!out.is_empty());
+    }
+
+    fn summary() -> crate::events::Summary {
+        let mut c = [0u64; 32];
+        c[0] = 4;
+        let fsync = crate::sources::stats::summarize("fsync", &c).unwrap();
+        let mut u = [0u64; 32];
+        u[23] = 1;
+        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+        h.record(5_056_712).unwrap();
+        let umount = crate::sources::stats::with_measured(crate::sources::stats::summarize("umount2", &u).unwrap(), Some(&h));
+        crate::events::Summary { ran_s: 16.6, syscalls: vec![umount, fsync], ..Default::default() }
+    }
+
+    /// The summary gives measured values where it has them, and bucket
+    /// bounds marked `<=` (and said to be bounds) only where it does not.
+    #[test]
+    fn the_summary_gives_measured_quantiles_and_marks_bounds() {
+        let t = render_text(&Event::Summary(summary()));
+        let umount = t.lines().find(|l| l.trim_start().starts_with("umount2")).unwrap();
+        assert_eq!(umount.matches("5.06s").count(), 4, "p50, p90, p99 and max are the measured 5.06 s: {t}");
+        assert!(!umount.contains("<="), "{t}");
+        let fsync = t.lines().find(|l| l.trim_start().starts_with("fsync")).unwrap();
+        assert!(fsync.contains("<=") && fsync.trim_end().ends_with(" 0"), "no fsync was measured: {t}");
+        assert!(t.contains("bucket bound, not a measured value"), "{t}");
+        assert!(!t.contains("8.589935") && !t.contains("p99 <="), "{t}");
+    }
+
+    /// No text line carries JSON, whatever the event: nested details (an
+    /// off-CPU record, a holder's calls) are flattened into words.
+    #[test]
+    fn no_text_line_contains_json() {
+        let mut s = stall();
+        s.detail = json!({"syscall": "umount2", "target": "/mnt/x", "offcpu": {"d_sleeps": 3, "d_ms": 4200, "top": [{"comm": "jbd2", "ms": 10}]}, "flags": ["REQUEST", "ACK"]});
+        s.holder = Some(json!({"kind": "process", "pid": 5, "nested": {"a": {"b": 1}}}));
+        s.kernel_stack = (0..20).map(|n| format!("frame_{n}")).collect();
+        let opts = TextOptions { waits: true, ..Default::default() };
+        let mut probes: Vec<crate::events::ProbeChoice> = ["wait_enter", "offcpu", "lock_contention"]
+            .iter()
+            .map(|p| crate::events::ProbeChoice { probe: p.to_string(), variant: "tracepoint x".into(), why: None })
+            .collect();
+        probes[2].variant = "off".into();
+        probes[2].why = Some("no tracepoint lock:contention_begin".into());
+        let ready = Event::Ready(crate::events::Ready { pid: 1, probes, warn_s: 2.0, critical_s: 60.0, imminent_s: 150.0 });
+        let mut sum = summary();
+        sum.relists = vec![json!({"pid": 4, "last": {"took_s": 0.2}})];
+        for e in [Event::Stall(s), ready.clone(), Event::Summary(sum)] {
+            let t = render_text_with(&e, &opts);
+            assert!(!t.contains("{\"") && !t.contains("\":"), "JSON in a text line:\n{t}");
+        }
+        let t = render_text_with(&Event::Stall({ let mut s = stall(); s.detail = json!({"offcpu": {"d_sleeps": 3}}); s }), &opts);
+        assert!(t.contains("offcpu.d_sleeps=3"), "{t}");
+        // The start line: one line, counts and what is off and why; every variant with -v.
+        let t = render_text_with(&ready, &opts);
+        assert!(!t.contains('\n') && t.len() < 200, "{t}");
+        assert!(t.contains("plegwatch watching") && t.contains("2 of 3 probes on") && t.contains("off: lock_contention (no tracepoint lock:contention_begin)"), "{t}");
+        assert!(t.contains("warn 2s, critical 1m00s, imminent 2m30s"), "{t}");
+        let v = render_text_with(&ready, &TextOptions { verbose: true, ..opts });
+        assert!(v.contains("offcpu=tracepoint x"), "{v}");
+    }
+
+    #[test]
+    fn stacks_are_folded_to_the_frames_that_matter_unless_full() {
+        let frames: Vec<String> = ["__schedule", "schedule", "io_schedule", "folio_wait_bit_common", "folio_wait_writeback", "__filemap_fdatawait_range", "filemap_fdatawait_keep_errors", "sync_inodes_sb", "sync_filesystem", "generic_shutdown_super", "kill_block_super", "deactivate_locked_super", "cleanup_mnt", "task_work_run", "syscall_exit_to_user_mode", "do_syscall_64", "entry_SYSCALL_64_after_hwframe"]
+            .iter().map(|f| f.to_string()).collect();
+        let folded = stack_text(&frames, false);
+        assert!(folded.starts_with("folio_wait_bit_common < ") && !folded.contains("schedule <"), "{folded}");
+        assert!(folded.contains("(+11 frames: --stacks full)"), "{folded}");
+        assert_eq!(stack_text(&frames, true).matches(" < ").count(), frames.len() - 1);
+    }
+
+    #[test]
+    fn colour_by_level_only_when_asked() {
+        let opts = TextOptions { waits: true, color: true, ..Default::default() };
+        let t = render_text_with(&Event::Stall(stall()), &opts);
+        assert!(t.contains("\u{1b}[") && t.contains("WARN"), "{t:?}");
+        let plain = render_text_with(&Event::Stall(stall()), &TextOptions { waits: true, ..Default::default() });
+        assert!(!plain.contains('\u{1b}'), "{plain:?}");
     }
 }

@@ -47,7 +47,8 @@ impl From<&Wait> for WaitInfo {
         WaitInfo {
             tgid: w.tgid,
             tid: w.tid,
-            comm: cstr(&w.comm),
+            // Empty until the wait first sleeps (the kernel takes it then).
+            comm: if w.comm[0] == 0 { crate::observe::procfs::comm(w.tid).unwrap_or_default() } else { cstr(&w.comm) },
             nr: w.nr,
             slot: w.slot,
             start_ns: w.start_ns,

@@ -182,7 +182,11 @@ impl ReqWatch {
             });
         }
         let (conns, calls) = self.seed_dbus(self_tgid);
-        tracing::info!(dbus_connections = conns, queued_calls = calls, "startup sweep: D-Bus");
+        if calls > 0 {
+            tracing::info!(dbus_connections = conns, queued_calls = calls, "startup sweep: D-Bus calls already queued unanswered");
+        } else {
+            tracing::debug!(dbus_connections = conns, "startup sweep: D-Bus connections, no call queued");
+        }
         (seeded, self.swept.len())
     }
 

@@ -45,8 +45,32 @@ fn bucket_counts(ebpf: &Ebpf) -> Vec<(&'static str, Vec<u64>)> {
 }
 
 /// Per-syscall latency from the kernel's log2 histogram (syscalls never seen are left out).
-pub fn latency(ebpf: &Ebpf) -> Vec<SyscallSummary> {
-    bucket_counts(ebpf).into_iter().filter_map(|(name, counts)| summarize(name, &counts)).collect()
+/// with exact quantiles where they fall among the calls measured in userspace.
+pub fn latency(ebpf: &Ebpf, measured: &crate::latency::LatencyTables) -> Vec<SyscallSummary> {
+    bucket_counts(ebpf)
+        .into_iter()
+        .filter_map(|(name, counts)| summarize(name, &counts).map(|s| with_measured(s, measured.histogram("syscall", name))))
+        .collect()
+}
+
+/// Fills the exact quantiles of `s` from `measured`: the durations (µs) of its
+/// slowest calls, those long enough for an end record. A quantile whose rank
+/// falls among them is read from them; a lower one keeps only its bucket bound.
+pub fn with_measured(mut s: SyscallSummary, measured: Option<&hdrhistogram::Histogram<u64>>) -> SyscallSummary {
+    let Some(h) = measured.filter(|h| !h.is_empty()) else { return s };
+    let n = s.count.max(1);
+    let e = h.len().min(n);
+    let below = n - e;
+    let at = |q: f64| {
+        let rank = ((n as f64 * q).ceil() as u64).clamp(1, n);
+        (rank > below).then(|| h.value_at_quantile((rank - below) as f64 / e as f64) as f64 / 1e6)
+    };
+    s.measured = e;
+    s.p50_s = at(0.50);
+    s.p90_s = at(0.90);
+    s.p99_s = at(0.99);
+    s.max_s = Some(h.max() as f64 / 1e6);
+    s
 }
 
 /// Per-syscall log2 buckets (upper bound in seconds, count), for the
@@ -73,7 +97,7 @@ pub fn drops(all: &[u64; STAT_COUNT as usize]) -> Vec<DropCount> {
         ("socket_io", "read_failed", Stat::SockReadFailed),
         ("socket_io", "ttrpc_desync", Stat::TtrpcDesync),
         ("wait_enter", "path_read_failed", Stat::PathReadFailed),
-        ("wait_enter", "user_stack_failed", Stat::UserStackFailed),
+        ("offcpu", "user_stack_failed", Stat::UserStackFailed),
         ("offcpu", "offcpu_start_full", Stat::OffcpuStartFull),
         ("offcpu", "offcpu_full", Stat::OffcpuFull),
         ("offcpu", "stack_failed", Stat::OffcpuStackFailed),
@@ -113,6 +137,11 @@ pub fn summarize(name: &str, counts: &[u64]) -> Option<SyscallSummary> {
         p99_le_s: quantile(0.99),
         p999_le_s: quantile(0.999),
         max_le_s: upper(max_b),
+        measured: 0,
+        p50_s: None,
+        p90_s: None,
+        p99_s: None,
+        max_s: None,
     })
 }
 
@@ -137,7 +166,7 @@ mod tests {
             ("offcpu", "stack_failed", Stat::OffcpuStackFailed),
             ("lock_contention", "lock_waits_full", Stat::LockWaitsFull),
             ("lock_contention", "stack_failed", Stat::LockStackFailed),
-            ("wait_enter", "user_stack_failed", Stat::UserStackFailed),
+            ("offcpu", "user_stack_failed", Stat::UserStackFailed),
         ] {
             let c = d.iter().find(|c| c.probe == probe && c.reason == reason);
             assert_eq!(c.map(|c| c.count), Some(100 + s as u64), "{probe}/{reason}: {d:?}");
@@ -162,5 +191,35 @@ mod tests {
         assert!(s.p50_le_s < 0.01 && s.p90_le_s < 0.01, "{s:?}");
         assert!(s.p999_le_s > 4.0 && s.p999_le_s < 9.0, "{s:?}");
         assert!(s.max_le_s > 4.0 && s.max_le_s < 9.0, "{s:?}");
+    }
+
+    /// 100 calls, the 3 slowest (over --warn) measured at 5.06 s, 6.2 s and
+    /// 7.5 s: the p99 and the max are those measured values; p50 and p90
+    /// fall among the short calls and keep only their bucket bounds.
+    #[test]
+    fn measured_quantiles_replace_bounds_where_they_fall_among_measured_calls() {
+        let mut c = [0u64; 32];
+        c[0] = 97;
+        c[23] = 3;
+        let mut h = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+        for us in [5_060_000u64, 6_200_000, 7_500_000] {
+            h.record(us).unwrap();
+        }
+        let s = with_measured(summarize("umount2", &c).unwrap(), Some(&h));
+        assert_eq!(s.measured, 3);
+        assert_eq!((s.p50_s, s.p90_s), (None, None), "{s:?}");
+        // rank 99 of 100 is the 2nd of the 3 measured.
+        let p99 = s.p99_s.unwrap();
+        assert!((p99 - 6.2).abs() < 0.01, "{s:?}");
+        assert!((s.max_s.unwrap() - 7.5).abs() < 0.01, "{s:?}");
+        // One call only, measured: every quantile is it.
+        let mut one = [0u64; 32];
+        one[23] = 1;
+        let mut h1 = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+        h1.record(5_056_712).unwrap();
+        let s = with_measured(summarize("umount2", &one).unwrap(), Some(&h1));
+        for q in [s.p50_s, s.p90_s, s.p99_s, s.max_s] {
+            assert!((q.unwrap() - 5.0567).abs() < 0.01, "{s:?}");
+        }
     }
 }

@@ -73,6 +73,14 @@ fn main() -> ExitCode {
 
 fn run() -> Result<(), String> {
     let opts = parse_args()?;
+    if opts.mode != "after-exec" {
+        // Fds a CI runner or job server leaked into us (pipes, not close-on-exec) would
+        // shift every fd number the reuse modes count on: start from stdio alone.
+        // SAFETY: close_range(2) on this process's own fds; nothing here holds one yet.
+        if unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) } != 0 {
+            return Err(os_err("close_range of inherited fds"));
+        }
+    }
     if let Some(ns) = &opts.netns {
         enter_netns(ns)?;
     }

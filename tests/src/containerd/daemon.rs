@@ -240,19 +240,7 @@ impl Containerd {
             .into_iter()
             .filter(|d| ns_pid.is_none() && !Path::new(d).exists())
             .collect();
-        let path = std::env::var_os("PATH").unwrap_or_default();
-        let path = std::env::join_paths(
-            std::iter::once(bin_dir.clone()).chain(std::env::split_paths(&path)),
-        )
-        .context("the daemon's PATH")?;
-        let child = in_ns(ns_pid, bin_dir.join(BinName::Containerd.file_name()))
-            .env("PATH", path)
-            .arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            .spawn();
+        let child = spawn_containerd(ns_pid, &bin_dir, &config, log_file);
         let child = match child {
             Ok(c) => c,
             Err(e) => {
@@ -334,6 +322,31 @@ impl Containerd {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Kills containerd with SIGKILL (a crash, or systemd's restart after its stop timeout)
+    /// and starts it again on the same config, dirs and socket; returns when the new
+    /// process answers CRI `Version`, with when it was spawned. Its shims, and the
+    /// containers under them, are not touched: they outlive containerd, which reconnects
+    /// to them at start.
+    pub fn restart(&mut self) -> Result<Instant> {
+        let old = self.pid();
+        // SAFETY: kill(2) on our own child, not yet reaped (wait below reaps it).
+        if self.child.try_wait()?.is_none() {
+            unsafe { libc::kill(old as libc::pid_t, libc::SIGKILL) };
+        }
+        let status = self.child.wait().context("reap the killed containerd")?;
+        let log_file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("open {}", self.log.display()))?;
+        self.child = spawn_containerd(self.ns_pid, &self.bin_dir, &self.config, log_file)
+            .with_context(|| format!("respawn containerd ({})", self.version))?;
+        self.started = Instant::now();
+        eprintln!("containerd pid {old} killed ({status}); restarted as pid {}", self.pid());
+        let spawned = self.started;
+        self.wait_ready()?;
+        Ok(spawned)
     }
 
     /// The containerd, shim, `ctr` and runc it runs.
@@ -598,6 +611,22 @@ struct Paths {
     snapshots: Option<PathBuf>,
     /// runc's systemd cgroup driver ([`SystemdCgroups`]).
     systemd_cgroup: bool,
+}
+
+/// Spawns `BIN_DIR/containerd --config CONFIG` (in the mount namespace of `ns_pid`, if
+/// any) with `bin_dir` first on its `PATH` and its output into `log_file`.
+fn spawn_containerd(ns_pid: Option<u32>, bin_dir: &Path, config: &Path, log_file: File) -> Result<Child> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = std::env::join_paths(std::iter::once(bin_dir.to_path_buf()).chain(std::env::split_paths(&path)))
+        .context("the daemon's PATH")?;
+    Ok(in_ns(ns_pid, bin_dir.join(BinName::Containerd.file_name()))
+        .env("PATH", path)
+        .arg("--config")
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()?)
 }
 
 /// A TOML basic string (paths here hold no quotes or control characters).

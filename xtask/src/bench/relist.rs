@@ -239,7 +239,7 @@ fn measure_modes(
 }
 
 /// User plus system CPU time of a process so far (`/proc/PID/stat`, fields 14 and 15).
-fn cpu_time(pid: u32) -> Result<Duration> {
+pub(super) fn cpu_time(pid: u32) -> Result<Duration> {
     let path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
     cpu_time_of_stat(&stat).with_context(|| format!("{path}: no utime and stime in {stat:?}"))

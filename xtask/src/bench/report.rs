@@ -80,7 +80,7 @@ pub struct CallStats {
 }
 
 /// One figure of a [`CallStats`] (p50, p99, mean, count).
-pub type Figure = fn(&CallStats) -> f64;
+pub type CallFigure = fn(&CallStats) -> f64;
 
 /// One (mode, call, round) of the relist benchmark: the untraced phases just before and
 /// just after the one under plegwatch.
@@ -96,17 +96,17 @@ pub struct RelistSample {
 
 impl RelistSample {
     /// The untraced baseline of a figure: the mean of the phases before and after.
-    pub fn untraced(&self, figure: Figure) -> f64 {
+    pub fn untraced(&self, figure: CallFigure) -> f64 {
         (figure(&self.before) + figure(&self.after)) / 2.0
     }
 
     /// plegwatch over the untraced baseline.
-    pub fn ratio(&self, figure: Figure) -> f64 {
+    pub fn ratio(&self, figure: CallFigure) -> f64 {
         figure(&self.plegwatch) / self.untraced(figure)
     }
 
     /// plegwatch minus the untraced baseline.
-    pub fn added(&self, figure: Figure) -> f64 {
+    pub fn added(&self, figure: CallFigure) -> f64 {
         figure(&self.plegwatch) - self.untraced(figure)
     }
 }
@@ -206,7 +206,7 @@ median ratios (plegwatch / untraced, same run) and added µs per call:"
                 .iter()
                 .filter(|s| s.mode == mode && s.call == call)
                 .collect();
-            let med = |f: fn(&RelistSample, Figure) -> f64, figure| {
+            let med = |f: fn(&RelistSample, CallFigure) -> f64, figure| {
                 median(of.iter().map(|s| f(s, figure)).collect())
             };
             let pause = match period_ms {
@@ -335,6 +335,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn figures_say_met_not_met_stated_and_not_measured() {
+        let figures = [
+            Figure::new("fast", "s", vec![0.5, 3.0, 0.7], Target::AtMost(1.0)),
+            Figure::new("slow", "x", vec![1.4, 1.6], Target::AtMost(1.25)),
+            Figure::new("maps", "MiB", vec![9.4], Target::Stated),
+            Figure::new("soak", "MiB", vec![], Target::AtMost(64.0)),
+        ];
+        assert_eq!(figures.iter().map(Figure::met).collect::<Vec<_>>(), [Some(true), Some(false), None, None]);
+        let text = render_figures(&figures);
+        let verdict = |name: &str| text.lines().find(|l| l.starts_with(name)).map(|l| l.rsplit("  ").next().unwrap_or("").to_owned());
+        assert_eq!(verdict("fast").as_deref(), Some("met"), "{text}");
+        assert_eq!(verdict("slow").as_deref(), Some("NOT met"), "{text}");
+        assert_eq!(verdict("maps").as_deref(), Some("stated"), "{text}");
+        assert_eq!(verdict("soak").as_deref(), Some("not measured"), "{text}");
+        assert!(text.contains("0.50-3.00 (n=3)"), "the spread: {text}");
+    }
+
+    #[test]
+    fn loop_figures_compare_with_bpftrace_round_by_round() {
+        let s = |mode, untraced, pw, bt| Sample { mode, round: 1, untraced, traced: vec![Some(pw), Some(bt), None, None, None] };
+        let f = loop_figures(&[s("unix", 100.0, 120.0, 200.0), s("fsync", 100.0, 300.0, 350.0)]);
+        assert_eq!(f[0].values, [1.2]);
+        assert_eq!(f[0].met(), Some(false));
+        assert_eq!(f[2].values, [3.0]);
+        assert!((f[3].values[0] - 0.6).abs() < 1e-9, "{:?}", f[3]);
+        assert_eq!(f[3].met(), Some(true));
+    }
+
+    #[test]
     fn median_of_odd_even_and_empty() {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
@@ -385,4 +414,98 @@ mod tests {
         assert!(text.contains("bpftrace -"), "{text}");
         assert!(text.contains("floor-raw 1.10 (1.10-1.10)"), "{text}");
     }
+}
+
+/// What a figure is held to.
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    /// The median must be at most this.
+    AtMost(f64),
+    /// No bound: the figure is stated (and justified in the docs).
+    Stated,
+}
+
+/// One figure of issue 12's table: its values over the rounds, and its target.
+#[derive(Clone, Debug)]
+pub struct Figure {
+    pub name: String,
+    pub unit: &'static str,
+    pub values: Vec<f64>,
+    pub target: Target,
+}
+
+impl Figure {
+    pub fn new(name: &str, unit: &'static str, values: Vec<f64>, target: Target) -> Self {
+        Figure { name: name.to_owned(), unit, values, target }
+    }
+
+    /// `Some(true)` when the median meets the target; `None` when there is no value or no bound.
+    pub fn met(&self) -> Option<bool> {
+        let m = median(self.values.clone())?;
+        match self.target {
+            Target::AtMost(t) => Some(m <= t),
+            Target::Stated => None,
+        }
+    }
+}
+
+/// The figures as one table: median, spread over the rounds, target, and whether it is met.
+pub fn render_figures(figures: &[Figure]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<58} {:>10} {:>19} {:>10}  {}", "figure", "median", "spread (lo-hi)", "target", "verdict");
+    for f in figures {
+        let lo = f.values.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = f.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (med, spread) = match median(f.values.clone()) {
+            Some(m) => (format!("{} {}", short(m), f.unit), format!("{}-{} (n={})", short(lo), short(hi), f.values.len())),
+            None => ("-".to_owned(), "not measured".to_owned()),
+        };
+        let target = match f.target {
+            Target::AtMost(t) => format!("<= {}", short(t)),
+            Target::Stated => "stated".to_owned(),
+        };
+        let verdict = match (f.met(), f.values.is_empty()) {
+            (_, true) => "not measured",
+            (Some(true), _) => "met",
+            (Some(false), _) => "NOT met",
+            (None, _) => "stated",
+        };
+        let _ = writeln!(out, "{:<58} {med:>10} {spread:>19} {target:>10}  {verdict}", f.name);
+    }
+    out
+}
+
+/// A number with the digits that matter at its size.
+fn short(v: f64) -> String {
+    match v.abs() {
+        a if a >= 100.0 => format!("{v:.0}"),
+        a if a >= 10.0 => format!("{v:.1}"),
+        _ => format!("{v:.2}"),
+    }
+}
+
+/// The loops' figures: each mode's plegwatch ratio against its target, and, for `unix`,
+/// against bpftrace's in the same rounds.
+pub fn loop_figures(samples: &[Sample]) -> Vec<Figure> {
+    let ratios = |mode: &str, column: usize| -> Vec<f64> { samples.iter().filter(|s| s.mode == mode).filter_map(|s| s.ratio(column)).collect() };
+    let mut out = Vec::new();
+    for (mode, what, target) in [
+        ("unix", "socketpair send/recvfrom loop, ratio", 1.10),
+        ("unixrw", "unix-socket write/read loop (not D-Bus), ratio", 1.05),
+        ("fsync", "fsync on tmpfs loop, ratio", 1.25),
+    ] {
+        out.push(Figure::new(what, "x", ratios(mode, 0), Target::AtMost(target)));
+    }
+    let vs_bpftrace: Vec<f64> = samples.iter().filter(|s| s.mode == "unix").filter_map(|s| Some(s.ratio(0)? / s.ratio(1)?)).collect();
+    out.push(Figure::new("socketpair loop, plegwatch / bpftrace (same round)", "x", vs_bpftrace, Target::AtMost(1.0)));
+    out
+}
+
+/// The relist figures: ListContainers p50 and p99 under plegwatch, ratio to untraced.
+pub fn relist_figures(samples: &[RelistSample]) -> Vec<Figure> {
+    let of = |figure: CallFigure| -> Vec<f64> { samples.iter().filter(|s| s.call == "ListContainers").map(|s| s.ratio(figure)).collect() };
+    vec![
+        Figure::new("ListContainers p50 under the relist driver, ratio", "x", of(p50), Target::AtMost(1.05)),
+        Figure::new("ListContainers p99 under the relist driver, ratio", "x", of(p99), Target::AtMost(1.05)),
+    ]
 }

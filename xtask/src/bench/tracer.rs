@@ -100,6 +100,16 @@ pub fn plegwatch(bin: &Path, log_dir: &Path) -> Result<Tracer> {
     Ok(tracer)
 }
 
+/// Start `plegwatch watch --json ARGS`, logging as `<log_dir>/<name>.*.log`, and wait for
+/// its ready line.
+pub fn plegwatch_with(bin: &Path, log_dir: &Path, name: &'static str, args: &[&str]) -> Result<Tracer> {
+    let mut command = Command::new(bin);
+    command.args(["watch", "--json"]).args(args);
+    let mut tracer = Tracer::spawn(name, command, log_dir)?;
+    tracer.wait_for(PLEGWATCH_READY_TIMEOUT, "a {\"type\":\"ready\"} line", is_ready_line)?;
+    Ok(tracer)
+}
+
 /// Write the bpftrace script to `<log_dir>/overhead.bt` (so the command line fits on one
 /// line and can be rerun by hand), start it and wait until it has attached.
 pub fn bpftrace(log_dir: &Path) -> Result<Tracer> {

@@ -159,7 +159,11 @@ fn run(socket: PathBuf, table: Arc<Mutex<Table>>, rx: mpsc::Receiver<()>) {
             }
             Err(e) => {
                 backoff = (backoff * 2).clamp(BACKOFF_MIN, BACKOFF_MAX);
-                if !failing {
+                // No socket at all is a node without that runtime (or not yet): not worth a
+                // warning on a quiet start. A socket that does not answer is.
+                if !failing && !socket.exists() {
+                    tracing::info!(socket = %socket.display(), retry_s = backoff.as_secs(), "CRI names: no runtime socket; pod names come from bundles until one answers");
+                } else if !failing {
                     tracing::warn!(socket = %socket.display(), error = %e, retry_s = backoff.as_secs(), "CRI names: no answer; pod names come from bundles until it answers");
                 }
                 failing = true;

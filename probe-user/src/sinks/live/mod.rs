@@ -15,7 +15,7 @@
 //!   detaches its probes between the two, which can take seconds.
 
 mod screen;
-mod state;
+pub(crate) mod state;
 
 pub use state::LiveState;
 
@@ -49,11 +49,12 @@ impl LiveSink {
         io::stdout().is_terminal() && std::env::var("TERM").is_ok_and(|t| !t.is_empty() && t != "dumb")
     }
 
-    /// Starts the drawing thread. The terminal is taken over at the first
-    /// event, so that errors before it (no root, no BTF) print as usual.
-    pub fn start() -> io::Result<LiveSink> {
+    /// Starts the drawing thread, in colour or not (`--color`, `NO_COLOR`).
+    /// The terminal is taken over at the first event, so that errors before
+    /// it (no root, no BTF) print as usual.
+    pub fn start(color: bool) -> io::Result<LiveSink> {
         let (tx, rx) = mpsc::channel();
-        let drawer = std::thread::Builder::new().name("plegwatch-live".into()).spawn(move || draw_loop(rx))?;
+        let drawer = std::thread::Builder::new().name("plegwatch-live".into()).spawn(move || draw_loop(rx, color))?;
         Ok(LiveSink { tx, drawer: Some(drawer) })
     }
 }
@@ -89,8 +90,9 @@ enum Output {
     Text,
 }
 
-fn draw_loop(rx: Receiver<Msg>) {
+fn draw_loop(rx: Receiver<Msg>, color: bool) {
     let mut state = LiveState::default();
+    state.monochrome = !color;
     let mut out = Output::Pending;
     let mut last_draw: Option<Instant> = None;
     let mut dirty = false;
@@ -214,7 +216,7 @@ mod tests {
         s.apply(&Event::Incident(Box::new(incident_9770(3, 20.0))), t0);
         s.apply(&Event::Summary(summary()), t0);
         let text = exit_text(&s, t0 + Duration::from_secs(2));
-        let (open, incident, sum) = (text.find("1 incident(s) still open"), text.find("incident #3 waited 22.0s"), text.find("summary: ran 42.0s"));
+        let (open, incident, sum) = (text.find("1 incident(s) still open"), text.find("incident #3 waited 22s"), text.find("summary: ran 42s"));
         assert!(open < incident && incident < sum && open.is_some(), "{text}");
         assert!(text.contains("ROOT 4. umount") && text.contains("incidents: 2 raised, 1 resolved"), "{text}");
         assert!(text.ends_with('\n'));

@@ -48,6 +48,8 @@ pub struct LiveState {
     merged: u64,
     summary: Option<Summary>,
     logs: VecDeque<String>,
+    /// Draw without colours (`--color never`, `NO_COLOR`): bold and the like stay.
+    pub monochrome: bool,
 }
 
 impl LiveState {
@@ -111,9 +113,10 @@ impl LiveState {
         let footer_h = (footer.len() as u16).min(area.height / 3);
         let [header, body, foot] =
             Layout::vertical([Constraint::Length(1), Constraint::Min(0), Constraint::Length(footer_h)]).areas(area);
-        frame.render_widget(Paragraph::new(self.header()), header);
-        frame.render_widget(Paragraph::new(self.body(now, body.height as usize)), body);
-        frame.render_widget(Paragraph::new(footer), foot);
+        let paint = |lines: Vec<Line<'static>>| if self.monochrome { lines.into_iter().map(uncoloured).collect() } else { lines };
+        frame.render_widget(Paragraph::new(paint(vec![self.header()])), header);
+        frame.render_widget(Paragraph::new(paint(self.body(now, body.height as usize))), body);
+        frame.render_widget(Paragraph::new(paint(footer)), foot);
     }
 
     fn probes(&self) -> (usize, usize) {
@@ -227,6 +230,17 @@ fn aged(i: &Incident, dt: Duration) -> Incident {
     i
 }
 
+/// A line with its colours taken out, its other modifiers kept.
+fn uncoloured(mut line: Line<'static>) -> Line<'static> {
+    line.style.fg = None;
+    line.style.bg = None;
+    for span in &mut line.spans {
+        span.style.fg = None;
+        span.style.bg = None;
+    }
+    line
+}
+
 fn level_style(level: Level) -> Style {
     match level {
         Level::Warn => Style::default().fg(Color::Yellow).add_modifier(Modifier::BOLD),
@@ -333,7 +347,7 @@ pub(crate) mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     pub(crate) fn ready() -> Event {
-        let probe = |p: &str, v: &str| ProbeChoice { probe: p.into(), variant: v.into() };
+        let probe = |p: &str, v: &str| ProbeChoice { probe: p.into(), variant: v.into(), why: None };
         Event::Ready(Ready {
             pid: 4242,
             probes: vec![probe("syscalls", "tracepoint raw_syscalls"), probe("umount_tail_end", "fexit"), probe("offcpu", "off")],
@@ -426,6 +440,28 @@ pub(crate) mod tests {
         (0..h)
             .map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
             .collect()
+    }
+
+    /// `--color never` / `NO_COLOR`: the same screen, and not one coloured cell.
+    #[test]
+    fn monochrome_draws_no_colour() {
+        use ratatui::style::Color;
+        let t0 = Instant::now();
+        let coloured = |monochrome: bool| {
+            let mut s = LiveState { monochrome, ..Default::default() };
+            s.apply(&ready(), t0);
+            s.apply(&Event::Incident(Box::new(incident_9770(1, 100.0))), t0);
+            let mut t = Terminal::new(TestBackend::new(120, 30)).unwrap();
+            t.draw(|f| s.render(f, t0)).unwrap();
+            let buf = t.backend().buffer().clone();
+            let n = buf.content().iter().filter(|c| c.fg != Color::Reset || c.bg != Color::Reset).count();
+            (n, screen(&s, t0, 120, 30))
+        };
+        let (with, rows) = coloured(false);
+        let (without, plain_rows) = coloured(true);
+        assert!(with > 0, "the level is coloured by default");
+        assert_eq!(without, 0, "a coloured cell with monochrome");
+        assert_eq!(rows, plain_rows);
     }
 
     fn find<'a>(rows: &'a [String], needle: &str) -> Option<(usize, &'a String)> {

@@ -196,18 +196,21 @@ impl Drop for ReportSink {
 
 /// `latency.json`: per probe family, from the run's summary. Go calls come
 /// from HdrHistogram (3 significant digits); syscalls from the kernel's log2
-/// histogram, so their quantiles are bucket upper bounds (`_le_s`).
+/// histogram, so their quantiles are bucket upper bounds (`_le_s`), plus the
+/// measured value (`_s`, HdrHistogram over the end records of the calls that
+/// lasted `--warn`) for each quantile that falls among those calls.
 pub fn latency_tables(s: &crate::events::Summary) -> Value {
     json!({
         "ran_s": s.ran_s,
         "families": [
             {
                 "family": "syscall",
-                "source": "kernel log2 histogram: each quantile is the upper bound of its bucket",
+                "source": "kernel log2 histogram: each _le_s quantile is the upper bound of its bucket; _s values are measured (calls over --warn, from their end records)",
                 "rows": s.syscalls.iter().map(|r| json!({
                     "name": r.syscall, "count": r.count,
                     "p50_le_s": r.p50_le_s, "p90_le_s": r.p90_le_s, "p99_le_s": r.p99_le_s,
                     "p99_9_le_s": r.p999_le_s, "max_le_s": r.max_le_s,
+                    "measured": r.measured, "p50_s": r.p50_s, "p90_s": r.p90_s, "p99_s": r.p99_s, "max_s": r.max_s,
                 })).collect::<Vec<_>>(),
             },
             {

@@ -227,8 +227,9 @@ fn latency_tables(latency: Option<&Value>) -> Markup {
                         td.name { (r["name"].as_str().unwrap_or("?")) }
                         td { (num(&r["count"])) }
                         @for (k, _) in QS {
-                            @let v = if r[format!("{k}_le_s")].is_null() { &r[format!("{k}_s")] } else { &r[format!("{k}_le_s")] };
-                            td { @if r[format!("{k}_le_s")].is_null() { (num(v)) } @else { "≤ " (num(v)) } }
+                            // A measured value where there is one, else the bucket bound, marked.
+                            @let exact = &r[format!("{k}_s")];
+                            td { @if !exact.is_null() { (num(exact)) } @else { "≤ " (num(&r[format!("{k}_le_s")])) } }
                         }
                     }
                 }
