@@ -20,14 +20,16 @@
 //! first bytes of the buffer and, for netlink, a summary of every message
 //! header in it. Parsing and request/reply matching happen in userspace.
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, bpf_probe_read_user},
+    helpers::{generated::bpf_loop, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, bpf_probe_read_user},
     macros::{map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use plegwatch_abi::{
-    COMM_LEN, DbusBytes, DbusPos, EventHeader, EventKind, NL_SUMMARIES, NlSummary, SOCK_DATA_CAP, SOCK_FIRST_RECV, SOCK_IO_HEADER_LEN,
+    COMM_LEN, DBUS_AUTH_SCAN, DBUS_GOING, DBUS_WALK_MAX, DbusBytes, DbusCursor, DbusDir, DbusPos, EventHeader, EventKind, NL_SUMMARIES, NlSummary, SOCK_DATA_CAP, SOCK_FIRST_RECV, SOCK_IO_HEADER_LEN,
     SOCK_SLOTS, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, Stat,
 };
 
@@ -52,6 +54,19 @@ static SOCK_SCRATCH: PerCpuArray<SockScratch> = PerCpuArray::with_max_entries(1,
 /// Where the kernel is in each D-Bus connection (see [`plegwatch_abi::dbus_walk`]).
 #[map]
 static DBUS_POS: LruHashMap<u64, DbusPos> = LruHashMap::with_max_entries(4_096, 0);
+/// Per-CPU state of the D-Bus handshake's text scan (see [`dbus_text_cb`]).
+#[map]
+static DBUS_TEXT: PerCpuArray<TextScan> = PerCpuArray::with_max_entries(1, 0);
+
+/// A handshake text scan: the buffer, how many bytes to look at, and where
+/// the text ends ([`DBUS_GOING`] while scanning).
+#[repr(C)]
+pub struct TextScan {
+    buf: u64,
+    len: u64,
+    end: u64,
+}
+
 /// One entry of zeros, never written: blanks a record's data before the
 /// header bytes are copied in.
 #[map]
@@ -59,11 +74,27 @@ static ZEROS: Array<[u8; SOCK_DATA_CAP]> = Array::with_max_entries(1, 0);
 
 /// A [`SockIo`] with room past its `data`, so that the verifier sees every
 /// copy at a bounded offset of a bounded length stay inside the value.
-/// Only `SOCK_IO_HEADER_LEN + captured` bytes are ever sent.
+/// Only `SOCK_IO_HEADER_LEN + captured` bytes are ever sent. Also the state
+/// of a D-Bus walk, which `bpf_loop` callbacks get a pointer to.
 #[repr(C)]
 pub struct SockScratch {
     io: SockIo,
     _slack: [u8; SOCK_DATA_CAP],
+    walk: DbusWork,
+}
+
+/// One D-Bus buffer's walk, in [`SockScratch`]: a map value, whose contents
+/// the verifier does not track, so that each `bpf_loop` callback is verified
+/// once rather than once per loop turn.
+#[repr(C)]
+struct DbusWork {
+    /// A copy of the direction's [`DbusPos`] half, stored back at the end.
+    dir: DbusDir,
+    cur: DbusCursor,
+    /// The syscall's (first) buffer in the traced process.
+    buf: u64,
+    /// A header read failed (counted as [`Stat::SockReadFailed`]).
+    failed: u64,
 }
 /// `socket()` calls in flight: tid → netlink protocol.
 #[map]
@@ -603,12 +634,89 @@ fn dbus_copy_headers(scratch: &mut SockScratch, call: &SockCall, tgid: u32, len:
     }
     let dir = if call.slot < SOCK_FIRST_RECV { &mut pos.tx } else { &mut pos.rx };
     let mut bytes = DbusUser { buf: call.buf, data: scratch.io.data.as_mut_ptr(), failed: false };
-    let known = plegwatch_abi::dbus_walk(dir, len, avail, &mut bytes);
+    let w = &mut scratch.walk;
+    w.dir = *dir;
+    w.buf = call.buf;
+    w.failed = 0;
+    plegwatch_abi::dbus_start(&mut w.dir, &mut w.cur, len, avail, &mut bytes);
+    if w.cur.known == DBUS_GOING {
+        // The callback finds the walk in this CPU's scratch: bpf_loop's
+        // context must be on the stack, whose contents the verifier would
+        // follow turn by turn.
+        // SAFETY: a plain helper call; no context.
+        unsafe {
+            bpf_loop((DBUS_WALK_MAX + 1) as u32, dbus_step_cb as *mut c_void, core::ptr::null_mut(), 0);
+        }
+    }
+    let w = &mut scratch.walk;
+    let known = match w.cur.known {
+        // Never so after the steps, unless bpf_loop failed.
+        DBUS_GOING => {
+            w.dir = DbusDir { mode: plegwatch_abi::DBUS_LOST, ..Default::default() };
+            0
+        }
+        k => k,
+    };
+    *dir = w.dir;
+    if w.failed != 0 {
+        bytes.failed = true;
+    }
     if bytes.failed {
         count(Stat::SockReadFailed);
     }
     let known = if known < blank as u64 { known as usize } else { blank };
     known
+}
+
+/// A `bpf_loop` callback: one [`plegwatch_abi::dbus_step`] of the walk in
+/// this CPU's [`SockScratch`]. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn dbus_step_cb(index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(s) = SOCK_SCRATCH.get_ptr_mut(0) else { return 1 };
+    // SAFETY: this CPU's scratch; dbus_copy_headers, which called the
+    // bpf_loop, holds no reference into it across the call.
+    let s = unsafe { &mut *s };
+    let mut bytes = DbusUser { buf: s.walk.buf, data: s.io.data.as_mut_ptr(), failed: false };
+    let go = plegwatch_abi::dbus_step(&mut s.walk.dir, &mut s.walk.cur, &mut bytes, index >= DBUS_WALK_MAX as u64);
+    if bytes.failed {
+        s.walk.failed = 1;
+    }
+    if go { 0 } else { 1 }
+}
+
+/// A `bpf_loop` callback: handshake text in the 8 bytes at `index * 8` of
+/// the buffer of this CPU's [`TextScan`]: printable ASCII, CR and LF, and
+/// a NUL at offset 0. Returns 1 to stop, with `end` set where the text ends.
+#[inline(never)]
+extern "C" fn dbus_text_cb(index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(t) = DBUS_TEXT.get_ptr_mut(0) else { return 1 };
+    // SAFETY: this CPU's entry, set by DbusUser::text_len.
+    let t = unsafe { &mut *t };
+    let (len, base) = (t.len, index * 8);
+    if base >= len {
+        t.end = len;
+        return 1;
+    }
+    // SAFETY: the helper checks the user pointer.
+    let Ok(b) = (unsafe { bpf_probe_read_user((t.buf + base) as *const [u8; 8]) }) else {
+        t.end = base;
+        return 1;
+    };
+    let mut j: u64 = 0;
+    while j < 8 {
+        let at = base + j;
+        if at >= len {
+            t.end = len;
+            return 1;
+        }
+        let c = b[(j & 7) as usize];
+        if !((0x20..0x7f).contains(&c) || c == b'\r' || c == b'\n' || (at == 0 && c == 0)) {
+            t.end = at;
+            return 1;
+        }
+        j += 1;
+    }
+    0
 }
 
 /// A D-Bus syscall's buffer in the traced process, and the record's data
@@ -628,29 +736,15 @@ impl DbusBytes for DbusUser {
 
     #[inline(always)]
     fn text_len(&mut self, len: u64) -> u64 {
-        let mut i: u64 = 0;
-        while i < (plegwatch_abi::DBUS_AUTH_SCAN / 8) as u64 {
-            let base = i * 8;
-            if base >= len {
-                return len;
-            }
-            // SAFETY: the helper checks the user pointer.
-            let Ok(w) = (unsafe { bpf_probe_read_user((self.buf + base) as *const [u8; 8]) }) else { return base };
-            let mut j: u64 = 0;
-            while j < 8 {
-                let at = base + j;
-                if at >= len {
-                    return len;
-                }
-                let c = w[(j & 7) as usize];
-                if !((0x20..0x7f).contains(&c) || c == b'\r' || c == b'\n' || (at == 0 && c == 0)) {
-                    return at;
-                }
-                j += 1;
-            }
-            i += 1;
+        let Some(t) = DBUS_TEXT.get_ptr_mut(0) else { return 0 };
+        // SAFETY: this CPU's entry, a live map value.
+        unsafe {
+            (*t).buf = self.buf;
+            (*t).len = len;
+            (*t).end = DBUS_GOING;
+            bpf_loop((DBUS_AUTH_SCAN / 8) as u32, dbus_text_cb as *mut c_void, core::ptr::null_mut(), 0);
+            if (*t).end == DBUS_GOING { len } else { (*t).end }
         }
-        len
     }
 
     #[inline(always)]

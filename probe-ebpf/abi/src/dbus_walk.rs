@@ -109,30 +109,72 @@ pub fn dbus_fixed(h: &[u8; 16]) -> Option<(u32, u32)> {
     Some(((16 + fields + 7) & !7, body))
 }
 
+/// [`DbusCursor::known`] while a walk goes on.
+pub const DBUS_GOING: u64 = u64::MAX;
+
+/// One buffer's walk in progress: [`dbus_start`], then [`dbus_step`] until
+/// it says stop. Plain data, so that the kernel can keep it in a map value
+/// that a `bpf_loop` callback steps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DbusCursor {
+    /// Bytes the syscall moved.
+    pub len: u64,
+    /// Of them, how many can be read (never more than `len`).
+    pub avail: u64,
+    /// The next byte to look at.
+    pub off: u64,
+    /// Once the walk is over, how many leading bytes it followed;
+    /// [`DBUS_GOING`] until then.
+    pub known: u64,
+}
+
 /// Walks one syscall that moved `len` bytes, of which the first `avail` can
 /// be read (a vectored call's first iovec), from where `d` left off. Calls
 /// `bytes.copy` for each header (or handshake) range and returns how many
 /// leading bytes were followed: within them, what was not copied is body.
 /// Past them the caller knows nothing (and copies nothing).
+///
+/// The kernel runs the same two halves, [`dbus_start`] and up to
+/// [`DBUS_WALK_MAX`] + 1 [`dbus_step`]s, the steps in a `bpf_loop`.
 #[inline(always)]
 pub fn dbus_walk<B: DbusBytes>(d: &mut DbusDir, len: u64, avail: u64, bytes: &mut B) -> u64 {
+    let mut c = DbusCursor::default();
+    dbus_start(d, &mut c, len, avail, bytes);
+    let mut i = 0;
+    while c.known == DBUS_GOING && i <= DBUS_WALK_MAX {
+        dbus_step(d, &mut c, bytes, i == DBUS_WALK_MAX);
+        i += 1;
+    }
+    c.known
+}
+
+/// The first half of [`dbus_walk`]: the handshake, a lost stream's resync
+/// and the rest of a fixed header cut by the last buffer. Sets `c` for
+/// [`dbus_step`] (its `known` set if the walk is already over): an out
+/// parameter, so that the kernel keeps it in a map value, off its stack.
+#[inline(always)]
+pub fn dbus_start<B: DbusBytes>(d: &mut DbusDir, c: &mut DbusCursor, len: u64, avail: u64, bytes: &mut B) {
     let avail = if avail < len { avail } else { len };
-    let mut off: u64 = 0;
+    *c = DbusCursor { len, avail, off: 0, known: DBUS_GOING };
     if len == 0 {
-        return 0;
+        c.known = 0;
+        return;
     }
     if d.mode == DBUS_AUTH {
         let scan = if avail < DBUS_AUTH_SCAN as u64 { avail } else { DBUS_AUTH_SCAN as u64 };
         let t = bytes.text_len(scan);
         if t == len {
             bytes.copy(0, t);
-            return t;
+            c.known = t;
+            return;
         }
         // The first byte past the text is a message's type byte: the header
         // starts one before, at a line's start.
         let h = if t == 0 { 0 } else { t - 1 };
         if t == scan || (h > 0 && h < 2) {
-            return lose(d, 0);
+            c.known = lose(d, 0);
+            return;
         }
         if h > 0 {
             bytes.copy(0, h);
@@ -141,103 +183,135 @@ pub fn dbus_walk<B: DbusBytes>(d: &mut DbusDir, len: u64, avail: u64, bytes: &mu
         d.hdr_left = 0;
         d.body_left = 0;
         d.have = 0;
-        off = h;
+        c.off = h;
     } else if d.mode != DBUS_SYNC {
         // Lost: only a buffer that starts with a header is followed.
-        if avail < 16 {
-            return 0;
-        }
-        match bytes.fixed(0) {
-            Some(h) if dbus_fixed(&h).is_some() => {}
-            _ => return 0,
+        let ok = avail >= 16 && matches!(bytes.fixed(0), Some(h) if dbus_fixed(&h).is_some());
+        if !ok {
+            c.known = 0;
+            return;
         }
         *d = DbusDir { mode: DBUS_SYNC, ..Default::default() };
     }
     if d.have > 0 {
         // The rest of a fixed header cut by the last buffer.
-        if d.have >= 16 {
-            return lose(d, 0);
-        }
-        let need = 16 - d.have as u64;
-        let got = if len < need { len } else { need };
-        if avail < got {
-            return lose(d, 0);
-        }
-        let Some(h) = bytes.fixed(0) else { return lose(d, 0) };
-        let mut p = d.part;
-        let mut i = 0;
-        while i < 16 {
-            if i as u64 >= d.have as u64 && ((i - d.have as usize) as u64) < got {
-                p[i] = h[(i - d.have as usize) & 15];
+        match rest_of_fixed(d, len, avail, bytes) {
+            Some(known) => c.known = known,
+            None => {
+                c.off = 16 - d.have as u64;
+                d.have = 0;
             }
-            i += 1;
         }
-        bytes.copy(0, got);
-        if got < need {
-            d.part = p;
-            d.have += got as u32;
-            return len;
-        }
-        let Some((hdr, body)) = dbus_fixed(&p) else { return lose(d, 0) };
-        d.have = 0;
-        d.hdr_left = hdr - 16;
-        d.body_left = body;
-        off = need;
     }
+}
+
+/// [`dbus_start`]'s end of a fixed header cut by the last buffer: `None`
+/// when the header is now whole (`d` set for its fields and body, `d.have`
+/// still the cut part's length), else what the walk ends with.
+#[inline(always)]
+fn rest_of_fixed<B: DbusBytes>(d: &mut DbusDir, len: u64, avail: u64, bytes: &mut B) -> Option<u64> {
+    if d.have >= 16 {
+        return Some(lose(d, 0));
+    }
+    let need = 16 - d.have as u64;
+    let got = if len < need { len } else { need };
+    if avail < got {
+        return Some(lose(d, 0));
+    }
+    let Some(h) = bytes.fixed(0) else { return Some(lose(d, 0)) };
+    let mut p = d.part;
     let mut i = 0;
-    while i <= DBUS_WALK_MAX {
-        // The current message's header, then its body.
-        let left = len - off;
-        let take = if (d.hdr_left as u64) < left { d.hdr_left as u64 } else { left };
-        if take > 0 {
-            if off + take > avail {
-                return lose(d, off);
-            }
-            bytes.copy(off, take);
-            off += take;
-            d.hdr_left -= take as u32;
+    while i < 16 {
+        if i as u64 >= d.have as u64 && ((i - d.have as usize) as u64) < got {
+            p[i] = h[(i - d.have as usize) & 15];
         }
-        let left = len - off;
-        if d.body_left as u64 >= left {
-            d.body_left -= left as u32;
-            return len;
-        }
-        off += d.body_left as u64;
-        d.body_left = 0;
-        let left = len - off;
-        if left == 0 {
-            return len;
-        }
-        if i == DBUS_WALK_MAX {
-            break;
-        }
-        if left < 16 {
-            // A fixed header cut by the end of the buffer: kept for the next.
-            if off + left > avail {
-                return lose(d, off);
-            }
-            let Some(h) = bytes.fixed(off) else { return lose(d, off) };
-            let mut k = 0;
-            while k < 16 {
-                if (k as u64) < left {
-                    d.part[k] = h[k];
-                }
-                k += 1;
-            }
-            d.have = left as u32;
-            bytes.copy(off, left);
-            return len;
-        }
-        if off + 16 > avail {
-            return lose(d, off);
-        }
-        let Some(h) = bytes.fixed(off) else { return lose(d, off) };
-        let Some((hdr, body)) = dbus_fixed(&h) else { return lose(d, off) };
-        d.hdr_left = hdr;
-        d.body_left = body;
         i += 1;
     }
-    lose(d, off)
+    bytes.copy(0, got);
+    if got < need {
+        d.part = p;
+        d.have += got as u32;
+        return Some(len);
+    }
+    let Some((hdr, body)) = dbus_fixed(&p) else { return Some(lose(d, 0)) };
+    d.hdr_left = hdr - 16;
+    d.body_left = body;
+    None
+}
+
+/// One message of [`dbus_walk`]: the rest of the current message's header
+/// (copied) and body (skipped), then the next fixed header, if any. Returns
+/// whether to step on; when not, `c.known` is set. `last`: the walk may take
+/// no more messages (past [`DBUS_WALK_MAX`] the stream loses step).
+#[inline(always)]
+pub fn dbus_step<B: DbusBytes>(d: &mut DbusDir, c: &mut DbusCursor, bytes: &mut B, last: bool) -> bool {
+    let (len, avail) = (c.len, c.avail);
+    let mut off = c.off;
+    // Out of range only through a corrupted cursor: lose step.
+    if off > len || avail > len {
+        c.known = lose(d, 0);
+        return false;
+    }
+    // The current message's header, then its body.
+    let left = len - off;
+    let take = if (d.hdr_left as u64) < left { d.hdr_left as u64 } else { left };
+    if take > 0 {
+        if off + take > avail {
+            c.known = lose(d, off);
+            return false;
+        }
+        bytes.copy(off, take);
+        off += take;
+        d.hdr_left -= take as u32;
+    }
+    let left = len - off;
+    if d.body_left as u64 >= left {
+        d.body_left -= left as u32;
+        c.known = len;
+        return false;
+    }
+    off += d.body_left as u64;
+    d.body_left = 0;
+    let left = len - off;
+    if left == 0 {
+        c.known = len;
+        return false;
+    }
+    if last {
+        c.known = lose(d, off);
+        return false;
+    }
+    if left < 16 {
+        // A fixed header cut by the end of the buffer: kept for the next.
+        if off + left > avail {
+            c.known = lose(d, off);
+            return false;
+        }
+        let Some(h) = bytes.fixed(off) else {
+            c.known = lose(d, off);
+            return false;
+        };
+        let mut k = 0;
+        while k < 16 {
+            if (k as u64) < left {
+                d.part[k] = h[k];
+            }
+            k += 1;
+        }
+        d.have = left as u32;
+        bytes.copy(off, left);
+        c.known = len;
+        return false;
+    }
+    let fixed = if off + 16 > avail { None } else { bytes.fixed(off) };
+    let Some((hdr, body)) = fixed.as_ref().and_then(dbus_fixed) else {
+        c.known = lose(d, off);
+        return false;
+    };
+    d.hdr_left = hdr;
+    d.body_left = body;
+    c.off = off;
+    true
 }
 
 #[inline(always)]
