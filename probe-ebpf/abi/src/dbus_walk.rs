@@ -427,6 +427,25 @@ mod tests {
     }
 
     #[test]
+    fn cut_fixed_header_then_nonsense_loses_step() {
+        // 10 bytes of a fixed header end one buffer; the next goes on with
+        // bytes that make no header: lost, nothing past the 6 bytes that
+        // would have ended the header is copied.
+        let m0 = msg(SECRET);
+        let mut d = DbusDir { mode: DBUS_SYNC, ..Default::default() };
+        let mut m = Mem { b: &m0[..10], copied: Vec::new() };
+        assert_eq!(dbus_walk(&mut d, 10, 10, &mut m), 10);
+        assert_eq!((d.have, m.copied.as_slice()), (10, &[(0, 10)][..]));
+        let mut bad = m0[10..16].to_vec();
+        bad[4] = 0xff; // header fields of 16 MiB: above DBUS_MAX_FIELDS
+        bad.extend_from_slice(SECRET);
+        let mut m = Mem { b: &bad, copied: Vec::new() };
+        assert_eq!(dbus_walk(&mut d, bad.len() as u64, bad.len() as u64, &mut m), 0);
+        assert_eq!(m.copied, [(0, 6)]);
+        assert_eq!(d, DbusDir { mode: DBUS_LOST, ..Default::default() });
+    }
+
+    #[test]
     fn unseen_iovec_and_lost_step() {
         // libdbus: writev(header, body): the body is in the unread iovec.
         let m0 = msg(SECRET);
