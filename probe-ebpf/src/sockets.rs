@@ -75,7 +75,7 @@ static ZEROS: Array<[u8; SOCK_DATA_CAP]> = Array::with_max_entries(1, 0);
 /// A [`SockIo`] with room past its `data`, so that the verifier sees every
 /// copy at a bounded offset of a bounded length stay inside the value.
 /// Only `SOCK_IO_HEADER_LEN + captured` bytes are ever sent. Also the state
-/// of a D-Bus walk, which `bpf_loop` callbacks get a pointer to.
+/// of a D-Bus walk, which the `bpf_loop` callback [`dbus_step_cb`] steps.
 #[repr(C)]
 pub struct SockScratch {
     io: SockIo,
