@@ -20,14 +20,16 @@
 //! first bytes of the buffer and, for netlink, a summary of every message
 //! header in it. Parsing and request/reply matching happen in userspace.
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user, bpf_probe_read_user_buf},
+    helpers::{generated::bpf_loop, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, bpf_probe_read_user},
     macros::{map, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use plegwatch_abi::{
-    COMM_LEN, EventHeader, EventKind, NL_SUMMARIES, NlSummary, SOCK_DATA_CAP, SOCK_FIRST_RECV, SOCK_IO_HEADER_LEN,
+    COMM_LEN, DBUS_AUTH_SCAN, DBUS_GOING, DBUS_WALK_MAX, DbusBytes, DbusCursor, DbusDir, DbusPos, EventHeader, EventKind, NL_SUMMARIES, NlSummary, SOCK_DATA_CAP, SOCK_FIRST_RECV, SOCK_IO_HEADER_LEN,
     SOCK_SLOTS, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, Stat,
 };
 
@@ -48,7 +50,52 @@ pub(crate) static SOCK_CALLS: HashMap<u32, SockCall> = HashMap::with_max_entries
 static SOCK_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 /// Per-CPU scratch for building a [`SockIo`] (too big for the stack).
 #[map]
-static SOCK_SCRATCH: PerCpuArray<SockIo> = PerCpuArray::with_max_entries(1, 0);
+static SOCK_SCRATCH: PerCpuArray<SockScratch> = PerCpuArray::with_max_entries(1, 0);
+/// Where the kernel is in each D-Bus connection (see [`plegwatch_abi::dbus_walk`]).
+#[map]
+static DBUS_POS: LruHashMap<u64, DbusPos> = LruHashMap::with_max_entries(4_096, 0);
+/// Per-CPU state of the D-Bus handshake's text scan (see [`dbus_text_cb`]).
+#[map]
+static DBUS_TEXT: PerCpuArray<TextScan> = PerCpuArray::with_max_entries(1, 0);
+
+/// A handshake text scan: the buffer, how many bytes to look at, and where
+/// the text ends ([`DBUS_GOING`] while scanning).
+#[repr(C)]
+pub struct TextScan {
+    buf: u64,
+    len: u64,
+    end: u64,
+}
+
+/// One entry of zeros, never written: blanks a record's data before the
+/// header bytes are copied in.
+#[map]
+static ZEROS: Array<[u8; SOCK_DATA_CAP]> = Array::with_max_entries(1, 0);
+
+/// A [`SockIo`] with room past its `data`, so that the verifier sees every
+/// copy at a bounded offset of a bounded length stay inside the value.
+/// Only `SOCK_IO_HEADER_LEN + captured` bytes are ever sent. Also the state
+/// of a D-Bus walk, which the `bpf_loop` callback [`dbus_step_cb`] steps.
+#[repr(C)]
+pub struct SockScratch {
+    io: SockIo,
+    _slack: [u8; SOCK_DATA_CAP],
+    walk: DbusWork,
+}
+
+/// One D-Bus buffer's walk, in [`SockScratch`]: a map value, whose contents
+/// the verifier does not track, so that each `bpf_loop` callback is verified
+/// once rather than once per loop turn.
+#[repr(C)]
+struct DbusWork {
+    /// A copy of the direction's [`DbusPos`] half, stored back at the end.
+    dir: DbusDir,
+    cur: DbusCursor,
+    /// The syscall's (first) buffer in the traced process.
+    buf: u64,
+    /// A header read failed (counted as [`Stat::SockReadFailed`]).
+    failed: u64,
+}
 /// `socket()` calls in flight: tid → netlink protocol.
 #[map]
 static SOCKET_CALLS: HashMap<u32, u32> = HashMap::with_max_entries(1_024, 0);
@@ -146,6 +193,9 @@ pub(crate) fn forget(tgid: u32, fd: u32) {
     let Some(class) = (unsafe { SOCKS.get(&k) }).copied() else { return };
     if class.kind == SockKind::Ttrpc as u32 {
         crate::ttrpc::forget_pos(k);
+    }
+    if class.kind == SockKind::Dbus as u32 {
+        let _ = DBUS_POS.remove(&k);
     }
     if SOCKS.remove(&k).is_ok() && class.kind != SockKind::UnixCandidate as u32 {
         let rec = SockClosed {
@@ -506,10 +556,13 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
         }
         class.kind = SockKind::Dbus as u32;
         let _ = SOCKS.insert(&k, &class, 0);
+        // Seen from its first byte: both ways start in the handshake.
+        let _ = DBUS_POS.insert(&k, &DbusPos::fresh(class.gen), 0);
     }
-    let Some(rec) = SOCK_SCRATCH.get_ptr_mut(0) else { return Ok(()) };
+    let Some(scratch) = SOCK_SCRATCH.get_ptr_mut(0) else { return Ok(()) };
     // SAFETY: this CPU's scratch slot; programs don't nest on one CPU here.
-    let rec = unsafe { &mut *rec };
+    let scratch = unsafe { &mut *scratch };
+    let rec = &mut scratch.io;
     rec.header = EventHeader { kind: EventKind::SockIo as u32, _pad: 0 };
     rec.start_ns = call.start_ns;
     rec.end_ns = now();
@@ -523,16 +576,17 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
     rec.comm = bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]);
     // What the syscall really moved, within the first buffer.
     let avail = if (ret as u64) < call.buf_len { ret as u64 } else { call.buf_len };
-    rec.n_nl = if class.kind == SockKind::Netlink as u32 { walk_netlink(rec, call.buf, avail) } else { 0 };
-    let mut n = avail as usize;
-    if n > SOCK_DATA_CAP {
-        n = SOCK_DATA_CAP;
-    }
-    // SAFETY: the helper checks the user pointer; `n` is bounded by the slice.
-    if unsafe { bpf_probe_read_user_buf(call.buf as *const u8, &mut rec.data[..n]) }.is_err() {
-        count(Stat::SockReadFailed);
-        n = 0;
-    }
+    // netlink: the message headers only, summarised; no byte of a message
+    // is copied. D-Bus: the bytes of message headers (and of the SASL
+    // handshake) at their offsets, the body bytes between them left 0.
+    let n = if class.kind == SockKind::Netlink as u32 {
+        rec.n_nl = walk_netlink(rec, call.buf, avail);
+        0
+    } else {
+        rec.n_nl = 0;
+        dbus_copy_headers(scratch, &call, tgid, ret as u64, avail)
+    };
+    let rec = &mut scratch.io;
     rec.captured = n as u32;
     // SAFETY: SockIo is plain old data; the first SOCK_IO_HEADER_LEN + n bytes are its header and data.
     let bytes = unsafe { core::slice::from_raw_parts((rec as *const SockIo).cast::<u8>(), SOCK_IO_HEADER_LEN + n) };
@@ -540,6 +594,183 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
         count(Stat::SockEventsFull);
     }
     Ok(())
+}
+
+/// Copies the header bytes of what one send or receive on a D-Bus socket
+/// moved (`len` bytes, the first `avail` readable) into the record's data,
+/// at their offsets, over zeros. Returns how many leading bytes the record
+/// describes (at most [`SOCK_DATA_CAP`]): within them, a 0 that was not
+/// copied is a body byte, never read.
+#[inline(always)]
+fn dbus_copy_headers(scratch: &mut SockScratch, call: &SockCall, tgid: u32, len: u64, avail: u64) -> usize {
+    let k = key(tgid, call.fd);
+    let pos = match DBUS_POS.get_ptr_mut(&k) {
+        Some(p) => p,
+        None => {
+            // A connection older than plegwatch (seeded), or forgotten by
+            // the LRU: joined in the middle.
+            if DBUS_POS.insert(&k, &DbusPos::lost(call.class.gen), 0).is_err() {
+                return 0;
+            }
+            match DBUS_POS.get_ptr_mut(&k) {
+                Some(p) => p,
+                None => return 0,
+            }
+        }
+    };
+    // SAFETY: a live map value; a stream is read or written by one thread at a time.
+    let pos = unsafe { &mut *pos };
+    if pos.gen != call.class.gen {
+        *pos = DbusPos::lost(call.class.gen);
+    }
+    let mut blank = if avail < SOCK_DATA_CAP as u64 { avail as usize } else { SOCK_DATA_CAP };
+    if let Some(z) = ZEROS.get_ptr(0) {
+        // SAFETY: kernel memory of the ZEROS map; `blank` is bounded by the slice.
+        if unsafe { bpf_probe_read_kernel_buf(z as *const u8, &mut scratch.io.data[..blank]) }.is_err() {
+            blank = 0;
+        }
+    } else {
+        blank = 0;
+    }
+    let dir = if call.slot < SOCK_FIRST_RECV { &mut pos.tx } else { &mut pos.rx };
+    let mut bytes = DbusUser { buf: call.buf, data: scratch.io.data.as_mut_ptr(), failed: false };
+    let w = &mut scratch.walk;
+    w.dir = *dir;
+    w.buf = call.buf;
+    w.failed = 0;
+    plegwatch_abi::dbus_start(&mut w.dir, &mut w.cur, len, avail, &mut bytes);
+    if w.cur.known == DBUS_GOING {
+        // The callback finds the walk in this CPU's scratch: bpf_loop's
+        // context must be on the stack, whose contents the verifier would
+        // follow turn by turn.
+        // SAFETY: a plain helper call; no context.
+        unsafe {
+            bpf_loop((DBUS_WALK_MAX + 1) as u32, dbus_step_cb as *mut c_void, core::ptr::null_mut(), 0);
+        }
+    }
+    let w = &mut scratch.walk;
+    let known = match w.cur.known {
+        // Never so after the steps, unless bpf_loop failed.
+        DBUS_GOING => {
+            w.dir = DbusDir { mode: plegwatch_abi::DBUS_LOST, ..Default::default() };
+            0
+        }
+        k => k,
+    };
+    *dir = w.dir;
+    if w.failed != 0 {
+        bytes.failed = true;
+    }
+    if bytes.failed {
+        count(Stat::SockReadFailed);
+    }
+    let known = if known < blank as u64 { known as usize } else { blank };
+    known
+}
+
+/// A `bpf_loop` callback: one [`plegwatch_abi::dbus_step`] of the walk in
+/// this CPU's [`SockScratch`]. Returns 1 to stop.
+#[inline(never)]
+extern "C" fn dbus_step_cb(index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(s) = SOCK_SCRATCH.get_ptr_mut(0) else { return 1 };
+    // SAFETY: this CPU's scratch; dbus_copy_headers, which called the
+    // bpf_loop, holds no reference into it across the call.
+    let s = unsafe { &mut *s };
+    let mut bytes = DbusUser { buf: s.walk.buf, data: s.io.data.as_mut_ptr(), failed: false };
+    let go = plegwatch_abi::dbus_step(&mut s.walk.dir, &mut s.walk.cur, &mut bytes, index >= DBUS_WALK_MAX as u64);
+    if bytes.failed {
+        s.walk.failed = 1;
+    }
+    if go { 0 } else { 1 }
+}
+
+/// A `bpf_loop` callback: handshake text in the 8 bytes at `index * 8` of
+/// the buffer of this CPU's [`TextScan`]: printable ASCII, CR and LF, and
+/// a NUL at offset 0. Returns 1 to stop, with `end` set where the text ends.
+#[inline(never)]
+extern "C" fn dbus_text_cb(index: u64, _ctx: *mut c_void) -> i64 {
+    let Some(t) = DBUS_TEXT.get_ptr_mut(0) else { return 1 };
+    // SAFETY: this CPU's entry, set by DbusUser::text_len.
+    let t = unsafe { &mut *t };
+    let (len, base) = (t.len, index * 8);
+    if base >= len {
+        t.end = len;
+        return 1;
+    }
+    // SAFETY: the helper checks the user pointer.
+    let Ok(b) = (unsafe { bpf_probe_read_user((t.buf + base) as *const [u8; 8]) }) else {
+        t.end = base;
+        return 1;
+    };
+    let mut j: u64 = 0;
+    while j < 8 {
+        let at = base + j;
+        if at >= len {
+            t.end = len;
+            return 1;
+        }
+        let c = b[(j & 7) as usize];
+        if !((0x20..0x7f).contains(&c) || c == b'\r' || c == b'\n' || (at == 0 && c == 0)) {
+            t.end = at;
+            return 1;
+        }
+        j += 1;
+    }
+    0
+}
+
+/// A D-Bus syscall's buffer in the traced process, and the record's data
+/// (followed by [`SockScratch`]'s slack) to copy header bytes into.
+struct DbusUser {
+    buf: u64,
+    data: *mut u8,
+    failed: bool,
+}
+
+impl DbusBytes for DbusUser {
+    #[inline(always)]
+    fn fixed(&mut self, off: u64) -> Option<[u8; 16]> {
+        // SAFETY: the helper checks the user pointer.
+        unsafe { bpf_probe_read_user((self.buf + off) as *const [u8; 16]) }.ok()
+    }
+
+    #[inline(always)]
+    fn text_len(&mut self, len: u64) -> u64 {
+        let Some(t) = DBUS_TEXT.get_ptr_mut(0) else { return 0 };
+        // SAFETY: this CPU's entry, a live map value.
+        unsafe {
+            (*t).buf = self.buf;
+            (*t).len = len;
+            (*t).end = DBUS_GOING;
+            bpf_loop((DBUS_AUTH_SCAN / 8) as u32, dbus_text_cb as *mut c_void, core::ptr::null_mut(), 0);
+            if (*t).end == DBUS_GOING { len } else { (*t).end }
+        }
+    }
+
+    #[inline(always)]
+    fn copy(&mut self, off: u64, n: u64) {
+        if off >= SOCK_DATA_CAP as u64 || n == 0 {
+            return;
+        }
+        let off = (off as usize) & (SOCK_DATA_CAP - 1);
+        let mut n = n as u32;
+        if n > SOCK_DATA_CAP as u32 {
+            n = SOCK_DATA_CAP as u32;
+        }
+        // SAFETY: `off < SOCK_DATA_CAP` and `n <= SOCK_DATA_CAP`: inside data
+        // and the slack after it; the helper checks the user pointer. What
+        // lands in the slack is never sent.
+        let rc = unsafe {
+            aya_ebpf::helpers::generated::bpf_probe_read_user(
+                self.data.add(off).cast(),
+                n,
+                (self.buf + off as u64) as *const core::ffi::c_void,
+            )
+        };
+        if rc != 0 {
+            self.failed = true;
+        }
+    }
 }
 
 /// Summarises every netlink message header in `buf[..len]` (at most

@@ -63,16 +63,36 @@ impl Proc {
     /// Spawns `cmd` with stdin closed and stdout read by the guard; stderr and the cleanup as
     /// `options` say.
     pub fn spawn_with(name: &str, cmd: &mut Command, options: Options) -> Result<Self> {
+        Self::spawn_fed(name, cmd, options, None)
+    }
+
+    /// As [`Proc::spawn_with`], with `input` written to the child's stdin, which is then
+    /// closed: a way to hand a child a secret that is in no argument (`/proc/PID/cmdline`).
+    pub fn spawn_with_input(name: &str, cmd: &mut Command, options: Options, input: &[u8]) -> Result<Self> {
+        Self::spawn_fed(name, cmd, options, Some(input))
+    }
+
+    fn spawn_fed(name: &str, cmd: &mut Command, options: Options, input: Option<&[u8]>) -> Result<Self> {
         let stderr = match options.stderr {
             Stderr::Inherit => Stdio::inherit(),
             Stderr::Echo => Stdio::piped(),
         };
-        let child = cmd
-            .stdin(Stdio::null())
+        let mut child = cmd
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(stderr)
             .spawn()
             .with_context(|| format!("spawn {name}: {cmd:?}"))?;
+        if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+            use std::io::Write as _;
+            let written = stdin.write_all(input);
+            drop(stdin);
+            if let Err(e) = written {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e).with_context(|| format!("write {name}'s stdin"));
+            }
+        }
         eprintln!("started {name} (pid {}): {cmd:?}", child.id());
         let (tx, lines) = mpsc::channel();
         // From here on the guard exists, so that an error below still kills the child.

@@ -49,6 +49,7 @@ pub mod flood;
 pub mod gofixture;
 pub mod incidents;
 pub mod loopfs;
+pub mod memscan;
 pub mod mount;
 pub mod namespaces;
 pub mod netlink;

@@ -9,6 +9,9 @@
 
 use core::mem::size_of;
 
+mod dbus_walk;
+pub use dbus_walk::*;
+
 /// Map names, as the userspace loader looks them up.
 pub mod maps {
     /// `HashMap<u32 tid, Wait>`: every watched wait still open, keyed by thread.
@@ -50,6 +53,10 @@ pub mod sock_maps {
     /// it into each new [`SOCKS`] entry. The kernel cannot walk `SOCKS` to
     /// delete a process's keys; with this it needs no walk.
     pub const SOCK_GEN: &str = "SOCK_GEN";
+    /// `LruHashMap<u64 (tgid << 32 | fd), DbusPos>`: where the kernel is in
+    /// each D-Bus connection's two streams, so that it copies out message
+    /// headers and never a body (see [`super::dbus_walk`]). Kernel only.
+    pub const DBUS_POS: &str = "DBUS_POS";
     /// `HashMap<u32 tid, SockCall>`: send/recv calls in flight on those sockets.
     /// Written by the kernel only; its gate `SOCK_CALLS_OPEN[0]` is the number
     /// of entries (+1 only when an insert made one, -1 only when a delete
@@ -586,7 +593,9 @@ pub struct SockCall {
 }
 const _: () = assert!(size_of::<SockCall>() == 64);
 
-/// Bytes of a socket buffer copied into a [`SockIo`] record (the first ones).
+/// Bytes of a socket buffer copied into a [`SockIo`] record, at their
+/// offsets: for D-Bus only header and handshake bytes (body bytes read as
+/// 0), for netlink none (the headers are in [`SockIo::nl`]).
 pub const SOCK_DATA_CAP: usize = 2048;
 /// netlink message headers summarised per [`SockIo`] record, walking the whole
 /// buffer (a dump's NLMSG_DONE may lie past [`SOCK_DATA_CAP`]).

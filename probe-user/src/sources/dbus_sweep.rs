@@ -6,13 +6,14 @@
 //! receive queue of the callee's bus socket (a frozen or stuck service reads
 //! nothing), or of the bus daemon's socket for the caller (a stuck daemon).
 //! plegwatch duplicates that socket (`pidfd_getfd`, root only) and peeks at the
-//! queue (`MSG_PEEK`: nothing is consumed), reading only message headers. The
+//! queue (`MSG_PEEK` at `SO_PEEK_OFF` offsets: nothing is consumed), reading
+//! only message headers: each body is jumped over, never read. The
 //! queue's owner is the holder; the caller is named by the call's `sender`.
 
 use crate::{
     proto::dbus::{
-        header::MessageKind,
-        stream::{Direction, Stream},
+        header::{self, FIXED_LEN, Fixed, MessageKind},
+        stream::MAX_HEADER_FIELDS,
     },
     observe::holders::unix_peer,
     observe::procfs,
@@ -62,7 +63,7 @@ pub struct BusSweep {
     pub queued: Vec<QueuedCall>,
 }
 
-/// Bytes peeked at most per queue.
+/// How far into a queue calls are looked for (header bytes only are read).
 const PEEK_MAX: usize = 64 * 1024;
 
 /// Sweeps every process but `self_tgid`.
@@ -109,35 +110,70 @@ pub fn sweep(self_tgid: u32) -> BusSweep {
 }
 
 /// The METHOD_CALLs (that want a reply) queued unread on `fd` of `pid`.
-fn peek_calls(pid: u32, fd: u32, daemon_side: bool) -> Vec<QueuedCall> {
+///
+/// Only header bytes are peeked: the fixed header at the socket's peek
+/// offset (`SO_PEEK_OFF`), then the header fields, then the offset jumps over
+/// the body, which is never read. The offset is put back to -1 (off) after.
+fn peek_calls(pid: u32, fd: u32, _daemon_side: bool) -> Vec<QueuedCall> {
     let Some(dup) = dup_fd(pid, fd) else { return Vec::new() };
-    let mut buf = vec![0u8; PEEK_MAX];
-    // SAFETY: a valid fd and buffer; MSG_PEEK leaves the queue as it is.
-    let n = unsafe {
-        libc::recv(dup.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
-    };
-    if n <= 0 {
-        return Vec::new();
+    let mut out = Vec::new();
+    let mut off = 0usize;
+    let mut hdr = Vec::new();
+    while off < PEEK_MAX {
+        let mut fixed = [0u8; FIXED_LEN];
+        if peek_at(&dup, off, &mut fixed) != Some(FIXED_LEN) {
+            break;
+        }
+        let Ok(f) = Fixed::parse(&fixed) else { break };
+        let hdr_len = (FIXED_LEN + f.fields_len as usize + 7) & !7;
+        if f.fields_len as usize > MAX_HEADER_FIELDS {
+            break;
+        }
+        hdr.resize(hdr_len, 0);
+        if peek_at(&dup, off, &mut hdr) != Some(hdr_len) {
+            break;
+        }
+        let Ok(m) = header::parse(&hdr) else { break };
+        off = off.saturating_add(hdr_len).saturating_add(f.body_len as usize);
+        if m.kind == MessageKind::MethodCall && !m.no_reply_expected() {
+            out.push(QueuedCall {
+                holder_pid: pid,
+                peer_pid: None,
+                bus_path: String::new(),
+                serial: m.serial,
+                sender: m.sender,
+                destination: m.destination,
+                path: m.path,
+                interface: m.interface,
+                member: m.member,
+            });
+        }
     }
-    let n = n as usize;
-    let dir = if daemon_side { Direction::ClientToServer } else { Direction::ServerToClient };
-    let mut stream = Stream::new(dir);
-    let fed = stream.feed(&buf[..n], n);
-    fed.messages
-        .into_iter()
-        .filter(|m| m.kind == MessageKind::MethodCall && !m.no_reply_expected())
-        .map(|m| QueuedCall {
-            holder_pid: pid,
-            peer_pid: None,
-            bus_path: String::new(),
-            serial: m.serial,
-            sender: m.sender,
-            destination: m.destination,
-            path: m.path,
-            interface: m.interface,
-            member: m.member,
-        })
-        .collect()
+    set_peek_off(&dup, -1);
+    out
+}
+
+fn set_peek_off(fd: &OwnedFd, off: libc::c_int) -> bool {
+    // SAFETY: a valid fd and an int option of the right size.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEEK_OFF,
+            (&off as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// Peeks `buf.len()` bytes at `off` of the queue: how many came.
+fn peek_at(fd: &OwnedFd, off: usize, buf: &mut [u8]) -> Option<usize> {
+    if !set_peek_off(fd, libc::c_int::try_from(off).ok()?) {
+        return None;
+    }
+    // SAFETY: a valid fd and buffer; MSG_PEEK leaves the queue as it is.
+    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    usize::try_from(n).ok()
 }
 
 /// A copy of another process's fd (`pidfd_open` + `pidfd_getfd`, Linux >= 5.6).
@@ -176,5 +212,13 @@ mod tests {
         assert_eq!(calls[0].member.as_deref(), Some("Hello"));
         // Still there.
         assert_eq!(peek_calls(me, b.as_raw_fd() as u32, false).len(), 1);
+        // A call behind a body is found by jumping over it.
+        let mut with_body = build::call(Endian::Little, 8, "Second");
+        with_body.body = vec![0xAB; 5000];
+        a.write_all(&with_body.build()).unwrap();
+        a.write_all(&build::call(Endian::Little, 9, "Third").build()).unwrap();
+        let calls = peek_calls(me, b.as_raw_fd() as u32, false);
+        assert_eq!(calls.iter().map(|c| c.serial).collect::<Vec<_>>(), [7, 8, 9], "{calls:?}");
+        assert_eq!(calls[2].member.as_deref(), Some("Third"));
     }
 }

@@ -28,6 +28,11 @@
 //!   (RTM_GETLINK with NLM_F_REQUEST|NLM_F_ACK, seq M), prints `PID TID reused fd=FD` and blocks
 //!   reading it: the other end never writes. No netlink request is open there.
 //!
+//! - `canary-alias` (the `no_body_bytes` scenario): reads a line of hex from stdin; sets lo's
+//!   alias (IFLA_IFALIAS) to that hex and the bytes it encodes (RTM_NEWLINK, acked), reads it
+//!   back (RTM_GETLINK), then sets it again with NLM_F_REQUEST only (seq N+2), prints `sent`
+//!   and blocks in `recvfrom` like `route-noreply`.
+//!
 //! With `--netns NAME` the process first enters `/run/netns/NAME` (made by `ip netns add`).
 //! Once the request is sent (or the peer bound) it prints one line, `PID TID sent fd=FD` (or
 //! `PID TID bound fd=FD`), FD being the netlink socket, and flushes it: the test times the wait from there. Should `recvfrom`
@@ -117,8 +122,90 @@ fn run() -> Result<(), String> {
             announce("sent", fd)?;
             block_in_recv(fd)
         }
+        "canary-alias" => {
+            let alias = canary_alias()?;
+            let fd = netlink_socket(libc::NETLINK_ROUTE, 0)?;
+            // Set lo's alias, acked; read it back; then set it again unacked and block.
+            send_to(fd, &newlink_lo_alias(opts.seq, NLM_F_REQUEST | NLM_F_ACK, &alias), 0)?;
+            let ack = recv_vec(fd)?;
+            if ack.get(16..20) != Some(&0i32.to_ne_bytes()[..]) {
+                return Err(format!("setting lo's alias was refused: {ack:?}"));
+            }
+            send_to(fd, &getlink_lo(opts.seq + 1), 0)?;
+            let reply = recv_vec(fd)?;
+            if !reply.windows(alias.len()).any(|w| w == alias) {
+                return Err("RTM_GETLINK's reply does not carry lo's alias".into());
+            }
+            send_to(fd, &newlink_lo_alias(opts.seq + 2, NLM_F_REQUEST, &alias), 0)?;
+            announce("sent", fd)?;
+            block_in_recv(fd)
+        }
         other => Err(format!("unknown mode {other:?}")),
     }
+}
+
+/// `canary-alias`: the alias is a line of hex read from stdin (never an argument), then the
+/// bytes it encodes.
+fn canary_alias() -> Result<Vec<u8>, String> {
+    let mut line = String::new();
+    io::stdin().read_line(&mut line).map_err(|e| format!("stdin: {e}"))?;
+    let hex = line.trim();
+    if hex.is_empty() || !hex.len().is_multiple_of(2) {
+        return Err(format!("stdin: want a line of hex, got {} chars", hex.len()));
+    }
+    let raw = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|e| format!("stdin: {e}")))
+        .collect::<Result<Vec<u8>, String>>()?;
+    let mut alias = hex.as_bytes().to_vec();
+    alias.extend(raw);
+    if alias.len() > 127 {
+        return Err("stdin: the alias would be over 127 bytes".into());
+    }
+    Ok(alias)
+}
+
+/// RTM_NEWLINK for lo (ifindex 1) with IFLA_IFALIAS = `alias`.
+fn newlink_lo_alias(seq: u32, flags: u16, alias: &[u8]) -> Vec<u8> {
+    const IFLA_IFALIAS: u16 = 20;
+    let attr_len = 4 + alias.len();
+    let total = 32 + ((attr_len + 3) & !3);
+    let mut msg = nlmsghdr(total as u32, RTM_NEWLINK, flags, seq);
+    msg.extend_from_slice(&ifinfomsg_lo());
+    msg.extend_from_slice(&(attr_len as u16).to_ne_bytes());
+    msg.extend_from_slice(&IFLA_IFALIAS.to_ne_bytes());
+    msg.extend_from_slice(alias);
+    msg.resize(total, 0);
+    msg
+}
+
+/// RTM_GETLINK for lo (ifindex 1): answered with its RTM_NEWLINK.
+fn getlink_lo(seq: u32) -> Vec<u8> {
+    let mut msg = nlmsghdr(32, RTM_GETLINK, NLM_F_REQUEST, seq);
+    msg.extend_from_slice(&ifinfomsg_lo());
+    msg
+}
+
+/// `struct ifinfomsg` for lo: family, pad, type, index 1, flags 0, change 0.
+fn ifinfomsg_lo() -> Vec<u8> {
+    let mut m = vec![libc::AF_UNSPEC as u8, 0];
+    m.extend_from_slice(&0u16.to_ne_bytes());
+    m.extend_from_slice(&1i32.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m
+}
+
+/// One blocking `recvfrom`: the bytes it got.
+fn recv_vec(fd: i32) -> Result<Vec<u8>, String> {
+    let mut buf = vec![0u8; 65536];
+    // SAFETY: buf is valid for its length; no source address is asked for.
+    let n = unsafe { libc::recvfrom(fd, buf.as_mut_ptr().cast(), buf.len(), 0, std::ptr::null_mut(), std::ptr::null_mut()) };
+    if n < 0 {
+        return Err(os_err("recvfrom"));
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
 }
 
 fn parse_args() -> Result<Opts, String> {
