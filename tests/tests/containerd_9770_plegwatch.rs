@@ -389,6 +389,9 @@ const MID_STALL_WITHIN: Duration = Duration::from_secs(2);
 /// incident within 2 s of `ready`, marked `started_before_attach`. With no GC in containerd
 /// since the calls began, their ages are unknown and counted from when they were found, so
 /// plegwatch runs with `--warn 1s`.
+/// What the mid-stall run saw: its lines, when it was ready, and when the whole chain showed.
+type MidStallRun = (Vec<plegwatch_scenarios::events::Event>, std::time::Instant, Option<std::time::Instant>);
+
 #[test]
 fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
     preflight::require();
@@ -405,7 +408,7 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
     let socket = bed.stage().containerd().socket().display().to_string();
     let kubelet = plegwatch_scenarios::gofixture::FakeKubelet::start_cri(&fixture, &socket, &[])?;
     let endpoint = format!("unix://{socket}");
-    let mut seen: Option<Result<(Vec<plegwatch_scenarios::events::Event>, std::time::Instant, Option<std::time::Instant>)>> = None;
+    let mut seen: Option<Result<MidStallRun>> = None;
     let outcome = bed.trigger_with(|_| {
         std::thread::sleep(MID_STALL_START);
         seen = Some((|| {
