@@ -299,10 +299,17 @@ impl ReqWatch {
         } else if kind == EventKind::SockIo as u32 && bytes.len() >= plegwatch_abi::SOCK_IO_HEADER_LEN {
             // The record is sent cut after its captured bytes: copy into a whole one,
             // reused from record to record (no 2.8 KiB zeroing per record; the bytes past
-            // `captured` are left from earlier records and never read).
-            let n = bytes.len().min(std::mem::size_of::<SockIo>());
-            // SAFETY: `n` fits both; SockIo is plain old data, valid for any bytes.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), std::ptr::from_mut::<SockIo>(&mut self.scratch).cast::<u8>(), n) };
+            // `captured` are left from earlier records and never read). A netlink record
+            // is read by its header summaries alone: its data bytes are not copied.
+            let dst = std::ptr::from_mut::<SockIo>(&mut self.scratch).cast::<u8>();
+            let head = plegwatch_abi::SOCK_IO_HEADER_LEN.min(std::mem::size_of::<SockIo>());
+            // SAFETY: `head` fits both (checked above); SockIo is plain old data, valid for any bytes.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, head) };
+            if self.scratch.class.kind != SockKind::Netlink as u32 {
+                let n = bytes.len().min(std::mem::size_of::<SockIo>());
+                // SAFETY: as above, for the bytes from `head` to `n`.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(head), dst.add(head), n - head) };
+            }
             self.sockets.on_io(&self.scratch);
         }
     }
