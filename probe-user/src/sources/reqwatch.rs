@@ -300,16 +300,21 @@ impl ReqWatch {
             // The record is sent cut after its captured bytes: copy into a whole one,
             // reused from record to record (no 2.8 KiB zeroing per record; the bytes past
             // `captured` are left from earlier records and never read). A netlink record
-            // is read by its header summaries alone: its data bytes are not copied.
+            // is read by its `n_nl` header summaries alone: the unused summaries and the
+            // data bytes are not copied (the copy is most of a record's cost: cache misses).
             let dst = std::ptr::from_mut::<SockIo>(&mut self.scratch).cast::<u8>();
-            let head = plegwatch_abi::SOCK_IO_HEADER_LEN.min(std::mem::size_of::<SockIo>());
-            // SAFETY: `head` fits both (checked above); SockIo is plain old data, valid for any bytes.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, head) };
-            if self.scratch.class.kind != SockKind::Netlink as u32 {
-                let n = bytes.len().min(std::mem::size_of::<SockIo>());
-                // SAFETY: as above, for the bytes from `head` to `n`.
-                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(head), dst.add(head), n - head) };
-            }
+            let fixed = std::mem::offset_of!(SockIo, nl);
+            // SAFETY: `fixed` < SOCK_IO_HEADER_LEN <= bytes.len() (checked above) fits both;
+            // SockIo is plain old data, valid for any bytes.
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, fixed) };
+            let n = if self.scratch.class.kind == SockKind::Netlink as u32 {
+                fixed + (self.scratch.n_nl as usize).min(plegwatch_abi::NL_SUMMARIES) * std::mem::size_of::<plegwatch_abi::NlSummary>()
+            } else {
+                bytes.len()
+            };
+            let n = n.min(bytes.len()).min(std::mem::size_of::<SockIo>());
+            // SAFETY: as above, for the bytes from `fixed` to `n` (both within both).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(fixed), dst.add(fixed), n - fixed) };
             self.sockets.on_io(&self.scratch);
         }
     }
