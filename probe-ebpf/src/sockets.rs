@@ -46,8 +46,11 @@ static SOCK_GEN: HashMap<u32, u32> = HashMap::with_max_entries(16_384, 0);
 static DUP_CALLS: HashMap<u32, u64> = HashMap::with_max_entries(1_024, 0);
 #[map]
 pub(crate) static SOCK_CALLS: HashMap<u32, SockCall> = HashMap::with_max_entries(8_192, 0);
+/// Userspace drains it at every scan and when the kernel wakes it, which it
+/// does only once the ring is a quarter full ([`wakeup`]).
 #[map]
-static SOCK_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+static SOCK_EVENTS: RingBuf = RingBuf::with_byte_size(SOCK_EVENTS_BYTES, 0);
+const SOCK_EVENTS_BYTES: u32 = 1 << 20;
 /// Per-CPU scratch for building a [`SockIo`] (too big for the stack).
 #[map]
 static SOCK_SCRATCH: PerCpuArray<SockScratch> = PerCpuArray::with_max_entries(1, 0);
@@ -203,16 +206,32 @@ pub(crate) fn forget(tgid: u32, fd: u32) {
             tgid,
             fd,
         };
-        if SOCK_EVENTS.output::<SockClosed>(&rec, 0).is_err() {
+        if SOCK_EVENTS.output::<SockClosed>(&rec, wakeup()).is_err() {
             count(Stat::SockEventsFull);
         }
     }
 }
 
+/// `bpf_ringbuf_output` flags for a `SOCK_EVENTS` record: no wakeup (a
+/// wakeup per record, at 100 k records/s, cost userspace most of its CPU in
+/// epoll and the event loop), unless the ring is a quarter full, when
+/// userspace is woken to drain it, with three quarters left for the time it
+/// takes to be scheduled. Nothing waits on a
+/// socket record sooner than the next scan (250 ms), which drains the ring
+/// first.
+#[inline(always)]
+fn wakeup() -> u64 {
+    /// `bpf_ringbuf_query` and `bpf_ringbuf_output` flags (include/uapi/linux/bpf.h).
+    const BPF_RB_AVAIL_DATA: u64 = 0;
+    const BPF_RB_NO_WAKEUP: u64 = 1;
+    const BPF_RB_FORCE_WAKEUP: u64 = 2;
+    if SOCK_EVENTS.query(BPF_RB_AVAIL_DATA) > u64::from(SOCK_EVENTS_BYTES / 4) { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
+}
+
 /// Sends a record on `SOCK_EVENTS`, in order with the process's other socket records.
 #[inline(always)]
 pub(crate) fn output<T>(rec: &T) {
-    if SOCK_EVENTS.output::<T>(rec, 0).is_err() {
+    if SOCK_EVENTS.output::<T>(rec, wakeup()).is_err() {
         count(Stat::SockEventsFull);
     }
 }
@@ -229,7 +248,7 @@ fn forget_all(tgid: u32) {
         tgid,
         _pad: 0,
     };
-    if SOCK_EVENTS.output::<SocksForgotten>(&rec, 0).is_err() {
+    if SOCK_EVENTS.output::<SocksForgotten>(&rec, wakeup()).is_err() {
         count(Stat::SockEventsFull);
     }
 }
@@ -590,7 +609,7 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
     rec.captured = n as u32;
     // SAFETY: SockIo is plain old data; the first SOCK_IO_HEADER_LEN + n bytes are its header and data.
     let bytes = unsafe { core::slice::from_raw_parts((rec as *const SockIo).cast::<u8>(), SOCK_IO_HEADER_LEN + n) };
-    if SOCK_EVENTS.output::<[u8]>(bytes, 0).is_err() {
+    if SOCK_EVENTS.output::<[u8]>(bytes, wakeup()).is_err() {
         count(Stat::SockEventsFull);
     }
     Ok(())

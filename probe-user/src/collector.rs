@@ -6,6 +6,9 @@
 //!   to the [`Registry`], which says which waits crossed a level;
 //! - the `EVENTS` ring buffer, drained whenever it is readable, says when long
 //!   waits ended and how long they took, to the nanosecond.
+//!
+//! The high-rate rings (`SOCK_EVENTS`, and `GO_EVENTS` for short calls) wake
+//! the loop only when filling up; every scan drains them first.
 
 use crate::{
     sources::inflight::note_open,
@@ -42,7 +45,7 @@ use crate::{
     syscalls::{WaitKind, by_slot},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
-use plegwatch_abi::{EventKind, Stat, Wait, WaitEnd, child_maps, go_maps, maps, sock_maps};
+use plegwatch_abi::{EventKind, ExecEvent, Stat, Wait, WaitEnd, child_maps, go_maps, maps, sock_maps};
 use serde_json::{Map, Value};
 use std::{
     collections::HashMap,
@@ -184,7 +187,14 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 }
                 // Short Go calls are queued without a wakeup: take them now.
                 while let Some(item) = go_ring.get_mut().next() {
+                    if let (Some(o), Some(pid)) = (offcpu.as_mut(), exec_pid(&item)) {
+                        o.on_exec(pid);
+                    }
                     go.on_record(&mut ebpf, &item, sink);
+                }
+                // So are socket records (the kernel wakes us only once a quarter full).
+                while let Some(item) = sock_ring.get_mut().next() {
+                    req.on_record(&item);
                 }
                 let mut open_waits = engine.open_by_pid.clone();
                 for (pid, (kind, start)) in req.open_by_pid() {
@@ -214,6 +224,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the Go ring buffer", e))?;
                 let ring = guard.get_inner_mut();
                 while let Some(item) = ring.next() {
+                    if let (Some(o), Some(pid)) = (offcpu.as_mut(), exec_pid(&item)) {
+                        o.on_exec(pid);
+                    }
                     go.on_record(&mut ebpf, &item, sink);
                 }
                 guard.clear_ready();
@@ -256,6 +269,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     engine.drain(ring.get_mut(), sink);
     while let Some(item) = go_ring.get_mut().next() {
         go.on_record(&mut ebpf, &item, sink);
+    }
+    while let Some(item) = sock_ring.get_mut().next() {
+        req.on_record(&item);
     }
     // One last look, so that incidents whose waits just ended are resolved.
     engine.scan(sink);
@@ -356,6 +372,17 @@ fn seed_swept(
         n.push(s.wait);
     }
     (n, raced)
+}
+
+/// The process a `GO_EVENTS` record says called `execve`, if it is an exec record.
+fn exec_pid(bytes: &[u8]) -> Option<u32> {
+    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
+    if kind != EventKind::Exec as u32 || bytes.len() < std::mem::size_of::<ExecEvent>() {
+        return None;
+    }
+    // SAFETY: length checked; plain old data; read_unaligned copies.
+    let rec: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    Some(rec.tgid)
 }
 
 /// A ring buffer map, registered with the runtime to wake the loop when it has records.

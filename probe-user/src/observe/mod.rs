@@ -19,6 +19,7 @@ pub mod k8s;
 pub mod mounts;
 pub mod namespaces;
 pub mod pipes;
+pub mod proclist;
 pub mod procfs;
 pub mod ustack;
 
@@ -44,6 +45,19 @@ pub struct Observe {
     owners: SocketOwners,
     connected: HashMap<(u32, u32), (Instant, bool)>,
     pipes: HashMap<u32, (Instant, Vec<PipeLink>)>,
+    /// `/proc` listed at most once per [`LISTING_TTL`], for children.
+    listing: proclist::ProcList,
+}
+
+/// How long a listing of `/proc` answers "whose children": about one scan.
+const LISTING_TTL: Duration = Duration::from_millis(200);
+
+impl Observe {
+    /// `pid`'s children, from a listing of `/proc` at most [`LISTING_TTL`] old.
+    fn children_of(&mut self, pid: u32) -> Vec<u32> {
+        self.listing.refresh(LISTING_TTL);
+        self.listing.children(pid)
+    }
 }
 
 /// How long a process's pipes to its children are reused.
@@ -61,7 +75,8 @@ impl ChildProcs for Observe {
         if self.pipes.len() >= PIPES_MAX {
             self.pipes.retain(|_, (at, _)| at.elapsed() < PIPES_TTL);
         }
-        let links = pipes::child_pipes(pid, &procfs::children(pid));
+        let kids = self.children_of(pid);
+        let links = pipes::child_pipes(pid, &kids);
         self.pipes.insert(pid, (Instant::now(), links.clone()));
         links
     }
@@ -74,7 +89,7 @@ impl ChildProcs for Observe {
 
 impl Procs for Observe {
     fn children(&mut self, pid: u32) -> Vec<u32> {
-        procfs::children(pid)
+        self.children_of(pid)
     }
 
     fn state(&mut self, pid: u32) -> Option<char> {

@@ -87,10 +87,11 @@ pub fn read_user_string(pid: u32, addr: u64, max: usize) -> Option<String> {
     Some(String::from_utf8_lossy(&buf[..end]).into_owned())
 }
 
-/// A thread's `/proc/TID/stat` (threads are reachable as `/proc/TID` too), read by
-/// the procfs crate.
-fn stat(tid: u32) -> Option<::procfs::process::Stat> {
-    ::procfs::process::Process::new(i32::try_from(tid).ok()?).ok()?.stat().ok()
+/// A thread's `/proc/TID/stat` (threads are reachable as `/proc/TID` too), parsed by
+/// the procfs crate (one open and read: no `/proc/TID` directory handle first).
+pub(crate) fn stat(tid: u32) -> Option<::procfs::process::Stat> {
+    use ::procfs::FromRead as _;
+    ::procfs::process::Stat::from_file(format!("/proc/{tid}/stat")).ok()
 }
 
 /// A thread's scheduler state letter (`R`, `S`, `D`, `T`, `Z`, ...) from `/proc/TID/stat`.

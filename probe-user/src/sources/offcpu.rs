@@ -9,7 +9,7 @@
 
 use crate::{
     kernel::loader::{WatchError, take_map},
-    observe::procfs,
+    observe::{procfs, proclist::ProcList},
     sources::offcpu_prune,
 };
 use aya::{
@@ -39,6 +39,8 @@ pub struct OffCpu {
     ksyms: BTreeMap<u64, String>,
     comms: Vec<String>,
     last_refresh: Option<Instant>,
+    /// `/proc` as the last refresh listed it, each comm read once per process.
+    listing: ProcList,
     marked: HashSet<u32>,
     /// Comms of the processes marked, kept for the summary after they exit.
     comm_of: HashMap<u32, String>,
@@ -78,6 +80,7 @@ impl OffCpu {
             ksyms: aya::util::kernel_symbols().unwrap_or_default(),
             comms,
             last_refresh: None,
+            listing: ProcList::default(),
             marked: HashSet::new(),
             comm_of: HashMap::new(),
             retired: HashMap::new(),
@@ -95,14 +98,8 @@ impl OffCpu {
         }
         self.last_refresh = Some(Instant::now());
         let mut want: HashSet<u32> = extra.iter().copied().collect();
-        if let Ok(dir) = std::fs::read_dir("/proc") {
-            for e in dir.flatten() {
-                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-                if procfs::comm(pid).is_some_and(|c| comm_matches(&self.comms, &c)) {
-                    want.insert(pid);
-                }
-            }
-        }
+        self.listing.refresh(Duration::ZERO);
+        want.extend(self.listing.iter().filter(|(_, c)| c.is_some_and(|c| comm_matches(&self.comms, c))).map(|(pid, _)| pid));
         want.remove(&crate::observe::namespaces::self_tgid());
         for gone in self.marked.difference(&want).copied().collect::<Vec<_>>() {
             let _ = self.interesting.remove(&gone);
@@ -128,6 +125,11 @@ impl OffCpu {
             keep.extend(self.retired.keys().map(|(tgid, _)| *tgid));
             self.comm_of.retain(|pid, _| keep.contains(pid));
         }
+    }
+
+    /// `pid` called `execve`: its comm is read again at the next refresh.
+    pub fn on_exec(&mut self, pid: u32) {
+        self.listing.on_exec(pid);
     }
 
     /// Whether a pruning pass is due (every [`offcpu_prune::EVERY`]; the first

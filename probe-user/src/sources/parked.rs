@@ -36,6 +36,7 @@ use crate::{
     graph::parked::{Parked, ParkedThread},
     observe::holders::{SocketOwners, UnixPeers},
     observe::procfs::{self, SyscallState},
+    observe::proclist::ProcList,
     sources::sweep::AgeClock,
 };
 use std::{
@@ -170,6 +171,8 @@ struct Sampling {
     clock_at: Instant,
     /// A parked state's start, kept while the thread stays in it: (tid, nr, args) → ns.
     starts: HashMap<(u32, i64, [u64; 3]), u64>,
+    /// `/proc` as the last round listed it.
+    listing: ProcList,
 }
 
 impl Sampling {
@@ -182,6 +185,7 @@ impl Sampling {
             clock: AgeClock::new(self_tgid, now),
             clock_at: Instant::now(),
             starts: HashMap::new(),
+            listing: ProcList::default(),
         }
     }
 
@@ -192,7 +196,9 @@ impl Sampling {
             self.clock_at = Instant::now();
         }
         self.clock.set_now(now);
-        let parents = procfs::parents();
+        // Each process's stat is read once, not at every round (see `ProcList`).
+        self.listing.refresh(Duration::ZERO);
+        let parents: HashMap<u32, u32> = self.listing.parents().collect();
         let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
         for (&pid, &ppid) in &parents {
             children.entry(ppid).or_default().push(pid);

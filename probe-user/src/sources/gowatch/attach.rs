@@ -12,7 +12,7 @@
 use super::late::{Job as LateJob, LateFunc, LateScanner};
 use super::inspector::{Done, Inspector, Job};
 use super::targets::{Arg, GoFuncSpec, Role, Target, short, target_named, target_of};
-use crate::{kernel::loader::take_map, kernel::loader::WatchError, proto::gosym::GoBinary, events::Event, events::Sink, observe::procfs};
+use crate::{kernel::loader::take_map, kernel::loader::WatchError, proto::gosym::GoBinary, events::Event, events::Sink, observe::procfs, observe::proclist::ProcList};
 use aya::{
     Ebpf,
     maps::{Array, HashMap as BpfHashMap, MapData},
@@ -243,6 +243,11 @@ pub struct Attacher {
     /// Every point attached, for [`Attacher::detach`].
     links: Vec<Link>,
     last_poll: Option<Instant>,
+    /// `/proc` as the poll last listed it, each comm read once per process.
+    listing: ProcList,
+    /// Processes running a target's binary that was left alone (not Go, or no
+    /// function found), by pid: (`/proc/PID` inode, binary), not looked at again.
+    left_alone: HashMap<u32, (u64, (u64, u64))>,
     /// Binaries given up after an upgrade (see [`Attacher::retire_upgraded`]).
     retired: u64,
     /// Reads binaries found at an exec or by the poll, off the loop.
@@ -269,6 +274,8 @@ impl Attacher {
             known: HashSet::new(),
             links: Vec::new(),
             last_poll: None,
+            listing: ProcList::default(),
+            left_alone: HashMap::new(),
             retired: 0,
             inspector: Inspector::start()
                 .inspect_err(|e| tracing::warn!("no worker thread to read Go binaries, reading them on the scan loop: {e}"))
@@ -315,14 +322,36 @@ impl Attacher {
             return;
         }
         self.last_poll = Some(Instant::now());
-        let Ok(dir) = std::fs::read_dir("/proc") else { return };
+        self.listing.refresh(Duration::ZERO);
+        let listed: Vec<(u32, u64, Option<String>)> =
+            self.listing.identified().map(|(pid, ino, comm)| (pid, ino, comm.map(String::from))).collect();
         let mut alive = HashSet::new();
         let mut running = HashSet::new();
-        for e in dir.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        for (pid, ino, comm) in listed {
             alive.insert(pid);
-            running.extend(self.look_at(ebpf, pid, found_by, sink));
+            // A comm that names no target needs no further look (the listing read it once).
+            if !self.known.contains(&pid) && comm.as_deref().is_some_and(|c| target_of(c).is_none()) {
+                continue;
+            }
+            // Nor does a process already seen running a binary left alone.
+            if let Some((seen_ino, key)) = self.left_alone.get(&pid) {
+                if *seen_ino == ino && matches!(self.binaries.get(key), Some(Binary::Skipped)) {
+                    running.insert(*key);
+                    continue;
+                }
+            }
+            let key = self.look_at(ebpf, pid, found_by, sink);
+            match key {
+                Some(k) if matches!(self.binaries.get(&k), Some(Binary::Skipped)) => {
+                    self.left_alone.insert(pid, (ino, k));
+                }
+                _ => {
+                    self.left_alone.remove(&pid);
+                }
+            }
+            running.extend(key);
         }
+        self.left_alone.retain(|p, _| alive.contains(p));
         self.retire_upgraded(ebpf, &running, sink);
         // Forget processes that are gone, so a reused pid is not read as Go.
         let gone: Vec<u32> = self.known.iter().copied().filter(|p| !alive.contains(p)).collect();
@@ -335,6 +364,8 @@ impl Attacher {
 
     /// A process called `execve` (from the kernel's `proc_exec` record).
     pub fn on_exec(&mut self, ebpf: &mut Ebpf, pid: u32, sink: &mut dyn Sink) {
+        self.listing.on_exec(pid);
+        self.left_alone.remove(&pid);
         // Its previous image may have been a Go target; the new one decides.
         if self.known.remove(&pid) {
             let _ = self.procs.remove(&pid);
