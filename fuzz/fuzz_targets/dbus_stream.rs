@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plegwatch::proto::dbus::{header, Connection, Side};
+use plegwatch_proto::dbus::{header, Connection, Side};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, mut rest)) = data.split_first() else { return };

@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plegwatch::proto::gosym::{probe_points_in, ret_addresses_in, unwind, GoSymbols, ReadMem, Regs};
+use plegwatch_proto::gosym::{probe_points_in, ret_addresses_in, unwind, GoSymbols, ReadMem, Regs};
 
 /// The input's own bytes as a process's memory, from address 0.
 struct Bytes<'a>(&'a [u8]);
@@ -35,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
         .map(|b| b.module_version("github.com/containerd/containerd"));
     let _ = syms.elf().tls_segment();
     // The code that loads g from TLS, decoded from whatever runtime.stackcheck holds.
-    if let Ok(t) = plegwatch::proto::gosym::g_tls_offset(&syms, data) {
+    if let Ok(t) = plegwatch_proto::gosym::g_tls_offset(&syms, data) {
         let _ = t.offset;
     }
     let mut last_entry = 0u64;

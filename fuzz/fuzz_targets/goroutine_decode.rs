@@ -7,9 +7,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plegwatch::observe::goroutines::decode_g;
-use plegwatch::proto::gosym::gstruct::LAYOUTS;
-use plegwatch::proto::gosym::GStatus;
+use plegwatch_proto::gosym::gdecode::decode_g;
+use plegwatch_proto::gosym::gstruct::LAYOUTS;
+use plegwatch_proto::gosym::GStatus;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, g)) = data.split_first() else { return };

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plegwatch::proto::netlink::{
+use plegwatch_proto::netlink::{
     attr::Attrs,
     header::{self, NLMSG_HDRLEN},
     names, GenlFamilies, SocketTracker,

@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plegwatch::proto::ttrpc::Header;
+use plegwatch_proto::ttrpc::Header;
 
 /// A ttrpc frame header: length (4), stream id (4), type, flags.
 const TTRPC_HEADER_LEN: usize = 10;

@@ -11,7 +11,8 @@
 // `use` lines: no cycles, the graph never reaches a source or the kernel, a
 // sink never calls back into the engine, and only `cli` and `sinks` print.
 pub mod kernel;
-pub mod proto;
+/// The pure parsers (crate `plegwatch-proto`, in `probe-user/proto/`).
+pub use plegwatch_proto as proto;
 pub mod observe;
 pub mod sources;
 pub mod graph;

@@ -166,6 +166,14 @@ mod tests {
             let fd = child.stdout.as_ref().expect("stdout piped").as_fd().try_clone_to_owned().expect("dup");
             std::fs::File::from(fd).metadata().expect("fstat").ino()
         };
+        // Under load the child may be found before its exec shows in /proc (its
+        // cmdline still empty): wait for it, as the collector meets it later anyway.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read(format!("/proc/{}/cmdline", child.id())).map(|c| !c.starts_with(b"sleep")).unwrap_or(true)
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let links = child_pipes(me, &[child.id()]);
         let _ = child.kill();
         let _ = child.wait();

@@ -452,7 +452,7 @@ impl Figure {
 /// The figures as one table: median, spread over the rounds, target, and whether it is met.
 pub fn render_figures(figures: &[Figure]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:<58} {:>10} {:>19} {:>10}  {}", "figure", "median", "spread (lo-hi)", "target", "verdict");
+    let _ = writeln!(out, "{:<58} {:>10} {:>19} {:>10}  verdict", "figure", "median", "spread (lo-hi)", "target");
     for f in figures {
         let lo = f.values.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = f.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);

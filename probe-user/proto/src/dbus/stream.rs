@@ -339,7 +339,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::dbus::header::{
+    use crate::dbus::header::{
         build::{call, reply, Builder},
         Endian, MessageKind, FIELD_DESTINATION, FIELD_INTERFACE, FIELD_MEMBER, FIELD_PATH,
     };

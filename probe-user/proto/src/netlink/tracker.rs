@@ -391,7 +391,7 @@ impl<K: Hash + Eq + Clone> Trackers<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::netlink::{
+    use crate::netlink::{
         header::{
             build::{self, done, error, ifinfomsg, msg},
             NlHeader, NLM_F_CREATE, NLM_F_EXCL, NLM_F_MULTI,
@@ -531,7 +531,7 @@ mod tests {
     #[test]
     fn genl_families_learned_and_named() {
         let mut all: Trackers<u32> = Trackers::new();
-        all.on_send(1, NETLINK_GENERIC, &crate::proto::netlink::genl::getfamily_dump(9), 20, 0);
+        all.on_send(1, NETLINK_GENERIC, &crate::netlink::genl::getfamily_dump(9), 20, 0);
         let o = &all.outstanding(1)[0].1;
         assert_eq!(o.request.describe(Some(all.families())), "nlctrl cmd 3 REQUEST|DUMP seq 9");
         let mut d = build::newfamily(0x18, "wireguard", 9, NLM_F_MULTI);

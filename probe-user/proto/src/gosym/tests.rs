@@ -383,7 +383,7 @@ fn fuzz_seeds() {
 /// without a panic in a normal test run (debug assertions on).
 #[test]
 fn fuzz_seeds_replay() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/gopclntab");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/seeds/gopclntab");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         println!("SKIP: {} missing", dir.display());
         return;
@@ -945,7 +945,7 @@ fn go_built_binaries() {
             let want_rel: Vec<u64> = want_rets.iter().map(|r| r - want_entry).collect();
             assert_eq!(rel, want_rel, "{name}");
         }
-        let tls = crate::proto::gosym::g_tls_offset(&syms, &data).unwrap();
+        let tls = crate::gosym::g_tls_offset(&syms, &data).unwrap();
         println!("{name}: g at fsbase{:+} ({:?})", tls.offset, tls.source);
         assert!(tls.offset < 0 && tls.offset % 8 == 0, "{name}: {tls:?}");
         if name != "pie_external" {
@@ -971,8 +971,8 @@ fn real_binaries_g_tls() {
         };
         let syms = GoSymbols::from_elf_named(&data, path).unwrap();
         assert!(syms.elf().tls_segment().is_some(), "{path}: externally linked, has PT_TLS");
-        let tls = crate::proto::gosym::g_tls_offset(&syms, &data).unwrap();
-        assert_eq!(tls, crate::proto::gosym::GTls { offset: -8, source: crate::proto::gosym::TlsSource::LocalExec }, "{path}");
+        let tls = crate::gosym::g_tls_offset(&syms, &data).unwrap();
+        assert_eq!(tls, crate::gosym::GTls { offset: -8, source: crate::gosym::TlsSource::LocalExec }, "{path}");
     }
 }
 

@@ -155,9 +155,9 @@ mod tests {
     const LOCAL_EXEC: &[u8] = &[0x64, 0x48, 0x8b, 0x0c, 0x25, 0xf8, 0xff, 0xff, 0xff, 0x48, 0x3b, 0x61, 0x10];
 
     fn empty_elf() -> (Elf, Vec<u8>) {
-        let data = crate::proto::gosym::synth::build(&crate::proto::gosym::synth::spec(
-            crate::proto::gosym::synth::Layout::Go118,
-            crate::proto::gosym::synth::Placement::Section,
+        let data = crate::gosym::synth::build(&crate::gosym::synth::spec(
+            crate::gosym::synth::Layout::Go118,
+            crate::gosym::synth::Placement::Section,
         ))
         .bytes;
         (Elf::parse(&data, "synthetic").expect("synthetic ELF parses"), data)

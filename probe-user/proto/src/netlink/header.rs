@@ -286,7 +286,7 @@ pub(crate) mod build {
 mod tests {
     use super::build::*;
     use super::*;
-    use crate::proto::netlink::names::{NETLINK_ROUTE, RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK};
+    use crate::netlink::names::{NETLINK_ROUTE, RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK};
 
     #[test]
     fn dump_request_and_replies() {

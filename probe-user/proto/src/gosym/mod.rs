@@ -11,8 +11,8 @@
 //! of `runtime.g` and the wait reasons' names per Go version.
 //!
 //! ```no_run
-//! # fn main() -> Result<(), plegwatch::proto::gosym::GoSymError> {
-//! use plegwatch::proto::gosym::GoBinary;
+//! # fn main() -> Result<(), plegwatch_proto::gosym::GoSymError> {
+//! use plegwatch_proto::gosym::GoBinary;
 //! let bin = GoBinary::open("/usr/bin/containerd")?;
 //! let pts = bin.probe_points(
 //!     "github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync",
@@ -28,6 +28,7 @@
 
 pub mod allgs;
 pub mod elf;
+pub mod gdecode;
 pub mod gstruct;
 mod moduledata;
 pub mod pclntab;

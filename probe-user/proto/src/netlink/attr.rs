@@ -59,7 +59,7 @@ pub fn c_string(payload: &[u8], max: usize) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::netlink::header::build::attr;
+    use crate::netlink::header::build::attr;
 
     #[test]
     fn walks_and_stops() {

@@ -302,7 +302,7 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::dbus::header::{
+    use crate::dbus::header::{
         build::{call, reply, Builder},
         Endian, FIELD_DESTINATION, FIELD_ERROR_NAME, FIELD_INTERFACE, FIELD_MEMBER, FIELD_PATH, FIELD_REPLY_SERIAL,
         FIELD_SENDER, FIELD_SIGNATURE, FLAG_NO_REPLY_EXPECTED,
@@ -435,7 +435,7 @@ mod tests {
         let mut calls = Calls::new();
         let mut c = Connection::new(Side::Client);
         for serial in 1..=(MAX_OPEN_CALLS as u32 + 5) {
-            let m = crate::proto::dbus::header::parse(&call(Endian::Little, serial, "X").build()).unwrap();
+            let m = crate::dbus::header::parse(&call(Endian::Little, serial, "X").build()).unwrap();
             calls.on_written(&m, serial as u64);
         }
         assert_eq!(calls.outstanding(0).len(), MAX_OPEN_CALLS);

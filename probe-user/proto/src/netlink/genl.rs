@@ -137,7 +137,7 @@ pub fn getfamily_dump(seq: u32) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::netlink::header::{build, CTRL_CMD_GETFAMILY, NLM_F_MULTI};
+    use crate::netlink::header::{build, CTRL_CMD_GETFAMILY, NLM_F_MULTI};
 
     #[test]
     fn learns_from_the_wire() {

@@ -150,7 +150,7 @@ fn set_recv_timeout(sock: &netlink_sys::Socket) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::netlink::{
+    use crate::netlink::{
         header::{build, NLM_F_MULTI},
         names::NETLINK_GENERIC,
     };

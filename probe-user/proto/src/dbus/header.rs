@@ -343,9 +343,10 @@ pub fn plausible_start(b: &[u8]) -> bool {
         && b.get(17).is_none_or(|&n| n == 1)
 }
 
-/// A test-only message builder, both endiannesses.
-#[cfg(test)]
-pub(crate) mod build {
+/// A test-only message builder, both endiannesses (for plegwatch's own
+/// tests too, through the `builders` feature).
+#[cfg(any(test, feature = "builders"))]
+pub mod build {
     use super::*;
 
     pub struct Builder {
