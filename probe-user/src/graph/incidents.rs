@@ -223,7 +223,6 @@ struct Open {
     end: End,
     /// The deepest wait of its chain (none for a cycle).
     root: Option<WaitKey>,
-    chain_keys: Vec<WaitKey>,
     level: Level,
     longest_chain: Vec<Hop>,
     /// The PLEG budget used at the last scan.
@@ -447,15 +446,15 @@ impl Incidents {
                     }
                     // A root that moves deeper is news; one that moves up (the
                     // deepest waits ended first) is only the chain shrinking.
-                    // A root that is one of its waits already (a cut-off wait it
-                    // carried) is the chain unwinding, not news either.
-                    let root_moved = root_key != p.root && !root_key.is_some_and(|r| p.chain_keys.contains(&r) || p.waits.contains(&r));
+                    // So is one that was any of its waits already (a cut-off wait
+                    // it carried): its chain's waits are among them.
+                    let root_moved = root_key != p.root && !root_key.is_some_and(|r| p.waits.contains(&r));
                     if root_moved || (*end != p.end && matches!(end, End::Cycle(_))) {
                         why.push("root");
                     }
-                    // A chain that only got shorter (its deepest waits ended) is not news.
-                    // Nor is a chain that now shows waits the incident already had.
-                    let grew = path.iter().any(|k| !p.chain_keys.contains(k) && !p.waits.contains(k));
+                    // A chain that only got shorter (its deepest waits ended), or that
+                    // now shows waits the incident already had, is not news.
+                    let grew = path.iter().any(|k| !p.waits.contains(k));
                     if grew && !root_moved {
                         why.push("chain");
                     }
@@ -494,7 +493,6 @@ impl Incidents {
                 started_at,
                 end: *end,
                 root: root_key,
-                chain_keys: path,
                 level,
                 longest_chain: longest,
                 budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
