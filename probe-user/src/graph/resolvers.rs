@@ -281,6 +281,12 @@ fn shim_inner_edge(
 }
 
 /// kubelet's open relist → the CRI list call it waits on in containerd.
+///
+/// A relist found open by the goroutine scan takes a list call found open the same way
+/// before one a uprobe saw begin: its call was open before plegwatch attached. Another
+/// client's call that began since (plegwatch's own `--runtime-endpoint` lookup parks on
+/// the same Status lock) is not it, though its start, exact, may read earlier than the
+/// one counted from when containerd's goroutines were read.
 pub fn relist_edges(facts: &GoFacts, procs: &mut dyn Procs) -> Vec<Edge> {
     let mut out = Vec::new();
     for r in facts.calls.iter().filter(|c| c.role == CallRole::Relist) {
@@ -289,7 +295,7 @@ pub fn relist_edges(facts: &GoFacts, procs: &mut dyn Procs) -> Vec<Edge> {
             .iter()
             .filter(|c| c.role == CallRole::CriHandler { list: true } && (c.start_ns >= r.start_ns || c.late || r.late) && c.tgid != r.tgid)
             .filter(|c| procs.connected(r.tgid, c.tgid))
-            .min_by_key(|c| c.start_ns);
+            .min_by_key(|c| (r.late && !c.late, c.start_ns));
         if let Some(c) = call {
             let evidence = if c.late || r.late {
                 format!("pid {} is connected to pid {}'s socket and {} is open (both found open by the goroutine scan)", r.tgid, c.tgid, c.function)
@@ -489,5 +495,27 @@ mod tests {
         let facts = GoFacts { calls: vec![relist, during.clone()], parked: HashMap::new(), ..Default::default() };
         assert_eq!(relist_edges(&facts, &mut procs)[0].to, HeldBy::Wait(during.key));
         assert!(relist_edges(&facts, &mut FakeProcs::default()).is_empty(), "not connected: no link");
+    }
+
+    /// Started mid-stall: the relist and its ListContainers were both open before attach and
+    /// found by the goroutine scan, containerd's read after plegwatch's own lookup parked
+    /// a second ListContainers on the lock (seen by its uprobe, with an earlier start).
+    #[test]
+    fn a_relist_found_open_takes_the_list_call_found_open() {
+        let mut relist = call(KUBELET, 0x1, 1, CallRole::Relist, 100, None);
+        relist.late = true;
+        let ours = call(CTRD, 0x2, 2, CallRole::CriHandler { list: true }, 400, None);
+        let mut theirs = call(CTRD, 0x4, 2, CallRole::CriHandler { list: true }, 500, None);
+        theirs.late = true;
+        let facts = GoFacts { calls: vec![relist.clone(), ours.clone(), theirs.clone()], parked: HashMap::new(), ..Default::default() };
+        let mut procs = FakeProcs { connected: vec![(KUBELET, CTRD)], ..Default::default() };
+        assert_eq!(relist_edges(&facts, &mut procs)[0].to, HeldBy::Wait(theirs.key));
+        // With no call found open, one seen since is still taken.
+        let facts = GoFacts { calls: vec![relist.clone(), ours.clone()], parked: HashMap::new(), ..Default::default() };
+        assert_eq!(relist_edges(&facts, &mut procs)[0].to, HeldBy::Wait(ours.key));
+        // A relist seen to begin is unchanged: the first list call since.
+        relist.late = false;
+        let facts = GoFacts { calls: vec![relist, ours.clone(), theirs], parked: HashMap::new(), ..Default::default() };
+        assert_eq!(relist_edges(&facts, &mut procs)[0].to, HeldBy::Wait(ours.key));
     }
 }
