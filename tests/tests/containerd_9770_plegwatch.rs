@@ -381,6 +381,9 @@ const MID_STALL_START: Duration = Duration::from_secs(5);
 /// How soon after its `ready` line plegwatch must show the whole chain.
 const MID_STALL_WITHIN: Duration = Duration::from_secs(2);
 
+/// What the mid-stall run saw: its lines, when it was ready, and when the whole chain showed.
+type MidStallRun = (Vec<plegwatch_scenarios::events::Event>, std::time::Instant, Option<std::time::Instant>);
+
 /// The staging on 1.6.20 with plegwatch started only once the stall is under way, as an SRE
 /// paged for it would: the Status lock's hold, the ListContainers parked behind it and the
 /// relist waiting on that (the fake-kubelet fixture's, not kubelet's) all began before its
@@ -389,9 +392,6 @@ const MID_STALL_WITHIN: Duration = Duration::from_secs(2);
 /// incident within 2 s of `ready`, marked `started_before_attach`. With no GC in containerd
 /// since the calls began, their ages are unknown and counted from when they were found, so
 /// plegwatch runs with `--warn 1s`.
-/// What the mid-stall run saw: its lines, when it was ready, and when the whole chain showed.
-type MidStallRun = (Vec<plegwatch_scenarios::events::Event>, std::time::Instant, Option<std::time::Instant>);
-
 #[test]
 fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
     preflight::require();

@@ -102,7 +102,7 @@ pub fn sweep(self_tgid: u32) -> BusSweep {
         };
         out.connections.push(BusConn { tgid, fd, inode: s.inode, bus_path: path.clone(), daemon_side });
         let peer_pid = s.peer_inode.and_then(|p| owner.get(&p)).map(|o| o.0);
-        for m in peek_calls(tgid, fd, daemon_side) {
+        for m in peek_calls(tgid, fd) {
             out.queued.push(QueuedCall { holder_pid: tgid, peer_pid, bus_path: path.clone(), ..m });
         }
     }
@@ -114,7 +114,7 @@ pub fn sweep(self_tgid: u32) -> BusSweep {
 /// Only header bytes are peeked: the fixed header at the socket's peek
 /// offset (`SO_PEEK_OFF`), then the header fields, then the offset jumps over
 /// the body, which is never read. The offset is put back to -1 (off) after.
-fn peek_calls(pid: u32, fd: u32, _daemon_side: bool) -> Vec<QueuedCall> {
+fn peek_calls(pid: u32, fd: u32) -> Vec<QueuedCall> {
     let Some(dup) = dup_fd(pid, fd) else { return Vec::new() };
     let mut out = Vec::new();
     let mut off = 0usize;
@@ -125,16 +125,15 @@ fn peek_calls(pid: u32, fd: u32, _daemon_side: bool) -> Vec<QueuedCall> {
             break;
         }
         let Ok(f) = Fixed::parse(&fixed) else { break };
-        let hdr_len = (FIXED_LEN + f.fields_len as usize + 7) & !7;
         if f.fields_len as usize > MAX_HEADER_FIELDS {
             break;
         }
-        hdr.resize(hdr_len, 0);
-        if peek_at(&dup, off, &mut hdr) != Some(hdr_len) {
+        hdr.resize(f.header_len(), 0);
+        if peek_at(&dup, off, &mut hdr) != Some(f.header_len()) {
             break;
         }
         let Ok(m) = header::parse(&hdr) else { break };
-        off = off.saturating_add(hdr_len).saturating_add(f.body_len as usize);
+        off = off.saturating_add(f.message_len());
         if m.kind == MessageKind::MethodCall && !m.no_reply_expected() {
             out.push(QueuedCall {
                 holder_pid: pid,
@@ -206,18 +205,18 @@ mod tests {
         let call = build::call(Endian::Little, 7, "Hello").build();
         a.write_all(&call).unwrap();
         let me = std::process::id();
-        let calls = peek_calls(me, b.as_raw_fd() as u32, false);
+        let calls = peek_calls(me, b.as_raw_fd() as u32);
         assert_eq!(calls.len(), 1, "{calls:?}");
         assert_eq!(calls[0].serial, 7);
         assert_eq!(calls[0].member.as_deref(), Some("Hello"));
         // Still there.
-        assert_eq!(peek_calls(me, b.as_raw_fd() as u32, false).len(), 1);
+        assert_eq!(peek_calls(me, b.as_raw_fd() as u32).len(), 1);
         // A call behind a body is found by jumping over it.
         let mut with_body = build::call(Endian::Little, 8, "Second");
         with_body.body = vec![0xAB; 5000];
         a.write_all(&with_body.build()).unwrap();
         a.write_all(&build::call(Endian::Little, 9, "Third").build()).unwrap();
-        let calls = peek_calls(me, b.as_raw_fd() as u32, false);
+        let calls = peek_calls(me, b.as_raw_fd() as u32);
         assert_eq!(calls.iter().map(|c| c.serial).collect::<Vec<_>>(), [7, 8, 9], "{calls:?}");
         assert_eq!(calls[2].member.as_deref(), Some("Third"));
     }
