@@ -133,9 +133,19 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     if args.runs(Bench::Service) {
-        cmd::header(&format!("measure service: {} round(s), logs in {}", args.rounds, bench_dir.display()));
+        cmd::header(&format!(
+            "measure service: {} round(s), logs in {}",
+            args.rounds,
+            bench_dir.display()
+        ));
         let loop_bin = compile_loop(&bench_dir)?;
-        let (service, maps) = service::measure(&plegwatch, &loop_bin, &bench_dir, args.rounds, args.soak_minutes)?;
+        let (service, maps) = service::measure(
+            &plegwatch,
+            &loop_bin,
+            &bench_dir,
+            args.rounds,
+            args.soak_minutes,
+        )?;
         figures.extend(service);
         if !report.is_empty() {
             report.push('\n');
@@ -143,7 +153,10 @@ pub fn run(args: &Args) -> Result<()> {
         report += &maps;
     }
     report.push('\n');
-    report += &format!("issue 12's figures, {} round(s) (median, spread over the rounds, target):\n", args.rounds);
+    report += &format!(
+        "issue 12's figures, {} round(s) (median, spread over the rounds, target):\n",
+        args.rounds
+    );
     report += &report::render_figures(&figures);
     println!();
     print!("{report}");
@@ -219,16 +232,32 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
             let cells: Vec<String> = report::COLUMNS
                 .iter()
                 .zip(&traced)
-                .map(|(c, t)| format!("{c} {}", t.map_or_else(|| "-".to_owned(), |t| format!("{t:.1}"))))
+                .map(|(c, t)| {
+                    format!(
+                        "{c} {}",
+                        t.map_or_else(|| "-".to_owned(), |t| format!("{t:.1}"))
+                    )
+                })
                 .collect();
-            eprintln!("bench: round {round} {mode:<6} x{iterations}: untraced {untraced:.1} ns/op, {}", cells.join(", "));
-            let sample = Sample { mode, round, untraced, traced };
+            eprintln!(
+                "bench: round {round} {mode:<6} x{iterations}: untraced {untraced:.1} ns/op, {}",
+                cells.join(", ")
+            );
+            let sample = Sample {
+                mode,
+                round,
+                untraced,
+                traced,
+            };
             samples.push(sample);
         }
     }
 
     let modes: Vec<&str> = MODES.iter().map(|&(m, _)| m).collect();
-    Ok((report::render(&samples, &modes), report::loop_figures(&samples)))
+    Ok((
+        report::render(&samples, &modes),
+        report::loop_figures(&samples),
+    ))
 }
 
 /// `cc -O2 xtask/bench/loop.c -o target/bench/loop`, every time (it takes a moment).

@@ -6,6 +6,7 @@ mod cmd;
 mod run;
 mod setup;
 mod test;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -18,6 +19,9 @@ use clap::{Parser, Subcommand};
 ///   cargo xtask run -- --json          # build and run `plegwatch watch --json` (root)
 ///   cargo xtask test                   # unit tests, then privileged scenarios (root)
 ///   cargo xtask test --soak            # the same, with the negative soak run for 10 minutes
+///   cargo xtask test --kernel 6.1      # the seed scenarios in a guest on Debian 12's kernel
+///   cargo xtask test --kernels all     # every kernel of the matrix (5.10, 6.1, 6.12)
+///   cargo xtask vm 5.10 -- plegwatch doctor   # a command in a guest (root)
 ///   cargo xtask bench --rounds 1       # overhead vs. untraced and bpftrace (root)
 ///   cargo xtask bench --only relist    # ListContainers latency with and without plegwatch
 #[derive(Parser)]
@@ -59,6 +63,14 @@ enum Task {
     ///   cargo xtask fuzz --minutes 30 --target gopclntab
     #[command(verbatim_doc_comment)]
     Fuzz(test::FuzzArgs),
+    /// Boot a Debian kernel in a guest (virtme-ng, QEMU TCG) and run a command in it as root,
+    /// with this host's files (read-only, copy-on-write) and the target directory (read-write)
+    ///
+    /// Examples:
+    ///   cargo xtask vm 6.1 -- uname -r
+    ///   cargo xtask vm 5.10 -- target/debug/plegwatch doctor
+    #[command(verbatim_doc_comment)]
+    Vm(vm::Args),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +81,7 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Fuzz(args) => test::fuzz_campaign(&args),
+        Task::Vm(args) => vm::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

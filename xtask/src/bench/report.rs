@@ -4,7 +4,13 @@ use std::fmt::Write as _;
 
 /// The tracers each loop runs under, besides untraced, in table order: plegwatch, then
 /// the references it is judged against (see [`super::tracer::REFERENCES`]).
-pub const COLUMNS: &[&str] = &["plegwatch", "bpftrace", "floor-raw", "floor-unused", "hook-free"];
+pub const COLUMNS: &[&str] = &[
+    "plegwatch",
+    "bpftrace",
+    "floor-raw",
+    "floor-unused",
+    "hook-free",
+];
 
 /// One (mode, round) measurement, in ns per loop iteration.
 #[derive(Clone, Debug)]
@@ -19,7 +25,11 @@ pub struct Sample {
 impl Sample {
     /// The column's time over the untraced one, if measured.
     pub fn ratio(&self, column: usize) -> Option<f64> {
-        self.traced.get(column).copied().flatten().map(|t| t / self.untraced)
+        self.traced
+            .get(column)
+            .copied()
+            .flatten()
+            .map(|t| t / self.untraced)
     }
 }
 
@@ -43,7 +53,10 @@ pub fn render(samples: &[Sample], modes: &[&str]) -> String {
         }
         let _ = writeln!(out);
     }
-    let _ = writeln!(out, "\nmedian ratio (lowest-highest) per mode, traced / untraced, same run:");
+    let _ = writeln!(
+        out,
+        "\nmedian ratio (lowest-highest) per mode, traced / untraced, same run:"
+    );
     for mode in modes {
         let of_mode: Vec<&Sample> = samples.iter().filter(|s| s.mode == *mode).collect();
         let _ = write!(out, "{mode:<6}");
@@ -342,9 +355,16 @@ mod tests {
             Figure::new("maps", "MiB", vec![9.4], Target::Stated),
             Figure::new("soak", "MiB", vec![], Target::AtMost(64.0)),
         ];
-        assert_eq!(figures.iter().map(Figure::met).collect::<Vec<_>>(), [Some(true), Some(false), None, None]);
+        assert_eq!(
+            figures.iter().map(Figure::met).collect::<Vec<_>>(),
+            [Some(true), Some(false), None, None]
+        );
         let text = render_figures(&figures);
-        let verdict = |name: &str| text.lines().find(|l| l.starts_with(name)).map(|l| l.rsplit("  ").next().unwrap_or("").to_owned());
+        let verdict = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .map(|l| l.rsplit("  ").next().unwrap_or("").to_owned())
+        };
         assert_eq!(verdict("fast").as_deref(), Some("met"), "{text}");
         assert_eq!(verdict("slow").as_deref(), Some("NOT met"), "{text}");
         assert_eq!(verdict("maps").as_deref(), Some("stated"), "{text}");
@@ -354,8 +374,16 @@ mod tests {
 
     #[test]
     fn loop_figures_compare_with_bpftrace_round_by_round() {
-        let s = |mode, untraced, pw, bt| Sample { mode, round: 1, untraced, traced: vec![Some(pw), Some(bt), None, None, None] };
-        let f = loop_figures(&[s("unix", 100.0, 120.0, 200.0), s("fsync", 100.0, 300.0, 350.0)]);
+        let s = |mode, untraced, pw, bt| Sample {
+            mode,
+            round: 1,
+            untraced,
+            traced: vec![Some(pw), Some(bt), None, None, None],
+        };
+        let f = loop_figures(&[
+            s("unix", 100.0, 120.0, 200.0),
+            s("fsync", 100.0, 300.0, 350.0),
+        ]);
         assert_eq!(f[0].values, [1.2]);
         assert_eq!(f[0].met(), Some(false));
         assert_eq!(f[2].values, [3.0]);
@@ -406,7 +434,12 @@ mod tests {
 
     #[test]
     fn table_shows_missing_tracers_as_dash_and_the_spread() {
-        let sample = |round, pw| Sample { mode: "unix", round, untraced: 600.0, traced: vec![Some(pw), None, Some(660.0), None, None] };
+        let sample = |round, pw| Sample {
+            mode: "unix",
+            round,
+            untraced: 600.0,
+            traced: vec![Some(pw), None, Some(660.0), None, None],
+        };
         let samples = [sample(1, 900.0), sample(2, 690.0), sample(3, 720.0)];
         let text = render(&samples, &["unix"]);
         assert!(text.contains("900 [1.50]"), "{text}");
@@ -436,7 +469,12 @@ pub struct Figure {
 
 impl Figure {
     pub fn new(name: &str, unit: &'static str, values: Vec<f64>, target: Target) -> Self {
-        Figure { name: name.to_owned(), unit, values, target }
+        Figure {
+            name: name.to_owned(),
+            unit,
+            values,
+            target,
+        }
     }
 
     /// `Some(true)` when the median meets the target; `None` when there is no value or no bound.
@@ -452,12 +490,19 @@ impl Figure {
 /// The figures as one table: median, spread over the rounds, target, and whether it is met.
 pub fn render_figures(figures: &[Figure]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{:<58} {:>10} {:>19} {:>10}  verdict", "figure", "median", "spread (lo-hi)", "target");
+    let _ = writeln!(
+        out,
+        "{:<58} {:>10} {:>19} {:>10}  verdict",
+        "figure", "median", "spread (lo-hi)", "target"
+    );
     for f in figures {
         let lo = f.values.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = f.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let (med, spread) = match median(f.values.clone()) {
-            Some(m) => (format!("{} {}", short(m), f.unit), format!("{}-{} (n={})", short(lo), short(hi), f.values.len())),
+            Some(m) => (
+                format!("{} {}", short(m), f.unit),
+                format!("{}-{} (n={})", short(lo), short(hi), f.values.len()),
+            ),
             None => ("-".to_owned(), "not measured".to_owned()),
         };
         let target = match f.target {
@@ -470,7 +515,11 @@ pub fn render_figures(figures: &[Figure]) -> String {
             (Some(false), _) => "NOT met",
             (None, _) => "stated",
         };
-        let _ = writeln!(out, "{:<58} {med:>10} {spread:>19} {target:>10}  {verdict}", f.name);
+        let _ = writeln!(
+            out,
+            "{:<58} {med:>10} {spread:>19} {target:>10}  {verdict}",
+            f.name
+        );
     }
     out
 }
@@ -487,25 +536,65 @@ fn short(v: f64) -> String {
 /// The loops' figures: each mode's plegwatch ratio against its target, and, for `unix`,
 /// against bpftrace's in the same rounds.
 pub fn loop_figures(samples: &[Sample]) -> Vec<Figure> {
-    let ratios = |mode: &str, column: usize| -> Vec<f64> { samples.iter().filter(|s| s.mode == mode).filter_map(|s| s.ratio(column)).collect() };
+    let ratios = |mode: &str, column: usize| -> Vec<f64> {
+        samples
+            .iter()
+            .filter(|s| s.mode == mode)
+            .filter_map(|s| s.ratio(column))
+            .collect()
+    };
     let mut out = Vec::new();
     for (mode, what, target) in [
         ("unix", "socketpair send/recvfrom loop, ratio", 1.10),
-        ("unixrw", "unix-socket write/read loop (not D-Bus), ratio", 1.05),
+        (
+            "unixrw",
+            "unix-socket write/read loop (not D-Bus), ratio",
+            1.05,
+        ),
         ("fsync", "fsync on tmpfs loop, ratio", 1.25),
     ] {
-        out.push(Figure::new(what, "x", ratios(mode, 0), Target::AtMost(target)));
+        out.push(Figure::new(
+            what,
+            "x",
+            ratios(mode, 0),
+            Target::AtMost(target),
+        ));
     }
-    let vs_bpftrace: Vec<f64> = samples.iter().filter(|s| s.mode == "unix").filter_map(|s| Some(s.ratio(0)? / s.ratio(1)?)).collect();
-    out.push(Figure::new("socketpair loop, plegwatch / bpftrace (same round)", "x", vs_bpftrace, Target::AtMost(1.0)));
+    let vs_bpftrace: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.mode == "unix")
+        .filter_map(|s| Some(s.ratio(0)? / s.ratio(1)?))
+        .collect();
+    out.push(Figure::new(
+        "socketpair loop, plegwatch / bpftrace (same round)",
+        "x",
+        vs_bpftrace,
+        Target::AtMost(1.0),
+    ));
     out
 }
 
 /// The relist figures: ListContainers p50 and p99 under plegwatch, ratio to untraced.
 pub fn relist_figures(samples: &[RelistSample]) -> Vec<Figure> {
-    let of = |figure: CallFigure| -> Vec<f64> { samples.iter().filter(|s| s.call == "ListContainers").map(|s| s.ratio(figure)).collect() };
+    let of = |figure: CallFigure| -> Vec<f64> {
+        samples
+            .iter()
+            .filter(|s| s.call == "ListContainers")
+            .map(|s| s.ratio(figure))
+            .collect()
+    };
     vec![
-        Figure::new("ListContainers p50 under the relist driver, ratio", "x", of(p50), Target::AtMost(1.05)),
-        Figure::new("ListContainers p99 under the relist driver, ratio", "x", of(p99), Target::AtMost(1.05)),
+        Figure::new(
+            "ListContainers p50 under the relist driver, ratio",
+            "x",
+            of(p50),
+            Target::AtMost(1.05),
+        ),
+        Figure::new(
+            "ListContainers p99 under the relist driver, ratio",
+            "x",
+            of(p99),
+            Target::AtMost(1.05),
+        ),
     ]
 }

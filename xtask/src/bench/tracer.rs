@@ -64,13 +64,19 @@ pub const REFERENCES: &[(&str, &str)] = &[
 
 /// A bpftrace script of [`REFERENCES`] (`name`), attached and settled.
 pub fn reference(log_dir: &Path, name: &'static str) -> Result<Tracer> {
-    let script = REFERENCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).ok_or_else(|| anyhow!("no reference tracer {name}"))?;
+    let script = REFERENCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| anyhow!("no reference tracer {name}"))?;
     let path = log_dir.join(format!("{name}.bt"));
     std::fs::write(&path, script).with_context(|| format!("cannot write {}", path.display()))?;
     let mut command = Command::new("bpftrace");
     command.arg(&path);
     let mut tracer = Tracer::spawn(name, command, log_dir)?;
-    tracer.wait_for(BPFTRACE_ATTACH_TIMEOUT, "its \"Attaching\" line", |l| l.starts_with("Attaching"))?;
+    tracer.wait_for(BPFTRACE_ATTACH_TIMEOUT, "its \"Attaching\" line", |l| {
+        l.starts_with("Attaching")
+    })?;
     thread::sleep(BPFTRACE_SETTLE);
     Ok(tracer)
 }
@@ -102,11 +108,20 @@ pub fn plegwatch(bin: &Path, log_dir: &Path) -> Result<Tracer> {
 
 /// Start `plegwatch watch --json ARGS`, logging as `<log_dir>/<name>.*.log`, and wait for
 /// its ready line.
-pub fn plegwatch_with(bin: &Path, log_dir: &Path, name: &'static str, args: &[&str]) -> Result<Tracer> {
+pub fn plegwatch_with(
+    bin: &Path,
+    log_dir: &Path,
+    name: &'static str,
+    args: &[&str],
+) -> Result<Tracer> {
     let mut command = Command::new(bin);
     command.args(["watch", "--json"]).args(args);
     let mut tracer = Tracer::spawn(name, command, log_dir)?;
-    tracer.wait_for(PLEGWATCH_READY_TIMEOUT, "a {\"type\":\"ready\"} line", is_ready_line)?;
+    tracer.wait_for(
+        PLEGWATCH_READY_TIMEOUT,
+        "a {\"type\":\"ready\"} line",
+        is_ready_line,
+    )?;
     Ok(tracer)
 }
 
@@ -263,8 +278,10 @@ impl Drop for Tracer {
 pub fn log_files(log_dir: &Path, name: &str) -> Result<(PathBuf, File, File)> {
     let stderr_log = log_dir.join(format!("{name}.stderr.log"));
     let stdout_log = log_dir.join(format!("{name}.stdout.log"));
-    let stderr = File::create(&stderr_log).with_context(|| format!("cannot create {}", stderr_log.display()))?;
-    let stdout = File::create(&stdout_log).with_context(|| format!("cannot create {}", stdout_log.display()))?;
+    let stderr = File::create(&stderr_log)
+        .with_context(|| format!("cannot create {}", stderr_log.display()))?;
+    let stdout = File::create(&stdout_log)
+        .with_context(|| format!("cannot create {}", stdout_log.display()))?;
     Ok((stderr_log, stderr, stdout))
 }
 
