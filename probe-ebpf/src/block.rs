@@ -16,11 +16,23 @@ use crate::ctxread::field;
 #[map]
 static DEV_IO: PerCpuHashMap<u32, DevIo> = PerCpuHashMap::with_max_entries(DEV_IO_MAX, 0);
 
+/// Where `rwbs` is in block_rq_issue's record: set by the loader from the
+/// tracepoint's format (see the ABI's `block_tp::RWBS_OFF`).
+#[unsafe(no_mangle)]
+static BLOCK_RWBS_OFF: u32 = u32::MAX;
+
 /// Whether a request's `rwbs` is a write (`W`, or `FW` for a flush+write).
+/// Read through a helper: a tracepoint record may only be read directly at
+/// offsets the verifier knows, and this one is known at load time only.
 #[inline(always)]
 fn is_write(ctx: &TracePointContext) -> bool {
-    // SAFETY: rwbs[0..2] lies inside both records (block_tp::RWBS_OFF, 10 bytes).
-    let (a, b): (u8, u8) = unsafe { (field(ctx, block_tp::RWBS_OFF), field(ctx, block_tp::RWBS_OFF + 1)) };
+    // SAFETY: a read-only global patched by the loader.
+    let off = unsafe { core::ptr::read_volatile(&BLOCK_RWBS_OFF) };
+    if off == u32::MAX {
+        return false;
+    }
+    // SAFETY: the helper checks the read; the loader found rwbs (at least 2 bytes) at `off`.
+    let Ok([a, b]) = (unsafe { ctx.read_at::<[u8; 2]>(off as usize) }) else { return false };
     a == b'W' || (a == b'F' && b == b'W')
 }
 
@@ -43,6 +55,7 @@ fn add(dev: u32, issued: u64, completed: u64, write_bytes: u64) {
 /// Format (Linux 6.18): `dev_t dev` @8, `sector_t sector` @16, `unsigned int
 /// nr_sector` @24, `unsigned int bytes` @28, `unsigned short ioprio` @32,
 /// `char rwbs[10]` @34, `char comm[16]` @44, `__data_loc char[] cmd` @60.
+/// Linux 5.10 and 6.1: the same up to `bytes`, then `char rwbs[8]` @32.
 #[tracepoint]
 pub fn block_issue(ctx: TracePointContext) -> u32 {
     // SAFETY: dev @8 and bytes @28 lie inside the record (format above).
@@ -56,7 +69,7 @@ pub fn block_issue(ctx: TracePointContext) -> u32 {
 ///
 /// Format (Linux 6.18): `dev_t dev` @8, `sector_t sector` @16, `unsigned int
 /// nr_sector` @24, `int error` @28, `unsigned short ioprio` @32, `char
-/// rwbs[10]` @34, `__data_loc char[] cmd` @44.
+/// rwbs[10]` @34, `__data_loc char[] cmd` @44. Linux 5.10 and 6.1: `dev` @8 too.
 #[tracepoint]
 pub fn block_complete(ctx: TracePointContext) -> u32 {
     // SAFETY: dev @8 lies inside the record (format above).

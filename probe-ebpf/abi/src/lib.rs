@@ -823,8 +823,10 @@ pub mod block_tp {
     pub const DEV_OFF: usize = 8;
     /// `unsigned int bytes` (4 bytes), in block_rq_issue.
     pub const ISSUE_BYTES_OFF: usize = 28;
-    /// `char rwbs[10]`, in both records (`W` write, `R` read, `F` flush, ...).
-    pub const RWBS_OFF: usize = 34;
+    /// The global holding where `char rwbs[]` (`W` write, `R` read, `F` flush, ...) is in
+    /// block_rq_issue's record, read by the loader from the tracepoint's format: it moved
+    /// when `ioprio` came before it (34, size 10, on 6.18; 32, size 8, on 5.10 and 6.1).
+    pub const RWBS_OFF: &str = "BLOCK_RWBS_OFF";
 }
 
 /// One block device's I/O counters on one CPU.

@@ -158,6 +158,10 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
     }
     let task_pid_off = offsets.task_pid.offset().unwrap_or(0);
     let task_fsbase_off = offsets.task_fsbase.offset().unwrap_or(u32::MAX);
+    let rwbs_off = crate::kernel::probes::rwbs_offset().unwrap_or(u32::MAX);
+    if rwbs_off == u32::MAX {
+        tracing::debug!("block:block_rq_issue has no rwbs in its tracefs format: block writes are not told from reads");
+    }
     let ebpf = EbpfLoader::new()
         .override_global(globals::TRACER_TGID, &tgid, true)
         .override_global(globals::REPORT_MIN_NS, &report_min, true)
@@ -166,6 +170,7 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
         .override_global(plegwatch_abi::offcpu_maps::TASK_PID_OFF, &task_pid_off, true)
         .override_global(plegwatch_abi::lock_maps::MUTEX_OWNER_OFF, &mutex_owner_off, true)
         .override_global(plegwatch_abi::go_maps::TASK_FSBASE_OFF, &task_fsbase_off, true)
+        .override_global(plegwatch_abi::block_tp::RWBS_OFF, &rwbs_off, true)
         .load(PROBES_OBJ)?;
     Ok((ebpf, offsets))
 }

@@ -119,10 +119,25 @@ const fn tp_checked(program: &'static str, category: &'static str, name: &'stati
 
 use plegwatch_abi::block_tp;
 
-/// The fields `block_issue` and `block_complete` read (probe-ebpf/src/block.rs).
-const BLOCK_ISSUE_FIELDS: &[(&str, usize, usize)] =
-    &[("dev", block_tp::DEV_OFF, 4), ("bytes", block_tp::ISSUE_BYTES_OFF, 4), ("rwbs", block_tp::RWBS_OFF, 2)];
-const BLOCK_COMPLETE_FIELDS: &[(&str, usize, usize)] = &[("dev", block_tp::DEV_OFF, 4), ("rwbs", block_tp::RWBS_OFF, 2)];
+/// The fields `block_issue` and `block_complete` read at fixed offsets
+/// (probe-ebpf/src/block.rs); `rwbs`, which moved, is found by [`rwbs_offset`].
+const BLOCK_ISSUE_FIELDS: &[(&str, usize, usize)] = &[("dev", block_tp::DEV_OFF, 4), ("bytes", block_tp::ISSUE_BYTES_OFF, 4)];
+const BLOCK_COMPLETE_FIELDS: &[(&str, usize, usize)] = &[("dev", block_tp::DEV_OFF, 4)];
+
+/// Where block_rq_issue's `rwbs` is in this kernel's record (its tracefs format), for
+/// the loader to pass in as a global; `None` when the format can't be read or has no
+/// `rwbs` of at least 2 bytes (writes are then not told from reads: no bytes written).
+pub fn rwbs_offset() -> Option<u32> {
+    let text = read_format("block", "block_rq_issue").ok()?;
+    parse_format(&text).get("rwbs").filter(|(_, size)| *size >= 2).and_then(|(off, _)| u32::try_from(*off).ok())
+}
+
+/// The tracefs `format` text of `category:name`.
+fn read_format(category: &str, name: &str) -> Result<String, String> {
+    // Where `loader::ensure_tracefs` found (or mounted) tracefs.
+    let paths = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].map(|t| format!("{t}/events/{category}/{name}/format"));
+    paths.iter().find_map(|p| std::fs::read_to_string(p).ok()).ok_or_else(|| format!("no tracefs format for {category}:{name}"))
+}
 
 /// The fields of a tracefs `format` file: name → (offset, size). Arrays are
 /// named without their brackets (`rwbs[10]` → `rwbs`).
@@ -155,13 +170,7 @@ fn check_fields(category: &str, name: &str, fields: &[(&str, usize, usize)]) -> 
     if fields.is_empty() {
         return Ok(());
     }
-    // Where `loader::ensure_tracefs` found (or mounted) tracefs.
-    let paths = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].map(|t| format!("{t}/events/{category}/{name}/format"));
-    let text = paths
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-        .ok_or_else(|| format!("no tracefs format for {category}:{name}"))?;
-    let have = parse_format(&text);
+    let have = parse_format(&read_format(category, name)?);
     for (f, off, size) in fields {
         match have.get(*f) {
             Some((o, z)) if o == off && z >= size => {}
@@ -515,6 +524,11 @@ mod tests {
         assert_eq!(f.get("rwbs"), Some(&(34, 10)));
         assert_eq!(f.get("cmd"), Some(&(60, 4)));
         assert_eq!(f.get("common_type"), Some(&(0, 2)));
+        // Linux 6.1.0-56 (Debian 12), as its tracefs printed it in a guest.
+        let text = "\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n\tfield:sector_t sector;\toffset:16;\tsize:8;\tsigned:0;\n\tfield:unsigned int nr_sector;\toffset:24;\tsize:4;\tsigned:0;\n\tfield:unsigned int bytes;\toffset:28;\tsize:4;\tsigned:0;\n\tfield:char rwbs[8];\toffset:32;\tsize:8;\tsigned:1;\n\tfield:char comm[16];\toffset:40;\tsize:16;\tsigned:1;\n\tfield:__data_loc char[] cmd;\toffset:56;\tsize:4;\tsigned:1;\n";
+        let f = super::parse_format(text);
+        assert_eq!(f.get("rwbs"), Some(&(32, 8)));
+        assert_eq!(f.get("bytes"), Some(&(28, 4)));
     }
 
     use super::*;
