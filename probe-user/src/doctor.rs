@@ -49,6 +49,29 @@ pub struct Report {
     pub go_targets: Vec<GoTargetReport>,
     /// `None` when ready; else the first required thing missing.
     pub problem: Option<String>,
+    /// What seed chains lose to probes that are off, one entry per probe
+    /// (`probe off: what`): the verdict is `degraded` when any is.
+    pub degraded: Vec<String>,
+}
+
+impl Report {
+    /// `ready`, `degraded` or `not ready`.
+    pub fn verdict(&self) -> &'static str {
+        match (&self.problem, self.degraded.is_empty()) {
+            (Some(_), _) => "not ready",
+            (None, false) => "degraded",
+            (None, true) => "ready",
+        }
+    }
+}
+
+/// What the seed chains lose to the probes in `probes` that are off: `probe off: what`.
+fn seed_chain_losses(probes: &[ProbeReport]) -> Vec<String> {
+    probes
+        .iter()
+        .filter(|p| p.variant.as_deref() == Some("off"))
+        .filter_map(|p| probes::loss_of(&p.probe).filter(|l| l.seed_chain).map(|l| format!("{} off: {}", p.probe, l.what)))
+        .collect()
 }
 
 /// A Go binary plegwatch would probe.
@@ -233,6 +256,7 @@ pub fn run(named: &Named) -> Report {
                 .find(|p| p.variant.is_none())
                 .map(|p| format!("probe {}: {}", p.probe, p.passed_over.join("; ")))
         });
+    let degraded = seed_chain_losses(&probes_out);
     Report {
         kernel: kernel_release(),
         checks,
@@ -240,6 +264,7 @@ pub fn run(named: &Named) -> Report {
         probes: probes_out,
         go_targets: go_targets(named),
         problem,
+        degraded,
     }
 }
 
@@ -411,8 +436,14 @@ pub fn render(r: &Report) -> String {
         }
     }
     match &r.problem {
-        None => out.push_str("  verdict       ready\n"),
         Some(p) => out.push_str(&format!("  verdict       NOT READY: {p}\n")),
+        None if !r.degraded.is_empty() => {
+            out.push_str("  verdict       DEGRADED: plegwatch runs, but these chains are not seen\n");
+            for d in &r.degraded {
+                out.push_str(&format!("                - {d}\n"));
+            }
+        }
+        None => out.push_str("  verdict       ready\n"),
     }
     out
 }
@@ -463,9 +494,32 @@ mod tests {
             probes: Vec::new(),
             go_targets: report,
             problem: None,
+            degraded: Vec::new(),
         });
         for (_, path) in &named {
             assert!(text.lines().any(|l| l.contains("supported") && l.contains(&*path.to_string_lossy())), "{text}");
         }
+    }
+
+    /// A probe a seed chain needs, off: the verdict is degraded and names what is lost;
+    /// one no seed chain needs leaves it ready; a missing requirement is not ready.
+    #[test]
+    fn the_verdict_is_degraded_when_a_seed_chain_is_lost() {
+        let probe = |name: &str, variant: &str| ProbeReport { probe: name.into(), about: String::new(), variant: Some(variant.into()), passed_over: Vec::new() };
+        let report = |probes: Vec<ProbeReport>, problem: Option<String>| {
+            let degraded = seed_chain_losses(&probes);
+            Report { kernel: "test".into(), checks: Vec::new(), program_types: Vec::new(), probes, go_targets: Vec::new(), problem, degraded }
+        };
+        let r = report(vec![probe("wait_enter", "tracepoint x"), probe("socket_io", "off"), probe("block_io", "off")], None);
+        assert_eq!(r.verdict(), "degraded");
+        let text = render(&r);
+        assert!(text.contains("verdict       DEGRADED") && !text.contains("ready"), "{text}");
+        assert!(text.contains("- socket_io off: netlink requests (the Terway chain)"), "{text}");
+        assert!(text.contains("- block_io off: the device hop"), "{text}");
+        let r = report(vec![probe("socket_io", "tracepoint x"), probe("lock_contention", "off")], None);
+        assert_eq!(r.verdict(), "ready");
+        assert!(render(&r).contains("verdict       ready"));
+        let r = report(vec![probe("socket_io", "off")], Some("tracefs: missing".into()));
+        assert_eq!(r.verdict(), "not ready");
     }
 }

@@ -64,7 +64,7 @@ pub struct Resolved {
 }
 
 /// One attached probe, as chosen from the attach table.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct ProbeChoice {
     pub probe: String,
     pub variant: String,
@@ -72,6 +72,12 @@ pub struct ProbeChoice {
     /// fallback), the first reason in a few words; omitted otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// For a probe that is off: what goes unseen; omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loses: Option<String>,
+    /// That loss breaks a seed chain: plegwatch runs degraded.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub seed_chain: bool,
 }
 
 /// Printed once every probe is attached.

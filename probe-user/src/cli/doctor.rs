@@ -46,7 +46,9 @@ impl DoctorArgs {
 pub fn run(args: DoctorArgs) -> anyhow::Result<()> {
     let report = doctor::run(&args.named());
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        let mut json = serde_json::to_value(&report)?;
+        json["verdict"] = report.verdict().into();
+        println!("{json}");
     } else {
         print!("{}", doctor::render(&report));
     }

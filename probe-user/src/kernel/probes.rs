@@ -107,7 +107,27 @@ pub struct Probe {
     /// plegwatch can't run without it.
     pub required: bool,
     pub variants: &'static [Variant],
+    /// What goes unseen while the probe is off, if anything does (a probe whose last
+    /// resort is a `/proc` poll loses nothing but timing).
+    pub loses: Option<Loss>,
 }
+
+/// What an optional probe's absence costs.
+#[derive(Clone, Copy, Debug)]
+pub struct Loss {
+    /// What is not seen, in a few words an SRE reads in the start line.
+    pub what: &'static str,
+    /// A seed chain needs it (the Terway netlink chain, containerd#9770 down to the
+    /// device, runc -> systemd over D-Bus, containerd -> runc): plegwatch runs
+    /// *degraded* without it, and says so.
+    pub seed_chain: bool,
+}
+
+/// What the socket probes' absence costs: two of the three seed chains.
+const SOCKETS_LOST: Loss = Loss {
+    what: "netlink requests (the Terway chain), D-Bus calls (runc -> systemd) and ttrpc frames (containerd -> shim, exact)",
+    seed_chain: true,
+};
 
 const fn tp(program: &'static str, category: &'static str, names: Names) -> Tp {
     Tp { program, category, names, fields: &[] }
@@ -188,12 +208,14 @@ pub const PROBES: &[Probe] = &[
         about: "opens a wait at sys_enter of umount2 and the sync family",
         required: true,
         variants: &[Variant::Tracepoints(&[tp("wait_enter", "syscalls", Names::SyscallEnter)])],
+        loses: None,
     },
     Probe {
         name: "wait_exit",
         about: "closes it at sys_exit (umount2 goes on in task_work)",
         required: true,
         variants: &[Variant::Tracepoints(&[tp("wait_exit", "syscalls", Names::SyscallExit)])],
+        loses: None,
     },
     Probe {
         name: "umount_tail_end",
@@ -204,6 +226,7 @@ pub const PROBES: &[Probe] = &[
             Variant::Tracepoints(&[tp("tail_end_tp", "raw_syscalls", Names::One("sys_enter"))]),
             Variant::ProcPoll,
         ],
+        loses: None,
     },
     Probe {
         name: "thread_exit",
@@ -213,6 +236,7 @@ pub const PROBES: &[Probe] = &[
             Variant::Tracepoints(&[tp("thread_exit", "sched", Names::One("sched_process_exit"))]),
             Variant::ProcPoll,
         ],
+        loses: None,
     },
     Probe {
         name: "socket_classify",
@@ -227,6 +251,7 @@ pub const PROBES: &[Probe] = &[
             ]),
             Variant::Off,
         ],
+        loses: Some(SOCKETS_LOST),
     },
     Probe {
         name: "socket_io",
@@ -238,6 +263,7 @@ pub const PROBES: &[Probe] = &[
             Variant::Tracepoints(&[tp("sock_exit", "syscalls", Names::SockExit), tp("sock_enter", "syscalls", Names::SockEnter)]),
             Variant::Off,
         ],
+        loses: Some(SOCKETS_LOST),
     },
     Probe {
         name: "socket_reuse",
@@ -263,6 +289,7 @@ pub const PROBES: &[Probe] = &[
             ]),
             Variant::Off,
         ],
+        loses: Some(Loss { what: "fd reuse by dup2/dup3/close_range/exec (a socket's class may stick to the file that replaced it)", seed_chain: false }),
     },
     Probe {
         name: "child_wait",
@@ -279,6 +306,7 @@ pub const PROBES: &[Probe] = &[
             ]),
             Variant::Off,
         ],
+        loses: Some(Loss { what: "parents waiting on their children (containerd or a shim -> runc)", seed_chain: true }),
     },
     Probe {
         name: "lock_contention",
@@ -291,6 +319,7 @@ pub const PROBES: &[Probe] = &[
             ]),
             Variant::Off,
         ],
+        loses: Some(Loss { what: "kernel mutex holders (rtnl_mutex behind a netlink request)", seed_chain: false }),
     },
     Probe {
         name: "proc_exec",
@@ -300,6 +329,7 @@ pub const PROBES: &[Probe] = &[
             Variant::Tracepoints(&[tp("proc_exec", "sched", Names::One("sched_process_exec"))]),
             Variant::ProcPoll,
         ],
+        loses: None,
     },
     Probe {
         name: "block_io",
@@ -312,6 +342,7 @@ pub const PROBES: &[Probe] = &[
             ]),
             Variant::Off,
         ],
+        loses: Some(Loss { what: "the device hop under writeback waits (umount, fsync)", seed_chain: true }),
     },
     Probe {
         name: "offcpu",
@@ -322,12 +353,14 @@ pub const PROBES: &[Probe] = &[
             Variant::Tracepoints(&[tp("offcpu_switch_tp", "sched", Names::One("sched_switch"))]),
             Variant::Off,
         ],
+        loses: Some(Loss { what: "kernel stacks of D-state sleeps", seed_chain: false }),
     },
     Probe {
         name: "parked_threads",
         about: "threads blocked reading a unix socket (to its peer, by sock_diag) or parked on a contended lock's futex beside a sibling's long wait: /proc/TID/syscall, sampled off the event loop for processes with a wait over 1 s (see `parked`)",
         required: false,
         variants: &[Variant::ProcPoll],
+        loses: None,
     },
 ];
 
@@ -374,12 +407,20 @@ impl Choice {
     }
 
     pub fn to_output(&self) -> ProbeChoice {
+        let loss = if self.is_off() { loss_of(self.probe) } else { None };
         ProbeChoice {
             probe: self.probe.to_string(),
             variant: self.variant.describe(),
             why: self.passed_over.first().map(|w| few_words(w)),
+            loses: loss.map(|l| l.what.to_string()),
+            seed_chain: loss.is_some_and(|l| l.seed_chain),
         }
     }
+}
+
+/// What probe `name` of [`PROBES`] costs when it is off.
+pub fn loss_of(name: &str) -> Option<Loss> {
+    PROBES.iter().find(|p| p.name == name).and_then(|p| p.loses)
 }
 
 /// A reason cut to its first clause and 60 characters, for the one-line start.
@@ -552,6 +593,10 @@ mod tests {
                     p.name
                 );
             }
+            // A probe that can be off says what goes unseen then; one that falls back
+            // to a /proc poll or can't be off loses nothing but timing.
+            let can_be_off = matches!(p.variants.last(), Some(Variant::Off));
+            assert_eq!(can_be_off, p.loses.is_some(), "{}: loses must be said exactly when the probe can be off", p.name);
         }
         assert_eq!(
             PROBES[0].variants[0].describe(),

@@ -60,7 +60,7 @@ fn incident(level: Level, mut chain: Vec<Hop>, root: usize) -> Incident {
 fn ready() -> Event {
     let mut probes: Vec<ProbeChoice> = ["wait_enter", "wait_exit", "umount_tail_end", "thread_exit", "socket_classify", "socket_io", "offcpu", "lock_contention", "go_uprobes"]
         .iter()
-        .map(|p| ProbeChoice { probe: p.to_string(), variant: "tracepoint".into(), why: None })
+        .map(|p| ProbeChoice { probe: p.to_string(), variant: "tracepoint".into(), ..Default::default() })
         .collect();
     probes[7].variant = "off".into();
     probes[7].why = Some("no tracepoint lock:contention_begin".into());

@@ -362,6 +362,10 @@ fn ready_text(clock: &str, r: &crate::events::Ready, verbose: bool) -> String {
     if !off.is_empty() {
         out.push_str(&format!(", off: {}", off.join(", ")));
     }
+    let lost: Vec<&str> = r.probes.iter().filter(|p| p.seed_chain).filter_map(|p| p.loses.as_deref()).collect();
+    if !lost.is_empty() {
+        out.push_str(&format!("; DEGRADED, not seen: {}", lost.join("; ")));
+    }
     out.push_str("; more: -v, plegwatch doctor");
     out
 }
@@ -762,7 +766,7 @@ mod tests {
         let opts = TextOptions { waits: true, ..Default::default() };
         let mut probes: Vec<crate::events::ProbeChoice> = ["wait_enter", "offcpu", "lock_contention"]
             .iter()
-            .map(|p| crate::events::ProbeChoice { probe: p.to_string(), variant: "tracepoint x".into(), why: None })
+            .map(|p| crate::events::ProbeChoice { probe: p.to_string(), variant: "tracepoint x".into(), ..Default::default() })
             .collect();
         probes[2].variant = "off".into();
         probes[2].why = Some("no tracepoint lock:contention_begin".into());
@@ -782,6 +786,29 @@ mod tests {
         assert!(t.contains("warn 2s, critical 1m00s, imminent 2m30s"), "{t}");
         let v = render_text_with(&ready, &TextOptions { verbose: true, ..opts });
         assert!(v.contains("offcpu=tracepoint x"), "{v}");
+    }
+
+    /// A probe a seed chain needs, off: the start line says DEGRADED and what goes unseen;
+    /// an off probe no seed chain needs does not make it degraded.
+    #[test]
+    fn the_start_line_says_degraded_when_a_seed_chain_is_lost() {
+        let choice = |probe: &str, off: bool| {
+            let loss = crate::kernel::probes::loss_of(probe).filter(|_| off);
+            crate::events::ProbeChoice {
+                probe: probe.into(),
+                variant: if off { "off".into() } else { "tracepoint".into() },
+                why: off.then(|| "refused by the verifier".into()),
+                loses: loss.map(|l| l.what.into()),
+                seed_chain: loss.is_some_and(|l| l.seed_chain),
+            }
+        };
+        let ready = |probes| Event::Ready(crate::events::Ready { pid: 1, probes, warn_s: 2.0, critical_s: 60.0, imminent_s: 150.0 });
+        let t = render_text(&ready(vec![choice("wait_enter", false), choice("socket_io", true), choice("block_io", true)]));
+        assert!(t.contains("DEGRADED, not seen: netlink requests (the Terway chain)"), "{t}");
+        assert!(t.contains("; the device hop under writeback waits"), "{t}");
+        assert!(!t.contains('\n'), "{t}");
+        let t = render_text(&ready(vec![choice("wait_enter", false), choice("lock_contention", true)]));
+        assert!(t.contains("off: lock_contention (refused by the verifier)") && !t.contains("DEGRADED"), "{t}");
     }
 
     #[test]

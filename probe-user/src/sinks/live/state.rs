@@ -347,7 +347,7 @@ pub(crate) mod tests {
     use ratatui::{Terminal, backend::TestBackend};
 
     pub(crate) fn ready() -> Event {
-        let probe = |p: &str, v: &str| ProbeChoice { probe: p.into(), variant: v.into(), why: None };
+        let probe = |p: &str, v: &str| ProbeChoice { probe: p.into(), variant: v.into(), ..Default::default() };
         Event::Ready(Ready {
             pid: 4242,
             probes: vec![probe("syscalls", "tracepoint raw_syscalls"), probe("umount_tail_end", "fexit"), probe("offcpu", "off")],
