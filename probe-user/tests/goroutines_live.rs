@@ -386,10 +386,20 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
     assert_eq!(c.goroutines, dump.len() - 1, "{version}: every goroutine of the dump but 1 compared");
     assert!(c.frames >= 7 + extra, "{version}: only {} frames compared", c.frames);
     // Goroutine 1 now reads its stdin in a system call: unwound from its thread.
-    let threads = reader.threads_in_syscall();
     let g1 = read[&1];
     if g1.status == GStatus::Syscall {
-        let (u, tid) = reader.stack(g1, binary.symbols(), &threads).unwrap_or_else(|| panic!("{version}: goroutine 1 in a call: no thread of {threads:?}"));
+        // Goroutine 1 marks itself in a system call (entersyscall) a moment before its
+        // thread enters read(2), and a busy machine can stretch that moment: wait until
+        // the thread is seen in the kernel (it then blocks there for good).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let (u, tid) = loop {
+            let threads = reader.threads_in_syscall();
+            if let Some(found) = reader.stack(g1, binary.symbols(), &threads) {
+                break found;
+            }
+            assert!(std::time::Instant::now() < deadline, "{version}: goroutine 1 in a call: no thread of {threads:?} in 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
         let names = u.names();
         println!("{version}: goroutine 1 in a system call, thread {tid:?}: {names:?} ({:?})", u.stop);
         assert!(u.stop == Stop::Outermost("runtime.goexit".into()) && names.ends_with(&["main.main", "runtime.main", "runtime.goexit"]), "{version}: goroutine 1: {names:?} {:?}", u.stop);

@@ -48,6 +48,10 @@ pub struct Args {
     /// `all`: run the guest matrix on every kernel of the matrix (5.10, 6.1, 6.12).
     #[arg(long, value_name = "all", value_parser = ["all"])]
     pub kernels: Option<String>,
+    /// With --kernel/--kernels: only these scenario files of the guest matrix (repeatable),
+    /// e.g. `--only umount_stall`.
+    #[arg(long, value_name = "FILE")]
+    pub only: Vec<String>,
     /// Leave out the guest stage of a plain `cargo xtask test` (a quicker run on the host).
     #[arg(long, conflicts_with_all = ["kernel", "kernels"])]
     pub no_guest: bool,
@@ -56,6 +60,14 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     cmd::header("setup");
     setup::ensure()?;
+    if let Some(o) = args.only.iter().find(|o| {
+        !GUEST_CI
+            .iter()
+            .chain(GUEST_MATRIX_MORE)
+            .any(|t| t.file == o.as_str())
+    }) {
+        bail!("--only {o}: not a scenario of the guest matrix");
+    }
     let kernels: Vec<String> = match &args.kernels {
         Some(_) => vm::KERNELS.iter().map(|k| k.name.to_string()).collect(),
         None => args.kernel.clone(),
@@ -63,11 +75,11 @@ pub fn run(args: &Args) -> Result<()> {
     if !kernels.is_empty() {
         let mut failed = Vec::new();
         for k in &kernels {
-            if let Err(e) = guest_stage(
-                k,
-                GUEST_CI.iter().chain(GUEST_MATRIX_MORE),
-                args.soak.then_some(SOAK_SECS),
-            ) {
+            let chosen = GUEST_CI
+                .iter()
+                .chain(GUEST_MATRIX_MORE)
+                .filter(|t| args.only.is_empty() || args.only.iter().any(|o| o == t.file));
+            if let Err(e) = guest_stage(k, chosen, args.soak.then_some(SOAK_SECS)) {
                 eprintln!("guest {k}: {e:#}");
                 failed.push(k.as_str());
             }
