@@ -204,7 +204,7 @@ fn guest_stage<'a>(
         }
     }
     script.push_str(&format!("echo \"guest {kernel} ($(uname -r)): $pass passed, $fail failed$failed\" >&2\n[ $fail -eq 0 ]\n"));
-    let status = vm::guest(&k, GUEST_MEMORY, &script)?;
+    let status = vm::guest(&k, GUEST_MEMORY, "the scenarios", &script)?;
     if status != 0 {
         bail!(
             "scenarios failed in the guest on Linux {kernel} ({}): exit {status}",

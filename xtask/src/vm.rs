@@ -19,7 +19,7 @@
 //! and `memory`). The scenario crate itself does not know whether it runs in a guest.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -105,7 +105,7 @@ pub fn run(args: &Args) -> Result<()> {
         shell_words(&args.command)
     };
     let started = Instant::now();
-    let status = guest(&kernel, &args.memory, &line)?;
+    let status = guest(&kernel, &args.memory, &line, &line)?;
     eprintln!(
         "vm: {} ({}): exit {} after {:.0} s",
         kernel.name,
@@ -482,18 +482,27 @@ echo "guest: Linux $(uname -r), cgroup $cg, $(nproc) CPUs" >&2
 "#;
 
 /// Boots `kernel` with `memory` and runs `line` as root after [`GUEST_PREP`]; returns
-/// its exit status.
-pub fn guest(kernel: &Kernel, memory: &str, line: &str) -> Result<i32> {
+/// its exit status. `label` says what runs, for the log.
+///
+/// The script goes to a file in the target directory, which the guest shares: virtme-ng
+/// passes its command on the kernel's command line, which the kernel cuts at 2 KiB.
+pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str) -> Result<i32> {
     ensure_vng()?;
     if cmd::probe(Command::new("qemu-system-x86_64").arg("--version")).is_none() {
         bail!("qemu-system-x86_64 is missing: run `cargo xtask setup` (Debian's qemu-system-x86)");
     }
     let root = cmd::workspace_root();
     let target = cmd::target_dir();
-    std::fs::create_dir_all(&target)?;
+    let scripts = target.join("guest");
+    std::fs::create_dir_all(&scripts).with_context(|| format!("create {}", scripts.display()))?;
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let path = std::env::var("PATH").unwrap_or_default();
-    let script = format!("{GUEST_PREP}\nexport HOME={home} PATH={path}\n{line}\n");
+    let script = scripts.join(format!("run-{}.sh", std::process::id()));
+    std::fs::write(
+        &script,
+        format!("{GUEST_PREP}\nexport HOME={home} PATH={path}\n{line}\n"),
+    )
+    .with_context(|| format!("write {}", script.display()))?;
     let mut vng = Command::new(vng_dir().join("bin/vng"));
     // vng runs its siblings (virtme-run) from PATH.
     vng.env(
@@ -507,13 +516,32 @@ pub fn guest(kernel: &Kernel, memory: &str, line: &str) -> Result<i32> {
         .arg(format!("--overlay-rwdir={home}"))
         .arg(format!("--cwd={}", root.display()))
         .arg("--")
-        .arg(script);
-    // The command line holds the whole script: show the kernel and the command only.
+        .arg(format!("bash {}", script.display()));
     eprintln!(
-        "+ vng --run {} --disable-kvm --cpus 2 --memory {memory} -- {line}",
-        kernel.vmlinuz.display()
+        "+ vng --run {} --disable-kvm --cpus 2 --memory {memory} -- bash {} ({label})",
+        kernel.vmlinuz.display(),
+        script.display()
     );
-    let status = vng.status().context("cannot start vng")?;
+    // QEMU reopens its stdout and stderr by /proc/self/fd/N, which truncates a regular
+    // file and writes each from offset 0: hand it pipes, copied through here.
+    let mut child = vng
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot start vng")?;
+    let out = child
+        .stdout
+        .take()
+        .map(|mut o| std::thread::spawn(move || std::io::copy(&mut o, &mut std::io::stdout())));
+    let err = child
+        .stderr
+        .take()
+        .map(|mut e| std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::stderr())));
+    let status = child.wait().context("waiting for vng")?;
+    for copier in [out, err].into_iter().flatten() {
+        let _ = copier.join();
+    }
+    let _ = std::fs::remove_file(&script);
     Ok(status.code().unwrap_or(128))
 }
 
