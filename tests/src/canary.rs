@@ -44,6 +44,7 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
 
 /// Polls `f` until it returns `Some`, or fails after `timeout` with `what`.
 pub fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T> {
+    let timeout = crate::timing::scaled(timeout);
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {

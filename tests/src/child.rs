@@ -156,6 +156,7 @@ impl Proc {
     /// [`Proc::wait_line`]); an error if the process closes its stdout (exits) or `timeout`
     /// passes first.
     pub fn next_line(&mut self, timeout: Duration) -> Result<(Instant, String)> {
+        let timeout = crate::timing::scaled(timeout);
         match self.lines.recv_timeout(timeout) {
             Ok(line) => {
                 self.seen.push(line.clone());
@@ -185,7 +186,7 @@ impl Proc {
         timeout: Duration,
         pred: impl Fn(&str) -> bool,
     ) -> Option<(Instant, String)> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + crate::timing::scaled(timeout);
         let mut checked = 0;
         loop {
             self.seen.extend(self.lines.try_iter());

@@ -145,7 +145,7 @@ impl PrivateBus {
 
     /// Polls `NameHasOwner` until `name` is owned.
     pub fn wait_owned(&self, name: &str, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + crate::timing::scaled(timeout);
         while !self.name_has_owner(name)? {
             ensure!(
                 Instant::now() < deadline,

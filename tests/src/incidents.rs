@@ -106,7 +106,8 @@ pub fn the_one(events: &[Event], warn: Duration, lifted: Option<Instant>, in_it:
     }
     let i = mine[0].clone();
     let late = i.raised_after_warn(warn);
-    ensure!(late <= RAISE_WITHIN, "incident #{} raised {late:?} after its oldest wait crossed --warn (want <= {RAISE_WITHIN:?})", i.id);
+    let within = crate::timing::scaled(RAISE_WITHIN);
+    ensure!(late <= within, "incident #{} raised {late:?} after its oldest wait crossed --warn (want <= {within:?})", i.id);
     if let Some(lifted) = lifted {
         match &i.resolved {
             Some(r) => ensure!(r.at >= lifted, "incident #{} resolved before the fault was lifted", i.id),

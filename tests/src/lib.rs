@@ -59,6 +59,7 @@ pub mod stall;
 pub mod sys;
 pub mod terway;
 pub mod throttle;
+pub mod timing;
 pub mod tmux;
 
 pub use events::Event;

@@ -92,7 +92,7 @@ pub fn assert_reported(events: &[Event], wait: &CausedWait) -> Report {
     assert_eq!(field("/comm"), wait.comm, "{}", bad("wrong comm"));
 
     let warn = wait.warn.as_secs_f64();
-    let slack = SLACK.as_secs_f64();
+    let slack = crate::timing::scaled(SLACK).as_secs_f64();
     let arrived = stall.at.duration_since(wait.started).as_secs_f64();
     assert!(
         (warn..=warn + slack).contains(&arrived),

@@ -128,13 +128,33 @@ impl Drop for WriteThrottle {
                 write_io_max(&rule.cgroup, self.dev, None)?;
                 if let Some(from) = &rule.joined_from {
                     join(from, std::process::id())?;
-                    std::fs::remove_dir(&rule.cgroup).with_context(|| format!("rmdir {}", rule.cgroup.display()))?;
+                    remove_cgroup(&rule.cgroup, from)?;
                 }
                 Ok(())
             })(),
         };
         if let Err(e) = done {
             eprintln!("cleanup: {e:#}");
+        }
+    }
+}
+
+/// Removes `cgroup`, first moving what the test started in it and left running (a helper
+/// not reaped yet) back to `from`; a task that is exiting keeps it busy a moment, so the
+/// rmdir is tried again for up to 5 s.
+fn remove_cgroup(cgroup: &Path, from: &Path) -> Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let left = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+        for pid in left.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+            let _ = join(from, pid);
+        }
+        match std::fs::remove_dir(cgroup) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e).with_context(|| format!("rmdir {} (still in it: {:?})", cgroup.display(), left.trim())),
         }
     }
 }

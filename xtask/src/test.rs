@@ -149,6 +149,9 @@ pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
 
 /// Longest a guest test may run before it is stopped as hung (emulated time is slow).
 const GUEST_TEST_TIMEOUT_S: u32 = 1_200;
+/// How much slower the scenarios' clock runs in a TCG guest than on this machine kind:
+/// their timing bounds and deadlines are multiplied by it (`tests/src/timing.rs`).
+const GUEST_TIME_SCALE: u32 = 4;
 /// Guest memory: containerd's loop-mounted roots live in the guest's /tmp overlay (RAM).
 const GUEST_MEMORY: &str = "8G";
 
@@ -175,6 +178,9 @@ fn guest_stage<'a>(
         crate::test::BIN_ENV,
         plegwatch.display()
     ));
+    script.push_str(&format!(
+        "export PLEGWATCH_TEST_TIME_SCALE={GUEST_TIME_SCALE}\n"
+    ));
     if std::env::var_os("CI").is_some() {
         script.push_str("export CI=true\n");
     }
@@ -196,7 +202,7 @@ fn guest_stage<'a>(
         for (label, filter) in runs {
             script.push_str(&format!(
                 "echo '==> guest {kernel}: {label}' >&2; s=$(date +%s)\n\
-                 if timeout {GUEST_TEST_TIMEOUT_S} {exe} {filter} --test-threads=1; then pass=$((pass+1)); r=ok; \
+                 if timeout {GUEST_TEST_TIMEOUT_S} {exe} {filter} --test-threads=1 --nocapture; then pass=$((pass+1)); r=ok; \
                  else fail=$((fail+1)); r=FAILED; failed=\"$failed {label}\"; fi\n\
                  echo \"guest {kernel}: {label}: $r in $(( $(date +%s) - s )) s\" >&2\n",
                 exe = exe.display()

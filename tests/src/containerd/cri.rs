@@ -456,7 +456,7 @@ impl Drop for Pod {
         if self.removed {
             return;
         }
-        let cri = self.cri.with_timeout(Self::TEARDOWN_TIMEOUT);
+        let cri = self.cri.with_timeout(crate::timing::scaled(Self::TEARDOWN_TIMEOUT));
         if let Err(e) = cri
             .stop_pod_sandbox(&self.id)
             .and_then(|()| cri.remove_pod_sandbox(&self.id))

@@ -278,7 +278,7 @@ impl Containerd {
     }
 
     fn wait_ready(&mut self) -> Result<()> {
-        let deadline = self.started + Self::START_TIMEOUT;
+        let deadline = self.started + crate::timing::scaled(Self::START_TIMEOUT);
         let mut last_error = String::from("the socket never appeared");
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -312,7 +312,7 @@ impl Containerd {
                      {last_error}\n{}",
                     self.pid(),
                     self.socket.display(),
-                    Self::START_TIMEOUT,
+                    crate::timing::scaled(Self::START_TIMEOUT),
                     self.log_tail(40)
                 );
             }

@@ -324,7 +324,7 @@ impl Bed {
         );
         let watch = UmountWatch::start(shim.pid)?;
 
-        let exit_deadline = Instant::now() + o.run_for + Duration::from_secs(30);
+        let exit_deadline = Instant::now() + o.run_for + crate::timing::scaled(Duration::from_secs(30));
         while procs::alive(container_pid) {
             if Instant::now() >= exit_deadline {
                 bail!(

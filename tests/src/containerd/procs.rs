@@ -353,7 +353,7 @@ impl UmountWatch {
 
     /// Waits up to `timeout` for no thread to be in umount2; whether none is.
     pub fn wait_closed(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + crate::timing::scaled(timeout);
         loop {
             if self.open_span().is_none() {
                 return true;
