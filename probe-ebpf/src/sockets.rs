@@ -267,6 +267,17 @@ fn sock_slot(nr: u32) -> Option<u32> {
     None
 }
 
+/// `v`, or `max` if greater, in a form every verifier takes as bounded: a
+/// constant compared with the register that goes on, after a copy LLVM cannot
+/// see through. Otherwise LLVM drops a check it can prove from what it knows
+/// of `v` (a `min` of two values), which the 5.10 and 6.1 verifiers do not
+/// know: they learn no bound from comparing two registers.
+#[inline(always)]
+pub(crate) fn at_most(v: u64, max: u64) -> u64 {
+    let v = core::hint::black_box(v);
+    if v > max { max } else { v }
+}
+
 #[inline(always)]
 fn now() -> u64 {
     // SAFETY: a plain helper call.
@@ -605,6 +616,7 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
         rec.n_nl = 0;
         dbus_copy_headers(scratch, &call, tgid, ret as u64, avail)
     };
+    let n = at_most(n as u64, SOCK_DATA_CAP as u64) as usize;
     let rec = &mut scratch.io;
     rec.captured = n as u32;
     // SAFETY: SockIo is plain old data; the first SOCK_IO_HEADER_LEN + n bytes are its header and data.
