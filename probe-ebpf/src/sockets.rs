@@ -267,6 +267,17 @@ fn sock_slot(nr: u32) -> Option<u32> {
     None
 }
 
+/// `v`, or `max` if greater, in a form every verifier takes as bounded: a
+/// constant compared with the register that goes on, after a copy LLVM cannot
+/// see through. Otherwise LLVM drops a check it can prove from what it knows
+/// of `v` (a `min` of two values), which the 5.10 and 6.1 verifiers do not
+/// know: they learn no bound from comparing two registers.
+#[inline(always)]
+pub(crate) fn at_most(v: u64, max: u64) -> u64 {
+    let v = core::hint::black_box(v);
+    if v > max { max } else { v }
+}
+
 #[inline(always)]
 fn now() -> u64 {
     // SAFETY: a plain helper call.
@@ -383,12 +394,14 @@ pub fn dup_exit(ctx: TracePointContext) -> u32 {
     }
     let tgid = (pid_tgid >> 32) as u32;
     let (old, new) = ((fds >> 32) as u32, fds as u32);
-    let class = class_of(tgid, old);
+    // Kind 0 (no kind) when oldfd is untracked: a value written on both
+    // paths. Kept as an `Option` across `forget`, LLVM read the class's stack
+    // slot before testing whether it was ever written, which the 5.10 and
+    // 6.1 verifiers refuse ("invalid read from stack").
+    let class = class_of(tgid, old).unwrap_or(SockClass { kind: 0, proto: 0, gen: 0, _pad: 0 });
     forget(tgid, new);
-    if let Some(class) = class {
-        if SOCKS.insert(&key(tgid, new), &class, 0).is_err() {
-            count(Stat::SocksFull);
-        }
+    if class.kind != 0 && SOCKS.insert(&key(tgid, new), &class, 0).is_err() {
+        count(Stat::SocksFull);
     }
     0
 }
@@ -533,16 +546,32 @@ fn first_iovec(iov: u64) -> (u64, u64) {
 }
 
 /// `syscalls:sys_exit_{write,...,recvmsg}` (the same eight): `long ret` at 16.
+/// Steps the D-Bus walk in `bpf_loop`s (Linux >= 5.17).
 #[tracepoint]
 pub fn sock_exit(ctx: TracePointContext) -> u32 {
     if !crate::gate::open(&SOCK_CALLS_OPEN, 0) {
         return 0;
     }
-    let _ = try_sock_exit(&ctx);
+    let _ = try_sock_exit::<true>(&ctx);
     0
 }
 
-fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
+/// [`sock_exit`] for kernels without `bpf_loop` (before Linux 5.17): the
+/// same, with the D-Bus walk's steps and handshake scan as bounded loops
+/// of calls to the `bpf_loop` callbacks, which the verifier follows turn
+/// by turn.
+#[tracepoint]
+pub fn sock_exit_nl(ctx: TracePointContext) -> u32 {
+    if !crate::gate::open(&SOCK_CALLS_OPEN, 0) {
+        return 0;
+    }
+    let _ = try_sock_exit::<false>(&ctx);
+    0
+}
+
+/// `HELPER_LOOP`: step the D-Bus walk with `bpf_loop`, else with bounded loops.
+#[inline(always)]
+fn try_sock_exit<const HELPER_LOOP: bool>(ctx: &TracePointContext) -> Result<(), i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     // SAFETY: copied out before removal.
@@ -603,8 +632,9 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
         0
     } else {
         rec.n_nl = 0;
-        dbus_copy_headers(scratch, &call, tgid, ret as u64, avail)
+        dbus_copy_headers::<HELPER_LOOP>(scratch, &call, tgid, ret as u64, avail)
     };
+    let n = at_most(n as u64, SOCK_DATA_CAP as u64) as usize;
     let rec = &mut scratch.io;
     rec.captured = n as u32;
     // SAFETY: SockIo is plain old data; the first SOCK_IO_HEADER_LEN + n bytes are its header and data.
@@ -621,7 +651,7 @@ fn try_sock_exit(ctx: &TracePointContext) -> Result<(), i64> {
 /// describes (at most [`SOCK_DATA_CAP`]): within them, a 0 that was not
 /// copied is a body byte, never read.
 #[inline(always)]
-fn dbus_copy_headers(scratch: &mut SockScratch, call: &SockCall, tgid: u32, len: u64, avail: u64) -> usize {
+fn dbus_copy_headers<const HELPER_LOOP: bool>(scratch: &mut SockScratch, call: &SockCall, tgid: u32, len: u64, avail: u64) -> usize {
     let k = key(tgid, call.fd);
     let pos = match DBUS_POS.get_ptr_mut(&k) {
         Some(p) => p,
@@ -652,19 +682,29 @@ fn dbus_copy_headers(scratch: &mut SockScratch, call: &SockCall, tgid: u32, len:
         blank = 0;
     }
     let dir = if call.slot < SOCK_FIRST_RECV { &mut pos.tx } else { &mut pos.rx };
-    let mut bytes = DbusUser { buf: call.buf, data: scratch.io.data.as_mut_ptr(), failed: false };
+    let mut bytes = DbusUser::<HELPER_LOOP> { buf: call.buf, data: scratch.io.data.as_mut_ptr(), failed: false };
     let w = &mut scratch.walk;
     w.dir = *dir;
     w.buf = call.buf;
     w.failed = 0;
     plegwatch_abi::dbus_start(&mut w.dir, &mut w.cur, len, avail, &mut bytes);
     if w.cur.known == DBUS_GOING {
-        // The callback finds the walk in this CPU's scratch: bpf_loop's
-        // context must be on the stack, whose contents the verifier would
-        // follow turn by turn.
-        // SAFETY: a plain helper call; no context.
-        unsafe {
-            bpf_loop((DBUS_WALK_MAX + 1) as u32, dbus_step_cb as *mut c_void, core::ptr::null_mut(), 0);
+        if HELPER_LOOP {
+            // The callback finds the walk in this CPU's scratch: bpf_loop's
+            // context must be on the stack, whose contents the verifier would
+            // follow turn by turn.
+            // SAFETY: a plain helper call; no context.
+            unsafe {
+                bpf_loop((DBUS_WALK_MAX + 1) as u32, dbus_step_cb as *mut c_void, core::ptr::null_mut(), 0);
+            }
+        } else {
+            let mut i: u64 = 0;
+            while i <= DBUS_WALK_MAX as u64 {
+                if dbus_step_cb(i, core::ptr::null_mut()) != 0 {
+                    break;
+                }
+                i += 1;
+            }
         }
     }
     let w = &mut scratch.walk;
@@ -695,7 +735,8 @@ extern "C" fn dbus_step_cb(index: u64, _ctx: *mut c_void) -> i64 {
     // SAFETY: this CPU's scratch; dbus_copy_headers, which called the
     // bpf_loop, holds no reference into it across the call.
     let s = unsafe { &mut *s };
-    let mut bytes = DbusUser { buf: s.walk.buf, data: s.io.data.as_mut_ptr(), failed: false };
+    // Never scans the handshake (dbus_start did): the loop kind is moot.
+    let mut bytes = DbusUser::<true> { buf: s.walk.buf, data: s.io.data.as_mut_ptr(), failed: false };
     let go = plegwatch_abi::dbus_step(&mut s.walk.dir, &mut s.walk.cur, &mut bytes, index >= DBUS_WALK_MAX as u64);
     if bytes.failed {
         s.walk.failed = 1;
@@ -740,13 +781,14 @@ extern "C" fn dbus_text_cb(index: u64, _ctx: *mut c_void) -> i64 {
 
 /// A D-Bus syscall's buffer in the traced process, and the record's data
 /// (followed by [`SockScratch`]'s slack) to copy header bytes into.
-struct DbusUser {
+/// `HELPER_LOOP`: scan the handshake with `bpf_loop`, else with a bounded loop.
+struct DbusUser<const HELPER_LOOP: bool> {
     buf: u64,
     data: *mut u8,
     failed: bool,
 }
 
-impl DbusBytes for DbusUser {
+impl<const HELPER_LOOP: bool> DbusBytes for DbusUser<HELPER_LOOP> {
     #[inline(always)]
     fn fixed(&mut self, off: u64) -> Option<[u8; 16]> {
         // SAFETY: the helper checks the user pointer.
@@ -761,7 +803,17 @@ impl DbusBytes for DbusUser {
             (*t).buf = self.buf;
             (*t).len = len;
             (*t).end = DBUS_GOING;
-            bpf_loop((DBUS_AUTH_SCAN / 8) as u32, dbus_text_cb as *mut c_void, core::ptr::null_mut(), 0);
+            if HELPER_LOOP {
+                bpf_loop((DBUS_AUTH_SCAN / 8) as u32, dbus_text_cb as *mut c_void, core::ptr::null_mut(), 0);
+            } else {
+                let mut i: u64 = 0;
+                while i < (DBUS_AUTH_SCAN / 8) as u64 {
+                    if dbus_text_cb(i, core::ptr::null_mut()) != 0 {
+                        break;
+                    }
+                    i += 1;
+                }
+            }
             if (*t).end == DBUS_GOING { len } else { (*t).end }
         }
     }

@@ -166,13 +166,18 @@ impl TtrpcBytes for UserBuf {
     #[inline(always)]
     fn part(&mut self, dst: &mut [u8; 16], at: u32, off: u64, n: u32) -> Option<()> {
         let at = (at & 15) as usize;
-        let n = n & 15;
-        if n == 0 || at + n as usize > 16 {
+        // Bounded by a constant, on a value LLVM cannot see through: it knows
+        // `n <= 10` from the caller and would drop the check, while the 5.10
+        // and 6.1 verifiers learn no bound from the caller's comparison of
+        // two registers (`take = min(len, need)`): the length reached the
+        // helper unbounded there ("R2 unbounded memory access").
+        let n = core::hint::black_box(u64::from(n));
+        if n == 0 || n > TTRPC_HEADER_LEN as u64 || at as u64 + n > 16 {
             return None;
         }
         // SAFETY: `at + n <= 16`, inside `dst`; the helper checks the user pointer.
         let rc = unsafe {
-            generated::bpf_probe_read_user(dst.as_mut_ptr().add(at).cast(), n, (self.0 + off) as *const core::ffi::c_void)
+            generated::bpf_probe_read_user(dst.as_mut_ptr().add(at).cast(), n as u32, (self.0 + off) as *const core::ffi::c_void)
         };
         (rc == 0).then_some(())
     }

@@ -39,6 +39,9 @@ pub struct Tp {
     /// size), checked against the running kernel's tracefs `format` before
     /// it attaches. Syscall records need none (their layout is ABI).
     pub fields: &'static [(&'static str, usize, usize)],
+    /// Told after the tracepoints where two variants attach different
+    /// programs to the same ones, e.g. `no bpf_loop`.
+    pub note: Option<&'static str>,
 }
 
 /// The tracepoint names of a [`Tp`].
@@ -88,7 +91,13 @@ impl Variant {
     pub fn describe(&self) -> String {
         match self {
             Variant::Tracepoints(tps) => {
-                let parts: Vec<String> = tps.iter().map(|t| format!("{}:{}", t.category, t.names.describe())).collect();
+                let parts: Vec<String> = tps
+                    .iter()
+                    .map(|t| match t.note {
+                        Some(note) => format!("{}:{} ({note})", t.category, t.names.describe()),
+                        None => format!("{}:{}", t.category, t.names.describe()),
+                    })
+                    .collect();
                 format!("tracepoint {}", parts.join(" + "))
             }
             Variant::RawTracepoint { tracepoint, .. } => format!("raw_tp {tracepoint}"),
@@ -130,11 +139,15 @@ const SOCKETS_LOST: Loss = Loss {
 };
 
 const fn tp(program: &'static str, category: &'static str, names: Names) -> Tp {
-    Tp { program, category, names, fields: &[] }
+    Tp { program, category, names, fields: &[], note: None }
+}
+
+const fn tp_noted(program: &'static str, category: &'static str, names: Names, note: &'static str) -> Tp {
+    Tp { program, category, names, fields: &[], note: Some(note) }
 }
 
 const fn tp_checked(program: &'static str, category: &'static str, name: &'static str, fields: &'static [(&'static str, usize, usize)]) -> Tp {
-    Tp { program, category, names: Names::One(name), fields }
+    Tp { program, category, names: Names::One(name), fields, note: None }
 }
 
 use plegwatch_abi::block_tp;
@@ -259,8 +272,14 @@ pub const PROBES: &[Probe] = &[
         required: false,
         // The exits first: a call whose sys_enter is seen always has its
         // sys_exit seen, so no SOCK_CALLS entry (and its gate count) is left behind.
+        // sock_exit_nl: the same without bpf_loop (Linux < 5.17), its D-Bus
+        // walk in bounded loops that cost the verifier more.
         variants: &[
             Variant::Tracepoints(&[tp("sock_exit", "syscalls", Names::SockExit), tp("sock_enter", "syscalls", Names::SockEnter)]),
+            Variant::Tracepoints(&[
+                tp_noted("sock_exit_nl", "syscalls", Names::SockExit, "no bpf_loop"),
+                tp("sock_enter", "syscalls", Names::SockEnter),
+            ]),
             Variant::Off,
         ],
         loses: Some(SOCKETS_LOST),
@@ -606,6 +625,11 @@ mod tests {
         assert_eq!(
             PROBES[5].variants[0].describe(),
             "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \
+             syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
+        );
+        assert_eq!(
+            PROBES[5].variants[1].describe(),
+            "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} (no bpf_loop) + \
              syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
         );
     }
