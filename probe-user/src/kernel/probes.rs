@@ -197,6 +197,19 @@ pub fn parse_format(text: &str) -> std::collections::HashMap<String, (usize, usi
     out
 }
 
+/// Fails, saying so, when this kernel has no tracepoint `category:name` (for example
+/// `lock:contention_begin` before Linux 5.19), rather than with the attach's error.
+/// Passes when tracefs itself is not found: the attach then says what is wrong.
+fn check_exists(category: &str, name: &str) -> Result<(), String> {
+    let roots = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].map(std::path::Path::new);
+    let Some(root) = roots.iter().find(|r| r.join("events").is_dir()) else { return Ok(()) };
+    if root.join("events").join(category).join(name).is_dir() {
+        Ok(())
+    } else {
+        Err(format!("no such tracepoint in tracefs (events/{category}/{name}; this kernel does not have it)"))
+    }
+}
+
 /// Checks that the tracepoint's record has each field at the offset the
 /// program reads, and at least as wide.
 fn check_fields(category: &str, name: &str, fields: &[(&str, usize, usize)]) -> Result<(), String> {
@@ -493,6 +506,7 @@ fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), Stri
             let mut attached: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)> = Vec::new();
             for t in tps {
                 for name in t.names.list() {
+                    check_exists(t.category, &name)?;
                     check_fields(t.category, &name, t.fields)?;
                 }
             }
