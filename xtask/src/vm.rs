@@ -177,35 +177,23 @@ pub const VIRTME_NG: &str = "1.42";
 pub fn ensure_vng() -> Result<()> {
     let venv = vng_dir();
     let vng = venv.join("bin/vng");
-    let said = cmd::probe(Command::new(&vng).arg("--version")).unwrap_or_default();
-    if said.split_whitespace().any(|w| w == VIRTME_NG) {
-        eprintln!(
-            "setup: virtme-ng {VIRTME_NG}: {} found, skipping",
-            vng.display()
-        );
-        return Ok(());
-    }
-    eprintln!(
-        "setup: virtme-ng: installing {VIRTME_NG} into {}",
-        venv.display()
-    );
-    if !venv.join("bin/pip").exists() {
-        cmd::run(Command::new("python3").arg("-m").arg("venv").arg(&venv))?;
-    }
-    cmd::run(
-        Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("virtme-ng=={VIRTME_NG}")),
-    )?;
-    let said = cmd::probe(Command::new(&vng).arg("--version")).unwrap_or_default();
-    if !said.split_whitespace().any(|w| w == VIRTME_NG) {
-        bail!(
-            "{} --version said {:?} after pip install",
-            vng.display(),
-            said.trim()
-        );
-    }
-    Ok(())
+    crate::setup::pip_venv(
+        &format!("virtme-ng {VIRTME_NG}"),
+        &venv,
+        &format!("virtme-ng=={VIRTME_NG}"),
+        || {
+            let said = cmd::probe(Command::new(&vng).arg("--version")).unwrap_or_default();
+            if said.split_whitespace().any(|w| w == VIRTME_NG) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} --version said {:?}",
+                    vng.display(),
+                    said.trim()
+                ))
+            }
+        },
+    )
 }
 
 /// Installs every kernel of [`KERNELS`] that is missing (for `cargo xtask setup`).
