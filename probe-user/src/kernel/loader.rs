@@ -76,11 +76,14 @@ fn has_events(p: &str) -> bool {
     Path::new(p).join("events").is_dir()
 }
 
+/// Where tracefs may be mounted, in the order it is looked for.
+pub const TRACEFS_ROOTS: [&str; 2] = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+
 /// Finds tracefs, mounting it on `/sys/kernel/tracing` if it is not mounted
 /// (many VMs and minimal hosts boot without it). aya looks there too.
 pub fn ensure_tracefs() -> Result<Tracefs, LoadError> {
-    const MAIN: &str = "/sys/kernel/tracing";
-    const DEBUG: &str = "/sys/kernel/debug/tracing";
+    const MAIN: &str = TRACEFS_ROOTS[0];
+    const DEBUG: &str = TRACEFS_ROOTS[1];
     if has_events(MAIN) {
         return Ok(Tracefs {
             path: MAIN,

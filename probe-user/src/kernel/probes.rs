@@ -168,7 +168,7 @@ pub fn rwbs_offset() -> Option<u32> {
 /// The tracefs `format` text of `category:name`.
 fn read_format(category: &str, name: &str) -> Result<String, String> {
     // Where `loader::ensure_tracefs` found (or mounted) tracefs.
-    let paths = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].map(|t| format!("{t}/events/{category}/{name}/format"));
+    let paths = crate::kernel::loader::TRACEFS_ROOTS.map(|t| format!("{t}/events/{category}/{name}/format"));
     paths.iter().find_map(|p| std::fs::read_to_string(p).ok()).ok_or_else(|| format!("no tracefs format for {category}:{name}"))
 }
 
@@ -201,7 +201,7 @@ pub fn parse_format(text: &str) -> std::collections::HashMap<String, (usize, usi
 /// `lock:contention_begin` before Linux 5.19), rather than with the attach's error.
 /// Passes when tracefs itself is not found: the attach then says what is wrong.
 fn check_exists(category: &str, name: &str) -> Result<(), String> {
-    let roots = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].map(std::path::Path::new);
+    let roots = crate::kernel::loader::TRACEFS_ROOTS.map(std::path::Path::new);
     let Some(root) = roots.iter().find(|r| r.join("events").is_dir()) else { return Ok(()) };
     if root.join("events").join(category).join(name).is_dir() {
         Ok(())
