@@ -1,7 +1,10 @@
 //! Go function timing on stripped binaries: a uprobe at each function's entry
 //! and at every RET instruction in it (never a uretprobe: those crash Go when a
 //! goroutine's stack moves). Userspace finds both in `.gopclntab` and decodes
-//! the RETs; the attach cookie names the function.
+//! the RETs. The attach cookie names the function (Linux >= 5.15); before
+//! 5.15 there are no cookies, and the `_at` variants find the function in
+//! `GO_ADDRS` by where the point sits in the process's code (see
+//! [`plegwatch_abi::GoAddrKey`]). Userspace loads one pair or the other.
 //!
 //! Calls are keyed by process and goroutine: under Go's register ABI (Go >=
 //! 1.17, amd64) R14 holds the current `g` at function entry and at return.
@@ -17,8 +20,8 @@ use aya_ebpf::{
     programs::{ProbeContext, TracePointContext},
 };
 use plegwatch_abi::{
-    COMM_LEN, EventHeader, GO_EVENTS_BYTES, EventKind, ExecEvent, GO_ARG_LEN, GO_FUNCS_MAX, GoArgSpec, GoCall, GoCallEnd, GoCallKey,
-    GoExit, GoProc, Stat,
+    COMM_LEN, EventHeader, GO_ADDRS_MAX, GO_EVENTS_BYTES, EventKind, ExecEvent, GO_ARG_LEN, GO_FUNCS_MAX, GoAddrKey, GoArgSpec, GoCall,
+    GoCallEnd, GoCallKey, GoExit, GoProc, Stat,
 };
 
 use crate::waits::{count, report_min_ns, tracer_tgid};
@@ -32,8 +35,17 @@ static GO_PROCS: HashMap<u32, GoProc> = HashMap::with_max_entries(1024, 0);
 #[map]
 static GO_ARGS: Array<GoArgSpec> = Array::with_max_entries(GO_FUNCS_MAX, 0);
 
+#[map]
+static GO_ADDRS: HashMap<GoAddrKey, u32> = HashMap::with_max_entries(GO_ADDRS_MAX, 0);
+
 #[unsafe(no_mangle)]
 static TASK_FSBASE_OFF: u32 = u32::MAX;
+#[unsafe(no_mangle)]
+static TASK_MM_OFF: u32 = u32::MAX;
+#[unsafe(no_mangle)]
+static MM_START_CODE_OFF: u32 = u32::MAX;
+#[unsafe(no_mangle)]
+static MM_END_CODE_OFF: u32 = u32::MAX;
 
 /// The goroutine running on the current thread, read from its thread-local
 /// storage (`*(fsbase + g_tls_off)`) if `tgid` runs a probed Go binary, else
@@ -97,13 +109,53 @@ fn capture_arg(ctx: &ProbeContext, func: u32, call: &mut GoCall) {
     }
 }
 
+/// The function id of a cookie-less probe: the point's place in the
+/// current process's code (`regs->ip`, which a uprobe handler sees set back
+/// to the probed instruction), looked up in `GO_ADDRS`.
 #[inline(always)]
-fn key(ctx: &ProbeContext, tgid: u32) -> GoCallKey {
-    // SAFETY: a plain helper call on this program's context.
-    let func = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) } as u32;
+fn func_at(ctx: &ProbeContext) -> Option<u32> {
+    // SAFETY: read-only globals patched by the loader.
+    let (mm_off, start_off, end_off) = unsafe {
+        (
+            core::ptr::read_volatile(&TASK_MM_OFF),
+            core::ptr::read_volatile(&MM_START_CODE_OFF),
+            core::ptr::read_volatile(&MM_END_CODE_OFF),
+        )
+    };
+    if mm_off == u32::MAX || start_off == u32::MAX || end_off == u32::MAX {
+        return None;
+    }
+    // SAFETY: a plain helper call; the task is only read through probe_read.
+    let task = unsafe { bpf_get_current_task() } as *const u8;
+    // SAFETY: bounds and faults are checked by the helper.
+    let mm = unsafe { bpf_probe_read_kernel(task.wrapping_add(mm_off as usize) as *const u64) }.ok()? as *const u8;
+    // SAFETY: as above.
+    let start = unsafe { bpf_probe_read_kernel(mm.wrapping_add(start_off as usize) as *const u64) }.ok()?;
+    // SAFETY: as above.
+    let end = unsafe { bpf_probe_read_kernel(mm.wrapping_add(end_off as usize) as *const u64) }.ok()?;
+    // SAFETY: `regs` is the probed task's saved registers, readable here.
+    let ip = unsafe { (*ctx.regs).rip };
+    let key = GoAddrKey { code_len: end.wrapping_sub(start) as u32, rel: ip.wrapping_sub(start) as u32 };
+    // SAFETY: copied out at once.
+    let func = unsafe { GO_ADDRS.get(&key) }.copied();
+    if func.is_none() {
+        count(Stat::GoAddrUnknown);
+    }
+    func
+}
+
+#[inline(always)]
+fn key(ctx: &ProbeContext, func: u32, tgid: u32) -> GoCallKey {
     // SAFETY: `regs` is the probed task's saved registers, readable here.
     let g = unsafe { (*ctx.regs).r14 };
     GoCallKey { g, func, tgid }
+}
+
+/// The function id of a probe attached with a cookie (Linux >= 5.15).
+#[inline(always)]
+fn cookie(ctx: &ProbeContext) -> u32 {
+    // SAFETY: a plain helper call on this program's context.
+    (unsafe { bpf_get_attach_cookie(ctx.as_ptr()) }) as u32
 }
 
 /// Entry of a probed Go function (Go >= 1.17 amd64 register ABI: `g` in R14,
@@ -113,12 +165,30 @@ fn key(ctx: &ProbeContext, tgid: u32) -> GoCallKey {
 /// fake-kubelet fixture built with Go 1.19, 1.21, 1.23, 1.25 and 1.27.
 #[uprobe]
 pub fn go_entry(ctx: ProbeContext) -> u32 {
+    entry(&ctx, cookie(&ctx))
+}
+
+/// `go_entry` without a cookie (Linux 5.10 to 5.14): checked on Debian's
+/// 5.10.0-32 with the same binaries.
+#[uprobe]
+pub fn go_entry_at(ctx: ProbeContext) -> u32 {
+    if (bpf_get_current_pid_tgid() >> 32) as u32 == tracer_tgid() {
+        return 0;
+    }
+    match func_at(&ctx) {
+        Some(func) => entry(&ctx, func),
+        None => 0,
+    }
+}
+
+#[inline(always)]
+fn entry(ctx: &ProbeContext, func: u32) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if tgid == tracer_tgid() {
         return 0;
     }
-    let k = key(&ctx, tgid);
+    let k = key(ctx, func, tgid);
     // SAFETY: as above.
     let receiver = unsafe { (*ctx.regs).rax };
     let mut call = GoCall {
@@ -131,7 +201,7 @@ pub fn go_entry(ctx: ProbeContext) -> u32 {
         _pad: 0,
         arg: [0u8; GO_ARG_LEN],
     };
-    capture_arg(&ctx, k.func, &mut call);
+    capture_arg(ctx, k.func, &mut call);
     if GO_CALLS.insert(&k, &call, 0).is_err() {
         count(Stat::InflightFull);
     }
@@ -142,8 +212,22 @@ pub fn go_entry(ctx: ProbeContext) -> u32 {
 /// binaries and Go versions as `go_entry`).
 #[uprobe]
 pub fn go_ret(ctx: ProbeContext) -> u32 {
+    ret(&ctx, cookie(&ctx))
+}
+
+/// `go_ret` without a cookie (as `go_entry_at`).
+#[uprobe]
+pub fn go_ret_at(ctx: ProbeContext) -> u32 {
+    match func_at(&ctx) {
+        Some(func) => ret(&ctx, func),
+        None => 0,
+    }
+}
+
+#[inline(always)]
+fn ret(ctx: &ProbeContext, func: u32) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let k = key(&ctx, (pid_tgid >> 32) as u32);
+    let k = key(ctx, func, (pid_tgid >> 32) as u32);
     // SAFETY: copied out before removal.
     let Some(call) = (unsafe { GO_CALLS.get(&k) }).copied() else { return 0 };
     let _ = GO_CALLS.remove(&k);

@@ -64,6 +64,8 @@ pub struct WatchConfig {
     pub duration: Option<Duration>,
     /// Go binaries to probe by path (`--containerd`, `--kubelet`), as (target, path).
     pub go_paths: Vec<(&'static str, std::path::PathBuf)>,
+    /// How Go probe points name their function (`--go-uprobes`).
+    pub go_uprobes: crate::sources::gowatch::GoUprobes,
     /// Emit a `status` event this often (the daemon's metrics); `None` for `watch`.
     pub status_every: Option<Duration>,
     /// The CRI socket asked for pod and container names (none: bundles only).
@@ -97,7 +99,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight, raced, tails);
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
-    let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
+    let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone(), cfg.go_uprobes)?;
     let go_paths: Vec<(&str, std::path::PathBuf)> = cfg.go_paths.iter().map(|(t, p)| (*t, p.clone())).collect();
     go.start(&mut ebpf, &go_paths, sink)?;
     let mut go_ring = async_ring(&mut ebpf, go_maps::GO_EVENTS)?;

@@ -227,6 +227,7 @@ pub fn run(named: &Named) -> Report {
                             )
                         }),
                 ));
+                checks.push(check("go uprobes", false, go_uprobes(&mut ebpf, &offsets)));
                 program_types = try_program_types(&mut ebpf, btf.as_ref().ok());
                 let env = probes::AttachEnv::probe(offsets.task_pid.offset().is_some());
                 for p in probes::PROBES {
@@ -265,6 +266,26 @@ pub fn run(named: &Named) -> Report {
         go_targets: go_targets(named),
         problem,
         degraded,
+    }
+}
+
+/// How Go probe points will name their function here: attach cookies, or
+/// (before Linux 5.15) their place in the code, whose programs must load and
+/// whose kernel fields must be in BTF.
+fn go_uprobes(ebpf: &mut Ebpf, offsets: &crate::kernel::btf::KernelOffsets) -> Result<String, String> {
+    use crate::sources::gowatch::attach::{GoUprobes, choose_mode};
+    match choose_mode(ebpf, GoUprobes::Auto) {
+        (GoUprobes::Cookie, _) => Ok("cookie: each probe point names its function with an attach cookie".into()),
+        (_, why) => {
+            if let Some(f) = [&offsets.task_mm, &offsets.mm_start_code, &offsets.mm_end_code].into_iter().find(|f| f.offset().is_none()) {
+                return Err(format!("no Go function timing: {f}"));
+            }
+            for program in ["go_entry_at", "go_ret_at"] {
+                let p: &mut UProbe = program_mut(ebpf, program)?;
+                p.load().map_err(|e| format!("no Go function timing: {program} does not load: {e}"))?;
+            }
+            Ok(format!("address: probe points are found by their place in the code ({})", why.unwrap_or_default()))
+        }
     }
 }
 

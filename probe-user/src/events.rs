@@ -227,6 +227,10 @@ pub struct Target {
     /// Where `g` sits from fsbase (for goroutine ids at kernel probes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub g_tls_offset: Option<i64>,
+    /// How its probe points name their function: `cookie` (Linux ≥ 5.15) or
+    /// `address` (before).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uprobes: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
 }
@@ -244,6 +248,7 @@ impl Target {
             functions: Vec::new(),
             left_out: Vec::new(),
             g_tls_offset: None,
+            uprobes: None,
             why: None,
         }
     }

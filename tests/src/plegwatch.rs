@@ -18,6 +18,9 @@ use crate::preflight::plegwatch_bin;
 pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long plegwatch may take to print its summary and exit after SIGINT.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// Names how Go probe points find their function in every plegwatch started here
+/// (`cookie` or `address`; unset: plegwatch's own choice).
+pub const GO_UPROBES_ENV: &str = "PLEGWATCH_TEST_GO_UPROBES";
 /// Poll period while waiting for lines or for the process.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -62,9 +65,16 @@ impl Plegwatch {
             }
             None => Command::new(&bin),
         };
+        // `PLEGWATCH_TEST_GO_UPROBES=address` reruns any scenario with Go probe points
+        // found by address, as on kernels without attach cookies (before 5.15).
+        let forced: Vec<String> = match std::env::var(GO_UPROBES_ENV) {
+            Ok(how) if !how.is_empty() && !args.contains(&"--go-uprobes") => vec!["--go-uprobes".into(), how],
+            _ => Vec::new(),
+        };
         let mut child = cmd
             .args(["watch", "--json"])
             .args(args)
+            .args(&forced)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -75,7 +85,7 @@ impl Plegwatch {
             child.id(),
             wrapper.iter().map(|w| format!("{w} ")).collect::<String>(),
             bin.display(),
-            args.join(" ")
+            args.iter().map(|a| a.to_string()).chain(forced.iter().cloned()).collect::<Vec<_>>().join(" ")
         );
         let stdout = child.stdout.take().context("plegwatch stdout")?;
         let stderr_pipe = child.stderr.take().context("plegwatch stderr")?;

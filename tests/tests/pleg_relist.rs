@@ -21,6 +21,17 @@ const HOLD: Duration = Duration::from_secs(4);
 
 #[test]
 fn a_parked_relist_is_reported_then_timed() -> anyhow::Result<()> {
+    parked_relist(None)
+}
+
+/// The same with the probe points found by their place in the code, as on kernels
+/// without uprobe attach cookies (Linux 5.10 to 5.14), forced here on one that has them.
+#[test]
+fn a_parked_relist_is_reported_then_timed_by_address() -> anyhow::Result<()> {
+    parked_relist(Some("address"))
+}
+
+fn parked_relist(uprobes: Option<&str>) -> anyhow::Result<()> {
     preflight::require();
     let bin = gofixture::build_fake_kubelet()?;
     let mut kubelet = FakeKubelet::start(&bin)?;
@@ -28,10 +39,17 @@ fn a_parked_relist_is_reported_then_timed() -> anyhow::Result<()> {
     // Let it relist normally first, so a completed relist is seen too.
     kubelet.wait_relist_start(Duration::from_secs(3)).context("the fixture does not relist")?;
 
-    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    let mut args = vec!["--warn", "2s"];
+    if let Some(how) = uprobes {
+        args.extend(["--go-uprobes", how]);
+    }
+    let mut plegwatch = Plegwatch::start(&args)?;
     plegwatch.wait_ready(READY_TIMEOUT)?;
     // Found by the startup scan: its uprobes are on once the target line is out.
-    plegwatch.wait_probed(pid, Duration::from_secs(5))?;
+    let probed = plegwatch.wait_probed(pid, Duration::from_secs(5))?;
+    if let Some(how) = uprobes {
+        assert_eq!(probed.str("/uprobes"), Some(how), "the target line: {probed:?}");
+    }
 
     kubelet.block_next()?;
     let n = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;

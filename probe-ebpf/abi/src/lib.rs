@@ -129,7 +129,38 @@ pub mod go_maps {
     /// `u32` global: offset of `thread.fsbase` in `struct task_struct` (from
     /// BTF), or `u32::MAX` when unknown (then no goroutine is read from TLS).
     pub const TASK_FSBASE_OFF: &str = "TASK_FSBASE_OFF";
+    /// `HashMap<GoAddrKey, u32 function id>`: the probe points of every
+    /// probed binary by where they sit in its code, for kernels without
+    /// uprobe attach cookies (before Linux 5.15): see [`super::GoAddrKey`].
+    pub const GO_ADDRS: &str = "GO_ADDRS";
+    /// `u32` global: offset of `mm` in `struct task_struct` (from BTF), or
+    /// `u32::MAX` when unknown (then the cookie-less Go probes see nothing).
+    pub const TASK_MM_OFF: &str = "TASK_MM_OFF";
+    /// `u32` global: offset of `start_code` in `struct mm_struct` (from BTF).
+    pub const MM_START_CODE_OFF: &str = "MM_START_CODE_OFF";
+    /// `u32` global: offset of `end_code` in `struct mm_struct` (from BTF).
+    pub const MM_END_CODE_OFF: &str = "MM_END_CODE_OFF";
 }
+
+/// Most entries of [`go_maps::GO_ADDRS`]: about 80 points per probed
+/// containerd, 20 per shim, 10 per runc, with room for upgrades in flight.
+pub const GO_ADDRS_MAX: u32 = 8192;
+
+/// A Go probe point named without an attach cookie (Linux 5.10 to 5.14 have
+/// none), by what the kernel knows of the process that hit it: the size of
+/// its executable's code (`mm->end_code - mm->start_code`, which the ELF
+/// loader sets from the executable `PT_LOAD` segments) and the point's
+/// distance from `mm->start_code`. Both are the same in every process
+/// running a binary, PIE or not, and are computed by userspace from the
+/// ELF's program headers; two different binaries with equal code sizes and a
+/// probe at the same distance would have to be two copies of one build.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GoAddrKey {
+    pub code_len: u32,
+    pub rel: u32,
+}
+const _: () = assert!(size_of::<GoAddrKey>() == 8);
 
 /// Size of [`go_maps::GO_EVENTS`]: short calls are sent without waking
 /// userspace, which drains them every scan (250 ms), so it holds a scan's
@@ -883,9 +914,13 @@ pub enum Stat {
     LockStackFailed = 15,
     /// Watched waits recorded without their user stack.
     UserStackFailed = 16,
+    /// Cookie-less Go probe hits whose point is not in `GO_ADDRS` (a binary
+    /// being attached or retired, or a code size the loader computed
+    /// differently from userspace).
+    GoAddrUnknown = 17,
 }
 /// Number of [`Stat`] slots (one more than the last [`Stat`]).
-pub const STAT_COUNT: u32 = Stat::UserStackFailed as u32 + 1;
+pub const STAT_COUNT: u32 = Stat::GoAddrUnknown as u32 + 1;
 
 /// The histogram bucket of a duration: floor(log2(µs)), clamped to the table.
 /// Written without loops or `leading_zeros` so the eBPF verifier takes it as is.
@@ -994,6 +1029,7 @@ mod pod {
     unsafe impl aya::Pod for super::GoCallKey {}
     unsafe impl aya::Pod for super::GoCall {}
     unsafe impl aya::Pod for super::GoProc {}
+    unsafe impl aya::Pod for super::GoAddrKey {}
     unsafe impl aya::Pod for super::GoArgSpec {}
     unsafe impl aya::Pod for super::TtrpcPos {}
     unsafe impl aya::Pod for super::TtrpcReqKey {}

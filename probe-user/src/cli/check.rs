@@ -87,6 +87,7 @@ fn self_watch_config(args: &CheckArgs, duration: Duration) -> Result<collector::
         runtime_endpoint: crate::observe::k8s::cri::DEFAULT_ENDPOINT.into(),
         duration: Some(duration),
         interval: Duration::from_millis(250),
+        go_uprobes: Default::default(),
     }
     .config()
     .map(|mut c| {

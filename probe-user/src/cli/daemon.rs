@@ -170,6 +170,7 @@ impl DaemonArgs {
             kubelet: self.kubelet.clone().or(file.kubelet),
             duration: self.duration,
             interval: Duration::from_millis(250),
+            go_uprobes: Default::default(),
             report_dir: None,
             runtime_endpoint: self.runtime_endpoint.clone().or(file.runtime_endpoint).unwrap_or_else(|| crate::observe::k8s::cri::DEFAULT_ENDPOINT.into()),
         };

@@ -64,6 +64,10 @@ pub struct WatchArgs {
     /// and container names; `none` to read them from containers' bundles only.
     #[arg(long, value_name = "ENDPOINT", default_value = crate::observe::k8s::cri::DEFAULT_ENDPOINT)]
     pub runtime_endpoint: String,
+    /// How Go probe points name their function: attach cookies (Linux ≥
+    /// 5.15), addresses, or `auto` (cookies when the kernel has them).
+    #[arg(long, value_enum, default_value = "auto", value_name = "HOW", hide = true)]
+    pub go_uprobes: crate::sources::gowatch::GoUprobes,
     /// How often open waits are scanned (at most 250ms).
     #[arg(long, default_value = "250ms", value_parser = durations::parse, allow_negative_numbers = true, hide = true)]
     pub interval: Duration,
@@ -142,6 +146,7 @@ impl WatchArgs {
             duration: self.duration,
             go_paths: self.go_paths()?,
             status_every: None,
+            go_uprobes: self.go_uprobes,
             runtime_socket: match self.runtime_endpoint.as_str() {
                 "none" => None,
                 e => Some(crate::observe::k8s::cri::socket_path(e).map_err(|e| e.to_string())?),

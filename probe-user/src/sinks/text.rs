@@ -477,7 +477,7 @@ pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
             out
         }
         Event::Target(t) => format!(
-            "{clock} target {} {} pid={} {}{}{}{}{}",
+            "{clock} target {} {} pid={} {}{}{}{}{}{}",
             t.target,
             t.status,
             t.pid,
@@ -485,6 +485,8 @@ pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
             t.go_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
             if t.functions.is_empty() { String::new() } else { format!(": {}", t.functions.join(", ")) },
             if t.left_out.is_empty() { String::new() } else { format!("; left out: {}", t.left_out.join(", ")) },
+            // Only the fallback is named: cookies are the rule (Linux ≥ 5.15).
+            if t.uprobes == Some("address") { "; uprobes=address (no attach cookies before Linux 5.15)" } else { "" },
             t.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
         ),
         Event::Status(s) => format!("{clock} status: {} incident(s) open", s.incidents.len()),

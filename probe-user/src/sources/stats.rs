@@ -103,6 +103,7 @@ pub fn drops(all: &[u64; STAT_COUNT as usize]) -> Vec<DropCount> {
         ("offcpu", "stack_failed", Stat::OffcpuStackFailed),
         ("lock_contention", "lock_waits_full", Stat::LockWaitsFull),
         ("lock_contention", "stack_failed", Stat::LockStackFailed),
+        ("go_uprobes", "address_unknown", Stat::GoAddrUnknown),
     ]
     .into_iter()
     .map(|(probe, reason, s)| DropCount { probe, reason, count: counter(all, s) })

@@ -415,7 +415,7 @@ impl TextCapture {
             .spawn()
             .context("start the text plegwatch")?;
         // Ready once it printed its "plegwatch watching" line.
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let deadline = Instant::now() + crate::timing::scaled(READY_TIMEOUT);
         while !std::fs::read_to_string(&path).is_ok_and(|t| t.contains("plegwatch watching")) {
             anyhow::ensure!(Instant::now() < deadline, "the text plegwatch printed no ready line");
             thread::sleep(Duration::from_millis(50));

@@ -182,6 +182,31 @@ impl Elf {
         &data[start..start + len]
     }
 
+    /// The executable's code as the kernel's ELF loader records it in
+    /// `mm->start_code` and `mm->end_code` (less the load bias): from the
+    /// lowest `p_vaddr` to the highest `p_vaddr + p_filesz` of the executable
+    /// PT_LOAD segments (`load_elf_binary` in fs/binfmt_elf.c, the same from
+    /// Linux 5.10 to 6.18).
+    pub fn code_span(&self) -> Option<(u64, u64)> {
+        let x = || self.load_segments().filter(|s| s.flags & PF_X != 0);
+        let start = x().map(|s| s.vaddr).min()?;
+        let end = x().map(|s| s.vaddr.saturating_add(s.filesz)).max()?;
+        Some((start, end))
+    }
+
+    /// Where the code at file offset `offset` sits, as a uprobe without a
+    /// cookie finds it: (the code's length, the distance from its start), both
+    /// as `u32` (see [`Elf::code_span`]). `None` outside the executable code or
+    /// beyond 4 GiB.
+    pub fn code_place(&self, offset: u64) -> Option<(u32, u32)> {
+        let (start, end) = self.code_span()?;
+        let seg = self
+            .load_segments()
+            .find(|s| s.flags & PF_X != 0 && offset >= s.offset && offset - s.offset < s.filesz)?;
+        let va = offset - seg.offset + seg.vaddr;
+        Some((u32::try_from(end - start).ok()?, u32::try_from(va - start).ok()?))
+    }
+
     /// True if `va` is inside an executable PT_LOAD segment's file-backed part.
     pub fn is_executable(&self, va: u64) -> bool {
         self.load_segment_at(va)

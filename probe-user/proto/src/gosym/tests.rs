@@ -1134,3 +1134,32 @@ fn real_binaries_wrappers() {
         assert!(wrappers < syms.len() / 4, "{path}: {wrappers} wrappers of {}", syms.len());
     }
 }
+
+/// The code span computed from the program headers is the one the kernel
+/// records for a running process: this test binary's own `startcode` and
+/// `endcode` in `/proc/self/stat` (fields 26 and 27) differ by the same
+/// length, and its own `main`-adjacent code lands at the same distance.
+#[test]
+fn code_span_matches_what_the_kernel_recorded_for_this_process() {
+    let data = std::fs::read("/proc/self/exe").unwrap_or_else(|e| panic!("/proc/self/exe: {e}"));
+    let elf = elf::Elf::parse(&data, "self").unwrap_or_else(|e| panic!("{e}"));
+    let (start, end) = elf.code_span().expect("an executable PT_LOAD segment");
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_else(|e| panic!("/proc/self/stat: {e}"));
+    // Fields after the comm's closing parenthesis, which may hold spaces.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
+    // `rest` starts at field 3 (state): startcode is field 26, endcode 27.
+    let (k_start, k_end) = (f[26 - 3], f[27 - 3]);
+    assert!(k_start != 0 && k_end > k_start, "startcode {k_start:#x} endcode {k_end:#x}");
+    assert_eq!(k_end - k_start, end - start, "code length: kernel {k_start:#x}..{k_end:#x}, ELF {start:#x}..{end:#x}");
+    // A function of this binary: where the kernel mapped it, relative to startcode.
+    let here = code_span_matches_what_the_kernel_recorded_for_this_process as *const () as u64;
+    let load_bias = k_start - start;
+    let va = here - load_bias;
+    let seg = elf.load_segment_at(va).expect("this function in a load segment");
+    let off = va - seg.vaddr + seg.offset;
+    let (len, rel) = elf.code_place(off).expect("in the code");
+    assert_eq!(u64::from(len), end - start);
+    assert_eq!(u64::from(rel), here - k_start);
+    assert_eq!(elf.code_place(data.len() as u64 + 4096), None, "past the file");
+}

@@ -105,6 +105,12 @@ pub struct KernelOffsets {
     pub sock_protocol: Field,
     /// `sock.sk_type` (`u16` since 5.6; a bitfield before, so missing there).
     pub sock_type: Field,
+    /// `task_struct.mm` (`struct mm_struct *`).
+    pub task_mm: Field,
+    /// `mm_struct.start_code` (`unsigned long`: where the executable's code starts).
+    pub mm_start_code: Field,
+    /// `mm_struct.end_code` (`unsigned long`).
+    pub mm_end_code: Field,
 }
 
 impl KernelOffsets {
@@ -125,6 +131,9 @@ impl KernelOffsets {
             sock_family: f("sock.__sk_common.skc_family"),
             sock_protocol: f("sock.sk_protocol"),
             sock_type: f("sock.sk_type"),
+            task_mm: f("task_struct.mm"),
+            mm_start_code: f("mm_struct.start_code"),
+            mm_end_code: f("mm_struct.end_code"),
         }
     }
 
@@ -150,11 +159,14 @@ impl KernelOffsets {
             sock_family: f("sock.__sk_common.skc_family"),
             sock_protocol: f("sock.sk_protocol"),
             sock_type: f("sock.sk_type"),
+            task_mm: f("task_struct.mm"),
+            mm_start_code: f("mm_struct.start_code"),
+            mm_end_code: f("mm_struct.end_code"),
         }
     }
 
     /// All fields, in declaration order (for `plegwatch doctor` and logs).
-    pub fn fields(&self) -> [&Field; 13] {
+    pub fn fields(&self) -> [&Field; 16] {
         [
             &self.task_pid,
             &self.task_tgid,
@@ -169,6 +181,9 @@ impl KernelOffsets {
             &self.sock_family,
             &self.sock_protocol,
             &self.sock_type,
+            &self.task_mm,
+            &self.mm_start_code,
+            &self.mm_end_code,
         ]
     }
 

@@ -360,7 +360,7 @@ fn kernel_offsets_keep_the_rest_when_fields_are_missing() {
     assert!(why.contains("task_struct.thread.fsbase") && why.contains("`thread`"), "{why}");
     assert!(k.files_fdt.reason().is_some_and(|r| r.contains("`files_struct`")));
     assert!(k.sock_type.reason().is_some_and(|r| r.contains("bitfield")));
-    assert_eq!(k.missing().count(), 9);
+    assert_eq!(k.missing().count(), 12, "the 9 above and task_struct.mm, mm_struct.start_code, end_code");
     assert_eq!(k.task_pid.to_string(), "task_struct.pid at offset 8 (4 bytes)");
 
     // Neither name: the first is reported, with both reasons.
@@ -369,7 +369,7 @@ fn kernel_offsets_keep_the_rest_when_fields_are_missing() {
     assert!(state.reason().is_some_and(|r| r.contains("sock.__state") && r.contains("sock.state")));
 
     let none = KernelOffsets::all_missing("no BTF");
-    assert_eq!(none.missing().count(), 13);
+    assert_eq!(none.missing().count(), 16);
 }
 
 /// The running kernel's BTF. The asserts are facts that hold on any kernel;
@@ -431,9 +431,12 @@ fn real_vmlinux() {
         assert_eq!(fsbase.size, 8);
         assert!(fsbase.offset + 8 <= task_size);
     }
-    for f in [&k.files_fdt, &k.fdtable_fd, &k.file_private_data, &k.socket_sk] {
+    for f in [&k.files_fdt, &k.fdtable_fd, &k.file_private_data, &k.socket_sk, &k.task_mm] {
         assert_eq!(get(f).size, 8, "{f} is a pointer");
     }
+    let (start, end) = (get(&k.mm_start_code), get(&k.mm_end_code));
+    assert_eq!((start.size, end.size), (8, 8), "unsigned long");
+    assert!(start.offset + 8 <= end.offset && end.offset + 8 <= btf.struct_size("mm_struct").unwrap_or(0));
     assert_eq!(get(&k.sock_family).size, 2);
     // In an anonymous union on recent kernels, a direct member on older ones.
     let f_path = btf.member("file", "f_path").unwrap_or_else(|e| panic!("{e}"));

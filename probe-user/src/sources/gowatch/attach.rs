@@ -8,6 +8,12 @@
 //! file, so every process running it, now or later, is covered. Each process
 //! of a probed binary also goes into `GO_PROCS` with `g`'s TLS offset, so
 //! that its kernel waits carry the goroutine that made them.
+//!
+//! Each probe point names its function with a BPF attach cookie (Linux ≥
+//! 5.15). Kernels before that have no cookies: there the `_at` programs are
+//! attached instead, and every point goes into `GO_ADDRS` by where it sits in
+//! the binary's code ([`plegwatch_abi::GoAddrKey`]). The mode is chosen once,
+//! at start, by loading the cookie program ([`GoUprobes`]).
 
 use super::late::{Job as LateJob, LateFunc, LateScanner};
 use super::inspector::{Done, Inspector, Job};
@@ -21,7 +27,7 @@ use aya::{
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
     },
 };
-use plegwatch_abi::{GO_FUNCS_MAX, GoArgSpec, GoProc, go_maps};
+use plegwatch_abi::{GO_FUNCS_MAX, GoAddrKey, GoArgSpec, GoProc, go_maps};
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     os::unix::fs::MetadataExt as _,
@@ -32,7 +38,66 @@ use std::{
 /// How often running processes are checked for binaries the exec events missed.
 pub const POLL_EVERY: Duration = Duration::from_secs(2);
 
-/// A probed function, by attach cookie.
+/// How Go probe points tell which function they are in (`--go-uprobes`,
+/// hidden: `auto` everywhere but tests, which run both on one kernel).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum GoUprobes {
+    /// Cookies where the kernel has them (5.15+), else addresses.
+    #[default]
+    Auto,
+    /// An attach cookie per point (`go_entry`, `go_ret`).
+    Cookie,
+    /// The point's place in the code, looked up in `GO_ADDRS` (`go_entry_at`, `go_ret_at`).
+    Address,
+}
+
+impl GoUprobes {
+    /// The name `doctor` and the target lines give the mode in use.
+    pub fn name(self) -> &'static str {
+        match self {
+            GoUprobes::Auto => "auto",
+            GoUprobes::Cookie => "cookie",
+            GoUprobes::Address => "address",
+        }
+    }
+
+    /// The programs for a function's entry and its RETs.
+    fn programs(self) -> (&'static str, &'static str) {
+        match self {
+            GoUprobes::Address => ("go_entry_at", "go_ret_at"),
+            _ => ("go_entry", "go_ret"),
+        }
+    }
+}
+
+/// Resolves `auto`: cookies if this kernel loads the cookie program (its
+/// helper, `bpf_get_attach_cookie`, and cookies on perf links both came in
+/// Linux 5.15), else addresses; returns the reason for a fallback too.
+pub fn choose_mode(ebpf: &mut Ebpf, want: GoUprobes) -> (GoUprobes, Option<String>) {
+    if want != GoUprobes::Auto {
+        return (want, None);
+    }
+    match load_program(ebpf, "go_entry") {
+        Ok(()) => (GoUprobes::Cookie, None),
+        Err(e) => {
+            let why = format!("no uprobe attach cookies on this kernel (before Linux 5.15): {e}");
+            tracing::info!("Go probes find their function by address: {why}");
+            (GoUprobes::Address, Some(why))
+        }
+    }
+}
+
+fn load_program(ebpf: &mut Ebpf, program: &'static str) -> Result<(), String> {
+    let prog: &mut UProbe = crate::kernel::probes::program_mut(ebpf, program)?;
+    prog.load()
+        .or_else(|e| match e {
+            aya::programs::ProgramError::AlreadyLoaded => Ok(()),
+            e => Err(e),
+        })
+        .map_err(|e| format!("load {program}: {e}"))
+}
+
+/// A probed function, by function id (its attach cookie, or its `GO_ADDRS` value).
 #[derive(Clone, Debug)]
 pub struct ProbedFunc {
     pub symbol: &'static str,
@@ -47,7 +112,8 @@ pub struct ProbedFunc {
 enum Binary {
     /// Probed; processes running it get `g_tls` in `GO_PROCS`. Its function
     /// ids and links are kept so that they can be given back (see [`retire`]).
-    Probed { target: &'static Target, g_tls: Option<i64>, ids: Vec<u32>, links: Vec<Link>, path: PathBuf, by_flag: bool },
+    /// `addrs` are its points in `GO_ADDRS` (address mode only).
+    Probed { target: &'static Target, g_tls: Option<i64>, ids: Vec<u32>, links: Vec<Link>, addrs: Vec<(GoAddrKey, u32)>, path: PathBuf, by_flag: bool },
     /// Looked at and left alone.
     Skipped,
 }
@@ -67,6 +133,9 @@ pub struct Inspection {
     /// A ttrpc 1.1 client (requests written by a sender goroutine): the
     /// entries of `(*Client).dispatch` and `(*Client).send` (see `crate::sources::ttrpc`).
     pub ttrpc11: Option<(u64, u64)>,
+    /// The binary's program headers, to place its probe points in its code
+    /// (address mode).
+    pub elf: crate::proto::gosym::elf::Elf,
 }
 
 /// An expected function that is not probed, and why.
@@ -140,25 +209,21 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto:
             Some(_) => None,
             None => bin.entry_offset(TTRPC_DISPATCH).ok().zip(bin.entry_offset(TTRPC_SEND).ok()),
         },
+        elf: bin.symbols().elf().clone(),
     })
 }
 
 /// Attaches `program` at file offset `offset` of `target`, for every process
-/// running it, with `cookie` naming the function.
+/// running it, with `cookie` (if any) naming the function.
 ///
 /// One link per point: aya 0.14 (pinned: later releases need a newer rustc)
 /// has no `uprobe_multi` link, so each entry and RET is its own perf-event
-/// uprobe with a BPF cookie (Linux ≥ 5.15). On Debian's containerd 1.6.20
+/// uprobe, with a BPF cookie on Linux ≥ 5.15. On Debian's containerd 1.6.20
 /// that is 50 links for 12 functions; its shim 16, runc 8.
-fn attach_point(ebpf: &mut Ebpf, program: &'static str, target: &Path, offset: u64, cookie: u32) -> Result<Link, String> {
+fn attach_point(ebpf: &mut Ebpf, program: &'static str, target: &Path, offset: u64, cookie: Option<u32>) -> Result<Link, String> {
+    load_program(ebpf, program)?;
     let prog: &mut UProbe = crate::kernel::probes::program_mut(ebpf, program)?;
-    prog.load()
-        .or_else(|e| match e {
-            aya::programs::ProgramError::AlreadyLoaded => Ok(()),
-            e => Err(e),
-        })
-        .map_err(|e| format!("load {program}: {e}"))?;
-    let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: Some(u64::from(cookie)) };
+    let point = UProbeAttachPoint { location: UProbeAttachLocation::AbsoluteOffset(offset), cookie: cookie.map(u64::from) };
     prog.attach(point, target, UProbeScope::AllProcesses)
         .map(|id| (program, id))
         .map_err(|e| format!("attach {program} at {offset:#x} of {}: {e}", target.display()))
@@ -238,10 +303,12 @@ pub struct Attacher {
     binaries: HashMap<(u64, u64), Binary>,
     procs: BpfHashMap<MapData, u32, GoProc>,
     args: Array<MapData, GoArgSpec>,
+    /// Probe points by place in the code (address mode).
+    addrs: BpfHashMap<MapData, GoAddrKey, u32>,
+    /// How points name their function: `Cookie` or `Address`, never `Auto`.
+    mode: GoUprobes,
     /// Processes in `GO_PROCS`.
     known: HashSet<u32>,
-    /// Every point attached, for [`Attacher::detach`].
-    links: Vec<Link>,
     last_poll: Option<Instant>,
     /// `/proc` as the poll last listed it, each comm read once per process.
     listing: ProcList,
@@ -265,14 +332,16 @@ pub struct Attacher {
 }
 
 impl Attacher {
-    pub fn new(ebpf: &mut Ebpf) -> Result<Self, WatchError> {
+    pub fn new(ebpf: &mut Ebpf, want: GoUprobes) -> Result<Self, WatchError> {
+        let (mode, _) = choose_mode(ebpf, want);
         Ok(Attacher {
             funcs: HashMap::new(),
             binaries: HashMap::new(),
             procs: take_map(ebpf, go_maps::GO_PROCS)?,
             args: take_map(ebpf, go_maps::GO_ARGS)?,
+            addrs: take_map(ebpf, go_maps::GO_ADDRS)?,
+            mode,
             known: HashSet::new(),
-            links: Vec::new(),
             last_poll: None,
             listing: ProcList::default(),
             left_alone: HashMap::new(),
@@ -294,7 +363,13 @@ impl Attacher {
     /// eBPF object would otherwise close them one by one when dropped.
     pub fn detach(&mut self, ebpf: &mut Ebpf) {
         let started = Instant::now();
-        let n = detach_parallel(ebpf, std::mem::take(&mut self.links));
+        let mut links = Vec::new();
+        for b in self.binaries.values_mut() {
+            if let Binary::Probed { links: l, .. } = b {
+                links.append(l);
+            }
+        }
+        let n = detach_parallel(ebpf, links);
         tracing::info!(links = n, took_ms = started.elapsed().as_millis() as u64, "Go probes detached");
     }
 
@@ -391,8 +466,9 @@ impl Attacher {
             })
             .collect();
         for key in gone {
-            let Some(Binary::Probed { target, ids, links, path, by_flag, .. }) = self.binaries.remove(&key) else { continue };
+            let Some(Binary::Probed { target, ids, links, addrs, path, by_flag, .. }) = self.binaries.remove(&key) else { continue };
             detach_all(ebpf, links);
+            self.forget_addrs(&addrs);
             for id in &ids {
                 self.funcs.remove(id);
             }
@@ -400,6 +476,21 @@ impl Attacher {
             tracing::info!(target = target.name, binary = %path.display(), ids = ids.len(), "binary replaced on disk and no longer run: probes removed, ids freed");
             if by_flag {
                 let _ = self.attach_path(ebpf, target.name, &path, sink);
+            }
+        }
+    }
+
+    /// How the probe points name their function here (`cookie` or `address`).
+    pub fn mode(&self) -> GoUprobes {
+        self.mode
+    }
+
+    /// Takes `addrs` out of `GO_ADDRS`, each only if it still names the
+    /// same function (a copy of the same build probed since took it over).
+    fn forget_addrs(&mut self, addrs: &[(GoAddrKey, u32)]) {
+        for (key, id) in addrs {
+            if self.addrs.get(key, 0).is_ok_and(|v| v == *id) {
+                let _ = self.addrs.remove(key);
             }
         }
     }
@@ -539,6 +630,7 @@ impl Attacher {
             line: crate::events::Target::new(target.name, "probed", pid, path, found_by),
             todo: VecDeque::new(),
             links: Vec::new(),
+            addrs: Vec::new(),
             ids: Vec::new(),
             g_tls: None,
             why: None,
@@ -570,30 +662,50 @@ impl Attacher {
         if let Err(e) = &i.g_tls {
             tracing::warn!(binary = %path.display(), "no goroutine ids at kernel probes: {e}");
         }
+        let (entry, ret) = self.mode.programs();
+        let by_address = self.mode == GoUprobes::Address;
         for (spec, points) in &i.found {
             let Some(id) = free_id(&self.funcs) else {
                 plan.why = Some(format!("all {} function ids are in use by other binaries", GO_FUNCS_MAX - 1));
                 return plan;
             };
             let _ = self.args.set(id, Arg::spec(spec.arg), 0);
-            plan.todo.push_back(("go_entry", points.entry_offset, id));
-            plan.todo.extend(points.ret_offsets.iter().map(|off| ("go_ret", *off, id)));
+            let cookie = (!by_address).then_some(id);
+            plan.todo.push_back((entry, points.entry_offset, cookie));
+            plan.todo.extend(points.ret_offsets.iter().map(|off| (ret, *off, cookie)));
+            if by_address {
+                for off in std::iter::once(&points.entry_offset).chain(&points.ret_offsets) {
+                    let Some((code_len, rel)) = i.elf.code_place(*off) else {
+                        plan.why = Some(format!("{} at file offset {off:#x} is outside the binary's executable code", short(spec.symbol)));
+                        return plan;
+                    };
+                    plan.addrs.push((GoAddrKey { code_len, rel }, id));
+                }
+            }
             self.funcs.insert(id, ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() });
             plan.ids.push(id);
             plan.line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
         }
         // Goroutine ends, so that a call a panic unwound past is dropped.
         match i.goexit {
-            Some(off) => plan.todo.push_back(("go_exit", off, 0)),
+            Some(off) => plan.todo.push_back(("go_exit", off, None)),
             None => tracing::warn!(binary = %path.display(), "no {GOEXIT}: a call a panic unwinds past stays open until its process exits"),
         }
         // containerd's ttrpc 1.1 client: who each request is for.
         if let (Some((dispatch, send)), "containerd") = (i.ttrpc11, target.name) {
-            plan.todo.push_back(("ttrpc_dispatch", dispatch, 0));
-            plan.todo.push_back(("ttrpc_send", send, 0));
+            plan.todo.push_back(("ttrpc_dispatch", dispatch, None));
+            plan.todo.push_back(("ttrpc_send", send, None));
             plan.line.functions.push("ttrpc.(*Client).dispatch, send (entry, ttrpc 1.1)".into());
         }
         plan.line.g_tls_offset = plan.g_tls;
+        plan.line.uprobes = Some(self.mode.name());
+        // In the map before the first point is attached, so that no hit goes unnamed.
+        for (key, id) in &plan.addrs {
+            if let Err(e) = self.addrs.insert(key, id, 0) {
+                plan.why = Some(format!("GO_ADDRS: {e} (full at {} points?)", plegwatch_abi::GO_ADDRS_MAX));
+                return plan;
+            }
+        }
         // Attached, but not everything expected: `partial`, never `probed`.
         if !i.missing.is_empty() {
             plan.line.status = "partial";
@@ -629,16 +741,18 @@ impl Attacher {
         let (pid, target, path) = (plan.line.pid, plan.target, plan.path.clone());
         match plan.why.take() {
             None => {
-                self.links.append(&mut plan.links);
                 tracing::info!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", plan.line.functions.join(", "));
                 if !plan.line.left_out.is_empty() {
                     tracing::warn!(pid, target = target.name, binary = %path.display(), "partly probed; left out: {}", plan.line.left_out.join("; "));
                 }
                 let links = std::mem::take(&mut plan.links);
-                self.binaries.insert(plan.key, Binary::Probed { target, g_tls: plan.g_tls, ids: plan.ids, links, path, by_flag: plan.found_by == "flag" });
+                let addrs = std::mem::take(&mut plan.addrs);
+                self.binaries.insert(plan.key, Binary::Probed { target, g_tls: plan.g_tls, ids: plan.ids, links, addrs, path, by_flag: plan.found_by == "flag" });
             }
             Some(why) => {
                 detach_all(ebpf, std::mem::take(&mut plan.links));
+                let addrs = std::mem::take(&mut plan.addrs);
+                self.forget_addrs(&addrs);
                 for id in &plan.ids {
                     self.funcs.remove(id);
                 }
@@ -701,8 +815,10 @@ struct Plan {
     found_by: &'static str,
     line: crate::events::Target,
     /// (program, offset, cookie) still to attach.
-    todo: VecDeque<(&'static str, u64, u32)>,
+    todo: VecDeque<(&'static str, u64, Option<u32>)>,
     links: Vec<Link>,
+    /// Its points by place in the code, in `GO_ADDRS` (address mode).
+    addrs: Vec<(GoAddrKey, u32)>,
     ids: Vec<u32>,
     g_tls: Option<i64>,
     why: Option<String>,

@@ -35,6 +35,7 @@ use crate::{
     syscalls::WaitKind,
 };
 use attach::Attacher;
+pub use attach::GoUprobes;
 use aya::{
     Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
@@ -253,11 +254,11 @@ pub struct GoWatch {
 }
 
 impl GoWatch {
-    pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter) -> Result<Self, WatchError> {
+    pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter, uprobes: GoUprobes) -> Result<Self, WatchError> {
         Ok(GoWatch {
             registry: Registry::new(thresholds, filter),
             calls: take_map(ebpf, go_maps::GO_CALLS)?,
-            attacher: Attacher::new(ebpf)?,
+            attacher: Attacher::new(ebpf, uprobes)?,
             relists: HashMap::new(),
             gets: HashMap::new(),
             get_by_g: HashMap::new(),
