@@ -141,9 +141,11 @@ pub const GUEST_SEED: &[GuestTests] = &[
     },
 ];
 
-/// What the whole matrix runs besides [`GUEST_CI`] and [`GUEST_SEED`]: the netlink and
+/// What the whole matrix runs besides [`GUEST_CI`] and [`GUEST_SEED`]: kubelet's relist
+/// clock on the Go fixture (uprobes without attach cookies before 5.15), the netlink and
 /// D-Bus requests on their own, pod names from live containers, and the negative soak.
 pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
+    all("pleg_relist"),
     all("netlink_request"),
     all("dbus_call"),
     all("pod_names"),
