@@ -145,6 +145,8 @@ pub struct IpRounds {
 /// be reported.
 pub struct IpTraffic {
     stop: Arc<AtomicBool>,
+    /// Rounds done so far.
+    rounds: Arc<std::sync::atomic::AtomicU32>,
     thread: Option<JoinHandle<Result<IpRounds>>>,
 }
 
@@ -157,18 +159,34 @@ impl IpTraffic {
 
     pub fn start(netns: &str, period: Duration) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let ns = netns.to_string();
         let thread = thread::Builder::new()
             .name("ip-traffic".into())
             .spawn({
                 let stop = Arc::clone(&stop);
-                move || ip_loop(&ns, period, &stop)
+                let rounds = Arc::clone(&rounds);
+                move || ip_loop(&ns, period, &stop, &rounds)
             })
             .context("spawn the ip-traffic thread")?;
         Ok(Self {
             stop,
+            rounds,
             thread: Some(thread),
         })
+    }
+
+    /// Lets the loop go on until it has done `n` rounds, at most `timeout` (scaled: a slow
+    /// machine or an emulated one runs fewer rounds in the same time); whether it did.
+    pub fn wait_rounds(&self, n: u32, timeout: Duration) -> bool {
+        let deadline = Instant::now() + crate::timing::scaled(timeout);
+        while self.rounds.load(Ordering::Relaxed) < n {
+            if Instant::now() >= deadline || self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        true
     }
 
     /// Stops the loop; an error if any command failed.
@@ -190,7 +208,7 @@ impl Drop for IpTraffic {
     }
 }
 
-fn ip_loop(ns: &str, period: Duration, stop: &AtomicBool) -> Result<IpRounds> {
+fn ip_loop(ns: &str, period: Duration, stop: &AtomicBool, rounds: &std::sync::atomic::AtomicU32) -> Result<IpRounds> {
     let mut done = IpRounds::default();
     while !stop.load(Ordering::Relaxed) {
         for args in IpTraffic::COMMANDS {
@@ -200,6 +218,7 @@ fn ip_loop(ns: &str, period: Duration, stop: &AtomicBool) -> Result<IpRounds> {
             done.commands += 1;
         }
         done.rounds += 1;
+        rounds.store(done.rounds, Ordering::Relaxed);
         thread::sleep(period);
     }
     Ok(done)

@@ -358,6 +358,9 @@ fn route_request_amid_ip_traffic_only_the_client_is_flagged() -> anyhow::Result<
     let mut client = start_route_client(&ns)?;
 
     let (stall, killed) = stall_then_kill(&mut plegwatch, &mut client)?;
+    // Enough traffic for a real control, however slow the machine: the rounds after the
+    // client's stall are still requests that must not be flagged.
+    traffic.wait_rounds(20, Duration::from_secs(30));
     let rounds = traffic.stop()?;
     let monitor_alive = monitor.running();
     let monitor_lines = monitor.lines().len();

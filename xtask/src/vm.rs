@@ -14,7 +14,7 @@
 //! The `-cloud-` flavour has no 9p and cannot mount the root.
 //!
 //! Every guest command runs after [`GUEST_PREP`]: tracefs, debugfs and bpffs mounted, the
-//! loop module loaded, and on cgroup v2 the `io`, `memory`, `pids` and `cpu` controllers
+//! loop module loaded, a tmpfs on `/tmp`, and on cgroup v2 the `io`, `memory`, `pids` and `cpu` controllers
 //! enabled for the root's children (a throttle's `io.max` and cgroup writeback need `io`
 //! and `memory`). The scenario crate itself does not know whether it runs in a guest.
 
@@ -460,6 +460,9 @@ mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing
 mountpoint -q /sys/kernel/debug || mount -t debugfs nodev /sys/kernel/debug
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 modprobe -q loop 2>/dev/null || true
+# virtme-ng's /tmp is an overlay on the host's root: containerd's overlayfs snapshots
+# there are overlay-on-overlay, which 5.10 refuses (EINVAL). A tmpfs of its own instead.
+[ "$(stat -fc %T /tmp)" = tmpfs ] || mount -t tmpfs -o mode=1777 tmpfs /tmp
 if [ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ]; then
   for c in io memory pids cpu; do echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true; done
   cg="v2 ($(cat /sys/fs/cgroup/cgroup.subtree_control))"
