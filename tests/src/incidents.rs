@@ -44,6 +44,11 @@ impl Incident {
         self.lines.iter().find(|l| pred(&Self::chain(l)))
     }
 
+    /// The last line whose chain satisfies `pred`: the chain as it settled.
+    pub fn last_line_where(&self, pred: impl Fn(&[Value]) -> bool) -> Option<&Event> {
+        self.lines.iter().rev().find(|l| pred(&Self::chain(l)))
+    }
+
     /// How long after its oldest wait crossed `warn` it was first raised, by
     /// plegwatch's own clock (`waited_s` is that wait's age at the raise).
     pub fn raised_after_warn(&self, warn: Duration) -> Duration {

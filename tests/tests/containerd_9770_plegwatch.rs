@@ -267,9 +267,13 @@ fn umount_chain_is_reported(w: &Watched<Bed>, end: UpdateEnd) -> Result<()> {
     // lock's holder → the shim's Update → the shim's Delete → its umount in task_work.
     let i = one_incident(w)?;
     let reaches_umount = |c: &[serde_json::Value]| c.iter().any(|h| h["kind"] == "umount" && h["root"] == true);
+    // The chain as it settled: on a slow machine (seen in a TCG guest) the incident may be
+    // raised while the shim has not yet read containerd's Update request, and the first line
+    // then links the ttrpc request to the shim's one open call, Delete; the next line, once
+    // Update is open and parked on Delete's mutex, has the whole chain.
     let line = i
-        .line_where(|c| reaches_umount(c) && c.last().is_some_and(|h| h["kind"] == "device"))
-        .or_else(|| i.line_where(reaches_umount))
+        .last_line_where(|c| reaches_umount(c) && c.last().is_some_and(|h| h["kind"] == "device"))
+        .or_else(|| i.last_line_where(reaches_umount))
         .unwrap_or_else(|| panic!("incident #{} never reached the shim's umount:\n{}", i.id, all()));
     let chain = incidents::Incident::chain(line);
     let text = incidents::chain_text(&chain);
