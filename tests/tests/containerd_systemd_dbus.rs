@@ -11,8 +11,10 @@
 //!
 //! Each runs on Debian's containerd 1.6.20 with runc 1.1.5 (no suffix), on containerd 1.7.34
 //! with runc 1.4.3 (`_on_runc_1_4`) and on containerd 2.3.4 with runc 1.4.3
-//! (`_on_containerd_2_3`). This machine runs cgroup v1, so runc takes its v1 systemd manager
-//! (1.4.3: `github.com/opencontainers/cgroups/systemd.LegacyManager`).
+//! (`_on_containerd_2_3`). On cgroup v1 (this machine) runc takes its v1 systemd manager
+//! (1.4.3: `github.com/opencontainers/cgroups/systemd.LegacyManager`) and joins the cgroups
+//! itself; on cgroup v2 (the 6.1 guest) its unified manager leaves that to systemd, and the
+//! stand-in makes the scope's cgroup and moves runc's PIDs in, as systemd does.
 //!
 //! - `baseline_start_waits_while_systemd_is_frozen`, with no plegwatch: the stall is real,
 //!   lasts as long as the freeze, and the start succeeds after the thaw; the stand-in knew
@@ -68,14 +70,6 @@ fn ready(version: Version, scenario: &str) -> bool {
         return false;
     }
     systemd_dbus::require();
-    if !systemd_dbus::cgroup_v1() {
-        preflight::skip(
-            &scenario,
-            "the cpu controller is not a cgroup v1 hierarchy: runc's v1 systemd driver joins \
-             the cgroups itself, the stand-in for systemd never makes them",
-        );
-        return false;
-    }
     true
 }
 

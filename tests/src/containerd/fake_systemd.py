@@ -10,8 +10,10 @@
 # - Manager.SetUnitProperties, ResetFailedUnit: an empty reply;
 # - Properties.Get: Manager.Version ("252"); a unit's DevicePolicy ("auto") and DeviceAllow
 #   (empty), which runc's Set reads; anything else is an UnknownProperty error.
-# Any other call gets an UnknownMethod error. It never touches a cgroup: with cgroup v1, runc
-# joins the cgroups itself after StartTransientUnit.
+# Any other call gets an UnknownMethod error. With cgroup v1 it never touches a cgroup: runc
+# joins the cgroups itself after StartTransientUnit. With cgroup v2 runc leaves that to
+# systemd, so, as systemd does, StartTransientUnit makes the unit's cgroup under its Slice
+# (expanded: a-b.slice is a.slice/a-b.slice) and moves the unit's PIDs into it.
 #
 # Prints "ready UNIQUE_NAME" once it owns the name, then one line per call it gets
 # ("call MEMBER PATH ARG0", for Properties.Get "call Get PATH INTERFACE.PROPERTY", and for StartTransientUnit and SetUnitProperties the names of the
@@ -22,6 +24,7 @@
 # Usage: fake_systemd.py BUS_ADDRESS  (e.g. unix:path=/run/dbus/system_bus_socket)
 
 import asyncio
+import os
 import sys
 
 from dbus_next import Message, MessageType, Variant
@@ -33,6 +36,36 @@ PATH = "/org/freedesktop/systemd1"
 MANAGER = "org.freedesktop.systemd1.Manager"
 PROPERTIES = "org.freedesktop.DBus.Properties"
 UNIT_PATH = PATH + "/unit/"
+CGROUP2 = "/sys/fs/cgroup"
+UNIFIED = os.path.exists(CGROUP2 + "/cgroup.controllers")
+
+
+def slice_path(name):
+    """systemd's path of a slice: a-b-c.slice is a.slice/a-b.slice/a-b-c.slice; -.slice is the root."""
+    if name in ("", "-.slice") or not name.endswith(".slice"):
+        return ""
+    parts = name[: -len(".slice")].split("-")
+    return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def make_unit_cgroup(unit, props):
+    """On cgroup v2: the unit's cgroup under its slice, with its PIDs moved in (what systemd
+    does for a transient scope); returns the path, or why not."""
+    if not UNIFIED:
+        return None
+    slice_ = props.get("Slice", "system.slice")
+    if unit.endswith(".slice"):
+        path = os.path.join(CGROUP2, slice_path(unit))
+    else:
+        path = os.path.join(CGROUP2, slice_path(slice_), unit)
+    try:
+        os.makedirs(path, exist_ok=True)
+        for pid in props.get("PIDs", []):
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
+    except OSError as e:
+        return f"error {e}"
+    return path
 
 
 def log(*words):
@@ -59,6 +92,10 @@ async def main(address):
         if msg.interface == MANAGER and props is not None and len(msg.body) > props:
             words.append("props=" + ",".join(p[0] for p in msg.body[props]))
         log(*words)
+        if msg.interface == MANAGER and msg.member == "StartTransientUnit" and len(msg.body) > 2:
+            made = make_unit_cgroup(arg0, {p[0]: p[1].value for p in msg.body[2]})
+            if made is not None:
+                log("cgroup", arg0, made)
         if msg.interface == MANAGER and msg.member in ("StartTransientUnit", "StopUnit"):
             jobs[0] += 1
             job = f"{PATH}/job/{jobs[0]}"

@@ -107,17 +107,6 @@ pub fn require() {
     );
 }
 
-/// Whether the cpu controller is a cgroup v1 hierarchy: the stand-in never makes cgroups,
-/// and only runc's v1 systemd driver joins them itself after `StartTransientUnit`.
-pub fn cgroup_v1() -> bool {
-    std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
-        m.lines().any(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpu")
-        })
-    })
-}
-
 /// A mount namespace whose `/run` is a temp dir of its own (with `systemd/system/` and
 /// `dbus/`), held by a process that does nothing else. The bind mount exists only in that
 /// namespace, and the namespace ends with the last process in it. Dropping this kills the
