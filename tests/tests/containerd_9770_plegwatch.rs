@@ -407,7 +407,12 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
         preflight::skip(scenario, &why);
         return Ok(());
     }
-    let mut bed = Bed::prepare(Options::default())?;
+    // The stall must outlast plegwatch's start, which is slower on a slow clock (about 30 s
+    // in a TCG guest, verifying the eBPF programs): the throttle is slowed by the same scale,
+    // so the umount's sync lasts that much longer.
+    let defaults = Options::default();
+    let throttle_bps = (defaults.throttle_bps as f64 / plegwatch_scenarios::timing::scale()) as u64;
+    let mut bed = Bed::prepare(Options { throttle_bps, ..defaults })?;
     let fixture = plegwatch_scenarios::gofixture::build_fake_kubelet()?;
     let socket = bed.stage().containerd().socket().display().to_string();
     let kubelet = plegwatch_scenarios::gofixture::FakeKubelet::start_cri(&fixture, &socket, &[])?;

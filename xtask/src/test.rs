@@ -122,15 +122,17 @@ pub const GUEST_CI_KERNEL: &str = "6.1";
 pub const GUEST_CI: &[GuestTests] = &[all("umount_stall"), all("terway_seed"), all("dbus_call")];
 
 /// The other seed incidents, also run by `cargo xtask test`: containerd#9770 as one
-/// incident on containerd 1.6.20 and 2.3.4 and a start in the middle of that stall (99–131 s
-/// each in the 6.1 guest, once containerd's state moved off virtme-ng's 9p overlay onto a
-/// tmpfs: 14 min before), and runc → D-Bus → a frozen systemd1 stand-in.
+/// incident on containerd 1.6.20 and a start in the middle of that stall (99–119 s each in
+/// the 6.1 guest, once containerd's state moved off virtme-ng's 9p overlay onto a tmpfs: 14
+/// min before), and runc → D-Bus → a frozen systemd1 stand-in (97 s). containerd#9770 on
+/// 2.3.4 is in the matrix ([`GUEST_MATRIX_MORE`]) but not here: its staging gives the update
+/// 2 s (containerd's own task-lookup timeout), and under emulation no ListContainers reached
+/// the lock within them in one run of three (6.12).
 pub const GUEST_SEED: &[GuestTests] = &[
     GuestTests {
         file: "containerd_9770_plegwatch",
         tests: &[
             "status_lock_held_across_shim_umount_is_reported",
-            "containerd_9770_on_2_3",
             "started_mid_stall_it_sees_what_began_before",
         ],
     },
@@ -140,10 +142,12 @@ pub const GUEST_SEED: &[GuestTests] = &[
     },
 ];
 
-/// What the whole matrix runs besides [`GUEST_CI`] and [`GUEST_SEED`]: kubelet's relist
-/// clock on the Go fixture (uprobes without attach cookies before 5.15), the netlink and
-/// D-Bus requests on their own, pod names from live containers, and the negative soak.
+/// What the whole matrix runs besides [`GUEST_CI`] and [`GUEST_SEED`]: containerd#9770 on
+/// containerd 2.3.4, kubelet's relist clock on the Go fixture (uprobes without attach
+/// cookies before 5.15), netlink requests on their own, pod names from live containers,
+/// and the negative soak.
 pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
+    GuestTests { file: "containerd_9770_plegwatch", tests: &["containerd_9770_on_2_3"] },
     all("pleg_relist"),
     all("netlink_request"),
     all("pod_names"),
@@ -160,7 +164,7 @@ const GUEST_TEST_TIMEOUT_S: u32 = 1_200;
 /// How much slower the scenarios' clock runs in a TCG guest than on this machine kind:
 /// their timing bounds and deadlines are multiplied by it (`tests/src/timing.rs`).
 const GUEST_TIME_SCALE: u32 = 4;
-/// Guest memory: containerd's loop-mounted roots live in the guest's /tmp overlay (RAM).
+/// Guest memory: containerd's loop-mounted roots live in the guest's /tmp tmpfs (RAM).
 const GUEST_MEMORY: &str = "8G";
 
 /// Builds the scenario binaries and `plegwatch` here, boots `kernel` and runs `tests` in
