@@ -168,8 +168,11 @@ pub fn go_entry(ctx: ProbeContext) -> u32 {
     entry(&ctx, cookie(&ctx))
 }
 
-/// `go_entry` without a cookie (Linux 5.10 to 5.14): checked on Debian's
-/// 5.10.0-32 with the same binaries.
+/// `go_entry` without a cookie (Linux 5.10 to 5.14). Checked on Debian's
+/// 5.10.0-32 (the fake-kubelet fixture, Go 1.19; Debian's containerd 1.6.20,
+/// its shim and runc 1.1.5; containerd 2.3.4 and its shim, Go 1.26.6) and,
+/// forced with `--go-uprobes address`, on 6.18 (the fixture; containerd
+/// 1.6.20, 1.7.34 and 2.3.4 with their shims).
 #[uprobe]
 pub fn go_entry_at(ctx: ProbeContext) -> u32 {
     if (bpf_get_current_pid_tgid() >> 32) as u32 == tracer_tgid() {
@@ -215,7 +218,8 @@ pub fn go_ret(ctx: ProbeContext) -> u32 {
     ret(&ctx, cookie(&ctx))
 }
 
-/// `go_ret` without a cookie (as `go_entry_at`).
+/// `go_ret` without a cookie: a RET of a probed function, found as
+/// `go_entry_at` finds its entry (the same kernels and binaries).
 #[uprobe]
 pub fn go_ret_at(ctx: ProbeContext) -> u32 {
     match func_at(&ctx) {

@@ -407,12 +407,10 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
         preflight::skip(scenario, &why);
         return Ok(());
     }
-    // The stall must outlast plegwatch's start, which is slower on a slow clock (about 30 s
-    // in a TCG guest, verifying the eBPF programs): the throttle is slowed by the same scale,
-    // so the umount's sync lasts that much longer.
-    let defaults = Options::default();
-    let throttle_bps = (defaults.throttle_bps as f64 / plegwatch_scenarios::timing::scale()) as u64;
-    let mut bed = Bed::prepare(Options { throttle_bps, ..defaults })?;
+    // The stall (24 s) must outlast plegwatch's start: about 30 s in a 5.10 TCG guest, where
+    // this fails. Slowing the throttle by the clock's scale made it pass on 6.12 but hang past
+    // 20 min on 6.1 (CI's guest), so it is left as it is until that is understood.
+    let mut bed = Bed::prepare(Options::default())?;
     let fixture = plegwatch_scenarios::gofixture::build_fake_kubelet()?;
     let socket = bed.stage().containerd().socket().display().to_string();
     let kubelet = plegwatch_scenarios::gofixture::FakeKubelet::start_cri(&fixture, &socket, &[])?;
