@@ -175,9 +175,6 @@ pub fn go_entry(ctx: ProbeContext) -> u32 {
 /// 1.6.20, 1.7.34 and 2.3.4 with their shims).
 #[uprobe]
 pub fn go_entry_at(ctx: ProbeContext) -> u32 {
-    if (bpf_get_current_pid_tgid() >> 32) as u32 == tracer_tgid() {
-        return 0;
-    }
     match func_at(&ctx) {
         Some(func) => entry(&ctx, func),
         None => 0,

@@ -480,11 +480,6 @@ impl Attacher {
         }
     }
 
-    /// How the probe points name their function here (`cookie` or `address`).
-    pub fn mode(&self) -> GoUprobes {
-        self.mode
-    }
-
     /// Takes `addrs` out of `GO_ADDRS`, each only if it still names the
     /// same function (a copy of the same build probed since took it over).
     fn forget_addrs(&mut self, addrs: &[(GoAddrKey, u32)]) {
