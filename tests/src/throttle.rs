@@ -120,6 +120,17 @@ impl WriteThrottle {
     }
 }
 
+impl WriteThrottle {
+    /// Changes the limit (`None` lifts it); writes already queued behind it follow the new
+    /// rate at once (blk-throttle re-dispatches on a change of its configuration).
+    pub fn set(&self, bytes_per_s: Option<u64>) -> Result<()> {
+        match &self.v2 {
+            None => write_v1_rule(self.dev, bytes_per_s.unwrap_or(0)),
+            Some(rule) => write_io_max(&rule.cgroup, self.dev, bytes_per_s),
+        }
+    }
+}
+
 impl Drop for WriteThrottle {
     fn drop(&mut self) {
         let done = match &self.v2 {

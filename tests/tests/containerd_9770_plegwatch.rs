@@ -380,7 +380,8 @@ fn whole_9770_chain(e: &plegwatch_scenarios::events::Event) -> bool {
 }
 
 /// How far into the stall (after the update went out) plegwatch is started, in
-/// [`started_mid_stall_it_sees_what_began_before`]: the stall lasts about 20 s.
+/// [`started_mid_stall_it_sees_what_began_before`]; the stall is held from then until
+/// plegwatch has looked.
 const MID_STALL_START: Duration = Duration::from_secs(5);
 /// How soon after its `ready` line plegwatch must show the whole chain.
 const MID_STALL_WITHIN: Duration = Duration::from_secs(2);
@@ -407,18 +408,18 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
         preflight::skip(scenario, &why);
         return Ok(());
     }
-    // The stall (24 s) must outlast plegwatch's start: about 30 s in a 5.10 TCG guest, where
-    // this fails. Slowing the throttle by the clock's scale made it pass on 6.12 but hang past
-    // 20 min on 6.1 (CI's guest), so it is left as it is until that is understood.
+    // The stall must outlast plegwatch's start (about 30 s in a 5.10 TCG guest, more than
+    // the 24 s the sync takes unheld): the bed holds it until plegwatch has looked.
     let mut bed = Bed::prepare(Options::default())?;
     let fixture = plegwatch_scenarios::gofixture::build_fake_kubelet()?;
     let socket = bed.stage().containerd().socket().display().to_string();
     let kubelet = plegwatch_scenarios::gofixture::FakeKubelet::start_cri(&fixture, &socket, &[])?;
     let endpoint = format!("unix://{socket}");
     let mut seen: Option<Result<MidStallRun>> = None;
-    let outcome = bed.trigger_with(|_| {
-        std::thread::sleep(MID_STALL_START);
+    let outcome = bed.trigger_with(|stall| {
         seen = Some((|| {
+            let _held = stall.hold()?;
+            std::thread::sleep(MID_STALL_START);
             let mut plegwatch = plegwatch_scenarios::Plegwatch::start(&["--warn", "1s", "--runtime-endpoint", &endpoint])?;
             // The README's text example, when PLEGWATCH_TEXT_CAPTURE names a file.
             let text = plegwatch_scenarios::containerd::bed::TextCapture::start(Duration::from_secs(1))?;

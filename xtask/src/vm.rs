@@ -19,8 +19,9 @@
 //! and `memory`). The scenario crate itself does not know whether it runs in a guest.
 
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -85,6 +86,9 @@ pub struct Args {
     /// Guest memory.
     #[arg(long, default_value = "6G")]
     pub memory: String,
+    /// Stop the guest from the host after this many seconds, and fail.
+    #[arg(long, value_name = "SECONDS")]
+    pub limit: Option<u64>,
     /// The command, run as root in the guest by a shell (after `--`); one argument is
     /// taken as a shell command line.
     #[arg(
@@ -105,7 +109,13 @@ pub fn run(args: &Args) -> Result<()> {
         shell_words(&args.command)
     };
     let started = Instant::now();
-    let status = guest(&kernel, &args.memory, &line, &line)?;
+    let status = guest(
+        &kernel,
+        &args.memory,
+        &line,
+        &line,
+        args.limit.map(Duration::from_secs),
+    )?;
     eprintln!(
         "vm: {} ({}): exit {} after {:.0} s",
         kernel.name,
@@ -477,7 +487,17 @@ echo "guest: Linux $(uname -r), cgroup $cg, $(nproc) CPUs" >&2
 ///
 /// The script goes to a file in the target directory, which the guest shares: virtme-ng
 /// passes its command on the kernel's command line, which the kernel cuts at 2 KiB.
-pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str) -> Result<i32> {
+///
+/// With `limit`, a guest still running after it is stopped from here (vng, QEMU and
+/// everything they started, as one process group) and the call fails naming `label`: a
+/// guest whose kernel hangs never runs its own `timeout`s.
+pub fn guest(
+    kernel: &Kernel,
+    memory: &str,
+    label: &str,
+    line: &str,
+    limit: Option<Duration>,
+) -> Result<i32> {
     ensure_vng()?;
     if cmd::probe(Command::new("qemu-system-x86_64").arg("--version")).is_none() {
         bail!("qemu-system-x86_64 is missing: run `cargo xtask setup` (Debian's qemu-system-x86)");
@@ -518,8 +538,10 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str) -> Result<i
     let mut child = vng
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .context("cannot start vng")?;
+    let started = Instant::now();
     let out = child
         .stdout
         .take()
@@ -528,12 +550,33 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str) -> Result<i
         .stderr
         .take()
         .map(|mut e| std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::stderr())));
-    let status = child.wait().context("waiting for vng")?;
-    for copier in [out, err].into_iter().flatten() {
-        let _ = copier.join();
+    let status = loop {
+        if let Some(status) = child.try_wait().context("waiting for vng")? {
+            break Some(status);
+        }
+        if limit.is_some_and(|l| started.elapsed() >= l) {
+            // SAFETY: kill(2) on the process group this call created (the child leads it).
+            unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    if status.is_some() {
+        // (After a kill, a stray holder of the pipes must not keep this waiting.)
+        for copier in [out, err].into_iter().flatten() {
+            let _ = copier.join();
+        }
     }
     let _ = std::fs::remove_file(&script);
-    Ok(status.code().unwrap_or(128))
+    match status {
+        Some(status) => Ok(status.code().unwrap_or(128)),
+        None => bail!(
+            "the guest on Linux {} ({label}) still ran after {:.0} s: stopped",
+            kernel.release,
+            started.elapsed().as_secs_f64()
+        ),
+    }
 }
 
 #[cfg(test)]

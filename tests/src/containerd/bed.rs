@@ -110,6 +110,11 @@ impl Stage {
         Ok(())
     }
 
+    /// Changes the write limit [`Stage::throttle`] set (`None` lifts it).
+    pub fn set_throttle(&self, bytes_per_s: Option<u64>) -> Result<()> {
+        self.throttle.as_ref().context("no write throttle on this stage")?.set(bytes_per_s)
+    }
+
     /// Starts the relist driver, pausing `period` between relists.
     pub fn start_relist(&mut self, period: Duration) {
         self.relist = Some(RelistDriver::start(&self.cri, period));

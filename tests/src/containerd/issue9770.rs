@@ -142,14 +142,43 @@ pub struct Bed {
 }
 
 /// What the mid-stall hook of [`Bed::trigger_with`] gets.
-#[derive(Clone, Debug)]
-pub struct MidStall {
+pub struct MidStall<'a> {
     pub container_id: String,
     pub shim: Shim,
     /// The shim thread in umount2, if it was seen before the update went out.
     pub umount: Option<UmountSpan>,
     pub update_sent: Instant,
     pub update_sent_wall: SystemTime,
+    stage: &'a Stage,
+}
+
+/// The write limit while a stall is held ([`MidStall::hold`]): 16 KiB/s, so that the
+/// umount's sync all but stops.
+const HOLD_BPS: u64 = 16 << 10;
+
+impl MidStall<'_> {
+    /// Holds the stall until the returned guard drops: the disk's write limit drops to
+    /// [`HOLD_BPS`], then is lifted. A test that must look at the stall while it lasts
+    /// (plegwatch started in the middle of it, which takes about 30 s in a 5.10 TCG guest)
+    /// then does not race the sync's progress.
+    pub fn hold(&self) -> Result<Held<'_>> {
+        self.stage.set_throttle(Some(HOLD_BPS))?;
+        Ok(Held { stage: self.stage })
+    }
+}
+
+/// A stall held by [`MidStall::hold`]; dropping it lifts the write limit, and the umount
+/// finishes its sync at the disk's own speed.
+pub struct Held<'a> {
+    stage: &'a Stage,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.stage.set_throttle(None) {
+            eprintln!("cleanup: lifting the held stall's write limit: {e:#}");
+        }
+    }
 }
 
 /// What happened, with the timings that matter.
@@ -351,6 +380,7 @@ impl Bed {
             umount: seen,
             update_sent: update.sent,
             update_sent_wall: update.sent_wall,
+            stage: &self.stage,
         });
         let containerd_blocked =
             if update.wait_until(update.sent + Self::PROBE_AFTER, Duration::from_millis(20)) {
