@@ -40,6 +40,17 @@ pub fn build_debug() -> Result<()> {
     cmd::run(cmd::cargo().args(["build", "-p", "plegwatch"]))
 }
 
+/// `cargo build --release -p plegwatch`: what nodes run, and what the guests run (under
+/// emulation the debug build's scans ran up to 2 s late; the release build's, 36 ms).
+pub fn build_release() -> Result<()> {
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", "plegwatch"]))
+}
+
+/// The absolute path of the release `plegwatch` binary.
+pub fn release_binary() -> std::path::PathBuf {
+    cmd::target_dir().join("release").join("plegwatch")
+}
+
 /// The absolute path of the debug `plegwatch` binary.
 pub fn debug_binary() -> std::path::PathBuf {
     cmd::target_dir().join("debug").join("plegwatch")
