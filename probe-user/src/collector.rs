@@ -31,7 +31,7 @@ use crate::{
         incidents::{Change, Clocks, Incidents},
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
         parked::parked_graph,
-        resolvers::{self, Procs},
+        resolvers,
     },
     sources::devices::DeviceIo,
     observe::Observe,
@@ -500,7 +500,8 @@ impl Graph<'_> {
         edges.extend(resolvers::go_edges(&facts, &waits, self.observe));
         edges.extend(resolvers::relist_edges(&facts, self.observe));
         if let Some(o) = self.offcpu {
-            edges.extend(mutex_edges(&waits, o, now, self.observe));
+            let mut mutex_of = |tid: u32| mutex_wait(o, tid, now);
+            edges.extend(resolvers::kernel_mutex_edges(&waits, now, &mut mutex_of, self.observe));
         }
         if let Some(io) = self.devices.as_deref_mut() {
             io.sample(now);
@@ -534,28 +535,12 @@ fn name_pods<'h>(hops: impl Iterator<Item = &'h mut crate::graph::model::Hop>, p
     }
 }
 
-/// Waits held by a kernel mutex's owner (`lock:contention_begin` and the
-/// mutex's `owner` field, see `offcpu`): the owner's own open wait, or the
-/// owner thread itself.
-fn mutex_edges(waits: &[OpenWait], offcpu: &OffCpu, now_ns: u64, procs: &mut dyn Procs) -> Vec<Edge> {
-    let mut out = Vec::new();
-    for w in waits.iter().filter(|w| now_ns.saturating_sub(w.start_ns) >= 1_000_000_000) {
-        let Some(h) = offcpu.lock_holder(w.who.tid, now_ns) else { continue };
-        let Some(owner) = h.pointer("/owner/pid").and_then(Value::as_u64).map(|p| p as u32) else { continue };
-        let lock = h.get("lock").and_then(Value::as_str).unwrap_or("a kernel mutex").to_string();
-        let to = match waits.iter().find(|o| o.who.tid == owner) {
-            Some(o) => HeldBy::Wait(o.key),
-            None => HeldBy::Terminal(resolvers::process_terminal(procs, owner)),
-        };
-        out.push(Edge {
-            from: w.key,
-            to,
-            kind: EdgeKind::KernelMutex,
-            evidence: format!("waits on {lock} (lock:contention_begin); its owner field names thread {owner}"),
-            exactness: Exactness::Exact,
-        });
-    }
-    out
+/// The kernel mutex thread `tid` waits on, as the off-CPU probe saw it.
+fn mutex_wait(offcpu: &OffCpu, tid: u32, now_ns: u64) -> Option<resolvers::MutexWait> {
+    let h = offcpu.lock_holder(tid, now_ns)?;
+    let owner_tid = h.pointer("/owner/pid").and_then(Value::as_u64)? as u32;
+    let lock = h.get("lock").and_then(Value::as_str).unwrap_or("a kernel mutex").to_string();
+    Some(resolvers::MutexWait { owner_tid, lock })
 }
 
 /// How late each scan starts after its tick, and how long it takes (µs;

@@ -118,6 +118,47 @@ fn parked_relist(uprobes: Option<&str>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// kubelet relists on one long-lived goroutine, so every PLEG stall of a node is the same
+/// (process, goroutine, function). Three relists parked in one run must be three stalls,
+/// each with its own id, each resolved exactly by its own end (a later one's end record
+/// was once taken for the first's and dropped, and it resolved ~2 s late, "approximate").
+#[test]
+fn three_parked_relists_are_three_stalls_each_timed() -> anyhow::Result<()> {
+    let (mut kubelet, mut plegwatch) = relisting_under_plegwatch()?;
+    let pid = kubelet.pid();
+    let origin = Instant::now();
+    let mut rounds = Vec::new();
+    for round in 0..3 {
+        kubelet.block_next()?;
+        let n = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
+        let parked_at = Instant::now();
+        let seen: Vec<u64> = rounds.iter().map(|(id, _)| *id).collect();
+        let stall = plegwatch.wait_for(Duration::from_secs_f64(WARN_S + SLACK_S + 1.0), |e| {
+            e.is_about_pid("stall", pid) && e.u64("/id").is_some_and(|id| !seen.contains(&id))
+        });
+        std::thread::sleep(HOLD.saturating_sub(parked_at.elapsed()));
+        kubelet.release()?;
+        let end = kubelet.wait_relist_end(n, Duration::from_secs(3)).context("the parked relist never ended")?;
+        let start = kubelet.relist(n).map(|r| r.start).context("no start time for the parked relist")?;
+        let stall = stall.unwrap_or_else(|| panic!("round {round}: no new stall for the parked relist {n}:\n{}", dump(plegwatch.events(), origin)));
+        let id = stall.u64("/id").unwrap_or(0);
+        let resolved = plegwatch.wait_for(Duration::from_secs(3), |e| e.is("resolved") && e.u64("/id") == Some(id));
+        let resolved = resolved.unwrap_or_else(|| panic!("round {round}: stall {id} never resolved:\n{}", dump(plegwatch.events(), origin)));
+        rounds.push((id, (end - start, resolved)));
+    }
+    let events = plegwatch.stop()?;
+    kubelet.quit()?;
+    let all = || dump(&events, origin);
+    for (round, (id, (held_s, resolved))) in rounds.iter().enumerate() {
+        assert_eq!(resolved.str("/timing"), Some("exact"), "round {round}, stall {id}:\n{}", all());
+        let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
+        assert!((total - held_s).abs() < 0.1, "round {round}: resolved waited_s {total} vs the fixture's {held_s:.3}s:\n{}", all());
+    }
+    let stalls = events.iter().filter(|e| e.is("stall") && e.u64("/pid") == Some(u64::from(pid))).count();
+    assert_eq!(stalls, 3, "one stall line per parked relist:\n{}", all());
+    Ok(())
+}
+
 /// The fixture relisting, and `plegwatch watch --warn 2s` ready with the fixture's uprobes
 /// attached and one whole relist seen by them (the relist clock starts from it).
 fn relisting_under_plegwatch() -> anyhow::Result<(FakeKubelet, Plegwatch)> {

@@ -287,7 +287,7 @@ mod tests {
 
     fn call(tgid: u32, g: u64, start_ns: u64, container: &str) -> GoCallFact {
         GoCallFact {
-            key: WaitKey::Go { tgid, g, func: 5 },
+            key: WaitKey::Go { tgid, g, func: 5, start_ns },
             tgid,
             g,
             role: CallRole::ShimTask,

@@ -36,7 +36,7 @@ impl Procs for FakeProcs {
 /// lock holder holds lock 0xc000).
 pub fn go_call(tgid: u32, g: u64, func: u32, role: CallRole, start_ns: u64, container: Option<&str>) -> GoCallFact {
     GoCallFact {
-        key: WaitKey::Go { tgid, g, func },
+        key: WaitKey::Go { tgid, g, func, start_ns },
         tgid,
         g,
         role,

@@ -50,7 +50,7 @@ mod tests {
     #[test]
     fn a_key_keeps_its_id_and_new_keys_get_new_ones() {
         let a = WaitKey::Kernel { tid: u32::MAX, start_ns: 1 };
-        let b = WaitKey::Go { tgid: u32::MAX, g: 1, func: 2 };
+        let b = WaitKey::Go { tgid: u32::MAX, g: 1, func: 2, start_ns: 3 };
         let ia = id_of(a);
         let ib = id_of(b);
         assert_ne!(ia, ib);

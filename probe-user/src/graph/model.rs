@@ -18,8 +18,10 @@ pub enum WaitKey {
     Netlink { sock: u64, start_ns: u64 },
     /// A D-Bus method call: (socket, serial and start folded).
     Dbus { sock: u64, tag: u64 },
-    /// A probed Go call still running: (process, goroutine, function id).
-    Go { tgid: u32, g: u64, func: u32 },
+    /// A probed Go call still running: (process, goroutine, function id, start ns).
+    /// The start is part of it: one goroutine makes the same call again and again
+    /// (kubelet's relists), and each is a wait of its own.
+    Go { tgid: u32, g: u64, func: u32, start_ns: u64 },
     /// A kubelet whose relist loop has not started a relist since `since_ns`.
     RelistOverdue { tgid: u32, since_ns: u64 },
     /// A thread found parked by `/proc` sampling (see `graph::parked`): (thread,

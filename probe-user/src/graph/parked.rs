@@ -271,7 +271,7 @@ mod tests {
     }
 
     fn run_pod_sandbox(start_s: u64) -> (GoCallFact, OpenWait) {
-        let key = WaitKey::Go { tgid: CTRD, g: 0xc0, func: 7 };
+        let key = WaitKey::Go { tgid: CTRD, g: 0xc0, func: 7, start_ns: 1 };
         let fact = GoCallFact {
             key,
             tgid: CTRD,

@@ -104,6 +104,50 @@ pub fn held_by_process(waits: &[OpenWait], procs: &mut dyn Procs, pid: u32) -> H
     }
 }
 
+/// A kernel mutex a thread waits on (`lock:contention_begin`): its owner thread, and the
+/// lock's name for the evidence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MutexWait {
+    pub owner_tid: u32,
+    pub lock: String,
+}
+
+/// A waiter that is a thread: its thread's kernel facts are its own. A Go call's `tid` is
+/// only the thread it entered on, and its goroutine may have moved since (a blocking
+/// syscall hands the thread's other goroutines to a new one): a Go call reaches a kernel
+/// mutex through its goroutine's own kernel wait (the `same_goroutine` edge), never
+/// through that thread.
+fn is_thread_wait(key: &WaitKey) -> bool {
+    !matches!(key, WaitKey::Go { .. } | WaitKey::RelistOverdue { .. })
+}
+
+/// Waits (open a second or more) whose thread is blocked on a kernel mutex → the wait of
+/// its owner thread, else the owner's process. Exact: the mutex's owner field names the
+/// owner (read when the wait began).
+pub fn kernel_mutex_edges(
+    waits: &[OpenWait],
+    now_ns: u64,
+    mutex_of: &mut dyn FnMut(u32) -> Option<MutexWait>,
+    procs: &mut dyn Procs,
+) -> Vec<Edge> {
+    let mut out = Vec::new();
+    for w in waits.iter().filter(|w| is_thread_wait(&w.key) && now_ns.saturating_sub(w.start_ns) >= 1_000_000_000) {
+        let Some(m) = mutex_of(w.who.tid) else { continue };
+        let to = match waits.iter().find(|o| o.who.tid == m.owner_tid && is_thread_wait(&o.key)) {
+            Some(o) => HeldBy::Wait(o.key),
+            None => HeldBy::Terminal(process_terminal(procs, m.owner_tid)),
+        };
+        out.push(edge(
+            w.key,
+            to,
+            EdgeKind::KernelMutex,
+            Exactness::Exact,
+            format!("waits on {} (lock:contention_begin); its owner field names thread {}", m.lock, m.owner_tid),
+        ));
+    }
+    out
+}
+
 /// Every Go edge (see the module table).
 pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Vec<Edge> {
     let mut out = Vec::new();
@@ -337,6 +381,33 @@ mod tests {
 
     fn find(edges: &[Edge], from: WaitKey) -> Vec<&Edge> {
         edges.iter().filter(|e| e.from == from).collect()
+    }
+
+    /// A Go call's entry thread now runs another goroutine, blocked on rtnl_mutex: the
+    /// call is not blamed on that mutex; the thread's own kernel wait is.
+    #[test]
+    fn a_go_call_is_not_blamed_on_its_entry_threads_mutex() {
+        const TID: u32 = 101;
+        let relist = call(KUBELET, 0x1, 7, CallRole::Relist, 10, None);
+        let go = OpenWait {
+            key: relist.key,
+            who: Who { pid: KUBELET, tid: TID, comm: "kubelet".into(), goroutine: Some(0x1) },
+            kind: WaitKind::PlegRelist,
+            what: "Relist".into(),
+            start_ns: 10,
+            start: StartTiming::Exact,
+            pleg_path: false,
+        };
+        let other = kernel(KUBELET, TID, Some(0x2), WaitKind::Sync, 20);
+        let owner = kernel(CTRD, 555, None, WaitKind::Sync, 5);
+        let waits = [go.clone(), other.clone(), owner.clone()];
+        let mut mutex_of = |tid: u32| (tid == TID).then(|| MutexWait { owner_tid: 555, lock: "rtnl_mutex".into() });
+        let edges = kernel_mutex_edges(&waits, 5_000_000_000, &mut mutex_of, &mut FakeProcs::default());
+        assert!(find(&edges, go.key).is_empty(), "{edges:?}");
+        let from_thread = find(&edges, other.key);
+        assert_eq!(from_thread.len(), 1, "{edges:?}");
+        assert_eq!(from_thread[0].to, HeldBy::Wait(owner.key));
+        assert_eq!(from_thread[0].kind, EdgeKind::KernelMutex);
     }
 
     /// containerd#9770: relist → ListContainers (parked) → UpdateSync holder

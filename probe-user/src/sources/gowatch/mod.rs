@@ -81,13 +81,23 @@ impl GoOpen {
     }
 }
 
-/// An open Go call's key: (process, goroutine, function id), as the kernel's
+/// A Go call's place: (process, goroutine, function id), as the kernel's
 /// [`GoCallKey`]. Goroutine addresses repeat across processes and function ids
-/// are per binary, so the process is part of it.
-pub type GoKey = (u32, u64, u32);
+/// are per binary, so the process is part of it. One call at a time has it.
+pub type CallKey = (u32, u64, u32);
+
+/// One Go call: its [`CallKey`] and its start (ns). kubelet relists on one long-lived
+/// goroutine, so every relist has the same place: only the start tells two stalls of it
+/// apart, each with its own wait id and its own exact end.
+pub type GoKey = (u32, u64, u32, u64);
 
 /// The registry key of a call's end record.
 fn end_key(rec: &GoCallEnd) -> GoKey {
+    (rec.tgid, rec.g, rec.func, rec.start_ns)
+}
+
+/// The place of a call's end record.
+fn end_place(rec: &GoCallEnd) -> CallKey {
     (rec.tgid, rec.g, rec.func)
 }
 
@@ -98,7 +108,7 @@ fn captured(arg: &[u8], len: u32) -> Option<String> {
 impl Item for GoOpen {
     type Key = GoKey;
     fn key(&self) -> Self::Key {
-        (self.tgid, self.g, self.func)
+        (self.tgid, self.g, self.func, self.start_ns)
     }
     fn tgid(&self) -> u32 {
         self.tgid
@@ -114,7 +124,7 @@ impl Item for GoOpen {
     }
     fn refresh(&mut self, _newer: &Self) {}
     fn wait_key(&self) -> WaitKey {
-        WaitKey::Go { tgid: self.tgid, g: self.g, func: self.func }
+        WaitKey::Go { tgid: self.tgid, g: self.g, func: self.func, start_ns: self.start_ns }
     }
 }
 
@@ -250,7 +260,7 @@ pub struct GoWatch {
     locks: HashMap<(u32, u64), LockStats>,
     /// Calls found open by the goroutine scan and put in `GO_CALLS`: their start and how
     /// exact it is, until they end.
-    late: HashMap<GoKey, (u64, StartTiming)>,
+    late: HashMap<CallKey, (u64, StartTiming)>,
 }
 
 impl GoWatch {
@@ -387,10 +397,10 @@ impl GoWatch {
         // Ended: no longer one of the calls open since the last scan (the graph's
         // last step at exit runs on these without another scan).
         self.open.retain(|o| !(o.tgid == rec.tgid && o.g == rec.g && o.func == rec.func && o.start_ns == rec.start_ns));
-        let start = match self.late.get(&end_key(rec)) {
+        let start = match self.late.get(&end_place(rec)) {
             Some((s, timing)) if *s == rec.start_ns => {
                 let t = *timing;
-                self.late.remove(&end_key(rec));
+                self.late.remove(&end_place(rec));
                 t
             }
             _ => StartTiming::Exact,
@@ -480,7 +490,7 @@ impl GoWatch {
             if still_same && self.calls.remove(&k).is_ok() {
                 self.orphaned += 1;
                 let end = self.exits.ended_after(c.tgid, k.g, c.start_ns).unwrap_or(now_ns);
-                if let Some(a) = self.registry.vanished((c.tgid, k.g, k.func), end) {
+                if let Some(a) = self.registry.vanished((c.tgid, k.g, k.func, c.start_ns), end) {
                     resolved.push(a);
                 }
             }
@@ -521,7 +531,7 @@ impl GoWatch {
             let _ = self.calls.remove(&k);
         }
         if !self.late.is_empty() {
-            let present: std::collections::HashSet<GoKey> =
+            let present: std::collections::HashSet<CallKey> =
                 self.calls.keys().filter_map(Result::ok).map(|k| (k.tgid, k.g, k.func)).collect();
             self.late.retain(|k, _| present.contains(k));
         }
@@ -928,5 +938,33 @@ mod tests {
         // B's call is still open, and still reported as one.
         assert!(reg.get(&b.key()).is_some_and(|t| t.info.tgid == SHIM_B));
         assert!(reg.scan([&b], 5 * S).is_empty());
+    }
+
+    /// kubelet relists on one long-lived goroutine: three stalls of the same call on the
+    /// same goroutine are three waits, each with its own id, each ended by its own record.
+    #[test]
+    fn repeated_stalls_of_one_goroutine_are_each_their_own_wait() {
+        let t = Thresholds::new(Duration::from_secs(2), Duration::from_secs(10), Duration::from_secs(150)).unwrap();
+        let mut reg: Registry<GoOpen> = Registry::new(t, Filter::default());
+        let mut ids = Vec::new();
+        for round in 0..3u64 {
+            let start = round * 10 * S;
+            let call = delete_call(SHIM_A, start);
+            let reports = reg.scan([&call], start + 3 * S);
+            assert!(matches!(reports.as_slice(), [Action::Report { .. }]), "round {round}: {reports:?}");
+            let id = reg.get(&call.key()).map(|t| t.id).expect("tracked");
+            ids.push(id);
+            let rec = end_of(&call, start + 4 * S);
+            assert!(reg.wants_end(&end_key(&rec), Duration::from_secs(4)));
+            let actions = reg.end(call.clone(), rec.end_ns);
+            assert_eq!(
+                actions,
+                vec![Action::Resolve { key: call.key(), waited: Duration::from_secs(4), exact: true }],
+                "round {round}: the end is exact, not dropped as an earlier stall's"
+            );
+            reg.forget(&call.key());
+        }
+        ids.dedup();
+        assert_eq!(ids.len(), 3, "three ids: {ids:?}");
     }
 }
