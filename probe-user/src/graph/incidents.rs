@@ -314,7 +314,10 @@ impl Incidents {
                     let shared = members.iter().filter(|(k, _)| o.waits.contains(k)).count();
                     (gi, shared, *end == o.end)
                 })
-                .filter(|(_, shared, same_end)| *shared > 0 || *same_end)
+                // Only a group that shares a wait, or ends at the same root wait, is
+                // this incident: another group that ends at the same holder is another
+                // problem of that holder (a new incident), not this one coming back.
+                .filter(|(_, shared, same_end)| *shared > 0 || (*same_end && matches!(o.end, End::Root(_))))
                 .max_by_key(|(gi, shared, same_end)| (*same_end, *shared, std::cmp::Reverse(*gi)));
             if let Some((gi, _, _)) = pick {
                 matched.insert(oi, gi);
@@ -400,8 +403,12 @@ impl Incidents {
         for (prev, gi) in still_open {
             let (end, members, oldest) = &groups[gi];
             let age = Duration::from_nanos(clocks.now_ns.saturating_sub(*oldest));
-            // Already raised: stays at least at its level while any wait is open.
-            let level = self.thresholds.level(age).or(prev.as_ref().map(|p| p.level)).unwrap_or(Level::Warn);
+            // Already raised: never goes down while it is open (its oldest wait may end
+            // and leave younger ones), so an escalation is printed once.
+            let level = match (self.thresholds.level(age), prev.as_ref().map(|p| p.level)) {
+                (Some(now), Some(was)) => now.max(was),
+                (now, was) => now.or(was).unwrap_or(Level::Warn),
+            };
             let symptom = symptom(&graph, members);
             let (path, _) = graph.path(symptom);
             let root_key = match end {
@@ -575,10 +582,19 @@ mod tests {
         Clocks { now_ns: now_s * S, wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000), relist_start_ns: None }
     }
 
+    /// A kernel wait's id is its tid (for readable asserts); every other key gets an id of
+    /// its own from 1000 on, as `graph::ids` gives (never one id for several keys).
     fn ids(k: WaitKey) -> u64 {
+        thread_local! {
+            static OTHERS: std::cell::RefCell<HashMap<WaitKey, u64>> = Default::default();
+        }
         match k {
             WaitKey::Kernel { tid, .. } => tid as u64,
-            _ => 0,
+            _ => OTHERS.with(|m| {
+                let mut m = m.borrow_mut();
+                let next = 1000 + m.len() as u64;
+                *m.entry(k).or_insert(next)
+            }),
         }
     }
 
@@ -830,6 +846,55 @@ mod tests {
         assert_eq!(dbus.chain[1].what, "stopped (state T)");
         assert!(dbus.chain[0].root, "the call is the deepest open wait");
         assert_eq!(dbus.chain[0].edge, Some(EdgeKind::DbusOwner));
+    }
+
+    /// An incident's level only rises: when its oldest wait ends and leaves younger ones,
+    /// it stays critical, and its escalation is not printed a second time.
+    #[test]
+    fn a_level_never_goes_down_and_escalates_once() {
+        let old = wait(1, WaitKind::CriCall, "ListContainers", 100);
+        let young = wait(2, WaitKind::CriCall, "ListContainers", 145);
+        let root = wait(3, WaitKind::GoLock, "UpdateSync holds Status lock", 140);
+        let edges = vec![edge(&old, &root, EdgeKind::GoLock, Exactness::Exact), edge(&young, &root, EdgeKind::GoLock, Exactness::Exact)];
+        let mut b = builder();
+        let all = [old.clone(), young.clone(), root.clone()];
+        let c = run(&mut b, &all, &edges, 111);
+        assert_eq!(raised(&c)[0].level, Level::Warn, "{c:?}");
+        let id = raised(&c)[0].id;
+        let c = run(&mut b, &all, &edges, 161);
+        assert_eq!(raised(&c)[0].level, Level::Critical, "{c:?}");
+        // The oldest wait ends: the group's oldest is now 30 s old, a warn age.
+        let rest = [young, root];
+        let c = run(&mut b, &rest, &edges, 170);
+        assert!(raised(&c).iter().all(|i| i.level == Level::Critical), "{c:?}");
+        assert_eq!(b.open_now().first().map(|o| (o.id, o.level)), Some((id, Level::Critical)));
+        // Its oldest wait crossing critical again is not a new escalation.
+        let c = run(&mut b, &rest, &edges, 201);
+        assert!(raised(&c).iter().all(|i| !i.changed.contains(&"level")), "printed the escalation again: {c:?}");
+    }
+
+    /// An incident whose waits all ended is over, even when a new, unrelated wait on the
+    /// same holder (a stopped process) is open in the same scan: that is a new incident.
+    #[test]
+    fn a_new_group_at_the_same_holder_is_a_new_incident() {
+        let stopped = |w: &OpenWait| Edge {
+            from: w.key,
+            to: HeldBy::Terminal(Terminal { id: Some(HolderId::Process(9)), kind: "process", pid: Some(9), comm: None, what: "stopped (state T)".into() }),
+            kind: EdgeKind::DbusOwner,
+            evidence: "owner".into(),
+            exactness: Exactness::Exact,
+        };
+        let first = wait(1, WaitKind::DbusCall, "Ping", 100);
+        let mut b = builder();
+        let c = run(&mut b, std::slice::from_ref(&first), &[stopped(&first)], 111);
+        let id = raised(&c)[0].id;
+        let second = wait(7, WaitKind::DbusCall, "Introspect", 115);
+        let c = run(&mut b, std::slice::from_ref(&second), &[stopped(&second)], 130);
+        assert_eq!(resolved(&c).iter().map(|r| r.id).collect::<Vec<_>>(), vec![id], "{c:?}");
+        let r = raised(&c);
+        assert_eq!(r.len(), 1, "{c:?}");
+        assert_ne!(r[0].id, id, "an unrelated wait took over the finished incident: {c:?}");
+        assert_eq!(r[0].waits, vec![7]);
     }
 
     #[test]
