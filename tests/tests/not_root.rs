@@ -65,13 +65,17 @@ fn assert_one_line(what: &str, out: &Output, wanted: &[&str]) {
     eprintln!("{what}: exit {:?}: {}", out.status.code(), lines[0]);
 }
 
+/// The daemon's address in these runs: it stops before it listens (no root), so the port is
+/// never bound (port 0 is refused: `plegwatch check` could not find it).
+const NEVER_BOUND: &str = "127.0.0.1:19792";
+
 #[test]
 fn as_nobody_every_command_that_traces_says_it_needs_root() -> Result<()> {
     preflight::require();
     if !have_setpriv() {
         return Ok(());
     }
-    for args in [&["watch", "--no-live", "--duration", "5s"][..], &["watch", "--json", "--duration", "5s"], &["daemon", "--duration", "5s", "--listen", "127.0.0.1:0"]] {
+    for args in [&["watch", "--no-live", "--duration", "5s"][..], &["watch", "--json", "--duration", "5s"], &["daemon", "--duration", "5s", "--listen", NEVER_BOUND]] {
         let out = run_dropped(NOBODY, args)?;
         assert_one_line(&format!("nobody: {args:?}"), &out, &["needs root", "CAP_BPF", "CAP_PERFMON", "run it as root"]);
         assert_eq!(out.status.code(), Some(1), "{args:?}: not a usage error");
@@ -94,7 +98,7 @@ fn as_root_without_capabilities_it_names_them() -> Result<()> {
     }
     let out = run_dropped(ROOT_NO_CAPS, &["watch", "--no-live", "--duration", "5s"])?;
     assert_one_line("uid 0, no capabilities: watch", &out, &["CAP_SYS_ADMIN", "CAP_SYS_PTRACE", "capabilities"]);
-    let out = run_dropped(ROOT_NO_CAPS, &["daemon", "--duration", "5s", "--listen", "127.0.0.1:0"])?;
+    let out = run_dropped(ROOT_NO_CAPS, &["daemon", "--duration", "5s", "--listen", NEVER_BOUND])?;
     assert_one_line("uid 0, no capabilities: daemon", &out, &["CAP_SYS_ADMIN", "CAP_SYS_PTRACE"]);
     Ok(())
 }

@@ -181,8 +181,15 @@ impl DaemonArgs {
             max_bundles: self.report_keep.or(file.report_keep).unwrap_or(Retention::DAEMON.max_bundles),
             max_bytes: self.report_max_mib.or(file.report_max_mib).map(|m| m.saturating_mul(1 << 20)).unwrap_or(Retention::DAEMON.max_bytes),
         };
+        let from = if origin.is_empty() { String::new() } else { format!(" (--config {origin})") };
         if retention.max_bundles == 0 {
-            return Err(format!("report_keep (--report-keep) must be at least 1{}", if origin.is_empty() { String::new() } else { format!(" (--config {origin})") }));
+            return Err(format!("report_keep (--report-keep) must be at least 1{from}"));
+        }
+        if retention.max_bytes == 0 {
+            return Err(format!("report_max_mib (--report-max-mib) must be at least 1: 0 would remove every bundle{from}"));
+        }
+        if listen.port() == 0 {
+            return Err(format!("listen (--listen) {listen}: port 0 picks a port `plegwatch check` cannot find; name one (default {DEFAULT_LISTEN}){from}"));
         }
         Ok(DaemonConfig { listen, watch, report_dir, retention })
     }
@@ -289,6 +296,10 @@ mod tests {
         assert_eq!(c.retention, Retention { max_bundles: 7, max_bytes: 3 << 20 });
         let e = daemon(&["--report-keep", "0"]).resolve().unwrap_err();
         assert!(e.contains("at least 1"), "{e}");
+        let e = daemon(&["--report-max-mib", "0"]).resolve().unwrap_err();
+        assert!(e.starts_with("report_max_mib (--report-max-mib) must be at least 1") && !e.contains('\n'), "{e}");
+        let e = daemon(&["--listen", "127.0.0.1:0"]).resolve().unwrap_err();
+        assert!(e.contains("port 0") && !e.contains('\n'), "{e}");
         let _ = std::fs::remove_dir_all(dir);
     }
 

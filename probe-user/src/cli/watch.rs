@@ -73,6 +73,9 @@ pub struct WatchArgs {
     pub interval: Duration,
 }
 
+/// The shortest `--interval`: each scan reads every open wait and walks the graph.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
 /// How much of a kernel stack text lines show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Stacks {
@@ -130,8 +133,8 @@ impl WatchArgs {
     /// Checks the flags together.
     pub fn config(&self) -> Result<WatchConfig, String> {
         let thresholds = self.levels.thresholds()?;
-        if self.interval > Duration::from_millis(250) {
-            return Err(format!("--interval {:?}: must be at most 250ms", self.interval));
+        if self.interval > Duration::from_millis(250) || self.interval < MIN_INTERVAL {
+            return Err(format!("--interval {:?}: must be from {MIN_INTERVAL:?} to 250ms (less is a busy loop)", self.interval));
         }
         for c in &self.comms {
             comm(c).map_err(|e| format!("--comm: {e}"))?;
@@ -296,5 +299,12 @@ mod tests {
         };
         let e = w.config().unwrap_err();
         assert!(e.contains("--containerd /nonexistent/containerd") && !e.contains('\n'), "{e}");
+        for interval in ["1ns", "9ms", "251ms"] {
+            let Command::Watch(w) = parse(&["watch", "--interval", interval]).unwrap().command else { panic!() };
+            let e = w.config().unwrap_err();
+            assert!(e.starts_with("--interval") && e.contains("busy loop") && !e.contains('\n'), "{interval}: {e}");
+        }
+        let Command::Watch(w) = parse(&["watch", "--interval", "10ms"]).unwrap().command else { panic!() };
+        assert_eq!(w.config().map(|c| c.interval), Ok(Duration::from_millis(10)));
     }
 }
