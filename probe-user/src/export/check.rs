@@ -83,8 +83,15 @@ fn level_of(v: &IncidentView) -> Option<Level> {
     }
 }
 
-/// The exit code and the line for what the daemon said (or why it could not be asked).
+/// The exit code and the line for what the daemon said (or why it could not be asked):
+/// one line, whatever the answer held (a control character in a root's path or comm is
+/// shown as `\xNN`, so node-problem-detector's message stays one line).
 pub fn verdict(answer: Result<IncidentsDoc, String>, at: Level) -> (i32, String) {
+    let (code, line) = verdict_raw(answer, at);
+    (code, crate::sinks::escape::text(&line).into_owned())
+}
+
+fn verdict_raw(answer: Result<IncidentsDoc, String>, at: Level) -> (i32, String) {
     let doc = match answer {
         Ok(doc) => doc,
         Err(e) => return (UNKNOWN, format!("cannot tell: {e}")),
@@ -146,5 +153,10 @@ mod tests {
         assert_eq!(verdict(doc(vec![view(1, "warn", 0.1)]), Level::Warn).0, PROBLEM);
         assert_eq!(verdict(Err("no daemon at 127.0.0.1:9792: refused".into()), Level::Critical).0, UNKNOWN);
         assert_eq!(verdict(Ok(IncidentsDoc::default()), Level::Critical).0, UNKNOWN, "not ready");
+        // A hostile comm in the root: still one line, no escape sequence.
+        let mut hostile = view(4, "critical", 0.5);
+        hostile.root = "umount2 /mnt [x\u{1b}]0;owned\u{7}\nOK pid=42]".into();
+        let (_, line) = verdict(doc(vec![hostile]), Level::Critical);
+        assert!(!line.contains('\n') && !line.contains('\u{1b}') && line.contains("x\\x1b]0;owned\\x07\\x0aOK"), "{line}");
     }
 }

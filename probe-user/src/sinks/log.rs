@@ -9,7 +9,8 @@ pub struct LogSink;
 
 impl Sink for LogSink {
     fn emit(&mut self, event: &Event) {
-        match event {
+        let event = super::escape::escaped(event);
+        match &*event {
             Event::Ready(r) => tracing::info!(pid = r.pid, probes = r.probes.len(), warn_s = r.warn_s, critical_s = r.critical_s, imminent_s = r.imminent_s, "plegwatch daemon ready"),
             Event::Target(t) => tracing::info!(target_kind = %t.target, status = t.status, pid = t.pid, binary = %t.binary, "Go target"),
             Event::GoroutineScan(g) => match &g.error {

@@ -11,6 +11,7 @@
 
 #[cfg(test)]
 mod first_screen;
+pub mod escape;
 pub(crate) mod live;
 mod log;
 pub mod metrics;

@@ -41,7 +41,7 @@ impl<W: Write> Sink for TextSink<W> {
         if matches!(event, Event::Status(_)) {
             return;
         }
-        let _ = writeln!(self.out, "{}", render_text_with(event, &self.options));
+        let _ = writeln!(self.out, "{}", render_text_with(&super::escape::escaped(event), &self.options));
         let _ = self.out.flush();
     }
 }

@@ -65,7 +65,7 @@ impl Sink for LiveSink {
         if matches!(event, Event::Stall(_) | Event::Resolved(_)) {
             return;
         }
-        if let Err(mpsc::SendError(Msg::Event(e))) = self.tx.send(Msg::Event(Box::new(event.clone()))) {
+        if let Err(mpsc::SendError(Msg::Event(e))) = self.tx.send(Msg::Event(Box::new(crate::sinks::escape::escaped(event).into_owned()))) {
             // The drawing thread is gone (it panicked, and gave the terminal back): plain lines.
             let _ = writeln!(io::stdout().lock(), "{}", render_text(&e));
         }
