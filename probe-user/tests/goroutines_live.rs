@@ -463,15 +463,44 @@ fn ten_thousand_goroutines() {
         let reader = GoroutineReader::new(p.pid, binary.symbols(), binary.data()).unwrap();
         let best = (0..3).map(|_| reader.scan().unwrap().took).min().unwrap();
         let per_1000 = best / (scan.goroutines.len() as u32 / 1000);
+        // Timed by `cargo xtask bench`, never asserted here: a loaded machine is slow.
         println!("Go {minor}: {} goroutines read in {best:?} ({per_1000:?} per 1,000)", scan.goroutines.len());
-        assert!(best < Duration::from_millis(500), "Go {minor}: {best:?} for {} goroutines", scan.goroutines.len());
         // And every stack unwound (`check` compared them with the dump): well
         // under a second in a release build; this is a debug build.
         let (unwound, complete, took) = unwind_all(&reader, binary.symbols(), &scan);
         println!("Go {minor}: {unwound} goroutines' stacks unwound in {took:?} ({complete} complete)");
         assert!(unwound >= 10_005 && complete >= 10_005, "Go {minor}: {unwound} unwound, {complete} complete");
-        assert!(took < Duration::from_secs(5), "Go {minor}: {took:?} to unwind {unwound} stacks");
     }
+}
+
+/// A garbage `allglen` (written into a stopped fixture's memory) is refused in one error
+/// before anything is allocated for it: above [`MAX_GOROUTINES`], or beyond the capacity
+/// of the `allgs` slice it counts. Put back, the same reader reads the goroutines again.
+#[test]
+fn a_garbage_allglen_is_refused() {
+    use plegwatch::observe::goroutines::MAX_GOROUTINES;
+    use std::os::unix::fs::FileExt;
+    let Some(go) = toolchain(None, "1.19") else { return };
+    let bin = build(&go, "go1.19", false);
+    let p = Parked::start(&bin, 0, false);
+    let binary = GoBinary::open(&bin).unwrap();
+    let reader = GoroutineReader::new(p.pid, binary.symbols(), binary.data()).unwrap_or_else(|e| panic!("{e}"));
+    // SAFETY: kill(2) on our own child; SIGSTOP keeps its runtime off its allgs meanwhile.
+    unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGSTOP) };
+    let at = reader.addresses();
+    let real = reader.read_word(at.allglen).expect("allglen");
+    let cap = reader.read_word(at.allgs + 16).expect("allgs' capacity");
+    let mem = std::fs::OpenOptions::new().write(true).open(format!("/proc/{}/mem", p.pid)).expect("the child's memory");
+    for (garbage, says) in [(MAX_GOROUTINES + 1, "implausible"), (u64::MAX, "implausible"), (cap + 1, "capacity")] {
+        mem.write_all_at(&garbage.to_le_bytes(), at.allglen).expect("write allglen");
+        let e = reader.scan().expect_err("a garbage allglen was read").to_string();
+        assert!(e.contains(says) && e.contains(&p.pid.to_string()) && !e.contains('\n'), "allglen {garbage}: {e}");
+    }
+    mem.write_all_at(&real.to_le_bytes(), at.allglen).expect("put allglen back");
+    let scan = reader.scan().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(scan.allglen, real);
+    // SAFETY: as above.
+    unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGCONT) };
 }
 
 /// Goroutines starting and ending all the time: every scan succeeds, the

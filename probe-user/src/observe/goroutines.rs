@@ -46,9 +46,10 @@ pub const STACK_WINDOW: u64 = 64 * 1024;
 /// Frames read at most per goroutine.
 pub const MAX_STACK_FRAMES: usize = 100;
 
-/// More goroutines than any process is believed to hold: an `allglen`
-/// above this is a torn or wrong read.
-pub const MAX_GOROUTINES: u64 = 10_000_000;
+/// More goroutines than a node's kubelet, containerd or CRI-O holds (thousands) by far:
+/// an `allglen` above this is a torn or wrong read, refused before its array (8 bytes a
+/// goroutine) is allocated and read.
+pub const MAX_GOROUTINES: u64 = 1_000_000;
 
 /// Errors from reading a process's goroutines. Each names the pid.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +79,10 @@ pub enum GoroutineError {
     /// The binary is not mapped in the process (another executable?).
     #[error("pid {pid}: its executable is not mapped as {binary} expects (no mapping of its first PT_LOAD)")]
     NotMapped { pid: u32, binary: String },
+    /// The pid now runs another executable than the one inspected (the process exited
+    /// and its pid was reused, or it exec'd).
+    #[error("pid {pid}: it no longer runs the executable inspected (pid reused, or exec'd)")]
+    NotTheBinary { pid: u32 },
     /// The goroutine list itself reads as nonsense.
     #[error("pid {pid}: the goroutine list is unreadable: {reason}")]
     BadList { pid: u32, reason: String },
@@ -102,6 +107,22 @@ impl GStructOrAllGs {
     }
 }
 
+
+/// The executable `pid` runs: (device, inode).
+fn exe_of(pid: u32) -> Result<(u64, u64), GoroutineError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(format!("/proc/{pid}/exe"))
+        .map_err(|source| GoroutineError::Io { pid, what: "stat /proc/PID/exe".into(), source })?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Whether `pid` runs the executable `exe` (device, inode) now.
+fn still_runs(pid: u32, exe: (u64, u64)) -> Result<(), GoroutineError> {
+    if exe_of(pid)? != exe {
+        return Err(GoroutineError::NotTheBinary { pid });
+    }
+    Ok(())
+}
 
 /// The result of one scan.
 #[derive(Clone, Debug)]
@@ -146,7 +167,8 @@ impl GoroutineReader {
             .ok_or_else(|| GoroutineError::Layout { pid, source: GStructError::NoVersion { binary: binary.clone() } })?;
         let layout = layout_for(&version).map_err(|source| GoroutineError::Layout { pid, source })?;
         let vars = find_allgs(syms, data).map_err(|source| GoroutineError::AllGs { pid, source })?;
-        Self::with_vars(pid, syms, vars, version, layout)
+        let exe = exe_of(pid)?;
+        Self::with_vars(pid, syms, vars, version, layout, exe)
     }
 
     /// Where the goroutine list is and how a `g` is laid out in `syms`' binary, worked
@@ -159,11 +181,21 @@ impl GoroutineReader {
         Ok((vars, version, layout))
     }
 
-    /// [`GoroutineReader::new`] with what [`GoroutineReader::locate`] found.
-    pub fn with_vars(pid: u32, syms: &GoSymbols, vars: AllGs, version: String, layout: &'static GLayout) -> Result<GoroutineReader, GoroutineError> {
+    /// [`GoroutineReader::new`] with what [`GoroutineReader::locate`] found in the
+    /// executable `exe` (its device and inode), which `pid` must still run once its memory
+    /// is open: the open `mem` then reads that process, not one that took its pid since.
+    pub fn with_vars(
+        pid: u32,
+        syms: &GoSymbols,
+        vars: AllGs,
+        version: String,
+        layout: &'static GLayout,
+        exe: (u64, u64),
+    ) -> Result<GoroutineReader, GoroutineError> {
         let bias = if syms.elf().is_pie() { load_bias(pid, syms)? } else { 0 };
         let mem = File::open(format!("/proc/{pid}/mem"))
             .map_err(|source| GoroutineError::Io { pid, what: "open /proc/PID/mem".into(), source })?;
+        still_runs(pid, exe)?;
         Ok(GoroutineReader { pid, mem, bias, vars, layout, version })
     }
 
@@ -203,7 +235,12 @@ impl GoroutineReader {
         let allglen = self.word(at.allglen, "allglen")?;
         let array = self.word(at.allgptr, "allgptr")?;
         if allglen > MAX_GOROUTINES {
-            return Err(self.bad(format!("allglen {allglen} is implausible")));
+            return Err(self.bad(format!("allglen {allglen} is implausible (more than {MAX_GOROUTINES})")));
+        }
+        // `allgs` is the slice `allglen` counts: a length beyond its capacity is garbage.
+        let cap = self.word(at.allgs + 16, "allgs' capacity")?;
+        if allglen > cap {
+            return Err(self.bad(format!("allglen {allglen} is beyond allgs' capacity {cap}")));
         }
         if allglen > 0 && (array == 0 || array % 8 != 0) {
             return Err(self.bad(format!("allgptr {array:#x} is not a pointer")));
@@ -364,6 +401,16 @@ fn load_bias(pid: u32, syms: &GoSymbols) -> Result<u64, GoroutineError> {
 
 #[cfg(test)]
 mod tests {
+    /// A pid whose executable changed since it was inspected (reused, or exec'd) is refused.
+    #[test]
+    fn a_pid_running_another_executable_is_refused() {
+        let me = std::process::id();
+        let exe = super::exe_of(me).expect("this test's own executable");
+        assert!(super::still_runs(me, exe).is_ok());
+        let other = (exe.0, exe.1.wrapping_add(1));
+        assert!(matches!(super::still_runs(me, other), Err(super::GoroutineError::NotTheBinary { pid }) if pid == me));
+    }
+
     use super::*;
     use crate::proto::gosym::gstruct::LAYOUTS;
 

@@ -175,7 +175,7 @@ pub fn read_process(job: &Job, cache: &mut HashMap<(u64, u64), Located>) -> Foun
         None => return fail(event, "not located".into(), found),
     };
     event.go_version = Some(version.clone());
-    let reader = match GoroutineReader::with_vars(job.pid, &syms, vars, version, layout) {
+    let reader = match GoroutineReader::with_vars(job.pid, &syms, vars, version, layout, key) {
         Ok(r) => r,
         Err(e) => return fail(event, e.to_string(), found),
     };
