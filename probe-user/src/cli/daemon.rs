@@ -1,5 +1,5 @@
 //! `plegwatch daemon`: the canary mode. The same engine as `watch`; incidents
-//! go to the logs (`--log-format text|json`) and to `/metrics` (OpenMetrics),
+//! go to the logs (`--log-format text|json`) and to `/metrics` (Prometheus text, or OpenMetrics),
 //! `/healthz` and `/incidents` on `--listen`.
 //!
 //! Settings come from `--config FILE` (TOML, every key optional), then the
