@@ -95,12 +95,15 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     let dir = tempfile::Builder::new().prefix("plegwatch-canary-").tempdir()?;
     let fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
     let _throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
-    // Bundles with retention 1: an older bundle there before, and a directory that is not
-    // a bundle, which retention must never touch.
+    // Bundles with retention 1: an older bundle of this host's there before; a directory
+    // that is not a bundle and another host's bundle, which retention must never touch.
     let reports = dir.path().join("reports");
-    let stale = reports.join("20200101T000000Z-pid1-incident-9");
+    let host = plegwatch::sinks::report::safe_dir::host_tag();
+    let stale = reports.join(format!("20200101T000000Z-{host}-pid1-0123456789abcdef-incident-9"));
+    let other = if host == "00000000" { "11111111" } else { "00000000" };
+    let foreign = reports.join(format!("20200101T000000Z-{other}-pid1-0123456789abcdef-incident-9"));
     let not_a_bundle = reports.join("notes");
-    for d in [&stale, &not_a_bundle] {
+    for d in [&stale, &foreign, &not_a_bundle] {
         std::fs::create_dir_all(d)?;
         std::fs::write(d.join("incident.json"), "{}")?;
     }
@@ -184,7 +187,7 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     // Retention: the resolved incident's bundle replaced the stale one; the notes stay.
     let bundles = || -> Vec<String> {
         std::fs::read_dir(&reports)
-            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| n.contains("-pid")).collect())
+            .map(|d| d.flatten().filter_map(|e| e.file_name().into_string().ok()).filter(|n| n.contains(&format!("-{host}-pid"))).collect())
             .unwrap_or_default()
     };
     canary::poll(Duration::from_secs(10), "the resolved incident's bundle, and the stale one removed", || {
@@ -193,6 +196,7 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     })
     .with_context(|| format!("bundles now: {:?}", bundles()))?;
     assert!(not_a_bundle.join("incident.json").is_file(), "retention touched a directory that is not a bundle");
+    assert!(foreign.join("incident.json").is_file(), "retention touched another host's bundle");
     let rss = series(&text, "process_resident_memory_bytes").unwrap_or(0.0);
     let cpu = series(&text, "process_cpu_seconds_total").unwrap_or(0.0);
     assert!(rss > 1e6, "RSS exported: {rss}");

@@ -206,6 +206,11 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     // Before the endpoint is served: a daemon that cannot load its probes says
     // so in one line rather than answering /healthz first.
     crate::kernel::loader::require_root()?;
+    // A report dir that cannot be made, or is not safe to write as root: refused at start.
+    let mut report = match &cfg.report_dir {
+        Some(dir) => Some(ReportSink::with_retention(dir, Some(cfg.retention)).map_err(super::UsageError)?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("--listen {}: cannot listen", cfg.listen))?;
@@ -217,11 +222,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let (mut metrics, exposition) = metrics::metrics();
     let server = tokio::spawn(export::http::serve(listener, exposition));
     let mut log = LogSink;
-    let mut report = cfg.report_dir.as_ref().and_then(|dir| {
-        ReportSink::with_retention(dir, Some(cfg.retention))
-            .inspect_err(|e| tracing::warn!("report dir {}: cannot start its writer thread ({e}); going on without bundles", dir.display()))
-            .ok()
-    });
+
     let result = {
         let mut tee = Tee(&mut metrics, &mut log);
         match report.as_mut() {

@@ -212,10 +212,9 @@ pub async fn run(args: WatchArgs, text: TextOptions) -> anyhow::Result<()> {
         },
     };
     if let Some(dir) = &args.report_dir {
-        match ReportSink::new(dir) {
-            Ok(report) => sink = Box::new(Tee(sink, report)),
-            Err(e) => tracing::warn!("report dir {}: cannot start its writer thread ({e}); watching goes on without bundles", dir.display()),
-        }
+        // A report dir that cannot be made, or is not safe to write as root: refused now.
+        let report = ReportSink::new(dir).map_err(super::UsageError)?;
+        sink = Box::new(Tee(sink, report));
     }
     // On an error the sink is dropped here, before main prints it: the live
     // view has given the terminal back by then.

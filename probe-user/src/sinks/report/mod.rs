@@ -13,15 +13,18 @@
 //! | `index.html` | one self-contained page: summary, chain, timeline, both pictures, latency (see [`page`]); rendered again at exit with `latency.json` |
 //!
 //! Bundles are named `<run>-incident-<id>` and `<run>-run`, where `<run>` is
-//! the UTC time the watch started and plegwatch's pid. Directories get mode
-//! 0700, files 0600; each file is written to a temporary name and renamed,
-//! so a reader never sees half a file.
+//! the UTC time the watch started, this host's tag, plegwatch's pid and a random
+//! part. The report directory must be this user's (root's) alone, or it is refused
+//! at start; everything under it is written through directory descriptors, never
+//! following a symlink ([`safe_dir`]). Directories get mode 0700, files 0600; each
+//! file is written to a fresh temporary name and renamed, so a reader never sees half
+//! a file.
 //!
 //! The sink keeps a small ledger from the events (no call back into the
 //! engine) and hands each bundle to **a worker thread** through a bounded
 //! queue: rendering (inferno, gzip) and writing never run on the scan loop.
-//! A full queue, a full disk or a read-only directory is logged as a warning
-//! and the bundle is skipped; watching and the normal output go on. At exit
+//! A full queue or a full disk is logged as a warning and the bundle is skipped;
+//! watching and the normal output go on. At exit
 //! (the sink is dropped) the queue is drained and the worker joined.
 
 pub mod bundle;
@@ -30,15 +33,16 @@ pub mod page;
 pub mod pprof;
 pub mod render;
 pub mod retention;
+pub mod safe_dir;
 pub mod timeline;
 
 use crate::events::{Event, Sink};
 use bundle::{Bundle, Ledger};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use safe_dir::{BundleDir, ReportRoot};
+use std::path::Path;
+use std::sync::Arc;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
@@ -49,24 +53,23 @@ const QUEUE: usize = 16;
 /// The file names of a bundle.
 pub const FILES: [&str; 7] = ["blocked.folded", "blocked.svg", "profile.pb.gz", "incident.json", "latency.json", "chain.svg", "index.html"];
 
-/// A job for the writer thread.
+/// A job for the writer thread; bundles are named as under the report root.
 enum Job {
     /// Render and write a bundle's files (not `latency.json`).
-    Bundle(PathBuf, Box<Bundle>),
-    /// Write `latency.json` into these bundle directories, and their
-    /// `index.html` again with its tables.
-    Latency(Vec<PathBuf>, Value),
+    Bundle(String, Box<Bundle>),
+    /// Write `latency.json` into these bundles, and their `index.html` again with
+    /// its tables.
+    Latency(Vec<String>, Value),
 }
 
 /// The report sink. See the module doc.
 pub struct ReportSink {
-    dir: PathBuf,
     run: String,
     ledger: Ledger,
     /// Incidents whose `imminent` bundle is written.
     imminent: BTreeSet<u64>,
-    /// Every bundle directory written in this run (for `latency.json` at exit).
-    written: BTreeSet<PathBuf>,
+    /// Every bundle written in this run (for `latency.json` at exit).
+    written: BTreeSet<String>,
     /// The kernel's drop counters by probe, from the last status line (daemon only).
     dropped: Vec<crate::events::DropCount>,
     tx: Option<SyncSender<Job>>,
@@ -74,50 +77,57 @@ pub struct ReportSink {
 }
 
 impl ReportSink {
-    /// Starts the writer thread; `dir` is created (mode 0700) if missing.
-    /// A directory that cannot be created is logged, not fatal: bundles then
-    /// fail to write, each with a warning.
-    pub fn new(dir: &Path) -> std::io::Result<Self> {
+    /// Opens the report root `dir` (made, mode 0700, if missing) and starts the writer
+    /// thread. A directory that cannot be made, or that others may write, or a symlink,
+    /// is refused here, in one line: at start, not at the first incident.
+    pub fn new(dir: &Path) -> Result<Self, String> {
         Self::with_retention(dir, None)
     }
 
-    /// As [`ReportSink::new`]; after each bundle the writer thread removes the
+    /// As [`ReportSink::new`]; after each bundle the writer thread removes this host's
     /// oldest bundles in `dir` beyond `keep` (see [`retention`]).
-    pub fn with_retention(dir: &Path, keep: Option<retention::Retention>) -> std::io::Result<Self> {
-        if let Err(e) = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir) {
-            tracing::warn!("report dir {}: cannot create it ({e}); watching goes on without bundles", dir.display());
-        }
+    pub fn with_retention(dir: &Path, keep: Option<retention::Retention>) -> Result<Self, String> {
+        let root = Arc::new(ReportRoot::open(dir)?);
+        let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string().replace(['-', ':'], "");
+        let run = root.run_name(&stamp).map_err(|e| format!("report dir {}: a random bundle name: {e}", dir.display()))?;
         let (tx, rx) = sync_channel::<Job>(QUEUE);
-        let top = dir.to_path_buf();
-        let worker = std::thread::Builder::new().name("plegwatch-report".into()).spawn(move || {
-            for job in rx {
-                match job {
-                    Job::Bundle(dir, b) => match write_bundle(&dir, &b) {
-                        Ok(()) => {
-                            if let Some(keep) = keep {
-                                retention::prune(&top, keep, &dir);
+        let worker = std::thread::Builder::new()
+            .name("plegwatch-report".into())
+            .spawn(move || {
+                for job in rx {
+                    match job {
+                        Job::Bundle(name, b) => match root.bundle_dir(&name).map_err(|e| WriteError::Io(name.clone(), e)).and_then(|d| write_bundle(&d, &b)) {
+                            Ok(()) => {
+                                if let Some(keep) = keep {
+                                    retention::prune(&root, keep, &name);
+                                }
                             }
-                        }
-                        Err(e) => tracing::warn!("report bundle {}: {e}; watching goes on", dir.display()),
-                    },
-                    Job::Latency(dirs, v) => {
-                        for d in dirs {
-                            let body = serde_json::to_vec_pretty(&v).unwrap_or_default();
-                            if let Err(e) = write_file(&d, "latency.json", &body) {
-                                tracing::warn!("report bundle {}: latency.json: {e}", d.display());
-                            }
-                            if let Err(e) = rewrite_page(&d, &v) {
-                                tracing::warn!("report bundle {}: index.html: {e}", d.display());
+                            Err(e) => tracing::warn!("report bundle {name}: {e}; watching goes on"),
+                        },
+                        Job::Latency(names, v) => {
+                            for name in names {
+                                let d = match root.bundle_dir(&name) {
+                                    Ok(d) => d,
+                                    Err(e) => {
+                                        tracing::warn!("report bundle {name}: {e}");
+                                        continue;
+                                    }
+                                };
+                                let body = serde_json::to_vec_pretty(&v).unwrap_or_default();
+                                if let Err(e) = d.write("latency.json", &body) {
+                                    tracing::warn!("report bundle {name}: latency.json: {e}");
+                                }
+                                if let Err(e) = rewrite_page(&d, &v) {
+                                    tracing::warn!("report bundle {name}: index.html: {e}");
+                                }
                             }
                         }
                     }
                 }
-            }
-        })?;
-        let stamp = humantime::format_rfc3339_seconds(SystemTime::now()).to_string().replace(['-', ':'], "");
+            })
+            .map_err(|e| format!("report dir {}: cannot start its writer thread: {e}", dir.display()))?;
         Ok(ReportSink {
-            dir: dir.to_path_buf(),
-            run: format!("{stamp}-pid{}", std::process::id()),
+            run,
             ledger: Ledger::default(),
             imminent: BTreeSet::new(),
             written: BTreeSet::new(),
@@ -138,9 +148,9 @@ impl ReportSink {
 
     fn incident_bundle(&mut self, id: u64, reason: &str) {
         let Some(b) = self.ledger.bundle_of(id, reason, now_rfc3339()) else { return };
-        let dir = self.dir.join(format!("{}-incident-{id}", self.run));
-        self.written.insert(dir.clone());
-        self.send(Job::Bundle(dir, Box::new(b)), &format!("bundle of incident #{id}"));
+        let name = format!("{}-incident-{id}", self.run);
+        self.written.insert(name.clone());
+        self.send(Job::Bundle(name, Box::new(b)), &format!("bundle of incident #{id}"));
     }
 }
 
@@ -165,10 +175,10 @@ impl Sink for ReportSink {
                 }
             }
             Event::Summary(s) => {
-                let dir = self.dir.join(format!("{}-run", self.run));
-                self.written.insert(dir.clone());
+                let name = format!("{}-run", self.run);
+                self.written.insert(name.clone());
                 let b = self.ledger.run_bundle(now_rfc3339());
-                self.send(Job::Bundle(dir, Box::new(b)), "the run's bundle");
+                self.send(Job::Bundle(name, Box::new(b)), "the run's bundle");
                 let mut latency = latency_tables(s);
                 // The summary's counters are the last word; a status's are older.
                 let dropped = if s.dropped.is_empty() { &self.dropped } else { &s.dropped };
@@ -238,15 +248,14 @@ pub enum WriteError {
 }
 
 /// Renders and writes every file of `b` but `latency.json` into `dir`.
-pub fn write_bundle(dir: &Path, b: &Bundle) -> Result<(), WriteError> {
-    make_dir(dir).map_err(|e| WriteError::Io(dir.display().to_string(), e))?;
+pub fn write_bundle(dir: &BundleDir, b: &Bundle) -> Result<(), WriteError> {
     let json = render::json(b).map_err(|e| WriteError::Render("incident.json", e.to_string()))?;
     let svg = render::svg(b).map_err(|e| WriteError::Render("blocked.svg", e.to_string()))?;
     let pprof = render::pprof_gz(b).map_err(|e| WriteError::Render("profile.pb.gz", e.to_string()))?;
     let folded = render::folded_text(b);
     // A graph the layout cannot draw costs the picture, not the bundle.
     let chain = render::chain(b).unwrap_or_else(|e| {
-        tracing::warn!("report bundle {}: {e}; the bundle goes without it", dir.display());
+        tracing::warn!("report bundle {}: {e}; the bundle goes without it", dir.path().display());
         String::new()
     });
     let html = render::html_with(b, &chain, &svg, None);
@@ -261,45 +270,24 @@ pub fn write_bundle(dir: &Path, b: &Bundle) -> Result<(), WriteError> {
         files.push(("chain.svg", chain.as_bytes()));
     }
     for (name, body) in files {
-        write_file(dir, name, body).map_err(|e| WriteError::Io(name.to_string(), e))?;
+        dir.write(name, body).map_err(|e| WriteError::Io(name.to_string(), e))?;
     }
     Ok(())
 }
 
 /// `index.html` of the bundle in `dir` again, now with `latency`.
-fn rewrite_page(dir: &Path, latency: &Value) -> Result<(), WriteError> {
-    let b = load(dir).map_err(|e| WriteError::Render("index.html", e.to_string()))?;
+fn rewrite_page(dir: &BundleDir, latency: &Value) -> Result<(), WriteError> {
+    let text = dir.read("incident.json").map_err(|e| WriteError::Io("incident.json".into(), e))?;
+    let b = parse(&dir.path().join("incident.json").display().to_string(), &String::from_utf8_lossy(&text))
+        .map_err(|e| WriteError::Render("index.html", e.to_string()))?;
     let html = render::html(&b, Some(latency)).map_err(|e| WriteError::Render("index.html", e.to_string()))?;
-    write_file(dir, "index.html", html.as_bytes()).map_err(|e| WriteError::Io("index.html".into(), e))
+    dir.write("index.html", html.as_bytes()).map_err(|e| WriteError::Io("index.html".into(), e))
 }
 
 /// `latency.json` beside a bundle's `incident.json`, if it is there and parses.
 pub fn load_latency(path: &Path) -> Option<Value> {
     let dir = if path.is_dir() { path } else { path.parent()? };
     serde_json::from_slice(&std::fs::read(dir.join("latency.json")).ok()?).ok()
-}
-
-/// A directory with mode 0700 (also when it was there already).
-fn make_dir(dir: &Path) -> std::io::Result<()> {
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)),
-        Err(e) => Err(e),
-    }
-}
-
-/// Writes `dir/name` with mode 0600, through a temporary file renamed over it.
-pub fn write_file(dir: &Path, name: &str, body: &[u8]) -> std::io::Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    let written = f.write_all(body).and_then(|()| f.flush());
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    drop(f);
-    std::fs::rename(&tmp, dir.join(name))
 }
 
 /// Why a bundle could not be read back.
@@ -319,9 +307,14 @@ pub fn load(path: &Path) -> Result<Bundle, LoadError> {
     let file = if path.is_dir() || !is_json { path.join("incident.json") } else { path.to_path_buf() };
     let name = file.display().to_string();
     let text = std::fs::read_to_string(&file).map_err(|e| LoadError::Io(name.clone(), e))?;
-    let b: Bundle = serde_json::from_str(&text).map_err(|e| LoadError::Json(name.clone(), e.to_string()))?;
+    parse(&name, &text)
+}
+
+/// A bundle from its `incident.json` text (`name` names it in errors).
+fn parse(name: &str, text: &str) -> Result<Bundle, LoadError> {
+    let b: Bundle = serde_json::from_str(text).map_err(|e| LoadError::Json(name.to_string(), e.to_string()))?;
     if b.format != bundle::FORMAT {
-        return Err(LoadError::Format(name, b.format, bundle::FORMAT));
+        return Err(LoadError::Format(name.to_string(), b.format, bundle::FORMAT));
     }
     Ok(b)
 }
