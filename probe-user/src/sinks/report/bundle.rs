@@ -265,6 +265,23 @@ impl Ledger {
         }
     }
 
+    /// (incident records, wait records) held.
+    pub fn len(&self) -> (usize, usize) {
+        (self.incidents.len(), self.waits.len())
+    }
+
+    /// Drops incident `id` and the waits no other incident has, once its bundle is
+    /// written (the daemon), and every ended wait that no incident has.
+    pub fn forget_incident(&mut self, id: u64) {
+        self.incidents.remove(&id);
+        let kept: BTreeSet<u64> = self
+            .incidents
+            .values()
+            .flat_map(|r| r.waits.iter().copied().chain(r.chain.iter().chain(&r.attached).filter_map(|h| h.wait_id)))
+            .collect();
+        self.waits.retain(|w, rec| kept.contains(w) || rec.ended_after_s.is_none());
+    }
+
     /// A reported wait ended: its blocked time is final.
     pub fn resolved(&mut self, r: &Resolved) {
         let w = self.waits.entry(r.id).or_insert_with(|| WaitRecord { id: r.id, ..Default::default() });

@@ -68,8 +68,12 @@ pub struct ReportSink {
     ledger: Ledger,
     /// Incidents whose `imminent` bundle is written.
     imminent: BTreeSet<u64>,
-    /// Every bundle written in this run (for `latency.json` at exit).
-    written: BTreeSet<String>,
+    /// The bundles written in this run (for `latency.json` at exit): all of them for
+    /// `watch`; for the daemon only as many as retention keeps.
+    written: std::collections::VecDeque<String>,
+    /// The daemon's retention: then each incident is forgotten once its resolved bundle
+    /// is written, so that the ledger does not grow over weeks.
+    keep: Option<retention::Retention>,
     /// The kernel's drop counters by probe, from the last status line (daemon only).
     dropped: Vec<crate::events::DropCount>,
     tx: Option<SyncSender<Job>>,
@@ -106,8 +110,10 @@ impl ReportSink {
                         },
                         Job::Latency(names, v) => {
                             for name in names {
-                                let d = match root.bundle_dir(&name) {
+                                let d = match root.existing_bundle(&name) {
                                     Ok(d) => d,
+                                    // Removed by retention since: nothing to add to.
+                                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                                     Err(e) => {
                                         tracing::warn!("report bundle {name}: {e}");
                                         continue;
@@ -127,10 +133,11 @@ impl ReportSink {
             })
             .map_err(|e| format!("report dir {}: cannot start its writer thread: {e}", dir.display()))?;
         Ok(ReportSink {
+            keep,
             run,
             ledger: Ledger::default(),
             imminent: BTreeSet::new(),
-            written: BTreeSet::new(),
+            written: Default::default(),
             dropped: Vec::new(),
             tx: Some(tx),
             worker: Some(worker),
@@ -149,8 +156,25 @@ impl ReportSink {
     fn incident_bundle(&mut self, id: u64, reason: &str) {
         let Some(b) = self.ledger.bundle_of(id, reason, now_rfc3339()) else { return };
         let name = format!("{}-incident-{id}", self.run);
-        self.written.insert(name.clone());
+        self.note_written(&name);
         self.send(Job::Bundle(name, Box::new(b)), &format!("bundle of incident #{id}"));
+    }
+
+    fn note_written(&mut self, name: &str) {
+        if !self.written.iter().any(|n| n == name) {
+            self.written.push_back(name.to_string());
+        }
+        if let Some(keep) = self.keep {
+            while self.written.len() > keep.max_bundles {
+                self.written.pop_front();
+            }
+        }
+    }
+
+    /// What the ledger holds: (incidents, waits), and the bundle names kept.
+    pub fn held(&self) -> (usize, usize, usize) {
+        let (i, w) = self.ledger.len();
+        (i, w, self.written.len() + self.imminent.len())
     }
 }
 
@@ -172,11 +196,16 @@ impl Sink for ReportSink {
             Event::IncidentResolved(r) => {
                 if self.ledger.incident_resolved(r) {
                     self.incident_bundle(r.id, "resolved");
+                    if self.keep.is_some() {
+                        // The daemon: written, so forgotten (its bundle has it all).
+                        self.ledger.forget_incident(r.id);
+                        self.imminent.remove(&r.id);
+                    }
                 }
             }
             Event::Summary(s) => {
                 let name = format!("{}-run", self.run);
-                self.written.insert(name.clone());
+                self.note_written(&name);
                 let b = self.ledger.run_bundle(now_rfc3339());
                 self.send(Job::Bundle(name, Box::new(b)), "the run's bundle");
                 let mut latency = latency_tables(s);

@@ -116,12 +116,23 @@ impl ReportRoot {
     /// The bundle directory `name` (made, mode 0700, if missing; opened without following
     /// a symlink, and checked to be this user's alone).
     pub fn bundle_dir(&self, name: &str) -> std::io::Result<BundleDir> {
+        self.bundle(name, true)
+    }
+
+    /// The bundle directory `name` if it is there (retention may have removed it).
+    pub fn existing_bundle(&self, name: &str) -> std::io::Result<BundleDir> {
+        self.bundle(name, false)
+    }
+
+    fn bundle(&self, name: &str, make: bool) -> std::io::Result<BundleDir> {
         if name.contains('/') || name.starts_with('.') {
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{name:?} is not a bundle name")));
         }
-        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o700)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(e.into()),
+        if make {
+            match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         let path = self.path.join(name);
         let fd = rustix::fs::openat(&self.fd, name, dir_flags(), Mode::empty()).map_err(|e| match e {
@@ -154,7 +165,7 @@ impl ReportRoot {
             if not_private(&st, name).is_some() {
                 continue;
             }
-            let Ok(b) = self.bundle_dir(name) else { continue };
+            let Ok(b) = self.existing_bundle(name) else { continue };
             let modified = SystemTime::UNIX_EPOCH + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.clamp(0, 999_999_999) as u32);
             out.push(OnDisk { name: name.to_string(), modified, bytes: b.bytes() });
         }
@@ -166,7 +177,7 @@ impl ReportRoot {
         if !self.is_ours(name) {
             return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{name}: not this host's bundle")));
         }
-        let b = self.bundle_dir(name)?;
+        let b = self.existing_bundle(name)?;
         for f in b.files() {
             rustix::fs::unlinkat(&b.fd, f.as_str(), AtFlags::empty())?;
         }

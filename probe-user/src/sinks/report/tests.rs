@@ -504,3 +504,30 @@ fn the_user_stack_stands_between_the_hops_and_the_kernel_stack() {
     let user = "task.(*service).Delete;mount.unmount;syscall.Syscall6;entry_SYSCALL_64_after_hwframe_[k]";
     assert!(line.contains(&format!("(task_work after the syscall returned);{user}")), "{line}");
 }
+
+/// The daemon's sink forgets each incident once its resolved bundle is written: over
+/// 200 incidents its ledger and its list of bundles stay as small as retention keeps.
+#[test]
+fn the_daemons_ledger_stays_bounded() {
+    let root = tempfile::tempdir().unwrap();
+    let keep = retention::Retention { max_bundles: 5, max_bytes: u64::MAX };
+    let mut sink = ReportSink::with_retention(&root.path().join("reports"), Some(keep)).unwrap();
+    for n in 0..200u64 {
+        let id = 1000 + n;
+        let wait = 5000 + n;
+        sink.emit(&Event::Stall(stall(wait, WaitKind::Umount, 30, 2.0, &UMOUNT_STACK)));
+        let mut i = incident(Level::Warn, 2.0);
+        i.id = id;
+        i.waits = vec![wait];
+        for h in i.chain.iter_mut() {
+            h.wait_id = Some(wait);
+        }
+        i.root = i.chain.last().cloned();
+        sink.emit(&Event::Incident(Box::new(i)));
+        sink.emit(&Event::Resolved(resolved(wait, 3.0)));
+        sink.emit(&Event::IncidentResolved(IncidentResolved { id, waited_s: 3.0, longest_chain: Vec::new(), merged_into: None }));
+    }
+    let (incidents, waits, names) = sink.held();
+    assert!(incidents == 0 && waits <= 1 && names <= 5, "held: {incidents} incidents, {waits} waits, {names} names");
+    drop(sink);
+}
