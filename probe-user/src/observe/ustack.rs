@@ -11,18 +11,25 @@
 //!
 //! An address neither names stays as `0x…` with its object's file name, so a
 //! frame is never dropped. Each binary's Go symbols are parsed once, keyed by
-//! device and inode, and kept for the run: the first stall line of a Go process
-//! pays the parse on the scan loop (2 to 8 ms in a release build for containerd
-//! 1.7.34 and 2.3.4, printed by `tests/real_binaries.rs`), the following ones a
-//! lookup. Stall lines are rare (one per wait per level).
+//! device and inode, and kept: the first stall line of a Go process pays the parse
+//! on the scan loop (2 to 8 ms in a release build for containerd 1.7.34 and 2.3.4,
+//! printed by `tests/real_binaries.rs`), the following ones a lookup. Stall lines
+//! are rare (one per wait per level).
+//!
+//! Memory is bounded by bytes: the binary is mapped (memmap2), not read whole (a
+//! node's Go binaries are 50 to 150 MB; only the headers and the pclntab pages are
+//! touched), and the parsed tables kept take at most [`MAX_CACHED_BYTES`] together,
+//! the least recently used going first. Mapping a file is safe from a truncation
+//! under it here: the file is the running executable of the process it was found
+//! in, which the kernel refuses to open for writing (ETXTBSY).
 
 use crate::proto::gosym::GoSymbols;
 use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::{Process, Source}};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Binaries parsed, at most; beyond, a new one is not cached.
-const MAX_BINARIES: usize = 64;
+/// The most the parsed Go tables kept take together (containerd's are about 10 MB).
+pub const MAX_CACHED_BYTES: usize = 128 << 20;
 
 /// Swept threads whose stacks are kept, at most.
 const MAX_PINNED: usize = 256;
@@ -30,8 +37,12 @@ const MAX_PINNED: usize = 256;
 /// Names user addresses (see the module doc). Keeps its caches for the run.
 pub struct UserSymbolizer {
     blaze: Symbolizer,
-    /// (dev, inode) → the binary's Go symbols, or None when it has no pclntab.
-    go: HashMap<(u64, u64), Option<Arc<GoSymbols>>>,
+    /// (dev, inode) → the binary's Go symbols (None when it has none), the tick it
+    /// was last used at, and its size in bytes.
+    go: HashMap<(u64, u64), (Option<Arc<GoSymbols>>, u64, usize)>,
+    /// The bytes the cached tables take.
+    cached_bytes: usize,
+    tick: u64,
     /// Stacks unwound while their thread was still blocked, by thread: a wait swept
     /// at startup may cross `--warn` only as it ends, when its thread has left it.
     pinned: HashMap<u32, Vec<String>>,
@@ -54,7 +65,7 @@ struct Mapped {
 
 impl UserSymbolizer {
     pub fn new() -> Self {
-        UserSymbolizer { blaze: Symbolizer::new(), go: HashMap::new(), pinned: HashMap::new() }
+        UserSymbolizer { blaze: Symbolizer::new(), go: HashMap::new(), cached_bytes: 0, tick: 0, pinned: HashMap::new() }
     }
 
     /// Names each of `ips` (innermost first, as the kernel gives them) in process `pid`.
@@ -139,17 +150,47 @@ impl UserSymbolizer {
 
     fn go_symbols(&mut self, pid: u32, m: &Mapped) -> Option<Arc<GoSymbols>> {
         let key = (m.dev, m.inode);
-        if let Some(cached) = self.go.get(&key) {
+        self.tick += 1;
+        if let Some((cached, used, _)) = self.go.get_mut(&key) {
+            *used = self.tick;
             return cached.clone();
         }
         // Through the process's root: its mount namespace's view of the path.
         let path = format!("/proc/{pid}/root{}", m.path);
-        let parsed = std::fs::read(&path).ok().and_then(|data| GoSymbols::from_elf_named(&data, &m.path).ok()).map(Arc::new);
-        if self.go.len() < MAX_BINARIES {
-            self.go.insert(key, parsed.clone());
-        }
+        let parsed = map_file(&path).and_then(|data| GoSymbols::from_elf_named(&data, &m.path).ok()).map(Arc::new);
+        let size = parsed.as_ref().map_or(64, |g| g.heap_bytes());
+        self.keep(key, parsed.clone(), size);
         parsed
     }
+
+    /// Caches `parsed` (`size` bytes) under `key`, making room by bytes (least recently
+    /// used first); a table larger than the whole budget is not kept.
+    fn keep(&mut self, key: (u64, u64), parsed: Option<Arc<GoSymbols>>, size: usize) {
+        if size > MAX_CACHED_BYTES {
+            return;
+        }
+        while self.cached_bytes + size > MAX_CACHED_BYTES {
+            let Some((&oldest, _)) = self.go.iter().min_by_key(|(_, (_, used, _))| *used) else { break };
+            if let Some((_, _, gone)) = self.go.remove(&oldest) {
+                self.cached_bytes -= gone;
+            }
+        }
+        self.cached_bytes += size;
+        self.go.insert(key, (parsed, self.tick, size));
+    }
+
+    /// The bytes its cached tables take.
+    pub fn cached_bytes(&self) -> usize {
+        self.cached_bytes
+    }
+}
+
+/// `path` mapped read-only (see the module doc on why this is safe here).
+fn map_file(path: &str) -> Option<memmap2::Mmap> {
+    let file = std::fs::File::open(path).ok()?;
+    // SAFETY: a read-only private mapping of a running executable, which cannot be
+    // opened for writing while it runs (ETXTBSY); the map is dropped after the parse.
+    unsafe { memmap2::Mmap::map(&file) }.ok()
 }
 
 /// A file-backed executable mapping.
@@ -201,5 +242,25 @@ mod tests {
         assert_eq!(frames.len(), 2);
         assert!(frames[0].contains("names_our_own_frames_and_keeps_unknown_ones"), "{frames:?}");
         assert_eq!(frames[1], "0x10");
+    }
+
+    /// The cache holds at most MAX_CACHED_BYTES, the least recently used going first,
+    /// and never a table larger than all of it.
+    #[test]
+    fn the_cache_is_bounded_by_bytes() {
+        let mut s = UserSymbolizer::new();
+        let third = MAX_CACHED_BYTES / 3;
+        for k in 0..3 {
+            s.tick += 1;
+            s.keep((k, k), None, third);
+        }
+        s.tick += 1;
+        s.go.get_mut(&(0, 0)).unwrap().1 = s.tick; // 0 used again: 1 is now the oldest
+        s.tick += 1;
+        s.keep((9, 9), None, third);
+        assert!(s.cached_bytes() <= MAX_CACHED_BYTES);
+        assert!(s.go.contains_key(&(0, 0)) && !s.go.contains_key(&(1, 1)) && s.go.contains_key(&(9, 9)));
+        s.keep((10, 10), None, MAX_CACHED_BYTES + 1);
+        assert!(!s.go.contains_key(&(10, 10)) && s.cached_bytes() <= MAX_CACHED_BYTES);
     }
 }

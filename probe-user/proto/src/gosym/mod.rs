@@ -293,6 +293,11 @@ impl GoSymbols {
         Some((m.path.as_str(), m.version.as_str()))
     }
 
+    /// About how many bytes it holds on the heap (its tables; the ELF headers are small).
+    pub fn heap_bytes(&self) -> usize {
+        self.table.heap_bytes() + 4096
+    }
+
     /// The parsed pclntab (layout version, `textStart`, where it was found).
     pub fn pclntab(&self) -> &Pclntab {
         &self.table

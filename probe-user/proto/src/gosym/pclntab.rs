@@ -280,6 +280,14 @@ fn parse_header(ctx: &Ctx<'_>, t: &[u8]) -> Result<Option<Header>, GoSymError> {
 }
 
 impl Pclntab {
+    /// The bytes it holds on the heap: its names, its pc-value tables and its index.
+    pub fn heap_bytes(&self) -> usize {
+        self.names.len()
+            + self.pctab.len()
+            + self.funcs.capacity() * std::mem::size_of::<FuncRec>()
+            + self.by_name.get().map_or(0, |v| v.capacity() * std::mem::size_of::<u32>())
+    }
+
     /// Finds and parses the pclntab of `elf` (whose bytes are `data`).
     pub fn from_elf(elf: &Elf, data: &[u8]) -> Result<Pclntab, GoSymError> {
         let binary = elf.binary();
