@@ -144,9 +144,19 @@ impl Plegwatch {
     /// exits first or `timeout` passes.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<Event> {
         let Some(ready) = self.wait_for(timeout, |e| e.is("ready")) else {
-            let what = match self.child.try_wait() {
-                Ok(Some(status)) => format!("plegwatch exited ({status}) before it was ready"),
-                _ => format!("plegwatch printed no ready line within {timeout:?}"),
+            // Its stdout closes as plegwatch exits, a moment before its process (or the
+            // wrapper it runs under, which waits for it) is gone: give that moment.
+            let gone_by = Instant::now() + crate::timing::scaled(Duration::from_secs(5));
+            let status = loop {
+                match self.child.try_wait() {
+                    Ok(Some(status)) => break Some(status),
+                    Ok(None) if Instant::now() < gone_by => std::thread::sleep(Duration::from_millis(20)),
+                    _ => break None,
+                }
+            };
+            let what = match status {
+                Some(status) => format!("plegwatch exited ({status}) before it was ready"),
+                None => format!("plegwatch printed no ready line within {timeout:?}"),
             };
             return Err(self.failure(what));
         };

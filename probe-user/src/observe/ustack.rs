@@ -39,7 +39,7 @@ pub struct UserSymbolizer {
     blaze: Symbolizer,
     /// (dev, inode) → the binary's Go symbols (None when it has none), the tick it
     /// was last used at, and its size in bytes.
-    go: HashMap<(u64, u64), (Option<Arc<GoSymbols>>, u64, usize)>,
+    go: HashMap<(u64, u64), Cached>,
     /// The bytes the cached tables take.
     cached_bytes: usize,
     tick: u64,
@@ -53,6 +53,10 @@ impl Default for UserSymbolizer {
         Self::new()
     }
 }
+
+/// A binary's Go symbols (None when it has none), the tick it was last used at, and
+/// its size in bytes.
+type Cached = (Option<Arc<GoSymbols>>, u64, usize);
 
 /// The mapping of one address: its file, where the file's bytes start in it.
 struct Mapped {
