@@ -30,9 +30,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = syms.version();
-    let _ = syms
-        .build_info()
-        .map(|b| b.module_version("github.com/containerd/containerd"));
+    let _ = syms.build_info().map(|b| b.module_version("github.com/containerd/containerd"));
     let _ = syms.elf().tls_segment();
     // The code that loads g from TLS, decoded from whatever runtime.stackcheck holds.
     if let Ok(t) = plegwatch_proto::gosym::g_tls_offset(&syms, data) {
@@ -54,9 +52,7 @@ fuzz_target!(|data: &[u8]| {
         if i < 256 {
             if f.end > f.entry {
                 // Zero-size functions share their entry with the next one.
-                assert!(syms
-                    .function_at(f.entry)
-                    .is_some_and(|g| g.entry == f.entry));
+                assert!(syms.function_at(f.entry).is_some_and(|g| g.entry == f.entry));
             }
             if let Ok(rets) = ret_addresses_in(syms.elf(), data, &f) {
                 assert!(rets.iter().all(|&r| r >= f.entry && r < f.end));

@@ -12,8 +12,7 @@ use plegwatch_proto::netlink::{
     names, GenlFamilies, SocketTracker,
 };
 
-const PROTOCOLS: [u32; 4] =
-    [names::NETLINK_ROUTE, names::NETLINK_GENERIC, names::NETLINK_SOCK_DIAG, names::NETLINK_AUDIT];
+const PROTOCOLS: [u32; 4] = [names::NETLINK_ROUTE, names::NETLINK_GENERIC, names::NETLINK_SOCK_DIAG, names::NETLINK_AUDIT];
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 3 {

@@ -9,7 +9,7 @@ use aya_ebpf::{
     maps::PerCpuHashMap,
     programs::TracePointContext,
 };
-use plegwatch_abi::{DEV_IO_MAX, DevIo, block_tp};
+use plegwatch_abi::{block_tp, DevIo, DEV_IO_MAX};
 
 use crate::ctxread::field;
 

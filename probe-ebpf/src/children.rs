@@ -13,7 +13,7 @@ use aya_ebpf::{
     maps::{Array, HashMap},
     programs::TracePointContext,
 };
-use plegwatch_abi::{CHILD_WAIT_WAIT4, CHILD_WAITS_MAX, ChildWait, Stat, WNOHANG};
+use plegwatch_abi::{ChildWait, Stat, CHILD_WAITS_MAX, CHILD_WAIT_WAIT4, WNOHANG};
 
 use crate::waits::{count, tracer_tgid};
 

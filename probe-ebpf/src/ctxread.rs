@@ -5,7 +5,7 @@
 //! goes through `bpf_probe_read_kernel` instead, a helper call per field that
 //! costs tens of nanoseconds on paths as hot as every `write`.
 
-use aya_ebpf::{EbpfContext as _, programs::TracePointContext};
+use aya_ebpf::{programs::TracePointContext, EbpfContext as _};
 
 /// The `T` at byte `off` of the tracepoint record.
 ///

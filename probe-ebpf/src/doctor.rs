@@ -5,10 +5,7 @@
 
 use aya_ebpf::{
     macros::{btf_tracepoint, fentry, kprobe, perf_event, raw_tracepoint, tracepoint, uprobe},
-    programs::{
-        BtfTracePointContext, FEntryContext, PerfEventContext, ProbeContext, RawTracePointContext,
-        TracePointContext,
-    },
+    programs::{BtfTracePointContext, FEntryContext, PerfEventContext, ProbeContext, RawTracePointContext, TracePointContext},
 };
 
 /// Tracepoint `sched:sched_process_fork` (any tracepoint would do).

@@ -18,9 +18,7 @@ pub(crate) const EEXIST: i32 = 17;
 pub(crate) fn add(map: &Array<u64>, slot: u32, delta: i64) {
     if let Some(p) = map.get_ptr_mut(slot) {
         // SAFETY: `p` points at a live map value; the add is atomic.
-        unsafe {
-            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, delta as u64)
-        };
+        unsafe { core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(p, delta as u64) };
     }
 }
 

@@ -10,18 +10,18 @@
 //! 1.17, amd64) R14 holds the current `g` at function entry and at return.
 
 use aya_ebpf::{
-    EbpfContext as _,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel,
-        bpf_probe_read_user, generated::bpf_get_attach_cookie,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_probe_read_user,
+        generated::bpf_get_attach_cookie,
     },
     macros::{map, tracepoint, uprobe},
     maps::{Array, HashMap, RingBuf},
     programs::{ProbeContext, TracePointContext},
+    EbpfContext as _,
 };
 use plegwatch_abi::{
-    COMM_LEN, EventHeader, GO_ADDRS_MAX, GO_EVENTS_BYTES, EventKind, ExecEvent, GO_ARG_LEN, GO_FUNCS_MAX, GoAddrKey, GoArgSpec, GoCall,
-    GoCallEnd, GoCallKey, GoExit, GoProc, Stat,
+    EventHeader, EventKind, ExecEvent, GoAddrKey, GoArgSpec, GoCall, GoCallEnd, GoCallKey, GoExit, GoProc, Stat, COMM_LEN, GO_ADDRS_MAX,
+    GO_ARG_LEN, GO_EVENTS_BYTES, GO_FUNCS_MAX,
 };
 
 use crate::waits::{count, report_min_ns, tracer_tgid};
@@ -97,13 +97,8 @@ fn capture_arg(ctx: &ProbeContext, func: u32, call: &mut GoCall) {
     // In 1..=GO_ARG_LEN in a form the verifier can bound (a mask).
     let n = (((capped - 1) as u32) & (GO_ARG_LEN as u32 - 1)) + 1;
     // SAFETY: `n` is in 1..=GO_ARG_LEN, the size of `call.arg`; the helper checks `data`.
-    let rc = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            call.arg.as_mut_ptr().cast(),
-            n,
-            data as *const core::ffi::c_void,
-        )
-    };
+    let rc =
+        unsafe { aya_ebpf::helpers::generated::bpf_probe_read_user(call.arg.as_mut_ptr().cast(), n, data as *const core::ffi::c_void) };
     if rc == 0 {
         call.arg_len = n;
     }
@@ -116,11 +111,7 @@ fn capture_arg(ctx: &ProbeContext, func: u32, call: &mut GoCall) {
 fn func_at(ctx: &ProbeContext) -> Option<u32> {
     // SAFETY: read-only globals patched by the loader.
     let (mm_off, start_off, end_off) = unsafe {
-        (
-            core::ptr::read_volatile(&TASK_MM_OFF),
-            core::ptr::read_volatile(&MM_START_CODE_OFF),
-            core::ptr::read_volatile(&MM_END_CODE_OFF),
-        )
+        (core::ptr::read_volatile(&TASK_MM_OFF), core::ptr::read_volatile(&MM_START_CODE_OFF), core::ptr::read_volatile(&MM_END_CODE_OFF))
     };
     if mm_off == u32::MAX || start_off == u32::MAX || end_off == u32::MAX {
         return None;

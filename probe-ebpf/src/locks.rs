@@ -40,7 +40,7 @@ use aya_ebpf::{
     maps::{Array, HashMap},
     programs::TracePointContext,
 };
-use plegwatch_abi::{LCB_F_MUTEX, LockWait, Stat};
+use plegwatch_abi::{LockWait, Stat, LCB_F_MUTEX};
 
 use crate::offcpu::{INTERESTING, STACKS, TASK_PID_OFF};
 use crate::waits::count;
@@ -93,11 +93,7 @@ pub fn lock_begin(ctx: TracePointContext) -> u32 {
     // SAFETY: the helper checks kernel pointers.
     let owner_word: u64 = unsafe { bpf_probe_read_kernel((lock + owner_off as u64) as *const u64) }.unwrap_or(0);
     let task = owner_word & !0x7;
-    let owner_tid = if task == 0 {
-        0
-    } else {
-        unsafe { bpf_probe_read_kernel((task + pid_off as u64) as *const u32) }.unwrap_or(0)
-    };
+    let owner_tid = if task == 0 { 0 } else { unsafe { bpf_probe_read_kernel((task + pid_off as u64) as *const u32) }.unwrap_or(0) };
     let stack_id = match ctx.get_stackid(&STACKS, 0) {
         Ok(id) => id as i32,
         Err(_) => {

@@ -17,9 +17,9 @@ mod block;
 #[cfg(target_arch = "bpf")]
 mod children;
 #[cfg(target_arch = "bpf")]
-mod doctor;
-#[cfg(target_arch = "bpf")]
 mod ctxread;
+#[cfg(target_arch = "bpf")]
+mod doctor;
 #[cfg(target_arch = "bpf")]
 mod gate;
 #[cfg(target_arch = "bpf")]

@@ -40,12 +40,12 @@
 //! - [`OFFCPU_OPEN`]: one `u64`.
 
 use aya_ebpf::{
-    EbpfContext as _,
     bindings::BPF_F_USER_STACK,
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, HashMap, StackTrace},
-    programs::{BtfTracePointContext, TracePointContext, tracing::StackIdContext as _},
+    programs::{tracing::StackIdContext as _, BtfTracePointContext, TracePointContext},
+    EbpfContext as _,
 };
 use plegwatch_abi::{OffCpuKey, OffCpuStart, OffCpuVal, Stat, TASK_UNINTERRUPTIBLE};
 
@@ -80,7 +80,6 @@ static OFFCPU_OPEN: Array<u64> = Array::with_max_entries(1, 0);
 /// not used.
 #[unsafe(no_mangle)]
 pub(crate) static TASK_PID_OFF: u32 = 0;
-
 
 #[inline(always)]
 fn switch_out<C: StackIdContextExt>(ctx: &C, prev_state: u64) {

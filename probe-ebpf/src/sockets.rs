@@ -23,14 +23,18 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::{generated::bpf_loop, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, bpf_probe_read_user},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel_buf, bpf_probe_read_user,
+        generated::bpf_loop,
+    },
     macros::{map, tracepoint},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
 use plegwatch_abi::{
-    COMM_LEN, DBUS_AUTH_SCAN, DBUS_GOING, DBUS_WALK_MAX, DbusBytes, DbusCursor, DbusDir, DbusPos, EventHeader, EventKind, NL_SUMMARIES, NlSummary, SOCK_DATA_CAP, SOCK_FIRST_RECV, SOCK_IO_HEADER_LEN,
-    SOCK_SLOTS, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, Stat,
+    DbusBytes, DbusCursor, DbusDir, DbusPos, EventHeader, EventKind, NlSummary, SockCall, SockClass, SockClosed, SockIo, SockKind,
+    SocksForgotten, Stat, COMM_LEN, DBUS_AUTH_SCAN, DBUS_GOING, DBUS_WALK_MAX, NL_SUMMARIES, SOCK_DATA_CAP, SOCK_FIRST_RECV,
+    SOCK_IO_HEADER_LEN, SOCK_SLOTS,
 };
 
 use crate::waits::{count, tracer_tgid};
@@ -201,11 +205,7 @@ pub(crate) fn forget(tgid: u32, fd: u32) {
         let _ = DBUS_POS.remove(&k);
     }
     if SOCKS.remove(&k).is_ok() && class.kind != SockKind::UnixCandidate as u32 {
-        let rec = SockClosed {
-            header: EventHeader { kind: EventKind::SockClosed as u32, _pad: 0 },
-            tgid,
-            fd,
-        };
+        let rec = SockClosed { header: EventHeader { kind: EventKind::SockClosed as u32, _pad: 0 }, tgid, fd };
         if SOCK_EVENTS.output::<SockClosed>(&rec, wakeup()).is_err() {
             count(Stat::SockEventsFull);
         }
@@ -225,7 +225,11 @@ fn wakeup() -> u64 {
     const BPF_RB_AVAIL_DATA: u64 = 0;
     const BPF_RB_NO_WAKEUP: u64 = 1;
     const BPF_RB_FORCE_WAKEUP: u64 = 2;
-    if SOCK_EVENTS.query(BPF_RB_AVAIL_DATA) > u64::from(SOCK_EVENTS_BYTES / 4) { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP }
+    if SOCK_EVENTS.query(BPF_RB_AVAIL_DATA) > u64::from(SOCK_EVENTS_BYTES / 4) {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }
 }
 
 /// Sends a record on `SOCK_EVENTS`, in order with the process's other socket records.
@@ -243,16 +247,11 @@ fn forget_all(tgid: u32) {
     let Some(gen) = SOCK_GEN.get_ptr_mut(&tgid) else { return };
     // SAFETY: `gen` points at a live map value; the add is atomic.
     unsafe { core::intrinsics::atomic_xadd::<u32, u32, { core::intrinsics::AtomicOrdering::Relaxed }>(gen, 1) };
-    let rec = SocksForgotten {
-        header: EventHeader { kind: EventKind::SocksForgotten as u32, _pad: 0 },
-        tgid,
-        _pad: 0,
-    };
+    let rec = SocksForgotten { header: EventHeader { kind: EventKind::SocksForgotten as u32, _pad: 0 }, tgid, _pad: 0 };
     if SOCK_EVENTS.output::<SocksForgotten>(&rec, wakeup()).is_err() {
         count(Stat::SockEventsFull);
     }
 }
-
 
 #[inline(always)]
 fn sock_slot(nr: u32) -> Option<u32> {
@@ -275,7 +274,11 @@ fn sock_slot(nr: u32) -> Option<u32> {
 #[inline(always)]
 pub(crate) fn at_most(v: u64, max: u64) -> u64 {
     let v = core::hint::black_box(v);
-    if v > max { max } else { v }
+    if v > max {
+        max
+    } else {
+        v
+    }
 }
 
 #[inline(always)]
@@ -492,19 +495,8 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
         }
         _ => (arg1, arg2),
     };
-    let mut call = SockCall {
-        start_ns: now(),
-        buf,
-        buf_len,
-        tgid,
-        fd: fd as u32,
-        slot,
-        nl_seq: 0,
-        nl_type: 0,
-        nl_flags: 0,
-        nl_dst: 0,
-        class,
-    };
+    let mut call =
+        SockCall { start_ns: now(), buf, buf_len, tgid, fd: fd as u32, slot, nl_seq: 0, nl_type: 0, nl_flags: 0, nl_dst: 0, class };
     if class.kind == SockKind::Netlink as u32 && slot < SOCK_FIRST_RECV && buf != 0 {
         // SAFETY: the helper checks the user pointer.
         if let Ok(hdr) = unsafe { bpf_probe_read_user(buf as *const [u32; 4]) } {
@@ -741,7 +733,11 @@ extern "C" fn dbus_step_cb(index: u64, _ctx: *mut c_void) -> i64 {
     if bytes.failed {
         s.walk.failed = 1;
     }
-    if go { 0 } else { 1 }
+    if go {
+        0
+    } else {
+        1
+    }
 }
 
 /// A `bpf_loop` callback: handshake text in the 8 bytes at `index * 8` of
@@ -814,7 +810,11 @@ impl<const HELPER_LOOP: bool> DbusBytes for DbusUser<HELPER_LOOP> {
                     i += 1;
                 }
             }
-            if (*t).end == DBUS_GOING { len } else { (*t).end }
+            if (*t).end == DBUS_GOING {
+                len
+            } else {
+                (*t).end
+            }
         }
     }
 

@@ -27,8 +27,8 @@ use aya_ebpf::{
     programs::ProbeContext,
 };
 use plegwatch_abi::{
-    EventHeader, EventKind, SOCK_FIRST_RECV, SockCall, Stat, TTRPC_FRAMES, TTRPC_HEADER_LEN, TTRPC_SHIM_SUFFIX_LEN, TtrpcBind,
-    TtrpcBytes, TtrpcFrame, TtrpcIo, TtrpcPos, TtrpcReqKey, ttrpc_walk,
+    ttrpc_walk, EventHeader, EventKind, SockCall, Stat, TtrpcBind, TtrpcBytes, TtrpcFrame, TtrpcIo, TtrpcPos, TtrpcReqKey, SOCK_FIRST_RECV,
+    TTRPC_FRAMES, TTRPC_HEADER_LEN, TTRPC_SHIM_SUFFIX_LEN,
 };
 
 use crate::waits::{count, tracer_tgid};
@@ -217,13 +217,8 @@ pub fn ttrpc_send(ctx: ProbeContext) -> u32 {
     // SAFETY: copied out at once.
     let Some(caller_g) = (unsafe { TTRPC_CALLERS.get(&k) }).copied() else { return 0 };
     let _ = TTRPC_CALLERS.remove(&k);
-    let rec = TtrpcBind {
-        header: EventHeader { kind: EventKind::TtrpcBind as u32, _pad: 0 },
-        sender_g,
-        caller_g,
-        tgid,
-        stream: stream as u32,
-    };
+    let rec =
+        TtrpcBind { header: EventHeader { kind: EventKind::TtrpcBind as u32, _pad: 0 }, sender_g, caller_g, tgid, stream: stream as u32 };
     crate::sockets::output(&rec);
     0
 }

@@ -10,19 +10,15 @@
 //! tail is open) or exits (`sched_process_exit`).
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        bpf_probe_read_user_str_bytes,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
     macros::{map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{RawTracePointContext, TracePointContext},
     EbpfContext as _,
 };
 use plegwatch_abi::{
-    hist_bucket, EndReason, EventHeader, EventKind, Stat, Wait, WaitEnd, COMM_LEN, EVENTS_BYTES,
-    HIST_BUCKETS, HIST_ENTRIES, INFLIGHT_MAX, PATH_LEN, SLOT_UMOUNT2, STAT_COUNT,
-    WAIT_SWEPT_TAIL, WAIT_DETAILS_PENDING, WATCHED_SLOTS,
+    hist_bucket, EndReason, EventHeader, EventKind, Stat, Wait, WaitEnd, COMM_LEN, EVENTS_BYTES, HIST_BUCKETS, HIST_ENTRIES, INFLIGHT_MAX,
+    PATH_LEN, SLOT_UMOUNT2, STAT_COUNT, WAIT_DETAILS_PENDING, WAIT_SWEPT_TAIL, WATCHED_SLOTS,
 };
 
 #[map]
@@ -167,10 +163,7 @@ fn finish(wait: &Wait, end_ns: u64, reason: EndReason) {
         return;
     }
     let rec = WaitEnd {
-        header: EventHeader {
-            kind: EventKind::WaitEnd as u32,
-            _pad: 0,
-        },
+        header: EventHeader { kind: EventKind::WaitEnd as u32, _pad: 0 },
         start_ns: wait.start_ns,
         sys_exit_ns: wait.sys_exit_ns,
         end_ns,

@@ -14,17 +14,10 @@ use aya::programs::{ProgramError, TracePoint};
 use plegwatch::kernel::loader::{self, LoadOptions};
 
 fn main() -> anyhow::Result<()> {
-    let (mut ebpf, _) = loader::load(LoadOptions {
-        report_min: Duration::from_secs(1),
-        tracer_tgid: std::process::id(),
-    })?;
+    let (mut ebpf, _) = loader::load(LoadOptions { report_min: Duration::from_secs(1), tracer_tgid: std::process::id() })?;
     let mut names: Vec<String> = std::env::args().skip(1).collect();
     if names.is_empty() {
-        names = ebpf
-            .programs()
-            .filter(|(_, p)| matches!(p, aya::programs::Program::TracePoint(_)))
-            .map(|(n, _)| n.to_string())
-            .collect();
+        names = ebpf.programs().filter(|(_, p)| matches!(p, aya::programs::Program::TracePoint(_))).map(|(n, _)| n.to_string()).collect();
         names.sort();
     }
     for name in names {
@@ -41,19 +34,13 @@ fn main() -> anyhow::Result<()> {
         };
         match prog.load() {
             Ok(()) => {
-                let insns = prog
-                    .info()
-                    .ok()
-                    .and_then(|i| i.verified_instruction_count());
+                let insns = prog.info().ok().and_then(|i| i.verified_instruction_count());
                 match insns {
                     Some(n) => println!("{name}: loaded, {n} insns processed"),
                     None => println!("{name}: loaded"),
                 }
             }
-            Err(ProgramError::LoadError {
-                io_error,
-                verifier_log,
-            }) => {
+            Err(ProgramError::LoadError { io_error, verifier_log }) => {
                 println!("{name}: refused: {io_error}\n{verifier_log}\n--- end of {name}");
             }
             Err(e) => println!("{name}: {e}"),

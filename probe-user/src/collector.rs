@@ -11,41 +11,41 @@
 //! the loop only when filling up; every scan drains them first.
 
 use crate::{
-    sources::inflight::note_open,
-    kernel::loader::{WatchError, take_map},
-    sources::detail,
-    sources::ended::EndedWaits,
-    sources::inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
-    levels::{Thresholds, budget_used},
-    kernel::loader::{self, LoadOptions},
-    observe::mounts::{self, SharedMounts},
-    observe::namespaces,
     clock::{monotonic_ns, wall_of},
     events::{Event, Ready, Sink, Stall, Summary},
-    kernel::probes::{self, Choice},
-    sources::gowatch::{Background, GoWatch, chain::KernelWaits},
-    sources::children::ChildWaits,
     graph::{
-        children as graph_children,
-        ids,
+        children as graph_children, ids,
         incidents::{Change, Clocks, Incidents},
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait},
         parked::parked_graph,
         resolvers,
     },
-    sources::devices::DeviceIo,
-    observe::Observe,
-    observe::ustack::UserSymbolizer,
+    kernel::loader::{self, LoadOptions},
+    kernel::loader::{take_map, WatchError},
+    kernel::probes::{self, Choice},
+    levels::{budget_used, Thresholds},
     observe::k8s::Pods,
-    sources::offcpu::OffCpu,
-    sources::reqwatch::ReqWatch,
+    observe::mounts::{self, SharedMounts},
+    observe::namespaces,
     observe::procfs::{self, SyscallState},
-    sources::stats, sources::sweep,
+    observe::ustack::UserSymbolizer,
+    observe::Observe,
+    sources::children::ChildWaits,
+    sources::detail,
+    sources::devices::DeviceIo,
+    sources::ended::EndedWaits,
+    sources::gowatch::{chain::KernelWaits, Background, GoWatch},
+    sources::inflight::note_open,
+    sources::inflight::{Action, Filter, Registry, WaitInfo, WaitKey},
+    sources::offcpu::OffCpu,
     sources::parked::{self, Sampler},
-    syscalls::{WaitKind, by_slot},
+    sources::reqwatch::ReqWatch,
+    sources::stats,
+    sources::sweep,
+    syscalls::{by_slot, WaitKind},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
-use plegwatch_abi::{EventKind, ExecEvent, Stat, Wait, WaitEnd, child_maps, go_maps, maps, sock_maps};
+use plegwatch_abi::{child_maps, go_maps, maps, sock_maps, EventKind, ExecEvent, Stat, Wait, WaitEnd};
 use serde_json::{Map, Value};
 use std::{
     collections::HashMap,
@@ -71,7 +71,6 @@ pub struct WatchConfig {
     /// The CRI socket asked for pod and container names (none: bundles only).
     pub runtime_socket: Option<std::path::PathBuf>,
 }
-
 
 /// Runs until Ctrl-C, SIGTERM or `--duration`; returns the summary it printed.
 pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, WatchError> {
@@ -120,7 +119,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     if choices.iter().any(|c| c.probe == "socket_io" && !c.is_off()) {
         let (socks, waiters) = req.seed(me);
         if waiters > 0 {
-            tracing::info!(netlink_sockets = socks, blocked_on_them = waiters, "startup sweep: threads already blocked on a netlink socket");
+            tracing::info!(
+                netlink_sockets = socks,
+                blocked_on_them = waiters,
+                "startup sweep: threads already blocked on a netlink socket"
+            );
         } else {
             tracing::debug!(netlink_sockets = socks, "startup sweep: netlink sockets already open, none blocked on");
         }
@@ -154,14 +157,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         imminent_s: cfg.thresholds.imminent.as_secs_f64(),
     }));
 
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt())
-        .map_err(|e| WatchError::Io("SIGINT handler", e))?;
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate())
-        .map_err(|e| WatchError::Io("SIGTERM handler", e))?;
-    let deadline = tokio::time::sleep(
-        cfg.duration
-            .unwrap_or(Duration::from_secs(100 * 365 * 86_400)),
-    );
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).map_err(|e| WatchError::Io("SIGINT handler", e))?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(|e| WatchError::Io("SIGTERM handler", e))?;
+    let deadline = tokio::time::sleep(cfg.duration.unwrap_or(Duration::from_secs(100 * 365 * 86_400)));
     tokio::pin!(deadline);
     let mut last_status = Instant::now();
     let mut late_since: Vec<f64> = Vec::new();
@@ -278,7 +276,16 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // One last look, so that incidents whose waits just ended are resolved.
     engine.scan(sink);
     req.scan(monotonic_ns(), sink);
-    let mut graph = Graph { incidents: &mut incidents, observe: &mut observe, offcpu: offcpu.as_ref(), devices: devices.as_mut(), children: children.as_mut(), filter: &cfg.filter, parked: sampler.as_ref(), pods: &mut pods };
+    let mut graph = Graph {
+        incidents: &mut incidents,
+        observe: &mut observe,
+        offcpu: offcpu.as_ref(),
+        devices: devices.as_mut(),
+        children: children.as_mut(),
+        filter: &cfg.filter,
+        parked: sampler.as_ref(),
+        pods: &mut pods,
+    };
     graph.step(&mut engine, &mut req, &go, sink);
 
     let counters = stats::counters(&ebpf);
@@ -292,8 +299,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         still_open: engine.registry.open().count() as u64 + req_open + go_open,
         waits_started: stats::counter(&counters, Stat::WaitsStarted),
         dropped_waits: stats::counter(&counters, Stat::InflightFull),
-        dropped_events: stats::counter(&counters, Stat::RingbufFull)
-            + stats::counter(&counters, Stat::SockEventsFull),
+        dropped_events: stats::counter(&counters, Stat::RingbufFull) + stats::counter(&counters, Stat::SockEventsFull),
         dropped: stats::drops(&counters),
         syscalls: stats::latency(&ebpf, &engine.measured),
         offcpu_top: offcpu.as_ref().map(|o| o.top(10)).unwrap_or_default(),
@@ -344,11 +350,7 @@ fn status(ebpf: &aya::Ebpf, incidents: &Incidents, go: &GoWatch, late_since: &mu
 /// kernel's map, so the kernel closes them like its own. Returns how many, and
 /// those that ended as they were put in (marked over, never deleted: see
 /// [`EndedWaits`]).
-fn seed_swept(
-    inflight: &mut BpfHashMap<MapData, u32, Wait>,
-    tails: &mut Array<MapData, u64>,
-    me: u32,
-) -> (Vec<Wait>, EndedWaits) {
+fn seed_swept(inflight: &mut BpfHashMap<MapData, u32, Wait>, tails: &mut Array<MapData, u64>, me: u32) -> (Vec<Wait>, EndedWaits) {
     const BPF_NOEXIST: u64 = 1;
     let mut n = Vec::new();
     let mut raced = EndedWaits::default();
@@ -395,7 +397,6 @@ fn async_ring(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<AsyncFd<RingBu
     unsafe { AsyncFd::register(ring) }.map_err(|e| WatchError::Map(name, format!("cannot poll it: {e}")))
 }
 
-
 /// Adds what the kernel's off-CPU aggregates say of a stall's thread to its
 /// `detail.offcpu` on the way out.
 struct Enrich<'a> {
@@ -408,7 +409,6 @@ struct Enrich<'a> {
     /// Who is in which pod.
     pods: &'a mut Pods,
 }
-
 
 impl Sink for Enrich<'_> {
     fn emit(&mut self, event: &Event) {
@@ -692,9 +692,7 @@ impl Engine {
         ended: EndedWaits,
         tails: Array<MapData, u64>,
     ) -> Self {
-        let poll_tails = choices
-            .iter()
-            .any(|c| c.probe == "umount_tail_end" && c.is_proc_poll());
+        let poll_tails = choices.iter().any(|c| c.probe == "umount_tail_end" && c.is_proc_poll());
         Engine {
             registry: Registry::new(cfg.thresholds, cfg.filter.clone()),
             mounts,
@@ -763,18 +761,8 @@ impl Engine {
     /// the tail probe, or for a thread that went back to user space without a
     /// syscall) their task_work tail is over by `/proc/TID/syscall`.
     fn check_reported(&mut self, now: u64, sink: &mut dyn Sink) {
-        let candidates: Vec<(WaitKey, u64, u32, bool)> = self
-            .registry
-            .open()
-            .map(|t| {
-                (
-                    t.info.key(),
-                    t.info.sys_exit_ns,
-                    t.info.nr,
-                    t.info.before_attach,
-                )
-            })
-            .collect();
+        let candidates: Vec<(WaitKey, u64, u32, bool)> =
+            self.registry.open().map(|t| (t.info.key(), t.info.sys_exit_ns, t.info.nr, t.info.before_attach)).collect();
         for (key, sys_exit_ns, nr, before_attach) in candidates {
             let tid = key.0;
             let ended = if !procfs::thread_exists(tid) {
@@ -945,8 +933,7 @@ impl Engine {
                         tid: info.tid,
                         comm: info.comm.clone(),
                         waited_s: waited.as_secs_f64(),
-                        started_at: humantime::format_rfc3339_millis(wall_of(info.start_ns))
-                            .to_string(),
+                        started_at: humantime::format_rfc3339_millis(wall_of(info.start_ns)).to_string(),
                         budget_used: budget_used(waited),
                         started_before_attach: info.before_attach,
                         detail: detail::now(&fixed, &info),

@@ -6,13 +6,13 @@ use crate::{
     kernel::probes::{self, program_mut},
 };
 use aya::{
-    Btf, Ebpf,
     maps::MapType,
     programs::{
-        BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint, UProbe,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
         uprobe::UProbeScope,
+        BtfTracePoint, FEntry, KProbe, PerfEvent, RawTracePoint, TracePoint, UProbe,
     },
+    Btf, Ebpf,
 };
 use serde::Serialize;
 use std::time::Duration;
@@ -143,18 +143,8 @@ pub fn go_targets(named: &Named) -> Vec<GoTargetReport> {
 
 fn check(name: &str, required: bool, r: Result<String, String>) -> Check {
     match r {
-        Ok(detail) => Check {
-            name: name.into(),
-            ok: true,
-            required,
-            detail,
-        },
-        Err(detail) => Check {
-            name: name.into(),
-            ok: false,
-            required,
-            detail,
-        },
+        Ok(detail) => Check { name: name.into(), ok: true, required, detail },
+        Err(detail) => Check { name: name.into(), ok: false, required, detail },
     }
 }
 
@@ -166,22 +156,14 @@ pub extern "C" fn plegwatch_doctor_uprobe_target() -> u64 {
 }
 
 fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown".into())
 }
 
 /// Runs every check. Fixes what it can: mounts tracefs if it is not mounted.
 pub fn run(named: &Named) -> Report {
     let mut checks = Vec::new();
     let root = loader::require_root();
-    checks.push(check(
-        "privileges",
-        true,
-        root.as_ref()
-            .map(|_| "root (euid 0)".to_string())
-            .map_err(|e| e.to_string()),
-    ));
+    checks.push(check("privileges", true, root.as_ref().map(|_| "root (euid 0)".to_string()).map_err(|e| e.to_string())));
     let btf = Btf::from_sys_fs();
     checks.push(check(
         "btf",
@@ -192,13 +174,7 @@ pub fn run(named: &Named) -> Report {
     ));
     let tracefs = if root.is_ok() {
         loader::ensure_tracefs()
-            .map(|t| {
-                if t.mounted_now {
-                    format!("{} (was not mounted: mounted it now)", t.path)
-                } else {
-                    t.path.to_string()
-                }
-            })
+            .map(|t| if t.mounted_now { format!("{} (was not mounted: mounted it now)", t.path) } else { t.path.to_string() })
             .map_err(|e| e.to_string())
     } else {
         Err("not checked: needs root".into())
@@ -208,10 +184,7 @@ pub fn run(named: &Named) -> Report {
     let mut program_types = Vec::new();
     let mut probes_out = Vec::new();
     if root.is_ok() {
-        match loader::load(LoadOptions {
-            report_min: Duration::from_secs(1),
-            tracer_tgid: crate::observe::namespaces::self_tgid(),
-        }) {
+        match loader::load(LoadOptions { report_min: Duration::from_secs(1), tracer_tgid: crate::observe::namespaces::self_tgid() }) {
             Ok((mut ebpf, offsets)) => {
                 checks.push(check(
                     "goroutines",
@@ -246,34 +219,19 @@ pub fn run(named: &Named) -> Report {
             Err(e) => checks.push(check("ebpf object", true, Err(e.to_string()))),
         }
     }
-    let problem = checks
-        .iter()
-        .chain(program_types.iter())
-        .find(|c| c.required && !c.ok)
-        .map(|c| format!("{}: {}", c.name, c.detail))
-        .or_else(|| {
-            probes_out
-                .iter()
-                .find(|p| p.variant.is_none())
-                .map(|p| format!("probe {}: {}", p.probe, p.passed_over.join("; ")))
-        });
+    let problem =
+        checks.iter().chain(program_types.iter()).find(|c| c.required && !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).or_else(
+            || probes_out.iter().find(|p| p.variant.is_none()).map(|p| format!("probe {}: {}", p.probe, p.passed_over.join("; "))),
+        );
     let degraded = seed_chain_losses(&probes_out);
-    Report {
-        kernel: kernel_release(),
-        checks,
-        program_types,
-        probes: probes_out,
-        go_targets: go_targets(named),
-        problem,
-        degraded,
-    }
+    Report { kernel: kernel_release(), checks, program_types, probes: probes_out, go_targets: go_targets(named), problem, degraded }
 }
 
 /// How Go probe points will name their function here: attach cookies, or
 /// (before Linux 5.15) their place in the code, whose programs must load and
 /// whose kernel fields must be in BTF.
 fn go_uprobes(ebpf: &mut Ebpf, offsets: &crate::kernel::btf::KernelOffsets) -> Result<String, String> {
-    use crate::sources::gowatch::attach::{GoUprobes, choose_mode};
+    use crate::sources::gowatch::attach::{choose_mode, GoUprobes};
     match choose_mode(ebpf, GoUprobes::Auto) {
         (GoUprobes::Cookie, _) => Ok("cookie: each probe point names its function with an attach cookie".into()),
         (_, why) => {
@@ -298,8 +256,7 @@ fn try_program_types(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Vec<Check> {
             (|| {
                 let p: &mut TracePoint = program_mut(ebpf, "doctor_tracepoint")?;
                 p.load().map_err(|e| e.to_string())?;
-                p.attach("sched", "sched_process_fork")
-                    .map_err(|e| e.to_string())?;
+                p.attach("sched", "sched_process_fork").map_err(|e| e.to_string())?;
                 Ok("loads and attaches".to_string())
             })(),
         ),
@@ -334,12 +291,7 @@ fn try_program_types(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Vec<Check> {
                 Some(btf) => (|| {
                     let p: &mut FEntry = program_mut(ebpf, "doctor_fentry")?;
                     p.load("vfs_fsync_range", btf).map_err(|e| {
-                        format!(
-                            "refused: {}",
-                            e.to_string()
-                                .trim_end_matches([' ', ':'])
-                                .trim_end_matches(". Verifier output")
-                        )
+                        format!("refused: {}", e.to_string().trim_end_matches([' ', ':']).trim_end_matches(". Verifier output"))
                     })?;
                     p.attach().map_err(|e| format!("refused: {e}"))?;
                     Ok("loads and attaches".to_string())
@@ -352,8 +304,7 @@ fn try_program_types(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Vec<Check> {
             (|| {
                 let p: &mut KProbe = program_mut(ebpf, "doctor_kprobe")?;
                 p.load().map_err(|e| e.to_string())?;
-                p.attach("vfs_fsync_range", 0)
-                    .map_err(|e| format!("absent or refused: {e}"))?;
+                p.attach("vfs_fsync_range", 0).map_err(|e| format!("absent or refused: {e}"))?;
                 Ok("loads and attaches".to_string())
             })(),
         ),
@@ -364,12 +315,7 @@ fn try_program_types(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Vec<Check> {
                 let p: &mut UProbe = program_mut(ebpf, "doctor_uprobe")?;
                 p.load().map_err(|e| e.to_string())?;
                 let exe = std::fs::read_link("/proc/self/exe").map_err(|e| e.to_string())?;
-                p.attach(
-                    "plegwatch_doctor_uprobe_target",
-                    &exe,
-                    UProbeScope::AllProcesses,
-                )
-                .map_err(|e| e.to_string())?;
+                p.attach("plegwatch_doctor_uprobe_target", &exe, UProbeScope::AllProcesses).map_err(|e| e.to_string())?;
                 plegwatch_doctor_uprobe_target();
                 Ok("loads and attaches".to_string())
             })(),
@@ -426,11 +372,7 @@ pub fn render(r: &Report) -> String {
     if !r.probes.is_empty() {
         out.push_str("  probes (attach variant chosen)\n");
         for p in &r.probes {
-            out.push_str(&format!(
-                "    {:<16} {}\n",
-                p.probe,
-                p.variant.as_deref().unwrap_or("NONE")
-            ));
+            out.push_str(&format!("    {:<16} {}\n", p.probe, p.variant.as_deref().unwrap_or("NONE")));
             for why in &p.passed_over {
                 out.push_str(&format!("      passed over: {why}\n"));
             }
@@ -526,10 +468,23 @@ mod tests {
     /// one no seed chain needs leaves it ready; a missing requirement is not ready.
     #[test]
     fn the_verdict_is_degraded_when_a_seed_chain_is_lost() {
-        let probe = |name: &str, variant: &str| ProbeReport { probe: name.into(), about: String::new(), variant: Some(variant.into()), passed_over: Vec::new() };
+        let probe = |name: &str, variant: &str| ProbeReport {
+            probe: name.into(),
+            about: String::new(),
+            variant: Some(variant.into()),
+            passed_over: Vec::new(),
+        };
         let report = |probes: Vec<ProbeReport>, problem: Option<String>| {
             let degraded = seed_chain_losses(&probes);
-            Report { kernel: "test".into(), checks: Vec::new(), program_types: Vec::new(), probes, go_targets: Vec::new(), problem, degraded }
+            Report {
+                kernel: "test".into(),
+                checks: Vec::new(),
+                program_types: Vec::new(),
+                probes,
+                go_targets: Vec::new(),
+                problem,
+                degraded,
+            }
         };
         let r = report(vec![probe("wait_enter", "tracepoint x"), probe("socket_io", "off"), probe("block_io", "off")], None);
         assert_eq!(r.verdict(), "degraded");

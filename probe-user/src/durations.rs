@@ -50,18 +50,14 @@ fn any(s: &str, max: Duration, max_name: &str) -> Result<Duration, String> {
     }
     if let Ok(secs) = t.parse::<f64>() {
         if !secs.is_finite() || secs < 0.0 {
-            return Err(format!(
-                "invalid duration {s:?}: must be a non-negative number of seconds"
-            ));
+            return Err(format!("invalid duration {s:?}: must be a non-negative number of seconds"));
         }
         if secs > max.as_secs_f64() {
             return Err(format!("invalid duration {s:?}: must be at most {max_name}"));
         }
-        return Duration::try_from_secs_f64(secs)
-            .map_err(|_| format!("invalid duration {s:?}: too large"));
+        return Duration::try_from_secs_f64(secs).map_err(|_| format!("invalid duration {s:?}: too large"));
     }
-    humantime::parse_duration(t)
-        .map_err(|e| format!("invalid duration {s:?} ({e}): expected e.g. 10s, 2m, 150ms"))
+    humantime::parse_duration(t).map_err(|e| format!("invalid duration {s:?} ({e}): expected e.g. 10s, 2m, 150ms"))
 }
 
 #[cfg(test)]
@@ -89,7 +85,9 @@ mod tests {
 
     #[test]
     fn huge_values_are_refused_not_a_panic() {
-        for huge in ["1e20", "1e300", "18446744073709551615", "18446744073709551616s", "400d", "100000000000000000000000ns", "9999999999999999999h"] {
+        for huge in
+            ["1e20", "1e300", "18446744073709551615", "18446744073709551616s", "400d", "100000000000000000000000ns", "9999999999999999999h"]
+        {
             let e = parse(huge).unwrap_err();
             assert!(!e.contains('\n') && e.contains(huge), "{huge}: {e}");
         }

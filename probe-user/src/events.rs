@@ -48,7 +48,6 @@ pub struct Stall {
     pub pod: crate::graph::model::PodRef,
 }
 
-
 /// A reported wait that ended.
 #[derive(Clone, Debug, Serialize)]
 pub struct Resolved {

@@ -84,11 +84,13 @@ fn imports(code: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
     let mods = modules();
     let known: BTreeSet<String> = mods.keys().cloned().collect();
-    mods.iter().map(|(m, code)| {
-        let mut i = imports(code, &known);
-        i.remove(m);
-        (m.clone(), i)
-    }).collect()
+    mods.iter()
+        .map(|(m, code)| {
+            let mut i = imports(code, &known);
+            i.remove(m);
+            (m.clone(), i)
+        })
+        .collect()
 }
 
 #[test]

@@ -35,11 +35,7 @@ pub struct Thresholds {
 
 impl Default for Thresholds {
     fn default() -> Self {
-        Thresholds {
-            warn: Duration::from_secs(10),
-            critical: Duration::from_secs(60),
-            imminent: Duration::from_secs(150),
-        }
+        Thresholds { warn: Duration::from_secs(10), critical: Duration::from_secs(60), imminent: Duration::from_secs(150) }
     }
 }
 
@@ -50,20 +46,12 @@ impl Thresholds {
             return Err("--warn must be greater than 0".into());
         }
         if critical < warn {
-            return Err(format!(
-                "--critical ({critical:?}) must not be below --warn ({warn:?})"
-            ));
+            return Err(format!("--critical ({critical:?}) must not be below --warn ({warn:?})"));
         }
         if imminent < critical {
-            return Err(format!(
-                "--imminent ({imminent:?}) must not be below --critical ({critical:?})"
-            ));
+            return Err(format!("--imminent ({imminent:?}) must not be below --critical ({critical:?})"));
         }
-        Ok(Thresholds {
-            warn,
-            critical,
-            imminent,
-        })
+        Ok(Thresholds { warn, critical, imminent })
     }
 
     /// The level a wait of `waited` has reached, if any.

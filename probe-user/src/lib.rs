@@ -13,15 +13,15 @@
 pub mod kernel;
 /// The pure parsers (crate `plegwatch-proto`, in `probe-user/proto/`).
 pub use plegwatch_proto as proto;
-pub mod observe;
-pub mod sources;
-pub mod graph;
-pub mod events;
-pub mod sinks;
-pub mod collector;
-pub mod export;
 pub mod cli;
+pub mod collector;
 pub mod doctor;
+pub mod events;
+pub mod export;
+pub mod graph;
+pub mod observe;
+pub mod sinks;
+pub mod sources;
 
 // Shared vocabulary, imported by any of the above.
 pub mod clock;

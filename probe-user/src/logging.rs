@@ -1,6 +1,6 @@
 //! Logs go to stderr, as human text or JSON; aya's `log` records are kept.
 
-use tracing_subscriber::{EnvFilter, fmt};
+use tracing_subscriber::{fmt, EnvFilter};
 
 /// How logs are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -31,11 +31,7 @@ pub fn init(format: LogFormat, verbose: u8, color: crate::style::ColorChoice, re
     let stderr = std::io::stderr();
     let filter = EnvFilter::try_from_env("PLEGWATCH_LOG")
         .unwrap_or_else(|_| EnvFilter::new(default_level(verbose, stderr.is_terminal(), reports_itself)));
-    let builder = fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(color.for_stream(&stderr))
-        .with_target(false);
+    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(color.for_stream(&stderr)).with_target(false);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

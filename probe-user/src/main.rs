@@ -3,7 +3,7 @@
 
 use clap::Parser as _;
 use plegwatch::{
-    cli::{self, Cli, Command, UsageError, check, completions, daemon, doctor, explain, report, watch},
+    cli::{self, check, completions, daemon, doctor, explain, report, watch, Cli, Command, UsageError},
     logging,
     sinks::TextOptions,
 };
@@ -26,11 +26,11 @@ fn main() {
         Command::Man(args) => completions::run_man(args),
         Command::Doctor(args) => doctor::run(args),
         Command::Report(args) => report::run(args),
-        Command::Watch(args) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(watch::run(args, TextOptions { color: stdout_color, verbose: cli.verbose > 0, ..Default::default() }))),
+        Command::Watch(args) => {
+            tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|rt| {
+                rt.block_on(watch::run(args, TextOptions { color: stdout_color, verbose: cli.verbose > 0, ..Default::default() }))
+            })
+        }
         // The scan loop runs on this thread; the HTTP endpoint on the worker,
         // so a scrape never waits for a scan nor a scan for a scrape.
         Command::Daemon(args) => tokio::runtime::Builder::new_multi_thread()

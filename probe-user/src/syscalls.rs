@@ -76,48 +76,12 @@ pub struct Watched {
 /// The watched syscalls, in slot order. Slot 0 is umount2
 /// (`plegwatch_abi::SLOT_UMOUNT2`).
 pub const WATCHED: [Watched; 6] = [
-    Watched {
-        name: "umount2",
-        tracepoint: "umount",
-        nr: libc::SYS_umount2,
-        kind: WaitKind::Umount,
-        arg0: Arg0::Path,
-    },
-    Watched {
-        name: "sync",
-        tracepoint: "sync",
-        nr: libc::SYS_sync,
-        kind: WaitKind::Sync,
-        arg0: Arg0::None,
-    },
-    Watched {
-        name: "syncfs",
-        tracepoint: "syncfs",
-        nr: libc::SYS_syncfs,
-        kind: WaitKind::Sync,
-        arg0: Arg0::Fd,
-    },
-    Watched {
-        name: "fsync",
-        tracepoint: "fsync",
-        nr: libc::SYS_fsync,
-        kind: WaitKind::Sync,
-        arg0: Arg0::Fd,
-    },
-    Watched {
-        name: "fdatasync",
-        tracepoint: "fdatasync",
-        nr: libc::SYS_fdatasync,
-        kind: WaitKind::Sync,
-        arg0: Arg0::Fd,
-    },
-    Watched {
-        name: "sync_file_range",
-        tracepoint: "sync_file_range",
-        nr: libc::SYS_sync_file_range,
-        kind: WaitKind::Sync,
-        arg0: Arg0::Fd,
-    },
+    Watched { name: "umount2", tracepoint: "umount", nr: libc::SYS_umount2, kind: WaitKind::Umount, arg0: Arg0::Path },
+    Watched { name: "sync", tracepoint: "sync", nr: libc::SYS_sync, kind: WaitKind::Sync, arg0: Arg0::None },
+    Watched { name: "syncfs", tracepoint: "syncfs", nr: libc::SYS_syncfs, kind: WaitKind::Sync, arg0: Arg0::Fd },
+    Watched { name: "fsync", tracepoint: "fsync", nr: libc::SYS_fsync, kind: WaitKind::Sync, arg0: Arg0::Fd },
+    Watched { name: "fdatasync", tracepoint: "fdatasync", nr: libc::SYS_fdatasync, kind: WaitKind::Sync, arg0: Arg0::Fd },
+    Watched { name: "sync_file_range", tracepoint: "sync_file_range", nr: libc::SYS_sync_file_range, kind: WaitKind::Sync, arg0: Arg0::Fd },
 ];
 
 const _: () = assert!(WATCHED.len() <= WATCHED_SLOTS);
@@ -158,10 +122,7 @@ mod tests {
 
     #[test]
     fn umount2_is_slot_zero_and_numbers_are_distinct() {
-        assert_eq!(
-            by_slot(plegwatch_abi::SLOT_UMOUNT2).map(|w| w.name),
-            Some("umount2")
-        );
+        assert_eq!(by_slot(plegwatch_abi::SLOT_UMOUNT2).map(|w| w.name), Some("umount2"));
         let t = watched_nr_table();
         for (i, a) in t.iter().enumerate().take(WATCHED.len()) {
             assert_ne!(*a, u32::MAX);

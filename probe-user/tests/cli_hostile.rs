@@ -7,11 +7,7 @@ use std::process::Command;
 /// Runs `plegwatch ARGS`; every case is refused before it would run (the
 /// `--duration 3s` on watch and daemon bounds a case wrongly accepted).
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_plegwatch"))
-        .args(args)
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .expect("run plegwatch");
+    let out = Command::new(env!("CARGO_BIN_EXE_plegwatch")).args(args).env("RUST_BACKTRACE", "1").output().expect("run plegwatch");
     (out.status.code(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
 }
 

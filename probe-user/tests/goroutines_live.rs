@@ -199,7 +199,8 @@ fn dump_stacks(dump: &str) -> BTreeMap<u64, DumpStack> {
         if let Some(rest) = l.strip_prefix("goroutine ") {
             out.extend(current.take());
             let id = rest.split_once(' ').and_then(|(id, _)| id.parse::<u64>().ok());
-            let state = rest.split_once('[').and_then(|(_, r)| r.split_once(']')).map(|(s, _)| s.split(", ").next().unwrap_or("").to_string());
+            let state =
+                rest.split_once('[').and_then(|(_, r)| r.split_once(']')).map(|(s, _)| s.split(", ").next().unwrap_or("").to_string());
             current = id.zip(state).map(|(id, state)| (id, DumpStack { state, ..DumpStack::default() }));
             done = false;
             continue;
@@ -322,12 +323,18 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
     let version = reader.version().to_string();
     println!(
         "{version} pid {}: {} goroutines ({} dead, {} inconsistent, {} re-read) of allglen {} in {:?} (bias {:#x})",
-        p.pid, scan.goroutines.len(), scan.dead, scan.inconsistent, scan.reread, scan.allglen, scan.took, reader.bias()
+        p.pid,
+        scan.goroutines.len(),
+        scan.dead,
+        scan.inconsistent,
+        scan.reread,
+        scan.allglen,
+        scan.took,
+        reader.bias()
     );
     let dump = dump_headers(&p.dump);
     assert!(dump.len() >= 6 + extra, "{version}: the dump lists {} goroutines", dump.len());
-    let read: BTreeMap<u64, &plegwatch::observe::goroutines::Goroutine> =
-        scan.goroutines.iter().map(|g| (g.goid, g)).collect();
+    let read: BTreeMap<u64, &plegwatch::observe::goroutines::Goroutine> = scan.goroutines.iter().map(|g| (g.goid, g)).collect();
     assert_eq!(read.len(), scan.goroutines.len(), "{version}: duplicate goids");
     // Every goroutine of the dump is there, parked the same way (goroutine 1
     // wrote the dump, and now reads its stdin).
@@ -356,10 +363,8 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
         ("main.parkedPipeRead", "IO wait"),
     ];
     for (function, reason) in want {
-        let (goid, _) = functions
-            .iter()
-            .find(|(_, f)| f.as_str() == function)
-            .unwrap_or_else(|| panic!("{version}: {function} not in the dump"));
+        let (goid, _) =
+            functions.iter().find(|(_, f)| f.as_str() == function).unwrap_or_else(|| panic!("{version}: {function} not in the dump"));
         let g = read[goid];
         assert_eq!(g.wait_reason, Some(reason), "{version}: {function} (goroutine {goid})");
         let at = binary.symbols().function_at(g.pc - reader.bias()).map(|f| f.name);
@@ -367,7 +372,12 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
         assert!(g.sp >= g.stack.0 && g.sp < g.stack.1 && g.bp > g.sp && g.bp < g.stack.1, "{version}: {function}: {g:x?}");
         assert_eq!(g.m, 0, "{version}: {function}: a parked goroutine has no M");
         let since = g.waitsince_ns.unwrap_or_else(|| panic!("{version}: {function}: waitsince not set after the GC"));
-        assert!(since >= p.started_ns && since <= p.ready_ns, "{version}: {function}: waitsince {since} not in [{}, {}]", p.started_ns, p.ready_ns);
+        assert!(
+            since >= p.started_ns && since <= p.ready_ns,
+            "{version}: {function}: waitsince {since} not in [{}, {}]",
+            p.started_ns,
+            p.ready_ns
+        );
     }
     assert_eq!(scan.inconsistent, 0, "{version}: a still process reads consistently: {:?}", scan.why);
     // Each parked goroutine's stack, unwound from its saved registers, is the
@@ -377,7 +387,11 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
     let c = compare_stacks(&reader, binary.symbols(), &scan.goroutines, &stacks);
     println!(
         "{version}: {} goroutines' stacks compared with the dump ({} frames, {} inlined left out): {} mismatches, unwound in {:?}",
-        c.goroutines, c.frames, stacks.values().map(|s| s.inlined).sum::<usize>(), c.mismatches.len(), c.took
+        c.goroutines,
+        c.frames,
+        stacks.values().map(|s| s.inlined).sum::<usize>(),
+        c.mismatches.len(),
+        c.took
     );
     for m in c.mismatches.iter().take(5) {
         println!("  mismatch: goroutine {}: dump {:?}, unwound {:?} ({})", m.0, m.1, m.2, m.3);
@@ -402,7 +416,11 @@ fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
         };
         let names = u.names();
         println!("{version}: goroutine 1 in a system call, thread {tid:?}: {names:?} ({:?})", u.stop);
-        assert!(u.stop == Stop::Outermost("runtime.goexit".into()) && names.ends_with(&["main.main", "runtime.main", "runtime.goexit"]), "{version}: goroutine 1: {names:?} {:?}", u.stop);
+        assert!(
+            u.stop == Stop::Outermost("runtime.goexit".into()) && names.ends_with(&["main.main", "runtime.main", "runtime.goexit"]),
+            "{version}: goroutine 1: {names:?} {:?}",
+            u.stop
+        );
     }
     scan
 }
@@ -612,7 +630,10 @@ fn real_containerd(bin: &str) {
     }
     println!(
         "{bin} ({}): dump {} goroutines, read {} in {:?}; {same} parked the same, changed {changed:?}, gone {gone:?}",
-        reader.version(), dump.len(), scan.goroutines.len(), scan.took
+        reader.version(),
+        dump.len(),
+        scan.goroutines.len(),
+        scan.took
     );
     assert!(dump.len() >= 10, "{bin}: dump lists {}", dump.len());
     assert!(gone.len() <= 2 && changed.len() <= 2, "{bin}: too many differences from its own dump");

@@ -218,7 +218,11 @@ fn real_binaries_parse_resolve_and_decode() {
         }
         let tls = g_tls_offset(&syms, &data).unwrap_or_else(|e| panic!("{e}"));
         assert!(tls.offset < 0 && tls.offset % 8 == 0, "{path}: {tls:?}");
-        println!("{path}: {v}, {} functions (parsed in {parse_ms:.1} ms), textStart {text:#x}; {funcs} checked, {rets} RETs; g at fsbase{:+}", syms.len(), tls.offset);
+        println!(
+            "{path}: {v}, {} functions (parsed in {parse_ms:.1} ms), textStart {text:#x}; {funcs} checked, {rets} RETs; g at fsbase{:+}",
+            syms.len(),
+            tls.offset
+        );
         checked += 1;
     }
     assert!(checked > 0 || !in_ci());

@@ -34,11 +34,8 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     s.read_to_end(&mut raw).with_context(|| format!("read {addr}{path}"))?;
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow!("{addr}{path}: no HTTP header end"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| anyhow!("{addr}{path}: bad status line {head:?}"))?;
+    let status =
+        head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).ok_or_else(|| anyhow!("{addr}{path}: bad status line {head:?}"))?;
     Ok((status, body.to_string()))
 }
 
@@ -149,11 +146,7 @@ impl Prometheus {
         }
         let out = v["data"]["result"]
             .as_array()
-            .map(|rs| {
-                rs.iter()
-                    .filter_map(|r| Some((r["metric"].clone(), r["value"][1].as_str()?.parse::<f64>().ok()?)))
-                    .collect()
-            })
+            .map(|rs| rs.iter().filter_map(|r| Some((r["metric"].clone(), r["value"][1].as_str()?.parse::<f64>().ok()?))).collect())
             .unwrap_or_default();
         Ok(out)
     }

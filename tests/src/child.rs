@@ -34,10 +34,7 @@ pub struct Options {
 impl Default for Options {
     /// Stderr inherited, a plain SIGKILL on drop.
     fn default() -> Self {
-        Self {
-            stderr: Stderr::Inherit,
-            continue_before_kill: false,
-        }
+        Self { stderr: Stderr::Inherit, continue_before_kill: false }
     }
 }
 
@@ -96,14 +93,7 @@ impl Proc {
         eprintln!("started {name} (pid {}): {cmd:?}", child.id());
         let (tx, lines) = mpsc::channel();
         // From here on the guard exists, so that an error below still kills the child.
-        let mut proc = Self {
-            name: name.into(),
-            options,
-            lines,
-            seen: Vec::new(),
-            readers: Vec::new(),
-            child,
-        };
+        let mut proc = Self { name: name.into(), options, lines, seen: Vec::new(), readers: Vec::new(), child };
         let tag = format!("{name} {}", proc.pid());
         let stdout = proc.child.stdout.take().context("child stdout")?;
         let out_tag = tag.clone();
@@ -163,29 +153,17 @@ impl Proc {
                 Ok(line)
             }
             Err(RecvTimeoutError::Timeout) => {
-                bail!(
-                    "{} (pid {}) printed nothing within {timeout:?}",
-                    self.name,
-                    self.pid()
-                )
+                bail!("{} (pid {}) printed nothing within {timeout:?}", self.name, self.pid())
             }
             Err(RecvTimeoutError::Disconnected) => {
                 let status = self.child.wait().map(|s| s.to_string()).unwrap_or_default();
-                bail!(
-                    "{} (pid {}) exited ({status}) before printing a line",
-                    self.name,
-                    self.pid()
-                )
+                bail!("{} (pid {}) exited ({status}) before printing a line", self.name, self.pid())
             }
         }
     }
 
     /// The first stdout line, already read or arriving within `timeout`, that `pred` accepts.
-    pub fn wait_line(
-        &mut self,
-        timeout: Duration,
-        pred: impl Fn(&str) -> bool,
-    ) -> Option<(Instant, String)> {
+    pub fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> Option<(Instant, String)> {
         let deadline = Instant::now() + crate::timing::scaled(timeout);
         let mut checked = 0;
         loop {
@@ -218,11 +196,7 @@ impl Proc {
                 return Ok(status);
             }
             if Instant::now() >= deadline {
-                bail!(
-                    "{} (pid {}) still runs {timeout:?} later",
-                    self.name,
-                    self.pid()
-                );
+                bail!("{} (pid {}) still runs {timeout:?} later", self.name, self.pid());
             }
             thread::sleep(POLL);
         }
@@ -230,20 +204,10 @@ impl Proc {
 
     /// Sends `sig` to the process by PID.
     pub fn signal(&mut self, sig: libc::c_int) -> Result<()> {
-        ensure!(
-            self.running(),
-            "{} (pid {}) is not running",
-            self.name,
-            self.pid()
-        );
+        ensure!(self.running(), "{} (pid {}) is not running", self.name, self.pid());
         // SAFETY: kill(2) on the PID of our own child, which has not been reaped yet.
         if unsafe { libc::kill(self.pid() as libc::pid_t, sig) } != 0 {
-            bail!(
-                "signal {sig} to {} (pid {}): {}",
-                self.name,
-                self.pid(),
-                std::io::Error::last_os_error()
-            );
+            bail!("signal {sig} to {} (pid {}): {}", self.name, self.pid(), std::io::Error::last_os_error());
         }
         Ok(())
     }
@@ -252,16 +216,10 @@ impl Proc {
     /// error if it had already exited.
     pub fn kill(&mut self) -> Result<Instant> {
         if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "{} (pid {}) had already exited: {status}",
-                self.name,
-                self.pid()
-            );
+            bail!("{} (pid {}) had already exited: {status}", self.name, self.pid());
         }
         let at = Instant::now();
-        self.child
-            .kill()
-            .with_context(|| format!("kill {} (pid {})", self.name, self.pid()))?;
+        self.child.kill().with_context(|| format!("kill {} (pid {})", self.name, self.pid()))?;
         self.child.wait()?;
         eprintln!("killed {} (pid {})", self.name, self.pid());
         Ok(at)
@@ -303,26 +261,18 @@ mod tests {
         let mut proc = Proc::spawn_with(
             "sh",
             Command::new("sh").args(["-c", "echo one; echo oops >&2; echo two; exec sleep 30"]),
-            Options {
-                stderr: Stderr::Echo,
-                continue_before_kill: true,
-            },
+            Options { stderr: Stderr::Echo, continue_before_kill: true },
         )
         .unwrap();
         assert_eq!(proc.next_line(Duration::from_secs(5)).unwrap().1, "one");
-        let (_, two) = proc
-            .wait_line(Duration::from_secs(5), |l| l == "two")
-            .unwrap();
+        let (_, two) = proc.wait_line(Duration::from_secs(5), |l| l == "two").unwrap();
         assert_eq!(two, "two");
         assert_eq!(proc.lines().len(), 2);
         // Stopped, as a frozen service is: the drop must still end it.
         proc.signal(libc::SIGSTOP).unwrap();
         let pid = proc.pid();
         drop(proc);
-        assert!(
-            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
-            "pid {pid} is still there after the drop"
-        );
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "pid {pid} is still there after the drop");
     }
 
     #[test]

@@ -37,10 +37,7 @@ pub const RESOLVE_LATE_S: f64 = 3.5;
 
 /// How the D-Bus scenarios run their children: stderr echoed with the child's name (several
 /// clients talk at once), and SIGCONT before the cleanup's SIGKILL (the service is frozen).
-pub const CHILD: Options = Options {
-    stderr: Stderr::Echo,
-    continue_before_kill: true,
-};
+pub const CHILD: Options = Options { stderr: Stderr::Echo, continue_before_kill: true };
 
 /// Spawns `cmd` as a [`Proc`] with the [`CHILD`] options.
 pub fn spawn(name: &str, cmd: &mut Command) -> Result<Proc> {
@@ -61,10 +58,7 @@ impl PrivateBus {
     /// Writes the config, starts `dbus-daemon --nofork --print-address` and waits until it
     /// prints its address (it listens by then).
     pub fn start() -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("plegwatch-dbus-")
-            .tempdir()
-            .context("make a temp dir for the bus")?;
+        let dir = tempfile::Builder::new().prefix("plegwatch-dbus-").tempdir().context("make a temp dir for the bus")?;
         let socket = dir.path().join("bus");
         Self::launch(dir, Command::new("dbus-daemon"), &socket, &socket)
     }
@@ -73,40 +67,21 @@ impl PrivateBus {
     /// mount namespace) and listens on `listen` as it sees that path; clients started here
     /// reach it at `reach` (the same socket, as this process sees it).
     pub fn start_listening(daemon: Command, listen: &Path, reach: &Path) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("plegwatch-dbus-")
-            .tempdir()
-            .context("make a temp dir for the bus config")?;
+        let dir = tempfile::Builder::new().prefix("plegwatch-dbus-").tempdir().context("make a temp dir for the bus config")?;
         Self::launch(dir, daemon, listen, reach)
     }
 
     fn launch(dir: tempfile::TempDir, mut daemon: Command, listen: &Path, reach: &Path) -> Result<Self> {
         let config = dir.path().join("bus.conf");
-        std::fs::write(&config, bus_config(listen))
-            .with_context(|| format!("write {}", config.display()))?;
-        let mut daemon = spawn(
-            "dbus-daemon",
-            daemon
-                .arg(format!("--config-file={}", config.display()))
-                .args(["--nofork", "--print-address"]),
-        )?;
+        std::fs::write(&config, bus_config(listen)).with_context(|| format!("write {}", config.display()))?;
+        let mut daemon =
+            spawn("dbus-daemon", daemon.arg(format!("--config-file={}", config.display())).args(["--nofork", "--print-address"]))?;
         let Some((_, printed)) = daemon.wait_line(START_TIMEOUT, |l| l.starts_with("unix:")) else {
-            bail!(
-                "dbus-daemon (pid {}) printed no address within {START_TIMEOUT:?}",
-                daemon.pid()
-            );
+            bail!("dbus-daemon (pid {}) printed no address within {START_TIMEOUT:?}", daemon.pid());
         };
         let listening = format!("unix:path={}", listen.display());
-        ensure!(
-            printed.starts_with(&listening),
-            "dbus-daemon listens on {printed}, not {listening}"
-        );
-        Ok(Self {
-            daemon,
-            socket: reach.to_path_buf(),
-            address: format!("unix:path={}", reach.display()),
-            _dir: dir,
-        })
+        ensure!(printed.starts_with(&listening), "dbus-daemon listens on {printed}, not {listening}");
+        Ok(Self { daemon, socket: reach.to_path_buf(), address: format!("unix:path={}", reach.display()), _dir: dir })
     }
 
     pub fn daemon_pid(&self) -> u32 {
@@ -147,10 +122,7 @@ impl PrivateBus {
     pub fn wait_owned(&self, name: &str, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + crate::timing::scaled(timeout);
         while !self.name_has_owner(name)? {
-            ensure!(
-                Instant::now() < deadline,
-                "{name} is not owned on the bus after {timeout:?}"
-            );
+            ensure!(Instant::now() < deadline, "{name} is not owned on the bus after {timeout:?}");
             thread::sleep(Duration::from_millis(100));
         }
         Ok(())
@@ -191,12 +163,8 @@ impl FrozenService {
     /// Starts the service, waits until it owns `name`, stops it and checks that the kernel
     /// says so (`T` in `/proc/PID/stat`).
     pub fn start(bus: &PrivateBus, name: &str) -> Result<Self> {
-        let mut proc = spawn(
-            "dbus-test-tool echo",
-            bus.command("dbus-test-tool")
-                .args(["echo", "--session"])
-                .arg(format!("--name={name}")),
-        )?;
+        let mut proc =
+            spawn("dbus-test-tool echo", bus.command("dbus-test-tool").args(["echo", "--session"]).arg(format!("--name={name}")))?;
         bus.wait_owned(name, START_TIMEOUT)?;
         proc.signal(libc::SIGSTOP)?;
         let service = Self { proc };
@@ -217,11 +185,7 @@ impl FrozenService {
             if state == Some('T') {
                 return Ok(());
             }
-            ensure!(
-                Instant::now() < deadline,
-                "the service (pid {}) is in state {state:?}, not T, {timeout:?} after SIGSTOP",
-                self.pid()
-            );
+            ensure!(Instant::now() < deadline, "the service (pid {}) is in state {state:?}, not T, {timeout:?} after SIGSTOP", self.pid());
             thread::sleep(Duration::from_millis(20));
         }
     }
@@ -238,15 +202,9 @@ impl FrozenService {
 /// A `gdbus monitor` listening to the bus daemon's own signals: a client that blocks in poll
 /// forever by design, so it must never be reported. Returns once it says it listens.
 pub fn start_signal_listener(bus: &PrivateBus) -> Result<Proc> {
-    let mut listener = spawn(
-        "gdbus monitor",
-        bus.command("gdbus")
-            .args(["monitor", "--session", "--dest", "org.freedesktop.DBus"]),
-    )?;
+    let mut listener = spawn("gdbus monitor", bus.command("gdbus").args(["monitor", "--session", "--dest", "org.freedesktop.DBus"]))?;
     listener
-        .wait_line(START_TIMEOUT, |l| {
-            l.starts_with("The name org.freedesktop.DBus is owned")
-        })
+        .wait_line(START_TIMEOUT, |l| l.starts_with("The name org.freedesktop.DBus is owned"))
         .context("the gdbus monitor listener never said it was listening")?;
     Ok(listener)
 }
@@ -298,9 +256,7 @@ pub fn tids(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
-        .collect()
+    dir.flatten().filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok())).collect()
 }
 
 /// How far apart the scheduler's per-CPU task clocks are now: the spread, over the CPUs this
@@ -337,14 +293,8 @@ pub fn task_clock_skew() -> Option<Duration> {
             thread::sleep(Duration::from_millis(5));
             let mono = monotonic_ms();
             let sched = std::fs::read_to_string("/proc/thread-self/sched").ok()?;
-            let exec_start: f64 = sched
-                .lines()
-                .find(|l| l.trim_start().starts_with("se.exec_start"))?
-                .split(':')
-                .nth(1)?
-                .trim()
-                .parse()
-                .ok()?;
+            let exec_start: f64 =
+                sched.lines().find(|l| l.trim_start().starts_with("se.exec_start"))?.split(':').nth(1)?.trim().parse().ok()?;
             lags.push(mono - exec_start);
         }
         let max = lags.iter().copied().fold(f64::MIN, f64::max);
@@ -375,10 +325,7 @@ pub struct Clocks {
 impl Clocks {
     pub fn now() -> Self {
         let at = Instant::now();
-        Self {
-            at,
-            wall: wall_secs(SystemTime::now()),
-        }
+        Self { at, wall: wall_secs(SystemTime::now()) }
     }
 
     /// The monotonic moment of wall-clock time `wall` (seconds since the epoch).
@@ -401,9 +348,7 @@ impl Clocks {
 }
 
 pub fn wall_secs(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
 /// An RFC 3339 timestamp as seconds since the epoch.
@@ -494,15 +439,10 @@ impl BusMonitor {
     pub fn start(bus: &PrivateBus, name: &str) -> Result<Self> {
         let mut proc = spawn(
             "dbus-monitor",
-            bus.command("dbus-monitor").args([
-                "--session".to_string(),
-                format!("destination='{name}'"),
-                format!("sender='{name}'"),
-            ]),
+            bus.command("dbus-monitor").args(["--session".to_string(), format!("destination='{name}'"), format!("sender='{name}'")]),
         )?;
         ensure!(
-            proc.wait_line(START_TIMEOUT, |l| l.starts_with("signal "))
-                .is_some(),
+            proc.wait_line(START_TIMEOUT, |l| l.starts_with("signal ")).is_some(),
             "dbus-monitor (pid {}) printed nothing within {START_TIMEOUT:?}",
             proc.pid()
         );
@@ -515,36 +455,24 @@ impl BusMonitor {
 
     /// Every message seen so far.
     pub fn messages(&mut self) -> Vec<Seen> {
-        self.proc
-            .lines()
-            .iter()
-            .filter_map(|(_, l)| Seen::parse(l))
-            .collect()
+        self.proc.lines().iter().filter_map(|(_, l)| Seen::parse(l)).collect()
     }
 
     /// The first message, already seen or arriving within `timeout`, that `pred` accepts.
     pub fn wait(&mut self, timeout: Duration, pred: impl Fn(&Seen) -> bool) -> Option<Seen> {
-        self.proc
-            .wait_line(timeout, |l| Seen::parse(l).is_some_and(|m| pred(&m)))
-            .and_then(|(_, l)| Seen::parse(&l))
+        self.proc.wait_line(timeout, |l| Seen::parse(l).is_some_and(|m| pred(&m))).and_then(|(_, l)| Seen::parse(&l))
     }
 
     /// The method call `serial` sent by connection `sender`.
     pub fn call(&mut self, sender: &str, serial: u32) -> Option<Seen> {
-        self.messages().into_iter().find(|m| {
-            m.kind == MsgKind::Call
-                && m.sender.as_deref() == Some(sender)
-                && m.serial == Some(serial)
-        })
+        self.messages().into_iter().find(|m| m.kind == MsgKind::Call && m.sender.as_deref() == Some(sender) && m.serial == Some(serial))
     }
 
     /// The reply (return or error) to call `serial` of connection `caller`, already seen or
     /// arriving within `timeout`.
     pub fn reply(&mut self, caller: &str, serial: u32, timeout: Duration) -> Option<Seen> {
         self.wait(timeout, |m| {
-            matches!(m.kind, MsgKind::Return | MsgKind::Error)
-                && m.destination.as_deref() == Some(caller)
-                && m.reply_serial == Some(serial)
+            matches!(m.kind, MsgKind::Return | MsgKind::Error) && m.destination.as_deref() == Some(caller) && m.reply_serial == Some(serial)
         })
     }
 }
@@ -574,29 +502,16 @@ pub fn assert_dbus_stall(stall: &crate::Event, want: &ExpectedStall, all: &dyn F
     let field = |p: &str| stall.get(p).cloned().unwrap_or(Value::Null);
     assert_eq!(field("/type"), "stall", "{}", bad("not a stall line"));
     assert_eq!(field("/kind"), "dbus_call", "{}", bad("wrong kind"));
-    assert_eq!(
-        field("/level"),
-        "warn",
-        "{}",
-        bad("first report not level warn")
-    );
+    assert_eq!(field("/level"), "warn", "{}", bad("first report not level warn"));
     assert_eq!(field("/pid"), want.caller_pid, "{}", bad("wrong pid"));
     let tid = stall.u64("/tid").unwrap_or(0);
     assert!(
         want.caller_tids.iter().any(|t| u64::from(*t) == tid),
         "{}",
-        bad(&format!(
-            "tid {tid} is none of the caller's threads {:?}",
-            want.caller_tids
-        ))
+        bad(&format!("tid {tid} is none of the caller's threads {:?}", want.caller_tids))
     );
     assert_eq!(field("/comm"), want.comm, "{}", bad("wrong comm"));
-    assert_eq!(
-        field("/started_before_attach"),
-        json!(want.before_attach),
-        "{}",
-        bad("wrong started_before_attach")
-    );
+    assert_eq!(field("/started_before_attach"), json!(want.before_attach), "{}", bad("wrong started_before_attach"));
     let call = want.call;
     let expected = [
         ("destination", json!(SERVICE)),
@@ -607,95 +522,41 @@ pub fn assert_dbus_stall(stall: &crate::Event, want: &ExpectedStall, all: &dyn F
         ("sender", json!(call.sender)),
     ];
     for (key, value) in expected {
-        assert_eq!(
-            field(&format!("/detail/{key}")),
-            value,
-            "{}",
-            bad(&format!("detail.{key} is not the monitor's"))
-        );
+        assert_eq!(field(&format!("/detail/{key}")), value, "{}", bad(&format!("detail.{key} is not the monitor's")));
     }
-    let holder = [
-        ("kind", json!(want.holder_kind)),
-        ("pid", json!(want.service_pid)),
-        ("comm", json!("dbus-test-tool")),
-        ("state", json!("T")),
-    ];
+    let holder =
+        [("kind", json!(want.holder_kind)), ("pid", json!(want.service_pid)), ("comm", json!("dbus-test-tool")), ("state", json!("T"))];
     for (key, value) in holder {
-        assert_eq!(
-            field(&format!("/holder/{key}")),
-            value,
-            "{}",
-            bad(&format!("holder.{key}"))
-        );
+        assert_eq!(field(&format!("/holder/{key}")), value, "{}", bad(&format!("holder.{key}")));
     }
     let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
     let budget = stall.f64("/budget_used").unwrap_or(f64::NAN);
-    assert!(
-        (budget - waited / crate::stall::PLEG_BUDGET_S).abs() < 0.005,
-        "{}",
-        bad("budget_used is not waited_s/180")
-    );
-    assert!(
-        stall
-            .get("/kernel_stack")
-            .and_then(Value::as_array)
-            .is_some_and(|s| !s.is_empty()),
-        "{}",
-        bad("no kernel_stack")
-    );
+    assert!((budget - waited / crate::stall::PLEG_BUDGET_S).abs() < 0.005, "{}", bad("budget_used is not waited_s/180"));
+    assert!(stall.get("/kernel_stack").and_then(Value::as_array).is_some_and(|s| !s.is_empty()), "{}", bad("no kernel_stack"));
 }
 
 /// The stall lines (every level) about process `pid`.
 pub fn stalls_of(events: &[crate::Event], pid: u32) -> Vec<&crate::Event> {
-    events
-        .iter()
-        .filter(|e| e.is("stall") && e.u64("/pid") == Some(u64::from(pid)))
-        .collect()
+    events.iter().filter(|e| e.is("stall") && e.u64("/pid") == Some(u64::from(pid))).collect()
 }
 
 /// The `resolved` line with the same id as `stall`, checked to name the same kind, pid and
 /// tid and to carry a `timing`.
-pub fn resolved_of(
-    events: &[crate::Event],
-    stall: &crate::Event,
-    all: &dyn Fn() -> String,
-) -> crate::Event {
+pub fn resolved_of(events: &[crate::Event], stall: &crate::Event, all: &dyn Fn() -> String) -> crate::Event {
     let id = stall.u64("/id");
-    let Some(resolved) = events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == id)
-        .cloned()
-    else {
-        panic!(
-            "no resolved line for stall id {id:?} {}:\n{}",
-            stall.json,
-            all()
-        );
+    let Some(resolved) = events.iter().find(|e| e.is("resolved") && e.u64("/id") == id).cloned() else {
+        panic!("no resolved line for stall id {id:?} {}:\n{}", stall.json, all());
     };
     for key in ["/kind", "/pid", "/tid"] {
-        assert_eq!(
-            resolved.get(key),
-            stall.get(key),
-            "resolved {} differs from its stall in {key}:\n{}",
-            resolved.json,
-            all()
-        );
+        assert_eq!(resolved.get(key), stall.get(key), "resolved {} differs from its stall in {key}:\n{}", resolved.json, all());
     }
-    assert!(
-        matches!(resolved.str("/timing"), Some("exact" | "approximate")),
-        "resolved {} has no timing:\n{}",
-        resolved.json,
-        all()
-    );
+    assert!(matches!(resolved.str("/timing"), Some("exact" | "approximate")), "resolved {} has no timing:\n{}", resolved.json, all());
     resolved
 }
 
 /// The ids (sorted, each once) of the stall lines about process `pid`.
 pub fn stall_ids(events: &[crate::Event], pid: u32) -> Vec<u64> {
-    let mut ids: Vec<u64> = stalls_of(events, pid)
-        .iter()
-        .filter_map(|e| e.u64("/id"))
-        .collect();
+    let mut ids: Vec<u64> = stalls_of(events, pid).iter().filter_map(|e| e.u64("/id")).collect();
     ids.sort_unstable();
     ids.dedup();
     ids
@@ -718,11 +579,7 @@ pub fn assert_bystanders_quiet(
         ("dbus-daemon", bus.daemon_pid()),
     ] {
         let stalls = stalls_of(events, pid);
-        assert!(
-            stalls.is_empty(),
-            "{who} (pid {pid}) was reported: {stalls:#?}\n{}",
-            all()
-        );
+        assert!(stalls.is_empty(), "{who} (pid {pid}) was reported: {stalls:#?}\n{}", all());
     }
 }
 
@@ -750,28 +607,18 @@ pub fn assert_resolved_after_reply(
     all: &dyn Fn() -> String,
 ) -> ResolvedCall {
     let serial = call.serial.unwrap_or(0);
-    let reply = monitor
-        .reply(sender, serial, Duration::from_secs(5))
-        .unwrap_or_else(|| panic!("dbus-monitor saw no reply to {call:?}"));
+    let reply = monitor.reply(sender, serial, Duration::from_secs(5)).unwrap_or_else(|| panic!("dbus-monitor saw no reply to {call:?}"));
     let resolved = resolved_of(events, stall, all);
     let real = reply.time - call.time;
     let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
-    let late = resolved
-        .at
-        .saturating_duration_since(clocks.instant(reply.time))
-        .as_secs_f64();
+    let late = resolved.at.saturating_duration_since(clocks.instant(reply.time)).as_secs_f64();
     eprintln!(
         "  resolved ({}): line {late:.3}s after the reply; waited_s {total:.3} for a real \
          {real:.3}s ({:+.3}s)",
         resolved.str("/timing").unwrap_or("?"),
         total - real
     );
-    assert!(
-        late <= RESOLVE_LATE_S,
-        "the resolved line {} came {late:.3}s after the reply:\n{}",
-        resolved.json,
-        all()
-    );
+    assert!(late <= RESOLVE_LATE_S, "the resolved line {} came {late:.3}s after the reply:\n{}", resolved.json, all());
     ResolvedCall { real, total }
 }
 
@@ -810,9 +657,7 @@ mod tests {
         let later = c.at + Duration::from_millis(1500);
         assert!((c.wall(later) - c.wall - 1.5).abs() < 1e-6);
         let back = c.instant(c.wall(later));
-        let off = back
-            .checked_duration_since(later)
-            .unwrap_or_else(|| later.duration_since(back));
+        let off = back.checked_duration_since(later).unwrap_or_else(|| later.duration_since(back));
         assert!(off < Duration::from_micros(10), "{off:?}");
         let earlier = c.instant(c.wall - 2.0);
         assert!((c.at.duration_since(earlier).as_secs_f64() - 2.0).abs() < 1e-6);

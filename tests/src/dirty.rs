@@ -33,7 +33,11 @@ pub fn sync_file_range_all(file: &File) -> io::Result<()> {
     let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     // SAFETY: a valid open fd; offset 0 and length 0 mean the whole file.
     let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, flags) };
-    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Writes `bytes` into a few small files in `dir` and syncs each a different way, once

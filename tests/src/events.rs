@@ -65,17 +65,12 @@ impl Event {
 
 /// The `stall` lines of `kind` about process `pid`.
 pub fn stalls<'a>(events: &'a [Event], kind: &str, pid: u32) -> Vec<&'a Event> {
-    events
-        .iter()
-        .filter(|e| e.is_about_pid("stall", pid) && e.str("/kind") == Some(kind))
-        .collect()
+    events.iter().filter(|e| e.is_about_pid("stall", pid) && e.str("/kind") == Some(kind)).collect()
 }
 
 /// The `resolved` line of `stall` (the one with its `id`).
 pub fn resolution<'a>(events: &'a [Event], stall: &Event) -> Option<&'a Event> {
-    events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == stall.u64("/id"))
+    events.iter().find(|e| e.is("resolved") && e.u64("/id") == stall.u64("/id"))
 }
 
 /// The lines, one per row, each with its arrival in seconds after `origin`: for failure

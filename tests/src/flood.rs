@@ -37,10 +37,7 @@ pub fn storm(threads: usize, length: Duration) -> Result<Storm> {
     let mut handles = Vec::new();
     for i in 0..threads {
         let stop = stop.clone();
-        let h = thread::Builder::new()
-            .name(format!("nl-storm-{i}"))
-            .spawn(move || sender(&stop))
-            .context("spawn a storm thread")?;
+        let h = thread::Builder::new().name(format!("nl-storm-{i}")).spawn(move || sender(&stop)).context("spawn a storm thread")?;
         handles.push(h);
     }
     thread::sleep(length);

@@ -43,8 +43,7 @@ use object::{Object, ObjectSection};
 /// kubelet ≥1.26's relist method (≤1.25: `….relist`), as the fixture carries it.
 pub const RELIST_SYMBOL: &str = "k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Relist";
 /// The per-pod cache update called by each relist.
-pub const UPDATE_CACHE_SYMBOL: &str =
-    "k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).updateCache";
+pub const UPDATE_CACHE_SYMBOL: &str = "k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).updateCache";
 /// The health check (called every period by the fixture, and by the `health` command).
 pub const HEALTHY_SYMBOL: &str = "k8s.io/kubernetes/pkg/kubelet/pleg.(*GenericPLEG).Healthy";
 
@@ -90,34 +89,21 @@ static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
 /// (not stripped), has no `.gopclntab`, or lacks any of the three names, each followed by the
 /// NUL that ends it in the pclntab's name table.
 pub fn build_fake_kubelet() -> Result<PathBuf> {
-    BUILT
-        .get_or_init(|| build().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(|e| anyhow!("building the fake-kubelet fixture: {e}"))
+    BUILT.get_or_init(|| build().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!("building the fake-kubelet fixture: {e}"))
 }
 
 fn output_dir() -> Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     // SAFETY: geteuid(2) takes no arguments and cannot fail.
     let uid = unsafe { libc::geteuid() };
-    let candidates = [
-        target.join("fake-kubelet"),
-        std::env::temp_dir().join(format!("plegwatch-fake-kubelet-{uid}")),
-    ];
+    let candidates = [target.join("fake-kubelet"), std::env::temp_dir().join(format!("plegwatch-fake-kubelet-{uid}"))];
     let mut errors = Vec::new();
     for dir in candidates {
         let probe = dir.join(format!(".probe.{}", std::process::id()));
-        let writable = std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(&probe, b""))
-            .and_then(|()| std::fs::remove_file(&probe));
+        let writable = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&probe, b"")).and_then(|()| std::fs::remove_file(&probe));
         match writable {
-            Ok(()) => {
-                return dir
-                    .canonicalize()
-                    .with_context(|| format!("canonicalize {}", dir.display()))
-            }
+            Ok(()) => return dir.canonicalize().with_context(|| format!("canonicalize {}", dir.display())),
             Err(e) => errors.push(format!("{}: {e}", dir.display())),
         }
     }
@@ -131,10 +117,7 @@ pub const DEBIAN_GOCODE: &str = "/usr/share/gocode";
 const GOCODE_PACKAGES: &[(&str, &str)] = &[
     ("google.golang.org/grpc", "golang-google-grpc-dev"),
     ("google.golang.org/protobuf", "golang-google-protobuf-dev"),
-    (
-        "github.com/golang/protobuf",
-        "golang-github-golang-protobuf-1-5-dev",
-    ),
+    ("github.com/golang/protobuf", "golang-github-golang-protobuf-1-5-dev"),
 ];
 
 /// The fixture's minimal CRI `api.proto` (package `runtime.v1`), relative to `fixture_dir()/proto`.
@@ -145,11 +128,7 @@ fn build() -> Result<PathBuf> {
     let go_line = Path::new(&go).display().to_string();
     let version = match Command::new(&go).arg("version").output() {
         Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
-        Ok(out) => bail!(
-            "`{go_line} version` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
+        Ok(out) => bail!("`{go_line} version` failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
             "`{go_line}` not found: install Debian's golang-go (Go 1.19; `apt-get install golang-go`) \
              or point PLEGWATCH_GO at a go binary"
@@ -174,8 +153,7 @@ fn build() -> Result<PathBuf> {
     let tree = GoPath::lay_out(&dir)?;
     let started = Instant::now();
     generate_cri_client(&tree.0)?;
-    let gopath = std::env::join_paths([tree.0.as_path(), Path::new(DEBIAN_GOCODE)])
-        .context("join the GOPATH")?;
+    let gopath = std::env::join_paths([tree.0.as_path(), Path::new(DEBIAN_GOCODE)]).context("join the GOPATH")?;
     let out = go_build(Path::new(&go), &tree.0, &dir, &gopath, &[], &tmp)
         .output()
         .with_context(|| format!("cannot run `{go_line} build {PACKAGE}`"))?;
@@ -199,14 +177,9 @@ fn build() -> Result<PathBuf> {
     if std::fs::read(&bin).ok().as_deref() == Some(&bytes[..]) {
         std::fs::remove_file(&tmp).with_context(|| format!("remove {}", tmp.display()))?;
     } else {
-        std::fs::rename(&tmp, &bin)
-            .with_context(|| format!("rename {} to {}", tmp.display(), bin.display()))?;
+        std::fs::rename(&tmp, &bin).with_context(|| format!("rename {} to {}", tmp.display(), bin.display()))?;
     }
-    eprintln!(
-        "built the fake-kubelet fixture with {version} in {took:.1?}: {} ({} bytes, stripped)",
-        bin.display(),
-        bytes.len()
-    );
+    eprintln!("built the fake-kubelet fixture with {version} in {took:.1?}: {} ({} bytes, stripped)", bin.display(), bytes.len());
     Ok(bin)
 }
 
@@ -378,15 +351,13 @@ impl GoPath {
     fn lay_out(dir: &Path) -> Result<Self> {
         let root = dir.join(format!("gopath.{}", std::process::id()));
         if root.exists() {
-            std::fs::remove_dir_all(&root)
-                .with_context(|| format!("remove a stale {}", root.display()))?;
+            std::fs::remove_dir_all(&root).with_context(|| format!("remove a stale {}", root.display()))?;
         }
         let tree = Self(root);
         let k8s = tree.0.join("src/k8s.io");
         std::fs::create_dir_all(&k8s).with_context(|| format!("create {}", k8s.display()))?;
-        std::os::unix::fs::symlink(fixture_dir(), k8s.join("kubernetes")).with_context(|| {
-            format!("symlink {} into {}", fixture_dir().display(), k8s.display())
-        })?;
+        std::os::unix::fs::symlink(fixture_dir(), k8s.join("kubernetes"))
+            .with_context(|| format!("symlink {} into {}", fixture_dir().display(), k8s.display()))?;
         Ok(tree)
     }
 }
@@ -436,32 +407,19 @@ fn generate_cri_client(gopath: &Path) -> Result<()> {
 pub fn check_binary(elf: &[u8]) -> Result<()> {
     let file = object::File::parse(elf).context("parse the ELF")?;
     for name in [".symtab", ".debug_info", ".zdebug_info"] {
-        ensure!(
-            file.section_by_name(name).is_none(),
-            "it has a {name} section: not stripped"
-        );
+        ensure!(file.section_by_name(name).is_none(), "it has a {name} section: not stripped");
     }
-    let pclntab = file
-        .section_by_name(".gopclntab")
-        .context("it has no .gopclntab section")?
-        .data()
-        .context("read .gopclntab")?;
+    let pclntab = file.section_by_name(".gopclntab").context("it has no .gopclntab section")?.data().context("read .gopclntab")?;
     for symbol in [RELIST_SYMBOL, UPDATE_CACHE_SYMBOL, HEALTHY_SYMBOL] {
         let needle = [symbol.as_bytes(), b"\0"].concat();
-        ensure!(
-            contains(pclntab, &needle),
-            "its .gopclntab does not hold the name {symbol}"
-        );
+        ensure!(contains(pclntab, &needle), "its .gopclntab does not hold the name {symbol}");
     }
     Ok(())
 }
 
 /// `CLOCK_MONOTONIC` now, in seconds: the clock of the fixture's timestamps.
 pub fn monotonic_now() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime(2) writes one timespec to the valid pointer it is given.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
@@ -556,21 +514,14 @@ fn parse_line(text: &str) -> Kind {
     let num = |i: usize| words.get(i).and_then(|w| w.parse::<u64>().ok());
     let time = |i: usize| words.get(i).and_then(|w| w.parse::<f64>().ok());
     match words.as_slice() {
-        ["ready", pid] => pid
-            .parse()
-            .map(|pid| Kind::Ready { pid })
-            .unwrap_or(Kind::Other),
+        ["ready", pid] => pid.parse().map(|pid| Kind::Ready { pid }).unwrap_or(Kind::Other),
         ["ack", "wlock", addr] => addr
             .strip_prefix("0x")
             .and_then(|h| u64::from_str_radix(h, 16).ok())
             .map(|lock| Kind::WriteLocked { lock })
             .unwrap_or(Kind::Other),
-        ["ack", command] => Kind::Ack {
-            command: (*command).to_owned(),
-        },
-        ["ack", "pods", n] => Kind::Ack {
-            command: format!("pods {n}"),
-        },
+        ["ack", command] => Kind::Ack { command: (*command).to_owned() },
+        ["ack", "pods", n] => Kind::Ack { command: format!("pods {n}") },
         ["relist", what, ..] => match (*what, num(2), time(3)) {
             ("start", Some(n), Some(t)) => Kind::RelistStart { n, t },
             ("blocking", Some(n), Some(t)) => Kind::RelistBlocking { n, t },
@@ -587,23 +538,15 @@ fn parse_line(text: &str) -> Kind {
             },
             ("rlock-wait", Some(n), Some(t)) => Kind::RelistRlockWait { n, t },
             ("rlock-got", Some(n), Some(t)) => Kind::RelistRlockGot { n, t },
-            ("cri", Some(n), Some(t)) => parse_cri_listed(&words[4..])
-                .map(|listed| Kind::RelistCri { n, t, listed })
-                .unwrap_or(Kind::Other),
-            ("cri-error", Some(n), Some(t)) if words.len() > 4 => Kind::RelistCriError {
-                n,
-                t,
-                failed: CriFailed {
-                    method: words[4].to_owned(),
-                    error: words[5..].join(" "),
-                },
-            },
+            ("cri", Some(n), Some(t)) => {
+                parse_cri_listed(&words[4..]).map(|listed| Kind::RelistCri { n, t, listed }).unwrap_or(Kind::Other)
+            }
+            ("cri-error", Some(n), Some(t)) if words.len() > 4 => {
+                Kind::RelistCriError { n, t, failed: CriFailed { method: words[4].to_owned(), error: words[5..].join(" ") } }
+            }
             _ => Kind::Other,
         },
-        ["healthy", ok, ..] => Kind::Healthy {
-            ok: *ok == "true",
-            message: words[2..].join(" "),
-        },
+        ["healthy", ok, ..] => Kind::Healthy { ok: *ok == "true", message: words[2..].join(" ") },
         ["bye"] => Kind::Bye,
         _ => Kind::Other,
     }
@@ -611,8 +554,7 @@ fn parse_line(text: &str) -> Kind {
 
 /// `ListPodSandbox=MS ListContainers=MS sandboxes=K containers=C`, in any order.
 fn parse_cri_listed(words: &[&str]) -> Option<CriListed> {
-    let (mut sandbox_ms, mut containers_ms, mut sandboxes, mut containers) =
-        (None, None, None, None);
+    let (mut sandbox_ms, mut containers_ms, mut sandboxes, mut containers) = (None, None, None, None);
     for word in words {
         let (key, value) = word.split_once('=')?;
         match key {
@@ -665,16 +607,8 @@ pub struct CriRelist {
 
 fn cri_relist_of(kind: &Kind) -> Option<CriRelist> {
     match kind {
-        Kind::RelistCri { n, t, listed } => Some(CriRelist {
-            n: *n,
-            t: *t,
-            result: Ok(listed.clone()),
-        }),
-        Kind::RelistCriError { n, t, failed } => Some(CriRelist {
-            n: *n,
-            t: *t,
-            result: Err(failed.clone()),
-        }),
+        Kind::RelistCri { n, t, listed } => Some(CriRelist { n: *n, t: *t, result: Ok(listed.clone()) }),
+        Kind::RelistCriError { n, t, failed } => Some(CriRelist { n: *n, t: *t, result: Err(failed.clone()) }),
         _ => None,
     }
 }
@@ -742,21 +676,19 @@ impl FakeKubelet {
         let stdout = child.stdout.take().context("fake-kubelet stdout")?;
         let shared: Shared = Arc::default();
         let reader_shared = Arc::clone(&shared);
-        let reader = thread::Builder::new()
-            .name("fake-kubelet-out".into())
-            .spawn(move || {
-                let (state, cond) = &*reader_shared;
-                for text in BufReader::new(stdout).lines() {
-                    let Ok(text) = text else { break };
-                    let at = Instant::now();
-                    eprintln!("[fake-kubelet {pid}] {text}");
-                    let kind = parse_line(&text);
-                    state.lock().unwrap().lines.push(Line { at, text, kind });
-                    cond.notify_all();
-                }
-                state.lock().unwrap().eof = true;
+        let reader = thread::Builder::new().name("fake-kubelet-out".into()).spawn(move || {
+            let (state, cond) = &*reader_shared;
+            for text in BufReader::new(stdout).lines() {
+                let Ok(text) = text else { break };
+                let at = Instant::now();
+                eprintln!("[fake-kubelet {pid}] {text}");
+                let kind = parse_line(&text);
+                state.lock().unwrap().lines.push(Line { at, text, kind });
                 cond.notify_all();
-            });
+            }
+            state.lock().unwrap().eof = true;
+            cond.notify_all();
+        });
         let reader = match reader {
             Ok(reader) => reader,
             Err(e) => {
@@ -765,36 +697,22 @@ impl FakeKubelet {
                 return Err(e).context("spawn a reader thread");
             }
         };
-        let mut kubelet = Self {
-            child,
-            stdin,
-            shared,
-            start_cursor: 0,
-            ack_cursor: 0,
-            reader: Some(reader),
-        };
-        eprintln!(
-            "started the fake-kubelet fixture (pid {pid}): {} {args:?}",
-            bin.display()
-        );
+        let mut kubelet = Self { child, stdin, shared, start_cursor: 0, ack_cursor: 0, reader: Some(reader) };
+        eprintln!("started the fake-kubelet fixture (pid {pid}): {} {args:?}", bin.display());
         let ready = kubelet.wait_line(0, READY_TIMEOUT, |k| match k {
             Kind::Ready { pid } => Some(*pid),
             _ => None,
         });
         match ready {
             Some((i, said)) => {
-                ensure!(
-                    said == pid,
-                    "fake-kubelet said `ready {said}` but its pid is {pid}"
-                );
+                ensure!(said == pid, "fake-kubelet said `ready {said}` but its pid is {pid}");
                 kubelet.start_cursor = i + 1;
                 kubelet.ack_cursor = i + 1;
                 Ok(kubelet)
             }
-            None => bail!(
-                "fake-kubelet (pid {pid}) did not print `ready` within {READY_TIMEOUT:?}; it printed: {:?}",
-                kubelet.transcript()
-            ),
+            None => {
+                bail!("fake-kubelet (pid {pid}) did not print `ready` within {READY_TIMEOUT:?}; it printed: {:?}", kubelet.transcript())
+            }
         }
     }
 
@@ -819,14 +737,7 @@ impl FakeKubelet {
         let mut relist: Option<Relist> = None;
         for line in &state.lines {
             match line.kind {
-                Kind::RelistStart { n: m, t } if m == n => {
-                    relist = Some(Relist {
-                        n,
-                        start: t,
-                        blocking: None,
-                        end: None,
-                    })
-                }
+                Kind::RelistStart { n: m, t } if m == n => relist = Some(Relist { n, start: t, blocking: None, end: None }),
                 Kind::RelistBlocking { n: m, t } if m == n => {
                     if let Some(r) = relist.as_mut() {
                         r.blocking = Some(t);
@@ -857,30 +768,21 @@ impl FakeKubelet {
     /// CRI mode: the CRI calls of relist `n`, if it printed them yet.
     pub fn cri_relist(&self, n: u64) -> Option<CriRelist> {
         let state = self.shared.0.lock().unwrap();
-        state
-            .lines
-            .iter()
-            .filter_map(|l| cri_relist_of(&l.kind))
-            .find(|r| r.n == n)
+        state.lines.iter().filter_map(|l| cri_relist_of(&l.kind)).find(|r| r.n == n)
     }
 
     /// CRI mode: the CRI calls of the first relist numbered above `after` to print them
     /// (`relist cri` or `relist cri-error`), waiting up to `timeout`; `None` if none did in
     /// time or the fixture exited. With `after` = 0, the first relist's.
     pub fn wait_cri_relist(&self, after: u64, timeout: Duration) -> Option<CriRelist> {
-        self.wait_line(0, timeout, |k| cri_relist_of(k).filter(|r| r.n > after))
-            .map(|(_, r)| r)
+        self.wait_line(0, timeout, |k| cri_relist_of(k).filter(|r| r.n > after)).map(|(_, r)| r)
     }
 
     /// Makes the next relist to start park until [`release`](Self::release), and returns
     /// once the fixture acknowledged it. The next [`wait_relist_start`](Self::wait_relist_start)
     /// returns that relist: every start printed after the acknowledgement is the parked one.
     pub fn block_next(&mut self) -> Result<()> {
-        let i = self.command(
-            "block",
-            "ack block",
-            |k| matches!(k, Kind::Ack { command } if command == "block"),
-        )?;
+        let i = self.command("block", "ack block", |k| matches!(k, Kind::Ack { command } if command == "block"))?;
         self.start_cursor = self.start_cursor.max(i + 1);
         Ok(())
     }
@@ -904,11 +806,7 @@ impl FakeKubelet {
     /// Lets the parked relist go on (or cancels a `block` no relist took yet), and returns
     /// once the fixture acknowledged it.
     pub fn release(&mut self) -> Result<()> {
-        self.command(
-            "release",
-            "ack release",
-            |k| matches!(k, Kind::Ack { command } if command == "release"),
-        )?;
+        self.command("release", "ack release", |k| matches!(k, Kind::Ack { command } if command == "release"))?;
         Ok(())
     }
 
@@ -1026,9 +924,7 @@ impl FakeKubelet {
 
     /// Calls the fixture's `Healthy()`: `(ok, message)`.
     pub fn healthy(&mut self) -> Result<(bool, String)> {
-        let i = self.command("health", "healthy …", |k| {
-            matches!(k, Kind::Healthy { .. })
-        })?;
+        let i = self.command("health", "healthy …", |k| matches!(k, Kind::Healthy { .. }))?;
         match &self.shared.0.lock().unwrap().lines[i].kind {
             Kind::Healthy { ok, message } => Ok((*ok, message.clone())),
             _ => unreachable!(),
@@ -1067,10 +963,7 @@ impl FakeKubelet {
             if let Some(status) = self.child.try_wait()? {
                 break status;
             }
-            ensure!(
-                Instant::now() < deadline,
-                "fake-kubelet (pid {pid}) did not exit within {ACK_TIMEOUT:?} of `quit`"
-            );
+            ensure!(Instant::now() < deadline, "fake-kubelet (pid {pid}) did not exit within {ACK_TIMEOUT:?} of `quit`");
             thread::sleep(Duration::from_millis(10));
         };
         if let Some(reader) = self.reader.take() {
@@ -1083,11 +976,7 @@ impl FakeKubelet {
         ensure!(
             said_bye && status.success(),
             "fake-kubelet (pid {pid}) exited ({status}) {} after `quit`",
-            if said_bye {
-                "having said bye"
-            } else {
-                "without saying bye"
-            }
+            if said_bye { "having said bye" } else { "without saying bye" }
         );
         eprintln!("fake-kubelet (pid {pid}) quit: {status}");
         Ok(status)
@@ -1095,10 +984,7 @@ impl FakeKubelet {
 
     fn send(&mut self, command: &str) -> Result<()> {
         let pid = self.pid();
-        let stdin = self
-            .stdin
-            .as_mut()
-            .context("fake-kubelet stdin is closed")?;
+        let stdin = self.stdin.as_mut().context("fake-kubelet stdin is closed")?;
         stdin
             .write_all(format!("{command}\n").as_bytes())
             .and_then(|()| stdin.flush())
@@ -1107,16 +993,10 @@ impl FakeKubelet {
 
     /// Sends `command` and waits for the first line after the previous answer that `is_answer`
     /// accepts; returns its index.
-    fn command(
-        &mut self,
-        command: &str,
-        answer: &str,
-        is_answer: impl Fn(&Kind) -> bool,
-    ) -> Result<usize> {
+    fn command(&mut self, command: &str, answer: &str, is_answer: impl Fn(&Kind) -> bool) -> Result<usize> {
         self.send(command)?;
         let from = self.ack_cursor;
-        let Some((i, ())) = self.wait_line(from, ACK_TIMEOUT, |k| is_answer(k).then_some(()))
-        else {
+        let Some((i, ())) = self.wait_line(from, ACK_TIMEOUT, |k| is_answer(k).then_some(())) else {
             bail!(
                 "fake-kubelet (pid {}) did not answer `{command}` with `{answer}` within {ACK_TIMEOUT:?}; it printed: {:?}",
                 self.pid(),
@@ -1129,12 +1009,7 @@ impl FakeKubelet {
 
     /// The first line at index `from` or later that `pick` accepts, with its index, waiting up
     /// to `timeout`; `None` on timeout or once the fixture's stdout closed with no such line.
-    fn wait_line<T>(
-        &self,
-        from: usize,
-        timeout: Duration,
-        pick: impl Fn(&Kind) -> Option<T>,
-    ) -> Option<(usize, T)> {
+    fn wait_line<T>(&self, from: usize, timeout: Duration, pick: impl Fn(&Kind) -> Option<T>) -> Option<(usize, T)> {
         let deadline = Instant::now() + timeout;
         let (state, cond) = &*self.shared;
         let mut state = state.lock().unwrap();
@@ -1176,9 +1051,8 @@ impl Drop for FakeKubelet {
 /// executable or a PIE, under the target directory.
 pub fn build_go_unwind(toolchain: &GoToolchain, go: &Path, pie: bool) -> Result<PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/go-unwind");
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let dir = target.join("go-unwind").join(format!("go{}", toolchain.minor));
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let bin = dir.join(if pie { "go-unwind-pie" } else { "go-unwind" });
@@ -1221,38 +1095,16 @@ mod tests {
     #[test]
     fn parses_the_fixture_lines() {
         assert_eq!(parse_line("ready 42"), Kind::Ready { pid: 42 });
-        assert_eq!(
-            parse_line("relist start 12 4250.998974578"),
-            Kind::RelistStart {
-                n: 12,
-                t: 4250.998974578
-            }
-        );
-        assert_eq!(
-            parse_line("relist end 12 4251.5 pods=3 changed=0"),
-            Kind::RelistEnd { n: 12, t: 4251.5, path: ReturnPath::Normal }
-        );
-        assert_eq!(
-            parse_line("relist blocking 3 1.25"),
-            Kind::RelistBlocking { n: 3, t: 1.25 }
-        );
-        assert_eq!(
-            parse_line("ack block"),
-            Kind::Ack {
-                command: "block".into()
-            }
-        );
+        assert_eq!(parse_line("relist start 12 4250.998974578"), Kind::RelistStart { n: 12, t: 4250.998974578 });
+        assert_eq!(parse_line("relist end 12 4251.5 pods=3 changed=0"), Kind::RelistEnd { n: 12, t: 4251.5, path: ReturnPath::Normal });
+        assert_eq!(parse_line("relist blocking 3 1.25"), Kind::RelistBlocking { n: 3, t: 1.25 });
+        assert_eq!(parse_line("ack block"), Kind::Ack { command: "block".into() });
         assert_eq!(
             parse_line("healthy false pleg was last seen active 4s ago; threshold is 3s"),
-            Kind::Healthy {
-                ok: false,
-                message: "pleg was last seen active 4s ago; threshold is 3s".into()
-            }
+            Kind::Healthy { ok: false, message: "pleg was last seen active 4s ago; threshold is 3s".into() }
         );
         assert_eq!(
-            parse_line(
-                "relist cri 7 100.25 ListPodSandbox=0.412 ListContainers=1.500 sandboxes=1 containers=2"
-            ),
+            parse_line("relist cri 7 100.25 ListPodSandbox=0.412 ListContainers=1.500 sandboxes=1 containers=2"),
             Kind::RelistCri {
                 n: 7,
                 t: 100.25,
@@ -1264,21 +1116,15 @@ mod tests {
                 }
             }
         );
+        assert_eq!(parse_line("relist cri 7 100.25 ListPodSandbox=0.412 sandboxes=1"), Kind::Other);
         assert_eq!(
-            parse_line("relist cri 7 100.25 ListPodSandbox=0.412 sandboxes=1"),
-            Kind::Other
-        );
-        assert_eq!(
-            parse_line(
-                "relist cri-error 8 101.5 ListContainers rpc error: code = DeadlineExceeded desc = context deadline exceeded"
-            ),
+            parse_line("relist cri-error 8 101.5 ListContainers rpc error: code = DeadlineExceeded desc = context deadline exceeded"),
             Kind::RelistCriError {
                 n: 8,
                 t: 101.5,
                 failed: CriFailed {
                     method: "ListContainers".into(),
-                    error: "rpc error: code = DeadlineExceeded desc = context deadline exceeded"
-                        .into()
+                    error: "rpc error: code = DeadlineExceeded desc = context deadline exceeded".into()
                 }
             }
         );

@@ -32,27 +32,15 @@ impl LoopFs {
     /// The inode tables and journal are initialised by mkfs (not lazily by the kernel later),
     /// so no background write goes through a throttle put on the device afterwards.
     pub fn new(size: u64) -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("plegwatch-loopfs-")
-            .tempdir()
-            .context("create a temp dir for the loop image")?;
+        let dir = tempfile::Builder::new().prefix("plegwatch-loopfs-").tempdir().context("create a temp dir for the loop image")?;
         let root = dir.path().canonicalize()?;
         let image = root.join("disk.img");
         let mount_point = root.join("mnt");
         std::fs::create_dir(&mount_point)?;
-        File::create(&image)
-            .and_then(|f| f.set_len(size))
-            .with_context(|| format!("create the sparse image {}", image.display()))?;
+        File::create(&image).and_then(|f| f.set_len(size)).with_context(|| format!("create the sparse image {}", image.display()))?;
         let device = LoopDevice::attach(&image)?;
-        run(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"])
-            .arg(&device.path))?;
-        let mut fs = Self {
-            mount: None,
-            device,
-            mount_point,
-            _dir: dir,
-        };
+        run(Command::new("mkfs.ext4").args(["-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"]).arg(&device.path))?;
+        let mut fs = Self { mount: None, device, mount_point, _dir: dir };
         fs.mount()?;
         Ok(fs)
     }
@@ -106,12 +94,7 @@ impl LoopFs {
 
     /// Mounts the filesystem again after [`LoopFs::unmount`] (or an umount from elsewhere).
     pub fn mount(&mut self) -> Result<()> {
-        self.mount = Some(Mount::new(
-            &self.device.path,
-            &self.mount_point,
-            "ext4",
-            None,
-        )?);
+        self.mount = Some(Mount::new(&self.device.path, &self.mount_point, "ext4", None)?);
         Ok(())
     }
 
@@ -134,9 +117,7 @@ struct LoopDevice {
 
 impl LoopDevice {
     fn attach(image: &Path) -> Result<Self> {
-        let out = run(Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(image))?;
+        let out = run(Command::new("losetup").args(["--find", "--show"]).arg(image))?;
         let path = PathBuf::from(out.trim());
         match DevNum::of_block_device(&path) {
             Ok(dev) => Ok(Self { path, dev }),

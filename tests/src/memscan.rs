@@ -71,7 +71,13 @@ pub fn scan(pid: u32, needles: &[&[u8]]) -> Result<Scan> {
                     region.read += (n as u64).min(CHUNK);
                     for (i, needle) in needles.iter().enumerate() {
                         if let Some(off) = memchr::memmem::find(&buf, needle) {
-                            let hit = format!("{:#x} in {:#x}-{:#x} {}", at + off as u64, start, end, if name.is_empty() { "[anon]" } else { &name });
+                            let hit = format!(
+                                "{:#x} in {:#x}-{:#x} {}",
+                                at + off as u64,
+                                start,
+                                end,
+                                if name.is_empty() { "[anon]" } else { &name }
+                            );
                             if !out.hits[i].contains(&hit) {
                                 out.hits[i].push(hit);
                             }

@@ -20,21 +20,14 @@ pub struct Mount {
 
 impl Mount {
     /// `mount -t FSTYPE [-o OPTIONS] SOURCE TARGET`.
-    pub fn new(
-        source: impl AsRef<OsStr>,
-        target: &Path,
-        fstype: &str,
-        options: Option<&str>,
-    ) -> Result<Self> {
+    pub fn new(source: impl AsRef<OsStr>, target: &Path, fstype: &str, options: Option<&str>) -> Result<Self> {
         let mut cmd = Command::new("mount");
         cmd.args(["-t", fstype]);
         if let Some(options) = options {
             cmd.args(["-o", options]);
         }
         run(cmd.arg(source).arg(target))?;
-        Ok(Self {
-            target: target.to_path_buf(),
-        })
+        Ok(Self { target: target.to_path_buf() })
     }
 
     pub fn target(&self) -> &Path {
@@ -68,13 +61,9 @@ impl Drop for Mount {
 /// Whether `path` (compared as given, so pass a canonical path) is a mount point in this
 /// process's mount namespace.
 pub fn is_mount_point(path: &Path) -> Result<bool> {
-    let info =
-        std::fs::read_to_string("/proc/self/mountinfo").context("read /proc/self/mountinfo")?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").context("read /proc/self/mountinfo")?;
     let wanted = path.as_os_str().to_string_lossy();
-    Ok(info
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .any(|mount_point| unescape_mountinfo(mount_point) == wanted))
+    Ok(info.lines().filter_map(|line| line.split(' ').nth(4)).any(|mount_point| unescape_mountinfo(mount_point) == wanted))
 }
 
 /// Undoes the octal escapes (`\040` for a space, ...) the kernel writes into mountinfo paths.
@@ -83,9 +72,7 @@ fn unescape_mountinfo(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        let octal = bytes.get(i + 1..i + 4).filter(|d| d.iter().all(|b| (b'0'..=b'7').contains(b)));
         match (bytes[i], octal) {
             (b'\\', Some(d)) => {
                 out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));

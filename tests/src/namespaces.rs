@@ -37,7 +37,9 @@ pub fn ns_pid(pid: u32) -> Option<u32> {
 pub fn lines_naming(events: &[crate::Event], pid: u32) -> Vec<String> {
     fn names(v: &serde_json::Value, pid: u64) -> bool {
         match v {
-            serde_json::Value::Object(m) => m.iter().any(|(k, v)| ((k == "pid" || k == "tgid") && v.as_u64() == Some(pid)) || names(v, pid)),
+            serde_json::Value::Object(m) => {
+                m.iter().any(|(k, v)| ((k == "pid" || k == "tgid") && v.as_u64() == Some(pid)) || names(v, pid))
+            }
             serde_json::Value::Array(a) => a.iter().any(|v| names(v, pid)),
             _ => false,
         }

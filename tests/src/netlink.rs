@@ -83,50 +83,20 @@ impl Client {
         let (sent, line) = proc.next_line(CLIENT_START_TIMEOUT)?;
         let sent_wall = SystemTime::now();
         let fields: Vec<&str> = line.split_whitespace().collect();
-        let bad = || {
-            anyhow!(
-                "{name} (pid {}) printed {line:?}, not \"{} {} {word} fd=FD\"",
-                proc.pid(),
-                proc.pid(),
-                proc.pid()
-            )
-        };
+        let bad = || anyhow!("{name} (pid {}) printed {line:?}, not \"{} {} {word} fd=FD\"", proc.pid(), proc.pid(), proc.pid());
         let [pid, tid, said, fd] = fields[..] else {
             return Err(bad());
         };
         let pid: u32 = pid.parse().map_err(|_| bad())?;
-        let fd: u32 = fd
-            .strip_prefix("fd=")
-            .and_then(|f| f.parse().ok())
-            .ok_or_else(bad)?;
-        ensure!(
-            said == word && pid == proc.pid() && tid == pid.to_string(),
-            bad()
-        );
-        Ok(Self {
-            proc,
-            pid,
-            sent,
-            sent_wall,
-            fd,
-        })
+        let fd: u32 = fd.strip_prefix("fd=").and_then(|f| f.parse().ok()).ok_or_else(bad)?;
+        ensure!(said == word && pid == proc.pid() && tid == pid.to_string(), bad());
+        Ok(Self { proc, pid, sent, sent_wall, fd })
     }
 
     /// `nl_client route-noreply` in `ns`: RTM_NEWLINK on lo with sequence number `seq` and
     /// NLM_F_REQUEST only, which the kernel applies and never answers.
     pub fn route_noreply(bin: &Path, ns: &NetNs, seq: u32) -> Result<Self> {
-        Self::start(
-            bin,
-            "nl_client route-noreply",
-            &[
-                "route-noreply",
-                "--netns",
-                ns.name(),
-                "--seq",
-                &seq.to_string(),
-            ],
-            "sent",
-        )
+        Self::start(bin, "nl_client route-noreply", &["route-noreply", "--netns", ns.name(), "--seq", &seq.to_string()], "sent")
     }
 }
 
@@ -151,11 +121,7 @@ pub struct IpTraffic {
 }
 
 impl IpTraffic {
-    pub const COMMANDS: [&'static [&'static str]; 3] = [
-        &["addr", "show"],
-        &["route", "show"],
-        &["link", "set", "lo", "up"],
-    ];
+    pub const COMMANDS: [&'static [&'static str]; 3] = [&["addr", "show"], &["route", "show"], &["link", "set", "lo", "up"]];
 
     pub fn start(netns: &str, period: Duration) -> Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -169,11 +135,7 @@ impl IpTraffic {
                 move || ip_loop(&ns, period, &stop, &rounds)
             })
             .context("spawn the ip-traffic thread")?;
-        Ok(Self {
-            stop,
-            rounds,
-            thread: Some(thread),
-        })
+        Ok(Self { stop, rounds, thread: Some(thread) })
     }
 
     /// Lets the loop go on until it has done `n` rounds, at most `timeout` (scaled: a slow
@@ -193,9 +155,7 @@ impl IpTraffic {
     pub fn stop(mut self) -> Result<IpRounds> {
         self.stop.store(true, Ordering::Relaxed);
         let thread = self.thread.take().context("ip-traffic already stopped")?;
-        thread
-            .join()
-            .map_err(|_| anyhow!("the ip-traffic thread panicked"))?
+        thread.join().map_err(|_| anyhow!("the ip-traffic thread panicked"))?
     }
 }
 
@@ -226,60 +186,33 @@ fn ip_loop(ns: &str, period: Duration, stop: &AtomicBool, rounds: &std::sync::at
 
 /// The `stall` lines about processes named `comm`.
 pub fn stalls_of_comm<'a>(events: &'a [Event], comm: &str) -> Vec<&'a Event> {
-    events
-        .iter()
-        .filter(|e| e.is("stall") && e.str("/comm") == Some(comm))
-        .collect()
+    events.iter().filter(|e| e.is("stall") && e.str("/comm") == Some(comm)).collect()
 }
 
 /// A failure message about the stall line `stall`: `what`, the line, then every line timed
 /// from the request (`sent`).
 pub fn bad_line(stall: &Event, events: &[Event], sent: Instant, what: &str) -> String {
-    format!(
-        "{what} in {}\nall lines, timed from the request:\n{}",
-        stall.json,
-        dump(events, sent)
-    )
+    format!("{what} in {}\nall lines, timed from the request:\n{}", stall.json, dump(events, sent))
 }
 
 /// Asserts what every stall line about a `client` request must say, whenever it was sent:
 /// `started_before_attach` as `before_attach`, kind `netlink_request`, level `warn`, the
 /// client's pid as pid and tid (it is single-threaded), comm `nl_client`, and `protocol` and
 /// the client's socket in `detail`. `bad` makes the failure messages ([`bad_line`]).
-pub fn assert_client_stall(
-    stall: &Event,
-    client: &Client,
-    protocol: &str,
-    before_attach: bool,
-    bad: &dyn Fn(&str) -> String,
-) {
+pub fn assert_client_stall(stall: &Event, client: &Client, protocol: &str, before_attach: bool, bad: &dyn Fn(&str) -> String) {
     let field = |p: &str| stall.get(p).cloned().unwrap_or(Value::Null);
     assert_eq!(
         field("/started_before_attach"),
         before_attach,
         "{}",
-        bad(if before_attach {
-            "not marked started_before_attach"
-        } else {
-            "a request sent after start is marked started_before_attach"
-        })
+        bad(if before_attach { "not marked started_before_attach" } else { "a request sent after start is marked started_before_attach" })
     );
     assert_eq!(field("/kind"), "netlink_request", "{}", bad("wrong kind"));
-    assert_eq!(
-        field("/level"),
-        "warn",
-        "{}",
-        bad("the first report is not level warn")
-    );
+    assert_eq!(field("/level"), "warn", "{}", bad("the first report is not level warn"));
     assert_eq!(field("/pid"), client.pid, "{}", bad("wrong pid"));
     assert_eq!(field("/tid"), client.pid, "{}", bad("wrong tid"));
     assert_eq!(field("/comm"), "nl_client", "{}", bad("wrong comm"));
-    assert_eq!(
-        field("/detail/protocol"),
-        protocol,
-        "{}",
-        bad("wrong detail.protocol")
-    );
+    assert_eq!(field("/detail/protocol"), protocol, "{}", bad("wrong detail.protocol"));
     assert_eq!(field("/detail/fd"), client.fd, "{}", bad("wrong detail.fd"));
 }
 
@@ -289,20 +222,10 @@ pub fn assert_client_stall(
 /// below it by more than 0.1 s, or 0.5 s for a wait found by the startup sweep, whose age is
 /// a lower bound: the time since the thread last ran, which on a loaded machine can come a
 /// little after its send). Prints the measured lateness; returns the line.
-pub fn assert_resolved_after_kill(
-    events: &[Event],
-    stall: &Event,
-    started: Instant,
-    killed: Instant,
-    late: Duration,
-) -> Event {
+pub fn assert_resolved_after_kill(events: &[Event], stall: &Event, started: Instant, killed: Instant, late: Duration) -> Event {
     let all = || dump(events, started);
     let id = stall.u64("/id");
-    let Some(resolved) = events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == id)
-        .cloned()
-    else {
+    let Some(resolved) = events.iter().find(|e| e.is("resolved") && e.u64("/id") == id).cloned() else {
         panic!(
             "no resolved line for stall id {id:?} ({}) after its waiter was killed {:.3}s in; \
              lines timed from the start of the wait:\n{}",
@@ -312,20 +235,10 @@ pub fn assert_resolved_after_kill(
         );
     };
     for key in ["/kind", "/pid", "/tid"] {
-        assert_eq!(
-            resolved.get(key),
-            stall.get(key),
-            "resolved line {} does not match its stall line in {key}:\n{}",
-            resolved.json,
-            all()
-        );
+        assert_eq!(resolved.get(key), stall.get(key), "resolved line {} does not match its stall line in {key}:\n{}", resolved.json, all());
     }
     let timing = resolved.str("/timing");
-    assert!(
-        matches!(timing, Some("exact" | "approximate")),
-        "resolved timing {timing:?}:\n{}",
-        all()
-    );
+    assert!(matches!(timing, Some("exact" | "approximate")), "resolved timing {timing:?}:\n{}", all());
     let real = killed.duration_since(started).as_secs_f64();
     let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
     let after_kill = resolved.at.saturating_duration_since(killed).as_secs_f64();

@@ -260,15 +260,11 @@ impl Plegwatch {
         }
         self.events.extend(self.lines.try_iter());
         if !status.success() {
-            return Err(self.failure(format!(
-                "plegwatch exited with {status} after signal {signal}, not 0"
-            )));
+            return Err(self.failure(format!("plegwatch exited with {status} after signal {signal}, not 0")));
         }
         let not_json = self.not_json.lock().map(|v| v.clone()).unwrap_or_default();
         if !not_json.is_empty() {
-            return Err(self.failure(format!(
-                "plegwatch printed lines that are not JSON objects: {not_json:#?}"
-            )));
+            return Err(self.failure(format!("plegwatch printed lines that are not JSON objects: {not_json:#?}")));
         }
         let Some(summary) = self.events.iter().find(|e| e.is("summary")) else {
             return Err(self.failure("plegwatch exited without a summary line"));
@@ -299,10 +295,7 @@ impl Plegwatch {
         let pid = self.pid() as libc::pid_t;
         // SAFETY: kill(2) on the PID of our own child, or of plegwatch under it, not reaped yet.
         if unsafe { libc::kill(pid, signal) } != 0 {
-            bail!(
-                "signal {signal} to plegwatch (pid {pid}): {}",
-                std::io::Error::last_os_error()
-            );
+            bail!("signal {signal} to plegwatch (pid {pid}): {}", std::io::Error::last_os_error());
         }
         let deadline = Instant::now() + STOP_TIMEOUT;
         while Instant::now() < deadline {
@@ -313,9 +306,7 @@ impl Plegwatch {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        Err(self.failure(format!(
-            "plegwatch did not exit within {STOP_TIMEOUT:?} of signal {signal}; killed it"
-        )))
+        Err(self.failure(format!("plegwatch did not exit within {STOP_TIMEOUT:?} of signal {signal}; killed it")))
     }
 
     /// An error saying `what`, followed by every line and all of stderr so far.
@@ -365,10 +356,7 @@ fn descends_from(mut pid: u32, ancestor: u32) -> bool {
 }
 
 fn spawn_reader(name: &str, body: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
-    thread::Builder::new()
-        .name(name.into())
-        .spawn(body)
-        .with_context(|| format!("spawn the {name} thread"))
+    thread::Builder::new().name(name.into()).spawn(body).with_context(|| format!("spawn the {name} thread"))
 }
 
 fn read_stdout(stdout: ChildStdout, tx: Sender<Event>, not_json: Arc<Mutex<Vec<String>>>) {

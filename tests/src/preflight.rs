@@ -45,8 +45,7 @@ pub fn plegwatch_bin() -> Result<PathBuf> {
         );
     };
     let bin = PathBuf::from(bin);
-    let meta = std::fs::metadata(&bin)
-        .with_context(|| format!("{BIN_ENV}={} cannot be read", bin.display()))?;
+    let meta = std::fs::metadata(&bin).with_context(|| format!("{BIN_ENV}={} cannot be read", bin.display()))?;
     if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
         bail!("{BIN_ENV}={} is not an executable file", bin.display());
     }

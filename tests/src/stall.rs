@@ -63,11 +63,7 @@ pub struct Report {
 /// within `SLACK` of the measured wall time.
 pub fn assert_reported(events: &[Event], wait: &CausedWait) -> Report {
     let all = || dump(events, wait.started);
-    let Some(stall) = events
-        .iter()
-        .find(|e| e.is_about("stall", wait.tid))
-        .cloned()
-    else {
+    let Some(stall) = events.iter().find(|e| e.is_about("stall", wait.tid)).cloned() else {
         panic!(
             "plegwatch printed no stall line for tid {} ({} wait of {:.2}s, {}); lines, timed \
              from the start of the wait:\n{}",
@@ -82,12 +78,7 @@ pub fn assert_reported(events: &[Event], wait: &CausedWait) -> Report {
     let bad = |what: &str| -> String { format!("{what} in {}\nall lines:\n{}", stall.json, all()) };
 
     assert_eq!(field("/kind"), wait.kind, "{}", bad("wrong kind"));
-    assert_eq!(
-        field("/level"),
-        "warn",
-        "{}",
-        bad("the first report of a wait is not level warn")
-    );
+    assert_eq!(field("/level"), "warn", "{}", bad("the first report of a wait is not level warn"));
     assert_eq!(field("/pid"), wait.pid, "{}", bad("wrong pid"));
     assert_eq!(field("/comm"), wait.comm, "{}", bad("wrong comm"));
 
@@ -104,33 +95,14 @@ pub fn assert_reported(events: &[Event], wait: &CausedWait) -> Report {
         ))
     );
     let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
-    assert!(
-        (warn..=warn + slack).contains(&waited),
-        "{}",
-        bad(&format!(
-            "waited_s {waited} is not within [{warn}, {}]",
-            warn + slack
-        ))
-    );
+    assert!((warn..=warn + slack).contains(&waited), "{}", bad(&format!("waited_s {waited} is not within [{warn}, {}]", warn + slack)));
     let budget = stall.f64("/budget_used").unwrap_or(f64::NAN);
-    assert!(
-        (budget - waited / PLEG_BUDGET_S).abs() < 0.005,
-        "{}",
-        bad(&format!(
-            "budget_used {budget} is not waited_s/{PLEG_BUDGET_S}"
-        ))
-    );
+    assert!((budget - waited / PLEG_BUDGET_S).abs() < 0.005, "{}", bad(&format!("budget_used {budget} is not waited_s/{PLEG_BUDGET_S}")));
     let started_at = stall.str("/started_at").unwrap_or_default();
-    let started_at = OffsetDateTime::parse(started_at, &Rfc3339)
-        .unwrap_or_else(|e| panic!("{}", bad(&format!("started_at is not RFC 3339 ({e})"))));
+    let started_at =
+        OffsetDateTime::parse(started_at, &Rfc3339).unwrap_or_else(|e| panic!("{}", bad(&format!("started_at is not RFC 3339 ({e})"))));
     let skew = (started_at - OffsetDateTime::from(wait.started_wall)).as_seconds_f64();
-    assert!(
-        skew.abs() <= slack,
-        "{}",
-        bad(&format!(
-            "started_at is {skew:+.3}s off the wall-clock start of the wait"
-        ))
-    );
+    assert!(skew.abs() <= slack, "{}", bad(&format!("started_at is {skew:+.3}s off the wall-clock start of the wait")));
     let kernel_stack = stall.get("/kernel_stack").and_then(Value::as_array);
     assert!(
         kernel_stack.is_some_and(|s| !s.is_empty() && s.iter().all(Value::is_string)),
@@ -141,23 +113,12 @@ pub fn assert_reported(events: &[Event], wait: &CausedWait) -> Report {
         assert!(stall.get(key).is_some(), "{}", bad(&format!("no {key}")));
     }
 
-    let id = stall
-        .u64("/id")
-        .unwrap_or_else(|| panic!("{}", bad("no numeric id")));
-    let Some(resolved) = events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == Some(id))
-        .cloned()
-    else {
+    let id = stall.u64("/id").unwrap_or_else(|| panic!("{}", bad("no numeric id")));
+    let Some(resolved) = events.iter().find(|e| e.is("resolved") && e.u64("/id") == Some(id)).cloned() else {
         panic!("{}", bad(&format!("no resolved line for id {id}")));
     };
     for key in ["/kind", "/pid", "/tid"] {
-        assert_eq!(
-            resolved.get(key),
-            stall.get(key),
-            "resolved line {} does not match its stall line in {key}",
-            resolved.json
-        );
+        assert_eq!(resolved.get(key), stall.get(key), "resolved line {} does not match its stall line in {key}", resolved.json);
     }
     let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
     let measured = wait.measured.as_secs_f64();

@@ -29,10 +29,7 @@ impl DevNum {
             bail!("{} is not a block device", path.display());
         }
         let rdev = meta.rdev();
-        Ok(Self {
-            major: libc::major(rdev),
-            minor: libc::minor(rdev),
-        })
+        Ok(Self { major: libc::major(rdev), minor: libc::minor(rdev) })
     }
 }
 
@@ -52,20 +49,12 @@ pub fn run(cmd: &mut Command) -> Result<String> {
 /// from others' in what plegwatch reports).
 pub fn run_recorded(cmd: &mut Command, pids: &mut Vec<u32>) -> Result<String> {
     let line = format!("{cmd:?}");
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot run {line}"))?;
+    let child =
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("cannot run {line}"))?;
     pids.push(child.id());
     let out = child.wait_with_output().with_context(|| format!("waiting for {line}"))?;
     if !out.status.success() {
-        bail!(
-            "{line} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        bail!("{line} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -27,9 +27,9 @@ use anyhow::{anyhow, bail, Context, Result};
 
 use crate::child::Proc;
 use crate::containerd::cri;
-use k8s_cri::v1::{self as api, PodSandboxConfig};
 use crate::containerd::Containerd;
 use crate::netlink::NetNs;
+use k8s_cri::v1::{self as api, PodSandboxConfig};
 
 /// The plugin's type in the network config, and its file name in `bin_dir`.
 pub const PLUGIN: &str = "terway-cni";
@@ -66,16 +66,12 @@ static BUILT: OnceLock<std::result::Result<(PathBuf, PathBuf), String>> = OnceLo
 /// Builds both fixtures (once per test process) into `$CARGO_TARGET_DIR/terway-fixtures`
 /// (default `target/terway-fixtures`); returns (daemon, plugin).
 pub fn build() -> Result<(PathBuf, PathBuf)> {
-    BUILT
-        .get_or_init(|| build_inner().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(|e| anyhow!("building the Terway fixtures: {e}"))
+    BUILT.get_or_init(|| build_inner().map_err(|e| format!("{e:#}"))).clone().map_err(|e| anyhow!("building the Terway fixtures: {e}"))
 }
 
 fn build_inner() -> Result<(PathBuf, PathBuf)> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let dir = target.join("terway-fixtures");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let out = |name: &str| dir.join(name);
@@ -157,14 +153,10 @@ impl Daemon {
     pub fn start(bin: &Path, socket: &Path, netns: &NetNs, waiters: u32) -> Result<Self> {
         let mut proc = Proc::spawn(
             DAEMON,
-            Command::new(bin)
-                .arg("--socket")
-                .arg(socket)
-                .args(["--netns", netns.name(), "--waiters", &waiters.to_string()]),
+            Command::new(bin).arg("--socket").arg(socket).args(["--netns", netns.name(), "--waiters", &waiters.to_string()]),
         )?;
         let pid = proc.pid();
-        proc.wait_line(START_TIMEOUT, |l| l.starts_with("ready "))
-            .with_context(|| format!("{DAEMON} (pid {pid}) never said ready"))?;
+        proc.wait_line(START_TIMEOUT, |l| l.starts_with("ready ")).with_context(|| format!("{DAEMON} (pid {pid}) never said ready"))?;
         Ok(Daemon { proc, pid })
     }
 
@@ -184,7 +176,8 @@ impl Daemon {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let _ = self.proc.wait_line(Duration::from_millis(50), |_| false);
-            let tids: Vec<u32> = self.proc.lines().iter().filter(|(_, l)| l.starts_with(&prefix)).filter_map(|(_, l)| tid_field(l)).collect();
+            let tids: Vec<u32> =
+                self.proc.lines().iter().filter(|(_, l)| l.starts_with(&prefix)).filter_map(|(_, l)| tid_field(l)).collect();
             if tids.len() >= n {
                 return Ok(tids);
             }

@@ -155,10 +155,7 @@ fn zombie_exit(pid: i32) -> Result<Option<Exit>> {
     if rest.first() != Some(&"Z") {
         return Ok(None);
     }
-    let code: i32 = rest
-        .get(52 - 3)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("no exit_code in /proc/{pid}/stat: {stat}"))?;
+    let code: i32 = rest.get(52 - 3).and_then(|c| c.parse().ok()).with_context(|| format!("no exit_code in /proc/{pid}/stat: {stat}"))?;
     eprintln!("tmux has not reaped pid {pid} (a zombie); its exit status is from /proc/{pid}/stat");
     Ok(Some(match code & 0x7f {
         0 => Exit::Code((code >> 8) & 0xff),

@@ -139,7 +139,8 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
             incidents_on = Some(t);
             // What the README shows: the daemon's own exposition during the stall.
             let text = daemon.metrics()?;
-            let keep = ["plegwatch_incidents_open", "plegwatch_open_waits", "plegwatch_pleg_budget", "plegwatch_incidents_raised", "process_"];
+            let keep =
+                ["plegwatch_incidents_open", "plegwatch_open_waits", "plegwatch_pleg_budget", "plegwatch_incidents_raised", "process_"];
             let shown: Vec<&str> = text.lines().filter(|l| !l.starts_with('#') && keep.iter().any(|k| l.starts_with(k))).collect();
             eprintln!("daemon /metrics during the stall (cut):\n{}", shown.join("\n"));
         }
@@ -183,7 +184,9 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     // The kernel's histograms reach the metrics with the daemon's once-a-second status, and
     // the umount counts only once it ended: wait for the first status after its end.
     let umount2 = "plegwatch_wait_duration_seconds_bucket{le=\"+Inf\",syscall=\"umount2\"}";
-    let text = canary::poll(Duration::from_secs(5), "the umount2 histogram in /metrics", || daemon.metrics().ok().filter(|t| t.contains(umount2)))?;
+    let text = canary::poll(Duration::from_secs(5), "the umount2 histogram in /metrics", || {
+        daemon.metrics().ok().filter(|t| t.contains(umount2))
+    })?;
     // Retention: the resolved incident's bundle replaced the stale one; the notes stay.
     let bundles = || -> Vec<String> {
         std::fs::read_dir(&reports)

@@ -70,16 +70,8 @@ fn check_traces_by_itself_when_no_daemon_runs() -> anyhow::Result<()> {
     assert_eq!(line.lines().count(), 1, "one line on stdout: {line:?}");
     // The age is refreshed to within a second of the watch's end: at least the head start
     // plus the 3 s traced (the sweep's start is a lower bound, so not more than the umount's).
-    let waited: f64 = line
-        .split("used, ")
-        .nth(1)
-        .and_then(|r| r.split('s').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(f64::NAN);
-    assert!(
-        waited >= 2.0 && waited <= took.as_secs_f64() + 1.0,
-        "the line's age {waited}s is not the umount's (ran {took:?}): {line:?}"
-    );
+    let waited: f64 = line.split("used, ").nth(1).and_then(|r| r.split('s').next()).and_then(|n| n.parse().ok()).unwrap_or(f64::NAN);
+    assert!(waited >= 2.0 && waited <= took.as_secs_f64() + 1.0, "the line's age {waited}s is not the umount's (ran {took:?}): {line:?}");
     drop(throttle);
 
     let (code, line, stderr) = check(&args)?;

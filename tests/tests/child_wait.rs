@@ -86,7 +86,8 @@ fn a_parent_in_waitpid_on_a_stopped_child_is_one_exact_incident() -> Result<()> 
     }
     let parent_state = state(parent_pid);
     let raised = plegwatch.wait_for(WARN + Duration::from_secs(3), |e| {
-        e.is("incident") && incidents::Incident::chain(e).iter().any(|h| h["kind"] == "child_wait" && h["pid"].as_u64() == Some(u64::from(parent_pid)))
+        e.is("incident")
+            && incidents::Incident::chain(e).iter().any(|h| h["kind"] == "child_wait" && h["pid"].as_u64() == Some(u64::from(parent_pid)))
     });
     // SAFETY: kill(2) on the child this test's parent forked.
     unsafe { libc::kill(child as libc::pid_t, libc::SIGCONT) };

@@ -79,16 +79,8 @@ fn update_waits_for_shim_umount(version: Version) -> Result<()> {
     assert_blocked_for_the_stall(&outcome, context);
     // It waited for the shim's Delete, and got the mutex only once the process was deleted.
     let ended = outcome.update.ended();
-    let gap = if ended > umount.last_seen {
-        ended - umount.last_seen
-    } else {
-        umount.last_seen - ended
-    };
-    assert!(
-        gap <= SAME_END,
-        "UpdateContainerResources ended {gap:?} away from the shim's umount\n{}",
-        context()
-    );
+    let gap = if ended > umount.last_seen { ended - umount.last_seen } else { umount.last_seen - ended };
+    assert!(gap <= SAME_END, "UpdateContainerResources ended {gap:?} away from the shim's umount\n{}", context());
     match &outcome.update.result {
         Err(e) if e.contains("cannot update a deleted process") => {}
         other => panic!(
@@ -109,10 +101,7 @@ fn root_on_throttled_disk_update_waits_in_fdatasync() -> Result<()> {
     assert_blocked_for_the_stall(&outcome, context);
     // The holder of the status lock waits in the kernel, in a metadata sync.
     assert!(
-        outcome
-            .containerd_blocked
-            .iter()
-            .any(|t| matches!(t.syscall_nr(), Some(SYS_FSYNC | SYS_FDATASYNC))),
+        outcome.containerd_blocked.iter().any(|t| matches!(t.syscall_nr(), Some(SYS_FSYNC | SYS_FDATASYNC))),
         "no containerd thread was in fsync/fdatasync {:?} into the update\n{}",
         issue9770::Bed::PROBE_AFTER,
         context()
@@ -136,30 +125,16 @@ fn stage(version: Version, on_disk: OnDisk) -> Result<Option<(issue9770::Bed, Ou
         preflight::skip(&scenario, &why);
         return Ok(None);
     }
-    let options = issue9770::Options {
-        version,
-        on_disk,
-        ..Default::default()
-    };
+    let options = issue9770::Options { version, on_disk, ..Default::default() };
     let mut bed = issue9770::Bed::prepare(options)?;
     let outcome = bed.trigger()?;
     eprintln!("{}", outcome.summary());
     let context = || bed.context(&outcome);
 
     bed.stage().assert_pods_shim(&outcome.shim);
-    let umount = outcome
-        .umount
-        .as_ref()
-        .unwrap_or_else(|| panic!("no shim thread was seen in umount2\n{}", context()));
-    assert!(
-        umount.duration() >= STALL_MIN,
-        "the shim's rootfs umount lasted only {:?}\n{}",
-        umount.duration(),
-        context()
-    );
-    outcome
-        .update
-        .assert_quiet_before(QUIET_CALLS_MIN, QUIET_MEDIAN_MAX, context);
+    let umount = outcome.umount.as_ref().unwrap_or_else(|| panic!("no shim thread was seen in umount2\n{}", context()));
+    assert!(umount.duration() >= STALL_MIN, "the shim's rootfs umount lasted only {:?}\n{}", umount.duration(), context());
+    outcome.update.assert_quiet_before(QUIET_CALLS_MIN, QUIET_MEDIAN_MAX, context);
     Ok(Some((bed, outcome)))
 }
 
@@ -167,12 +142,7 @@ fn stage(version: Version, on_disk: OnDisk) -> Result<Option<(issue9770::Bed, Ou
 /// without hitting a deadline, and so did a ListContainers.
 fn assert_blocked_for_the_stall(outcome: &Outcome, context: impl Fn() -> String) {
     let update = &outcome.update;
-    assert!(
-        update.latency >= STALL_MIN,
-        "UpdateContainerResources blocked only {:?}\n{}",
-        update.latency,
-        context()
-    );
+    assert!(update.latency >= STALL_MIN, "UpdateContainerResources blocked only {:?}\n{}", update.latency, context());
     if let Err(e) = &update.result {
         assert!(
             !e.contains("no answer") && !e.contains("DeadlineExceeded"),
@@ -181,11 +151,7 @@ fn assert_blocked_for_the_stall(outcome: &Outcome, context: impl Fn() -> String)
         );
     }
     let during = update.during(&context);
-    assert!(
-        during.max >= STALL_MIN,
-        "ListContainers during the stall: {during} (want a max ≥ {STALL_MIN:?})\n{}",
-        context()
-    );
+    assert!(during.max >= STALL_MIN, "ListContainers during the stall: {during} (want a max ≥ {STALL_MIN:?})\n{}", context());
 }
 
 /// containerd 2.3: the update's task lookup timed out on the shim's `State` (waiting on the

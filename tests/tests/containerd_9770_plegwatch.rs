@@ -20,9 +20,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use plegwatch_scenarios::containerd;
 use plegwatch_scenarios::containerd::bed::{StallBed as _, StallOutcome as _, Watched};
-use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::containerd::issue9770::{Bed, OnDisk, Options, UpdateEnd};
 use plegwatch_scenarios::containerd::Version;
+use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::{preflight, WriteThrottle};
 
 /// The `--warn` of the stagings whose lock hold is bounded by containerd 2.3's 2 s state
@@ -52,11 +52,7 @@ fn watch_under(version: Version, on_disk: OnDisk, wrapper: &[&str]) -> Result<Op
         preflight::skip(&scenario, &why);
         return Ok(None);
     }
-    let bed = Bed::prepare(Options {
-        version,
-        on_disk,
-        ..Options::default()
-    })?;
+    let bed = Bed::prepare(Options { version, on_disk, ..Options::default() })?;
     match UpdateEnd::of(version) {
         UpdateEnd::AfterUmount => Watched::run_under(bed, containerd::bed::WARN, wrapper),
         UpdateEnd::StateTimeout(_) => Watched::run_under(bed, WARN_SHORT_HOLD, wrapper),
@@ -70,10 +66,7 @@ fn watch_under(version: Version, on_disk: OnDisk, wrapper: &[&str]) -> Result<Op
 fn assert_staged(w: &Watched<Bed>, version: Version) {
     let o = &w.outcome;
     let all = || w.all();
-    let umount = o
-        .umount
-        .as_ref()
-        .unwrap_or_else(|| panic!("no shim thread was seen in umount2\n{}", all()));
+    let umount = o.umount.as_ref().unwrap_or_else(|| panic!("no shim thread was seen in umount2\n{}", all()));
     assert!(umount.duration() >= STALL_MIN, "the shim's umount lasted only {:?}\n{}", umount.duration(), all());
     let during = o.update.during(all);
     let (least, most) = match UpdateEnd::of(version) {
@@ -177,88 +170,33 @@ fn umount_chain_is_reported(w: &Watched<Bed>, end: UpdateEnd) -> Result<()> {
     // The Status write lock, held by UpdateSync for as long as the update blocked.
     let (lock, held, blocked) = w.update_sync_lock();
     assert_eq!(lock.str("/level"), Some("warn"), "{}", all());
-    assert!(
-        lock.at >= w.outcome.update.sent,
-        "the lock hold was reported before the update was sent:\n{}",
-        all()
-    );
+    assert!(lock.at >= w.outcome.update.sent, "the lock hold was reported before the update was sent:\n{}", all());
     let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
-    assert!(
-        gets >= 1,
-        "no ListContainers Get waiting on the held lock:\n{}",
-        all()
-    );
+    assert!(gets >= 1, "no ListContainers Get waiting on the held lock:\n{}", all());
     // The next link: the lock's holder waits on the shim, matched exactly by the container
     // its UpdateContainerResources request names and the shim's open task call for it.
-    assert_eq!(
-        lock.str("/detail/container"),
-        Some(w.outcome.container_id.as_str()),
-        "{}",
-        all()
-    );
+    assert_eq!(lock.str("/detail/container"), Some(w.outcome.container_id.as_str()), "{}", all());
     assert_eq!(lock.str("/holder/kind"), Some("shim"), "{}", all());
-    assert_eq!(
-        lock.u64("/holder/pid"),
-        Some(u64::from(w.outcome.shim.pid)),
-        "the holder should be the container's shim:\n{}",
-        all()
-    );
-    assert_eq!(
-        lock.get("/holder/exact").and_then(|v| v.as_bool()),
-        Some(true),
-        "{}",
-        all()
-    );
-    assert_eq!(
-        lock.str("/holder/longest_open_wait/kind"),
-        Some("umount"),
-        "the shim's own wait should be its umount:\n{}",
-        all()
-    );
+    assert_eq!(lock.u64("/holder/pid"), Some(u64::from(w.outcome.shim.pid)), "the holder should be the container's shim:\n{}", all());
+    assert_eq!(lock.get("/holder/exact").and_then(|v| v.as_bool()), Some(true), "{}", all());
+    assert_eq!(lock.str("/holder/longest_open_wait/kind"), Some("umount"), "the shim's own wait should be its umount:\n{}", all());
     // The cause: the shim's Delete goroutine (joined by the goroutine read from TLS at
     // sys_enter) in the umount's task_work sync.
     assert_eq!(lock.str("/cause/kind"), Some("umount"), "{}", all());
     assert_eq!(lock.str("/cause/phase"), Some("task_work"), "{}", all());
-    assert_eq!(
-        lock.u64("/cause/pid"),
-        Some(u64::from(w.outcome.shim.pid)),
-        "{}",
-        all()
-    );
-    assert!(
-        lock.ends_with("/cause/via", "(*service).Delete"),
-        "{}",
-        all()
-    );
-    assert_eq!(
-        lock.get("/cause/exact").and_then(|v| v.as_bool()),
-        Some(true),
-        "{}",
-        all()
-    );
+    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(w.outcome.shim.pid)), "{}", all());
+    assert!(lock.ends_with("/cause/via", "(*service).Delete"), "{}", all());
+    assert_eq!(lock.get("/cause/exact").and_then(|v| v.as_bool()), Some(true), "{}", all());
 
     // The CRI handlers stuck behind it.
     let calls = w.stalls("cri_call", w.containerd_pid);
-    for handler in [
-        ".(*criService).UpdateContainerResources",
-        ".(*criService).ListContainers",
-    ] {
-        assert!(
-            w.cri_call(handler).is_some(),
-            "no cri_call for {handler}:\n{}",
-            all()
-        );
+    for handler in [".(*criService).UpdateContainerResources", ".(*criService).ListContainers"] {
+        assert!(w.cri_call(handler).is_some(), "no cri_call for {handler}:\n{}", all());
     }
 
     // The shim's rootfs umount, in its task_work tail.
     let umounts = w.stalls("umount", w.outcome.shim.pid);
-    let umount = umounts.first().unwrap_or_else(|| {
-        panic!(
-            "no umount stall for the shim (pid {}):\n{}",
-            w.outcome.shim.pid,
-            all()
-        )
-    });
+    let umount = umounts.first().unwrap_or_else(|| panic!("no umount stall for the shim (pid {}):\n{}", w.outcome.shim.pid, all()));
     assert_eq!(umount.str("/detail/phase"), Some("task_work"), "{}", all());
 
     w.assert_containerd_answers();
@@ -286,7 +224,8 @@ fn umount_chain_is_reported(w: &Watched<Bed>, end: UpdateEnd) -> Result<()> {
     let device = chain.get(at + 1).unwrap_or_else(|| panic!("no device hop after the umount:\n{text}"));
     assert_eq!(device["kind"], "device", "{text}");
     assert!(device["what"].as_str().is_some_and(|s| s.starts_with("block device 7:") && s.contains("/s written")), "{text}");
-    let shim_hops: Vec<&str> = chain.iter().filter(|h| h["pid"].as_u64() == Some(u64::from(w.outcome.shim.pid))).filter_map(|h| h["what"].as_str()).collect();
+    let shim_hops: Vec<&str> =
+        chain.iter().filter(|h| h["pid"].as_u64() == Some(u64::from(w.outcome.shim.pid))).filter_map(|h| h["what"].as_str()).collect();
     assert!(shim_hops.iter().any(|s| s.contains("(*service).Delete")), "the shim's Delete is on the chain:\n{text}");
     if end == UpdateEnd::AfterUmount {
         assert!(shim_hops.iter().any(|s| s.contains("(*service).Update")), "the shim's Update waits on its Delete:\n{text}");
@@ -326,23 +265,11 @@ fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
     let (lock, held, blocked) = w.update_sync_lock();
     // The cause is the holder goroutine's own fdatasync (goroutine read from TLS at sys_enter).
     assert_eq!(lock.str("/cause/syscall"), Some("fdatasync"), "{}", w.all());
-    assert_eq!(
-        lock.u64("/cause/pid"),
-        Some(u64::from(w.containerd_pid)),
-        "{}",
-        w.all()
-    );
-    assert_eq!(
-        lock.get("/cause/exact").and_then(|v| v.as_bool()),
-        Some(true),
-        "{}",
-        w.all()
-    );
+    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(w.containerd_pid)), "{}", w.all());
+    assert_eq!(lock.get("/cause/exact").and_then(|v| v.as_bool()), Some(true), "{}", w.all());
     let syncs = w.stalls("sync", w.containerd_pid);
     assert!(
-        syncs
-            .iter()
-            .any(|e| e.str("/detail/syscall") == Some("fdatasync")),
+        syncs.iter().any(|e| e.str("/detail/syscall") == Some("fdatasync")),
         "no fdatasync wait reported in containerd while it held the lock:\n{}",
         w.all()
     );
@@ -361,10 +288,7 @@ fn status_lock_held_across_fdatasync_is_reported() -> Result<()> {
     assert!(root["what"].as_str().is_some_and(|s| s.starts_with("fdatasync")), "{text}");
     assert_eq!((chain[at - 1]["edge"].as_str(), chain[at - 1]["exactness"].as_str()), (Some("same_goroutine"), Some("exact")), "{text}");
     eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(w.warn).as_secs_f64());
-    eprintln!(
-        "lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls",
-        syncs.len()
-    );
+    eprintln!("lock held {held:.3}s (update blocked {blocked:.3}s), {} fdatasync stalls", syncs.len());
     Ok(())
 }
 
@@ -436,13 +360,18 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
     drop(kubelet);
     let (events, ready, at) = seen.context("the mid-stall hook did not run")??;
     let all = || format!("{}\n{}", outcome.summary(), plegwatch_scenarios::events::dump(&events, outcome.started));
-    let at = at.unwrap_or_else(|| panic!("no incident with the lock, ListContainers and the umount within {MID_STALL_WITHIN:?} of ready:\n{}", all()));
+    let at = at.unwrap_or_else(|| {
+        panic!("no incident with the lock, ListContainers and the umount within {MID_STALL_WITHIN:?} of ready:\n{}", all())
+    });
     // The line that showed the whole chain (the swept umount may be raised alone first,
     // before the goroutine scan has linked the Go calls to it).
     let incident = events.iter().find(|e| whole_9770_chain(e)).unwrap_or_else(|| panic!("no incident reaching the umount:\n{}", all()));
     let chain = incidents::Incident::chain(incident);
     let text = incidents::chain_text(&chain);
-    eprintln!("started {MID_STALL_START:?} into the stall; the whole chain {:.3}s after ready:\n{text}", at.duration_since(ready).as_secs_f64());
+    eprintln!(
+        "started {MID_STALL_START:?} into the stall; the whole chain {:.3}s after ready:\n{text}",
+        at.duration_since(ready).as_secs_f64()
+    );
     assert_eq!(incident.get("/started_before_attach"), Some(&serde_json::json!(true)), "{text}");
     // The relist leads it, then ListContainers, parked on the lock UpdateSync holds.
     assert_eq!(chain[0]["kind"], "pleg_relist", "{text}");
@@ -464,7 +393,12 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
         let scan = events.iter().find(|e| e.is("goroutine_scan") && e.u64("/pid") == Some(u64::from(pid)));
         let scan = scan.unwrap_or_else(|| panic!("no goroutine_scan of pid {pid}:\n{}", all()));
         assert_eq!(scan.get("/error"), None, "{}", all());
-        eprintln!("goroutine scan of pid {pid}: {} goroutines, {} open calls, {:.1} ms", scan.u64("/goroutines").unwrap_or(0), scan.u64("/open_calls").unwrap_or(0), scan.f64("/took_ms").unwrap_or(0.0));
+        eprintln!(
+            "goroutine scan of pid {pid}: {} goroutines, {} open calls, {:.1} ms",
+            scan.u64("/goroutines").unwrap_or(0),
+            scan.u64("/open_calls").unwrap_or(0),
+            scan.f64("/took_ms").unwrap_or(0.0)
+        );
     }
     Ok(())
 }

@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use plegwatch_scenarios::containerd::cri::{self, ContainerState, LatencyStats, ListCall};
 use plegwatch_scenarios::containerd::image::{self, BUSYBOX};
-use plegwatch_scenarios::containerd::{
-    self, daemon, procs, Containerd, Placement, Pod, RelistDriver, Runc, Version,
-};
+use plegwatch_scenarios::containerd::{self, daemon, procs, Containerd, Placement, Pod, RelistDriver, Runc, Version};
 
 /// The whole test should take well under this (about 3 s here).
 const BUDGET: Duration = Duration::from_secs(20);
@@ -60,10 +58,7 @@ fn lifecycle(v: Version) -> Result<()> {
     );
     // The daemon runs the release binary, under the name plegwatch knows it by.
     let binaries = daemon.binaries().clone();
-    assert_eq!(
-        std::fs::read_link(format!("/proc/{}/exe", daemon.pid()))?,
-        binaries.containerd
-    );
+    assert_eq!(std::fs::read_link(format!("/proc/{}/exe", daemon.pid()))?, binaries.containerd);
     assert_eq!(procs::comm(daemon.pid()).as_deref(), Some("containerd"));
     let runc_version = plegwatch_scenarios::sys::run(std::process::Command::new(daemon.runc()).arg("--version"))?;
     assert!(
@@ -72,19 +67,10 @@ fn lifecycle(v: Version) -> Result<()> {
         daemon.runc().display()
     );
 
-    let pod = Pod::run(
-        &cri,
-        cri::host_network_pod("smoke", daemon.cgroup_parent(), &daemon.pod_log_dir())?,
-    )
-    .with_context(|| daemon.log_tail(30))?;
-    let script = format!("echo {MESSAGE}; exec sleep 600");
-    let id = pod
-        .run_container(&cri::container(
-            "hello",
-            BUSYBOX,
-            &["/bin/sh", "-c", &script],
-        ))
+    let pod = Pod::run(&cri, cri::host_network_pod("smoke", daemon.cgroup_parent(), &daemon.pod_log_dir())?)
         .with_context(|| daemon.log_tail(30))?;
+    let script = format!("echo {MESSAGE}; exec sleep 600");
+    let id = pod.run_container(&cri::container("hello", BUSYBOX, &["/bin/sh", "-c", &script])).with_context(|| daemon.log_tail(30))?;
     assert_eq!(cri.container_state(&id)?, ContainerState::ContainerRunning);
 
     // The shim: found by its -address, serving the pod, parent of the container's process.
@@ -96,17 +82,9 @@ fn lifecycle(v: Version) -> Result<()> {
     assert_eq!(shim.namespace, containerd::K8S_NAMESPACE);
     // The version's own shim (found on the daemon's PATH; it re-executes itself by its real
     // path, so its comm is the first 15 bytes of either name: `containerd-shim`).
-    assert_eq!(
-        std::fs::read_link(format!("/proc/{}/exe", shim.pid))?,
-        binaries.shim,
-        "the shim is not {v}'s"
-    );
+    assert_eq!(std::fs::read_link(format!("/proc/{}/exe", shim.pid))?, binaries.shim, "the shim is not {v}'s");
     assert_eq!(procs::comm(shim.pid).as_deref(), Some("containerd-shim"));
-    assert_eq!(
-        procs::ppid(pid),
-        Some(shim.pid),
-        "the shim is the container's parent"
-    );
+    assert_eq!(procs::ppid(pid), Some(shim.pid), "the shim is the container's parent");
     // Where the cleanup looks for a killed shim's socket: the rule must match containerd's.
     let shim_socket = daemon::shim_socket(daemon.socket(), &shim.namespace, &shim.id);
     assert!(
@@ -117,45 +95,27 @@ fn lifecycle(v: Version) -> Result<()> {
     eprintln!("container {id} runs as pid {pid} under shim {}", shim.pid);
 
     let containers = cri.list_containers()?;
-    assert!(
-        containers
-            .iter()
-            .any(|c| c.id == id && c.pod_sandbox_id == pod.id()),
-        "ListContainers misses {id}: {containers:?}"
-    );
+    assert!(containers.iter().any(|c| c.id == id && c.pod_sandbox_id == pod.id()), "ListContainers misses {id}: {containers:?}");
     let sandboxes = cri.list_pod_sandbox()?;
-    assert!(
-        sandboxes.iter().any(|s| s.id == pod.id()),
-        "ListPodSandbox misses {}: {sandboxes:?}",
-        pod.id()
-    );
+    assert!(sandboxes.iter().any(|s| s.id == pod.id()), "ListPodSandbox misses {}: {sandboxes:?}", pod.id());
 
     // The relist driver at kubelet's period: two relists in 1.5 s, each quick.
     let relist = RelistDriver::start(&cri, RelistDriver::KUBELET_PERIOD);
     thread::sleep(Duration::from_millis(1500));
     let calls = relist.stop(Duration::from_secs(5));
     for call in [ListCall::PodSandbox, ListCall::Containers] {
-        let stats = LatencyStats::of(&calls, call, |_| true)
-            .with_context(|| format!("the relist driver made no {} call", call.method()))?;
+        let stats =
+            LatencyStats::of(&calls, call, |_| true).with_context(|| format!("the relist driver made no {} call", call.method()))?;
         eprintln!("relist driver, {}: {stats}", call.method());
-        assert!(
-            stats.count == 2 && stats.failed == 0 && stats.max < Duration::from_secs(1),
-            "{}: {stats}",
-            call.method()
-        );
+        assert!(stats.count == 2 && stats.failed == 0 && stats.max < Duration::from_secs(1), "{}: {stats}", call.method());
     }
 
     // With no I/O pressure, UpdateContainerResources is quick and reaches the cgroup.
     let t = Instant::now();
     cri.update_container_resources(&id, &cri::resources(512, 100_000, 50_000))?;
     let took = t.elapsed();
-    assert!(
-        took < Duration::from_secs(2),
-        "UpdateContainerResources took {took:?}"
-    );
-    let cpu = Path::new("/sys/fs/cgroup/cpu")
-        .join(daemon.cgroup_parent().trim_start_matches('/'))
-        .join(&id);
+    assert!(took < Duration::from_secs(2), "UpdateContainerResources took {took:?}");
+    let cpu = Path::new("/sys/fs/cgroup/cpu").join(daemon.cgroup_parent().trim_start_matches('/')).join(&id);
     if cpu.is_dir() {
         assert_eq!(read_trim(&cpu.join("cpu.shares"))?, "512");
         assert_eq!(read_trim(&cpu.join("cpu.cfs_quota_us"))?, "50000");
@@ -164,37 +124,22 @@ fn lifecycle(v: Version) -> Result<()> {
     }
 
     let log = PathBuf::from(&pod.config().log_directory).join("hello.log");
-    wait_for(Duration::from_secs(5), || {
-        std::fs::read_to_string(&log).is_ok_and(|l| l.contains(MESSAGE))
-    })
-    .with_context(|| format!("{} never showed {MESSAGE:?}", log.display()))?;
+    wait_for(Duration::from_secs(5), || std::fs::read_to_string(&log).is_ok_and(|l| l.contains(MESSAGE)))
+        .with_context(|| format!("{} never showed {MESSAGE:?}", log.display()))?;
 
     cri.stop_container(&id, Duration::ZERO)?;
     assert_eq!(cri.container_state(&id)?, ContainerState::ContainerExited);
-    ensure!(
-        !procs::alive(pid),
-        "pid {pid} still alive after StopContainer"
-    );
+    ensure!(!procs::alive(pid), "pid {pid} still alive after StopContainer");
     cri.remove_container(&id)?;
-    ensure!(
-        !cri.list_containers()?.iter().any(|c| c.id == id),
-        "container {id} still listed after RemoveContainer"
-    );
+    ensure!(!cri.list_containers()?.iter().any(|c| c.id == id), "container {id} still listed after RemoveContainer");
 
     let shim_pid = shim.pid;
     let pod_id = pod.id().to_string();
     pod.remove()?;
-    ensure!(
-        cri.list_pod_sandbox()?.iter().all(|s| s.id != pod_id),
-        "pod {pod_id} still listed after RemovePodSandbox"
-    );
+    ensure!(cri.list_pod_sandbox()?.iter().all(|s| s.id != pod_id), "pod {pod_id} still listed after RemovePodSandbox");
     wait_for(Duration::from_secs(5), || !procs::alive(shim_pid))
         .with_context(|| format!("shim {shim_pid} still runs after the pod was removed"))?;
-    assert!(
-        !shim_socket.exists(),
-        "{} outlived its shim",
-        shim_socket.display()
-    );
+    assert!(!shim_socket.exists(), "{} outlived its shim", shim_socket.display());
 
     // The config is the version's own: no key of it was ignored or refused.
     let log = std::fs::read_to_string(daemon.log_path())?;
@@ -206,53 +151,29 @@ fn lifecycle(v: Version) -> Result<()> {
             l.contains("unknown key") || l.contains("deprecated") || l.contains("failed to load plugin")
         })
         .collect();
-    assert!(
-        complaints.is_empty(),
-        "containerd complained about its config:\n{}",
-        complaints.join("\n")
-    );
+    assert!(complaints.is_empty(), "containerd complained about its config:\n{}", complaints.join("\n"));
 
     // Clean shutdown: containerd gone, and nothing of it left.
-    let (dir, socket, cgroup) = (
-        daemon.dir().to_path_buf(),
-        daemon.socket().to_path_buf(),
-        daemon.cgroup_parent().to_string(),
-    );
+    let (dir, socket, cgroup) = (daemon.dir().to_path_buf(), daemon.socket().to_path_buf(), daemon.cgroup_parent().to_string());
     drop(cri);
     drop(daemon);
     assert!(!dir.exists(), "{} was not removed", dir.display());
-    assert!(
-        procs::shims_of(&socket).is_empty(),
-        "shims of {} remain",
-        socket.display()
-    );
+    assert!(procs::shims_of(&socket).is_empty(), "shims of {} remain", socket.display());
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    assert!(
-        !mountinfo.contains(&*dir.to_string_lossy()),
-        "mounts under {} remain",
-        dir.display()
-    );
+    assert!(!mountinfo.contains(&*dir.to_string_lossy()), "mounts under {} remain", dir.display());
     for ctl in ["cpu", "memory", "pids", "blkio"] {
-        let leftover = Path::new("/sys/fs/cgroup")
-            .join(ctl)
-            .join(cgroup.trim_start_matches('/'));
+        let leftover = Path::new("/sys/fs/cgroup").join(ctl).join(cgroup.trim_start_matches('/'));
         assert!(!leftover.exists(), "cgroup {} remains", leftover.display());
     }
 
     let took = t0.elapsed();
     eprintln!("smoke test took {:.2}s", took.as_secs_f64());
-    assert!(
-        took < BUDGET,
-        "the smoke test took {took:?} (budget {BUDGET:?})"
-    );
+    assert!(took < BUDGET, "the smoke test took {took:?} (budget {BUDGET:?})");
     Ok(())
 }
 
 fn read_trim(path: &Path) -> Result<String> {
-    Ok(std::fs::read_to_string(path)
-        .with_context(|| format!("read {}", path.display()))?
-        .trim()
-        .to_string())
+    Ok(std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?.trim().to_string())
 }
 
 fn wait_for(timeout: Duration, mut done: impl FnMut() -> bool) -> Result<()> {

@@ -62,9 +62,8 @@ fn containerd_restarted_mid_incident_is_retraced_and_the_incident_kept() -> Resu
     plegwatch.wait_probed(daemon.pid(), Duration::from_secs(10))?;
     let origin = Instant::now();
     // Relists from here on call a probed containerd.
-    let counted_from = kubelet
-        .wait_relist_started_since(gofixture::monotonic_now(), Duration::from_secs(3))
-        .context("the fixture does not relist")?;
+    let counted_from =
+        kubelet.wait_relist_started_since(gofixture::monotonic_now(), Duration::from_secs(3)).context("the fixture does not relist")?;
 
     // The incident: the relist parked.
     let raised = kubelet.park_and_await_incident(&mut plegwatch, origin)?;
@@ -77,11 +76,18 @@ fn containerd_restarted_mid_incident_is_retraced_and_the_incident_kept() -> Resu
     let spawned = daemon.restart()?;
     let new_pid = daemon.pid();
     ensure!(new_pid != old_pid, "containerd kept its pid {old_pid}");
-    let target = plegwatch.wait_for(TRACED_WITHIN + Duration::from_secs(3), |e| e.is("target") && e.u64("/pid") == Some(u64::from(new_pid)));
-    let target = target.unwrap_or_else(|| panic!("no target line for the new containerd (pid {new_pid}):\n{}", dump(plegwatch.events(), origin)));
+    let target =
+        plegwatch.wait_for(TRACED_WITHIN + Duration::from_secs(3), |e| e.is("target") && e.u64("/pid") == Some(u64::from(new_pid)));
+    let target =
+        target.unwrap_or_else(|| panic!("no target line for the new containerd (pid {new_pid}):\n{}", dump(plegwatch.events(), origin)));
     let after = target.at.saturating_duration_since(spawned);
     eprintln!("new containerd pid {new_pid}: target line {:?} {:.3}s after its spawn", target.str("/status"), after.as_secs_f64());
-    assert!(after <= TRACED_WITHIN, "the new containerd traced {:.3}s after its spawn:\n{}", after.as_secs_f64(), dump(plegwatch.events(), origin));
+    assert!(
+        after <= TRACED_WITHIN,
+        "the new containerd traced {:.3}s after its spawn:\n{}",
+        after.as_secs_f64(),
+        dump(plegwatch.events(), origin)
+    );
     assert_eq!(target.str("/status"), Some("traced"), "the same binary as before: {}", target.json);
 
     // Escalated at --critical: the same incident, as it was.
@@ -107,7 +113,9 @@ fn containerd_restarted_mid_incident_is_retraced_and_the_incident_kept() -> Resu
     let deadline = Instant::now() + Duration::from_secs(10);
     while ok < AFTER {
         ensure!(Instant::now() < deadline, "{ok} relists answered by the new containerd in 10 s: {:?}", kubelet.transcript());
-        let r = kubelet.wait_cri_relist(last, Duration::from_secs(5)).with_context(|| format!("no CRI relist after {last}: {:?}", kubelet.transcript()))?;
+        let r = kubelet
+            .wait_cri_relist(last, Duration::from_secs(5))
+            .with_context(|| format!("no CRI relist after {last}: {:?}", kubelet.transcript()))?;
         match &r.result {
             Ok(_) => ok += 1,
             Err(e) => eprintln!("relist {} before the fixture reconnected: {e:?}", r.n),

@@ -54,10 +54,7 @@ fn baseline_update_blocks_while_runc_is_stopped_on_2_3() -> Result<()> {
 }
 
 fn options(version: Version) -> Options {
-    Options {
-        version,
-        ..Options::default()
-    }
+    Options { version, ..Options::default() }
 }
 
 fn baseline(version: Version) -> Result<()> {
@@ -87,25 +84,13 @@ fn assert_staged(bed: &Bed, outcome: &Outcome) {
         outcome.container_id,
         context()
     );
-    let snapshot = outcome
-        .runc_snapshot
-        .as_ref()
-        .unwrap_or_else(|| panic!("no /proc snapshot of the stopped runc\n{}", context()));
-    assert!(
-        snapshot.state.starts_with('T'),
-        "runc state {}\n{}",
-        snapshot.state,
-        context()
-    );
+    let snapshot = outcome.runc_snapshot.as_ref().unwrap_or_else(|| panic!("no /proc snapshot of the stopped runc\n{}", context()));
+    assert!(snapshot.state.starts_with('T'), "runc state {}\n{}", snapshot.state, context());
     assert_eq!(snapshot.comm, RUNC_COMM, "{}", context());
 
     // The update blocked for as long as runc was stopped, then went through.
     let stopped = outcome.stopped_for();
-    assert!(
-        stopped >= bed.options().stop_for,
-        "runc was continued after {stopped:?}\n{}",
-        context()
-    );
+    assert!(stopped >= bed.options().stop_for, "runc was continued after {stopped:?}\n{}", context());
     let update = &outcome.update;
     assert!(
         update.latency >= stopped && update.latency <= stopped + BLOCK_SLACK,
@@ -114,12 +99,7 @@ fn assert_staged(bed: &Bed, outcome: &Outcome) {
         update.latency,
         context()
     );
-    assert_eq!(
-        update.result,
-        Ok(()),
-        "UpdateContainerResources should succeed once runc is continued\n{}",
-        context()
-    );
+    assert_eq!(update.result, Ok(()), "UpdateContainerResources should succeed once runc is continued\n{}", context());
 
     // ListContainers was quick before, and waited on the lock during the stop.
     update.assert_quiet_before(QUIET_CALLS_MIN, QUIET_MEDIAN_MAX, context);
@@ -130,11 +110,7 @@ fn assert_staged(bed: &Bed, outcome: &Outcome) {
          {LIST_SLACK:?}, none failed)\n{}",
         context()
     );
-    assert!(
-        bed.stage().cri().version().is_ok(),
-        "containerd stopped answering CRI after the stall\n{}",
-        context()
-    );
+    assert!(bed.stage().cri().version().is_ok(), "containerd stopped answering CRI after the stall\n{}", context());
 }
 
 /// Prepares the bed on `version` and stages the stall with `plegwatch watch --warn 2s`
@@ -195,20 +171,11 @@ fn lock_hold_is_blamed(w: &Watched<Bed>) {
         all()
     );
     let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
-    assert!(
-        gets >= 1,
-        "no ListContainers Get waiting on the held lock:\n{}",
-        all()
-    );
+    assert!(gets >= 1, "no ListContainers Get waiting on the held lock:\n{}", all());
 
     // Who holds it: the container's shim.
     assert_eq!(lock.str("/holder/kind"), Some("shim"), "{}", all());
-    assert_eq!(
-        lock.u64("/holder/pid"),
-        Some(u64::from(o.shim.pid)),
-        "the holder should be the container's shim:\n{}",
-        all()
-    );
+    assert_eq!(lock.u64("/holder/pid"), Some(u64::from(o.shim.pid)), "the holder should be the container's shim:\n{}", all());
 
     // The CRI handler stuck behind the runc.
     let update = w
@@ -230,18 +197,8 @@ fn lock_hold_is_blamed(w: &Watched<Bed>) {
         "the UpdateContainerResources call should name its container:\n{}",
         all()
     );
-    assert_eq!(
-        lock.str("/cause/kind"),
-        Some("process_stopped"),
-        "the lock hold should carry its cause:\n{}",
-        all()
-    );
-    assert_eq!(
-        lock.u64("/cause/pid"),
-        Some(u64::from(o.runc_pid)),
-        "the cause should be the stopped runc:\n{}",
-        all()
-    );
+    assert_eq!(lock.str("/cause/kind"), Some("process_stopped"), "the lock hold should carry its cause:\n{}", all());
+    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(o.runc_pid)), "the cause should be the stopped runc:\n{}", all());
     assert_eq!(lock.str("/cause/comm"), Some(RUNC_COMM), "{}", all());
     assert_eq!(lock.str("/cause/state"), Some("T"), "{}", all());
 
@@ -292,7 +249,10 @@ fn one_incident(w: &Watched<Bed>) -> Result<()> {
         .unwrap_or_else(|| panic!("the ttrpc hop's evidence names no stream id:\n{text}"));
     assert!(stream % 2 == 1, "client-initiated ttrpc streams are odd, got {stream}:\n{text}");
     assert!(ttrpc_evidence.contains(" on socket ino "), "{text}");
-    assert!(ttrpc_evidence.ends_with(&format!("held by pid {}", o.shim.pid)), "the stream's socket peer should be the container's shim:\n{text}");
+    assert!(
+        ttrpc_evidence.ends_with(&format!("held by pid {}", o.shim.pid)),
+        "the stream's socket peer should be the container's shim:\n{text}"
+    );
     // The request was answered once runc went on: the response frame read back closed it,
     // and the kernel never lost step with the stream (headers only, payloads skipped).
     let summary = w.events.iter().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary:\n{}", all()));

@@ -107,9 +107,7 @@ fn baseline(version: Version) -> Result<()> {
     // The caller is `runc … --systemd-cgroup create … ID`, the pod's shim's child.
     let argv = &o.runc_argv;
     assert!(
-        argv.iter().any(|a| a == "--systemd-cgroup")
-            && argv.iter().any(|a| a == "create")
-            && argv.last() == Some(&o.container_id),
+        argv.iter().any(|a| a == "--systemd-cgroup") && argv.iter().any(|a| a == "create") && argv.last() == Some(&o.container_id),
         "the caller is not the shim's `runc --systemd-cgroup create … {}`: {argv:?}\n{}",
         o.container_id,
         context()
@@ -170,8 +168,7 @@ fn one_incident(version: Version) -> Result<()> {
     }
     // Other scenarios may run beside this one: stop at the resolution of this stall's incident.
     let w = Watched::run_until(Bed::prepare(options(version))?, |e| {
-        e.is("incident_resolved")
-            && e.get("/longest_chain").and_then(Value::as_array).is_some_and(|c| c.iter().any(is_start_unit))
+        e.is("incident_resolved") && e.get("/longest_chain").and_then(Value::as_array).is_some_and(|c| c.iter().any(is_start_unit))
     })?;
     let o = &w.outcome;
     let all = || w.all();
@@ -233,7 +230,9 @@ fn one_incident(version: Version) -> Result<()> {
     let runc_targets: Vec<_> = w
         .events
         .iter()
-        .filter(|e| e.is("target") && e.str("/target") == Some("runc") && e.str("/binary").map(std::path::Path::new) == Some(runc_binary.as_path()))
+        .filter(|e| {
+            e.is("target") && e.str("/target") == Some("runc") && e.str("/binary").map(std::path::Path::new) == Some(runc_binary.as_path())
+        })
         .collect();
     let probed = runc_targets
         .iter()
@@ -249,7 +248,8 @@ fn one_incident(version: Version) -> Result<()> {
     let start_unit = start_unit_function(version);
     let set_properties = set_properties_function(version);
     // `functions` names each as `systemd.startUnit (N RETs)`.
-    let functions: Vec<&str> = probed.get("/functions").and_then(Value::as_array).map_or(Vec::new(), |f| f.iter().filter_map(Value::as_str).collect());
+    let functions: Vec<&str> =
+        probed.get("/functions").and_then(Value::as_array).map_or(Vec::new(), |f| f.iter().filter_map(Value::as_str).collect());
     for short_name in ["systemd.startUnit", set_properties] {
         assert!(
             functions.iter().any(|f| f.starts_with(&format!("{short_name} ("))),
@@ -272,7 +272,11 @@ fn one_incident(version: Version) -> Result<()> {
     let at = 3;
     // 4. runc's StartTransientUnit → the owner of org.freedesktop.systemd1.
     let call = &chain[at];
-    assert_eq!((call["kind"].as_str(), pid(call), call["comm"].as_str()), (Some("dbus_call"), Some(u64::from(o.runc_pid)), Some("runc")), "{text}");
+    assert_eq!(
+        (call["kind"].as_str(), pid(call), call["comm"].as_str()),
+        (Some("dbus_call"), Some(u64::from(o.runc_pid)), Some("runc")),
+        "{text}"
+    );
     assert_eq!(what(call), format!("D-Bus {MANAGER}.{START_UNIT} to {SYSTEMD}"), "{text}");
     assert_eq!((call["edge"].as_str(), call["exactness"].as_str()), (Some("dbus_owner"), Some("exact")), "{text}");
     assert_eq!(call["root"], true, "the D-Bus call is the deepest open wait:\n{text}");
@@ -291,10 +295,7 @@ fn one_incident(version: Version) -> Result<()> {
     // which returned: the summary's latency table counts it.
     let summary = w.events.iter().rev().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary:\n{}", all()));
     let set_calls = summary.get("/go_latency").and_then(Value::as_array).map_or(0, |rows| {
-        rows.iter()
-            .filter(|r| r["target"] == "runc" && r["function"] == set_properties)
-            .filter_map(|r| r["count"].as_u64())
-            .sum()
+        rows.iter().filter(|r| r["target"] == "runc" && r["function"] == set_properties).filter_map(|r| r["count"].as_u64()).sum()
     });
     assert!(set_calls >= 1, "no returned call of runc's {set_properties} in the summary's go_latency:\n{}", all());
     eprintln!(

@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use plegwatch_scenarios::dbus::{
-    self, assert_bystanders_quiet, assert_dbus_stall, assert_resolved_after_reply, dbus_send_call,
-    gdbus_call, proc_state, rfc3339_secs, stall_ids, start_signal_listener, task_clock_skew, tids,
-    BusMonitor, Clocks, ExpectedStall, FrozenService, MsgKind, PrivateBus, ResolvedCall, Seen,
-    INTROSPECT, INTROSPECTABLE, MEMBER, RESOLVE_LATE_S, SERVICE,
+    self, assert_bystanders_quiet, assert_dbus_stall, assert_resolved_after_reply, dbus_send_call, gdbus_call, proc_state, rfc3339_secs,
+    stall_ids, start_signal_listener, task_clock_skew, tids, BusMonitor, Clocks, ExpectedStall, FrozenService, MsgKind, PrivateBus,
+    ResolvedCall, Seen, INTROSPECT, INTROSPECTABLE, MEMBER, RESOLVE_LATE_S, SERVICE,
 };
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
@@ -72,11 +71,7 @@ impl Caller {
 fn dbus_send_call_made_before_start_is_swept() -> anyhow::Result<()> {
     let reports = swept(Caller::DbusSend, Duration::from_secs(10))?;
     let waited = reports[0].f64("/waited_s").unwrap_or(f64::NAN);
-    assert!(
-        waited >= 9.0,
-        "waited_s {waited} for a call made 10 s before plegwatch started: {}",
-        reports[0].json
-    );
+    assert!(waited >= 9.0, "waited_s {waited} for a call made 10 s before plegwatch started: {}", reports[0].json);
     Ok(())
 }
 
@@ -96,12 +91,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
     let mut monitor = BusMonitor::start(&bus, SERVICE)?;
     let mut listener = start_signal_listener(&bus)?;
 
-    assert_eq!(
-        proc_state(service.pid()),
-        Some('T'),
-        "the service (pid {}) is not stopped before the call",
-        service.pid()
-    );
+    assert_eq!(proc_state(service.pid()), Some('T'), "the service (pid {}) is not stopped before the call", service.pid());
     let called = Instant::now();
     let mut client = dbus::spawn(caller.comm(), &mut caller.command(&bus))?;
     let pid = client.pid();
@@ -110,19 +100,13 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
     for (interface, member) in caller.calls() {
         let call = monitor
             .wait(head_start, |m| {
-                m.kind == MsgKind::Call
-                    && m.interface.as_deref() == Some(interface)
-                    && m.member.as_deref() == Some(member)
+                m.kind == MsgKind::Call && m.interface.as_deref() == Some(interface) && m.member.as_deref() == Some(member)
             })
             .with_context(|| format!("dbus-monitor saw no {interface}.{member} call"))?;
         calls.push(call);
     }
     std::thread::sleep(head_start.saturating_sub(called.elapsed()));
-    assert!(
-        client.running(),
-        "{} ended within the {head_start:?} head start",
-        caller.comm()
-    );
+    assert!(client.running(), "{} ended within the {head_start:?} head start", caller.comm());
     let caller_tids = tids(pid);
     let sender = calls[0].sender.clone().unwrap_or_default();
     let sender_pid = bus.pid_of(&sender)?;
@@ -134,22 +118,15 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
     let mut found = Vec::new();
     for call in &calls {
         let serial = call.serial.map(u64::from);
-        let timeout =
-            Duration::from_secs_f64(AFTER_READY_S + 1.0).saturating_sub(ready.at.elapsed());
-        found.push(plegwatch.wait_for(timeout, |e| {
-            e.is("stall")
-                && e.u64("/pid") == Some(u64::from(pid))
-                && e.u64("/detail/serial") == serial
-        }));
+        let timeout = Duration::from_secs_f64(AFTER_READY_S + 1.0).saturating_sub(ready.at.elapsed());
+        found.push(
+            plegwatch.wait_for(timeout, |e| e.is("stall") && e.u64("/pid") == Some(u64::from(pid)) && e.u64("/detail/serial") == serial),
+        );
     }
     let still_stopped = proc_state(service.pid());
     let thawed = service.thaw()?;
     for stall in found.iter().flatten() {
-        wait_resolved(
-            &mut plegwatch,
-            stall,
-            Duration::from_secs_f64(RESOLVE_LATE_S + 2.0),
-        );
+        wait_resolved(&mut plegwatch, stall, Duration::from_secs_f64(RESOLVE_LATE_S + 2.0));
     }
     let status = client.wait_exit(EXIT_TIMEOUT)?;
     let listener_running = listener.running();
@@ -162,21 +139,12 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
         ready.at.duration_since(called).as_secs_f64(),
         thawed.duration_since(called).as_secs_f64()
     );
-    assert_eq!(
-        still_stopped,
-        Some('T'),
-        "the service was no longer stopped while the calls were open"
-    );
+    assert_eq!(still_stopped, Some('T'), "the service was no longer stopped while the calls were open");
 
     let last_sent = calls.iter().map(|c| c.time).fold(f64::MIN, f64::max);
     let mut reports = Vec::new();
     for (call, stall) in calls.iter().zip(found) {
-        let what = format!(
-            "{}'s {}.{}",
-            caller.comm(),
-            call.interface.as_deref().unwrap_or("?"),
-            call.member.as_deref().unwrap_or("?")
-        );
+        let what = format!("{}'s {}.{}", caller.comm(), call.interface.as_deref().unwrap_or("?"), call.member.as_deref().unwrap_or("?"));
         let stall = stall.unwrap_or_else(|| {
             panic!(
                 "no stall line for {what} (serial {:?}) within {AFTER_READY_S}s of ready; lines \
@@ -205,8 +173,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
         let age = clocks.wall(stall.at) - call.time;
         let quiet = clocks.wall(stall.at) - last_sent;
         let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
-        let started_at =
-            rfc3339_secs(stall.str("/started_at").unwrap_or_default()).unwrap_or(f64::NAN);
+        let started_at = rfc3339_secs(stall.str("/started_at").unwrap_or_default()).unwrap_or(f64::NAN);
         eprintln!(
             "{what}: reported {after_ready:.3}s after ready; waited_s {waited:.3} for a real \
              age of {age:.3}s ({:+.3}s); started_at {:+.3}s off the monitor's stamp",
@@ -224,10 +191,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
             "waited_s {waited:.3} for {what} exceeds its real age of {age:.3}s (sent at \
              {:.3}s, per dbus-monitor) by more than {OVER_S}s + the {skew:.3}s task clock skew: \
              not a lower bound. {}\n{}",
-            clocks
-                .instant(call.time)
-                .duration_since(called)
-                .as_secs_f64(),
+            clocks.instant(call.time).duration_since(called).as_secs_f64(),
             stall.json,
             all()
         );
@@ -238,15 +202,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
             all()
         );
 
-        let ResolvedCall { real, total } = assert_resolved_after_reply(
-            &mut monitor,
-            &events,
-            &stall,
-            call,
-            &sender,
-            &clocks,
-            &all,
-        );
+        let ResolvedCall { real, total } = assert_resolved_after_reply(&mut monitor, &events, &stall, call, &sender, &clocks, &all);
         assert!(
             total >= waited && total <= real + RESOLVE_LATE_S,
             "resolved waited_s {total} for {what}, answered after {real:.3}s (stall said \
@@ -259,18 +215,9 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
     // One report per call, and nothing about the listener, the monitor, the service or the
     // bus daemon.
     let ids = stall_ids(&events, pid);
-    assert_eq!(
-        ids.len(),
-        calls.len(),
-        "stall ids {ids:?} for {} calls:\n{}",
-        calls.len(),
-        all()
-    );
+    assert_eq!(ids.len(), calls.len(), "stall ids {ids:?} for {} calls:\n{}", calls.len(), all());
     assert_bystanders_quiet(&events, &listener, &monitor, &service, &bus, &all);
-    assert!(
-        listener_running,
-        "the listener exited during the test: it should listen forever"
-    );
+    assert!(listener_running, "the listener exited during the test: it should listen forever");
     assert!(status.success(), "{} failed: {status}", caller.comm());
     Ok(reports)
 }

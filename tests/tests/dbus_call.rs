@@ -16,14 +16,13 @@
 
 use std::time::{Duration, Instant};
 
-use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::dbus::{
-    self, assert_bystanders_quiet, assert_dbus_stall, assert_resolved_after_reply, dbus_send_call,
-    gdbus_call, proc_state, rfc3339_secs, stall_ids, start_signal_listener, tids, BusMonitor,
-    Clocks, ExpectedStall, FrozenService, MsgKind, PrivateBus, ResolvedCall, Seen, INTROSPECT,
-    INTROSPECTABLE, MEMBER, OBJECT_PATH, RESOLVE_LATE_S, SERVICE,
+    self, assert_bystanders_quiet, assert_dbus_stall, assert_resolved_after_reply, dbus_send_call, gdbus_call, proc_state, rfc3339_secs,
+    stall_ids, start_signal_listener, tids, BusMonitor, Clocks, ExpectedStall, FrozenService, MsgKind, PrivateBus, ResolvedCall, Seen,
+    INTROSPECT, INTROSPECTABLE, MEMBER, OBJECT_PATH, RESOLVE_LATE_S, SERVICE,
 };
 use plegwatch_scenarios::events::dump;
+use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::stall::wait_resolved;
 use plegwatch_scenarios::{preflight, Event, Plegwatch};
@@ -55,12 +54,7 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
 
     let mut listener = start_signal_listener(&bus)?;
 
-    assert_eq!(
-        proc_state(service.pid()),
-        Some('T'),
-        "the service (pid {}) is not stopped before the calls",
-        service.pid()
-    );
+    assert_eq!(proc_state(service.pid()), Some('T'), "the service (pid {}) is not stopped before the calls", service.pid());
     let called = Instant::now();
     let mut send = dbus::spawn("dbus-send", &mut dbus_send_call(&bus))?;
     let mut gcall = dbus::spawn("gdbus call", &mut gdbus_call(&bus))?;
@@ -80,24 +74,12 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
     let intro_stall = plegwatch.wait_for(due, dbus_call_of(gcall_pid, INTROSPECT));
     // gdbus sends its Hello only when GLib gives up on the Introspect: wait for the monitor
     // to see it go out (GDBUS_INTROSPECT_TIMEOUT_S after the spawn here), then for its report.
-    let intro_sender = intro_stall
-        .as_ref()
-        .and_then(|s| s.str("/detail/sender"))
-        .map(str::to_string);
-    let hello_sent = monitor.wait(
-        Duration::from_secs_f64(GDBUS_INTROSPECT_TIMEOUT_S * 3.0),
-        |m| {
-            m.kind == MsgKind::Call
-                && m.member.as_deref() == Some(MEMBER)
-                && m.sender.is_some()
-                && m.sender == intro_sender
-        },
-    );
+    let intro_sender = intro_stall.as_ref().and_then(|s| s.str("/detail/sender")).map(str::to_string);
+    let hello_sent = monitor.wait(Duration::from_secs_f64(GDBUS_INTROSPECT_TIMEOUT_S * 3.0), |m| {
+        m.kind == MsgKind::Call && m.member.as_deref() == Some(MEMBER) && m.sender.is_some() && m.sender == intro_sender
+    });
     let hello_stall = match &hello_sent {
-        Some(call) => plegwatch.wait_for(
-            due.saturating_sub(clocks.instant(call.time).elapsed()),
-            dbus_call_of(gcall_pid, MEMBER),
-        ),
+        Some(call) => plegwatch.wait_for(due.saturating_sub(clocks.instant(call.time).elapsed()), dbus_call_of(gcall_pid, MEMBER)),
         None => None,
     };
     // While the calls are open: the callers' threads, and who the bus says each sender is.
@@ -112,15 +94,8 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
     let still_stopped = proc_state(service.pid());
 
     let thawed = service.thaw()?;
-    for stall in [&send_stall, &intro_stall, &hello_stall]
-        .into_iter()
-        .flatten()
-    {
-        wait_resolved(
-            &mut plegwatch,
-            stall,
-            Duration::from_secs_f64(RESOLVE_LATE_S + 2.0),
-        );
+    for stall in [&send_stall, &intro_stall, &hello_stall].into_iter().flatten() {
+        wait_resolved(&mut plegwatch, stall, Duration::from_secs_f64(RESOLVE_LATE_S + 2.0));
     }
     let send_status = send.wait_exit(EXIT_TIMEOUT)?;
     let gcall_status = gcall.wait_exit(EXIT_TIMEOUT)?;
@@ -133,11 +108,7 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
         thawed.duration_since(called).as_secs_f64()
     );
 
-    assert_eq!(
-        still_stopped,
-        Some('T'),
-        "the service was no longer stopped while the calls were open"
-    );
+    assert_eq!(still_stopped, Some('T'), "the service was no longer stopped while the calls were open");
     let report = |stall: Option<Event>, what: &str| {
         stall.unwrap_or_else(|| {
             panic!(
@@ -159,20 +130,12 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
 
     // Each sender the stalls name is the caller's connection, as the bus itself says.
     for (sender, pid) in &senders {
-        let pid = pid
-            .as_ref()
-            .unwrap_or_else(|e| panic!("asking the bus for {sender}'s pid: {e}"));
-        assert!(
-            [send_pid, gcall_pid].contains(pid),
-            "the bus says {sender} is pid {pid}, none of the callers"
-        );
+        let pid = pid.as_ref().unwrap_or_else(|e| panic!("asking the bus for {sender}'s pid: {e}"));
+        assert!([send_pid, gcall_pid].contains(pid), "the bus says {sender} is pid {pid}, none of the callers");
     }
     let pid_of_sender = |stall: &Event| {
         let sender = stall.str("/detail/sender").unwrap_or_default();
-        senders
-            .iter()
-            .find(|(s, _)| s == sender)
-            .and_then(|(_, p)| p.as_ref().ok().copied())
+        senders.iter().find(|(s, _)| s == sender).and_then(|(_, p)| p.as_ref().ok().copied())
     };
     assert_eq!(pid_of_sender(&send_stall), Some(send_pid), "{}", all());
     assert_eq!(pid_of_sender(&intro_stall), Some(gcall_pid), "{}", all());
@@ -180,25 +143,15 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
 
     let cases = [
         (&send_stall, send_pid, &send_tids[..], "dbus-send", SERVICE),
-        (
-            &intro_stall,
-            gcall_pid,
-            &gcall_tids[..],
-            "gdbus",
-            INTROSPECTABLE,
-        ),
+        (&intro_stall, gcall_pid, &gcall_tids[..], "gdbus", INTROSPECTABLE),
         (&hello_stall, gcall_pid, &gcall_tids[..], "gdbus", SERVICE),
     ];
     for (stall, pid, caller_tids, comm, interface) in cases {
         let sender = stall.str("/detail/sender").unwrap_or_default();
         let serial = stall.u64("/detail/serial").unwrap_or(0) as u32;
-        let call: Seen = monitor.call(sender, serial).unwrap_or_else(|| {
-            panic!(
-                "dbus-monitor saw no call {serial} from {sender}, which {} names:\n{}",
-                stall.json,
-                all()
-            )
-        });
+        let call: Seen = monitor
+            .call(sender, serial)
+            .unwrap_or_else(|| panic!("dbus-monitor saw no call {serial} from {sender}, which {} names:\n{}", stall.json, all()));
         assert_eq!(call.interface.as_deref(), Some(interface), "{call:?}");
         assert_eq!(call.path.as_deref(), Some(OBJECT_PATH), "{call:?}");
         assert_dbus_stall(
@@ -215,12 +168,7 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
             &all,
         );
         if let Some(path) = stall.str("/holder/bus") {
-            assert_eq!(
-                Some(path),
-                bus.socket().to_str(),
-                "holder.bus in {}",
-                stall.json
-            );
+            assert_eq!(Some(path), bus.socket().to_str(), "holder.bus in {}", stall.json);
         }
 
         // On time: within slack_s() of the call crossing --warn.
@@ -228,8 +176,7 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
         let arrived = stall.at.duration_since(sent.min(stall.at)).as_secs_f64();
         let after_spawn = stall.at.duration_since(called).as_secs_f64();
         let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
-        let skew = rfc3339_secs(stall.str("/started_at").unwrap_or_default()).unwrap_or(f64::NAN)
-            - call.time;
+        let skew = rfc3339_secs(stall.str("/started_at").unwrap_or_default()).unwrap_or(f64::NAN) - call.time;
         eprintln!(
             "{comm} {}: sent {:.3}s after the spawn; reported {arrived:.3}s after it was sent \
              ({after_spawn:.3}s after the spawn), waited_s {waited:.3}, started_at {skew:+.3}s \
@@ -259,8 +206,7 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
         );
 
         // Resolved once the thawed service answers.
-        let ResolvedCall { real, total } =
-            assert_resolved_after_reply(&mut monitor, &events, stall, &call, sender, &clocks, &all);
+        let ResolvedCall { real, total } = assert_resolved_after_reply(&mut monitor, &events, stall, &call, sender, &clocks, &all);
         assert!(
             total >= real - 0.25 && total <= real + RESOLVE_LATE_S,
             "resolved waited_s {total} for a call answered after {real:.3}s:\n{}",
@@ -271,72 +217,64 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
     // up on the Introspect.
     for stall in [&send_stall, &intro_stall] {
         let after_spawn = stall.at.duration_since(called).as_secs_f64();
-        assert!(
-            after_spawn <= WARN_S + slack_s(),
-            "{} came {after_spawn:.3}s after the spawn:\n{}",
-            stall.json,
-            all()
-        );
+        assert!(after_spawn <= WARN_S + slack_s(), "{} came {after_spawn:.3}s after the spawn:\n{}", stall.json, all());
     }
 
     // Nothing else about the callers (one report each), and nothing about the listener, the
     // monitor, the frozen service or the bus daemon.
-    assert_eq!(
-        stall_ids(&events, send_pid),
-        [send_stall.u64("/id").unwrap_or(0)],
-        "{}",
-        all()
-    );
+    assert_eq!(stall_ids(&events, send_pid), [send_stall.u64("/id").unwrap_or(0)], "{}", all());
     let gcall_ids = stall_ids(&events, gcall_pid);
-    let mut want = vec![
-        intro_stall.u64("/id").unwrap_or(0),
-        hello_stall.u64("/id").unwrap_or(0),
-    ];
+    let mut want = vec![intro_stall.u64("/id").unwrap_or(0), hello_stall.u64("/id").unwrap_or(0)];
     want.sort_unstable();
     assert_eq!(gcall_ids, want, "{}", all());
     assert_bystanders_quiet(&events, &listener, &monitor, &service, &bus, &all);
-    assert!(
-        listener_running,
-        "the listener exited during the test: it should listen forever"
-    );
-    let signals = listener
-        .lines()
-        .iter()
-        .filter(|(_, l)| l.contains("NameOwnerChanged"))
-        .count();
-    assert!(
-        signals > 0,
-        "the listener got no NameOwnerChanged signal: it did not really listen"
-    );
+    assert!(listener_running, "the listener exited during the test: it should listen forever");
+    let signals = listener.lines().iter().filter(|(_, l)| l.contains("NameOwnerChanged")).count();
+    assert!(signals > 0, "the listener got no NameOwnerChanged signal: it did not really listen");
 
     assert!(send_status.success(), "dbus-send failed: {send_status}");
     assert!(gcall_status.success(), "gdbus call failed: {gcall_status}");
-    assert!(
-        send.lines()
-            .iter()
-            .any(|(_, l)| l.starts_with("method return")),
-        "dbus-send printed no method return: {:?}",
-        send.lines()
-    );
-    assert!(
-        gcall.lines().iter().any(|(_, l)| l.trim() == "()"),
-        "gdbus call printed no empty reply: {:?}",
-        gcall.lines()
-    );
+    assert!(send.lines().iter().any(|(_, l)| l.starts_with("method return")), "dbus-send printed no method return: {:?}", send.lines());
+    assert!(gcall.lines().iter().any(|(_, l)| l.trim() == "()"), "gdbus call printed no empty reply: {:?}", gcall.lines());
 
     // One incident: every call waits on the one frozen service (state T), its chain's end.
-    let from_callers = |h: &serde_json::Value| h["kind"] == "dbus_call" && [u64::from(send_pid), u64::from(gcall_pid)].contains(&h["pid"].as_u64().unwrap_or(0));
-    let i = incidents::the_one(&events, Duration::from_secs_f64(WARN_S), Some(thawed), from_callers).unwrap_or_else(|e| panic!("{e}\n{}", all()));
+    let from_callers = |h: &serde_json::Value| {
+        h["kind"] == "dbus_call" && [u64::from(send_pid), u64::from(gcall_pid)].contains(&h["pid"].as_u64().unwrap_or(0))
+    };
+    let i = incidents::the_one(&events, Duration::from_secs_f64(WARN_S), Some(thawed), from_callers)
+        .unwrap_or_else(|e| panic!("{e}\n{}", all()));
     let line = i.last();
     let chain = incidents::Incident::chain(line);
     let text = incidents::chain_text(&chain);
     let end = chain.last().expect("a chain");
-    assert_eq!((end["kind"].as_str(), end["pid"].as_u64()), (Some("process"), Some(u64::from(service.pid()))), "the chain ends at the frozen service:\n{text}");
+    assert_eq!(
+        (end["kind"].as_str(), end["pid"].as_u64()),
+        (Some("process"), Some(u64::from(service.pid()))),
+        "the chain ends at the frozen service:\n{text}"
+    );
     assert!(end["what"].as_str().is_some_and(|w| w.contains("state T")), "{text}");
-    assert_eq!((chain[chain.len() - 2]["edge"].as_str(), chain[chain.len() - 2]["exactness"].as_str()), (Some("dbus_owner"), Some("exact")), "{text}");
+    assert_eq!(
+        (chain[chain.len() - 2]["edge"].as_str(), chain[chain.len() - 2]["exactness"].as_str()),
+        (Some("dbus_owner"), Some("exact")),
+        "{text}"
+    );
     let ids: Vec<u64> = [&send_stall, &intro_stall].iter().filter_map(|s| s.u64("/id")).collect();
-    let waits: Vec<u64> = line.get("/waits").and_then(serde_json::Value::as_array).map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect()).unwrap_or_default();
-    assert!(ids.iter().all(|id| i.lines.iter().any(|l| l.get("/waits").and_then(serde_json::Value::as_array).is_some_and(|a| a.contains(&serde_json::json!(id))))), "both callers' calls ({ids:?}) are waits of the incident (last: {waits:?})");
-    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{text}", i.id, i.raised_after_warn(Duration::from_secs_f64(WARN_S)).as_secs_f64());
+    let waits: Vec<u64> = line
+        .get("/waits")
+        .and_then(serde_json::Value::as_array)
+        .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+        .unwrap_or_default();
+    assert!(
+        ids.iter().all(|id| i
+            .lines
+            .iter()
+            .any(|l| l.get("/waits").and_then(serde_json::Value::as_array).is_some_and(|a| a.contains(&serde_json::json!(id))))),
+        "both callers' calls ({ids:?}) are waits of the incident (last: {waits:?})"
+    );
+    eprintln!(
+        "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}",
+        i.id,
+        i.raised_after_warn(Duration::from_secs_f64(WARN_S)).as_secs_f64()
+    );
     Ok(())
 }

@@ -37,7 +37,10 @@ fn daemonset_validates_strictly_and_a_bad_field_does_not() -> Result<()> {
     let bin = venv().join("bin/kubernetes-validate");
     let said = Command::new(&bin).arg("--version").output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
     if !said.contains(VALIDATOR) {
-        preflight::skip("deploy_manifests", &format!("kubernetes-validate {VALIDATOR} is not at {} (`cargo xtask setup` installs it)", bin.display()));
+        preflight::skip(
+            "deploy_manifests",
+            &format!("kubernetes-validate {VALIDATOR} is not at {} (`cargo xtask setup` installs it)", bin.display()),
+        );
         return Ok(());
     }
     let manifest = repo_root().join("deploy/daemonset.yaml");

@@ -36,38 +36,21 @@ fn fake_kubelet_relists_over_cri_against_containerd() -> Result<()> {
     let stage = Stage::start(Placement::TempDir, Runc::Real, "fk-cri")?;
     let cri = stage.cri().with_timeout(Duration::from_secs(30));
     let sleeper = |name: &str| cri::container(name, BUSYBOX, &["/bin/sh", "-c", "exec sleep 600"]);
-    let first = stage
-        .pod()
-        .run_container(&sleeper("sleeper-a"))
-        .with_context(|| stage.containerd().log_tail(30))?;
+    let first = stage.pod().run_container(&sleeper("sleeper-a")).with_context(|| stage.containerd().log_tail(30))?;
     eprintln!("container {first} runs in pod {}", stage.pod().id());
 
     let endpoint = format!("unix://{}", stage.containerd().socket().display());
-    let mut kubelet = FakeKubelet::start_cri(
-        &bin,
-        &endpoint,
-        &[
-            "--period",
-            PERIOD,
-            "--runtime-request-timeout",
-            REQUEST_TIMEOUT,
-        ],
-    )?;
+    let mut kubelet = FakeKubelet::start_cri(&bin, &endpoint, &["--period", PERIOD, "--runtime-request-timeout", REQUEST_TIMEOUT])?;
 
     // Relist after relist, the fixture sees what our own client sees: one sandbox, one
     // container, grouped into one pod.
     let mut seen: Vec<CriListed> = Vec::new();
     let mut after = 0;
     while seen.len() < COMPARED {
-        let relist = kubelet.wait_cri_relist(after, WAIT).with_context(|| {
-            format!(
-                "no CRI relist after relist {after}: {:?}",
-                kubelet.transcript()
-            )
-        })?;
-        let listed = relist.result.clone().map_err(|f| {
-            anyhow::anyhow!("relist {}: {} failed: {}", relist.n, f.method, f.error)
-        })?;
+        let relist = kubelet
+            .wait_cri_relist(after, WAIT)
+            .with_context(|| format!("no CRI relist after relist {after}: {:?}", kubelet.transcript()))?;
+        let listed = relist.result.clone().map_err(|f| anyhow::anyhow!("relist {}: {} failed: {}", relist.n, f.method, f.error))?;
         let own = own_counts(&cri)?;
         ensure!(
             (listed.sandboxes, listed.containers) == own && own == (1, 1),
@@ -77,15 +60,9 @@ fn fake_kubelet_relists_over_cri_against_containerd() -> Result<()> {
             listed.sandboxes,
             listed.containers
         );
-        kubelet
-            .wait_relist_end(relist.n, WAIT)
-            .with_context(|| format!("relist {} did not end", relist.n))?;
+        kubelet.wait_relist_end(relist.n, WAIT).with_context(|| format!("relist {} did not end", relist.n))?;
         let end = end_line(&kubelet, relist.n)?;
-        ensure!(
-            end.contains(" pods=1 ") && !end.contains("err="),
-            "relist {}: {end:?}, expected one pod and no error",
-            relist.n
-        );
+        ensure!(end.contains(" pods=1 ") && !end.contains("err="), "relist {}: {end:?}, expected one pod and no error", relist.n);
         after = relist.n;
         seen.push(listed);
     }
@@ -99,16 +76,9 @@ fn fake_kubelet_relists_over_cri_against_containerd() -> Result<()> {
     // A second container: the first relist that starts after it runs lists it.
     let second = stage.pod().run_container(&sleeper("sleeper-b"))?;
     let since = gofixture::monotonic_now();
-    let next = kubelet
-        .wait_relist_started_since(since, WAIT)
-        .context("no relist started after the second container")?;
-    let relist = kubelet
-        .wait_cri_relist(next - 1, WAIT)
-        .context("no CRI relist after the second container started")?;
-    let listed = relist
-        .result
-        .clone()
-        .map_err(|f| anyhow::anyhow!("relist {}: {} failed: {}", relist.n, f.method, f.error))?;
+    let next = kubelet.wait_relist_started_since(since, WAIT).context("no relist started after the second container")?;
+    let relist = kubelet.wait_cri_relist(next - 1, WAIT).context("no CRI relist after the second container started")?;
+    let listed = relist.result.clone().map_err(|f| anyhow::anyhow!("relist {}: {} failed: {}", relist.n, f.method, f.error))?;
     let own = own_counts(&cri)?;
     ensure!(
         (listed.sandboxes, listed.containers) == own && own == (1, 2),
@@ -141,9 +111,7 @@ fn fake_kubelet_relists_over_cri_against_containerd() -> Result<()> {
 
     // `block` parks the next relist before its CRI calls; `release` lets them run.
     kubelet.block_next()?;
-    let blocked = kubelet
-        .wait_relist_start(WAIT)
-        .context("no relist started after `block`")?;
+    let blocked = kubelet.wait_relist_start(WAIT).context("no relist started after `block`")?;
     thread::sleep(Duration::from_millis(1500));
     ensure!(
         kubelet.relist(blocked).and_then(|r| r.blocking).is_some(),
@@ -151,24 +119,16 @@ fn fake_kubelet_relists_over_cri_against_containerd() -> Result<()> {
         kubelet.relist(blocked)
     );
     ensure!(
-        kubelet.cri_relist(blocked).is_none()
-            && kubelet.wait_relist_end(blocked, Duration::ZERO).is_none(),
+        kubelet.cri_relist(blocked).is_none() && kubelet.wait_relist_end(blocked, Duration::ZERO).is_none(),
         "the parked relist {blocked} went on: {:?}",
         kubelet.cri_relist(blocked)
     );
     let (ok, message) = kubelet.healthy()?;
     ensure!(ok, "Healthy() said {message:?} 1.5 s into a parked relist");
     kubelet.release()?;
-    let released = kubelet
-        .wait_cri_relist(blocked - 1, WAIT)
-        .context("the released relist made no CRI calls")?;
-    ensure!(
-        released.n == blocked && released.result.is_ok(),
-        "after the release: {released:?} (expected relist {blocked}, answered)"
-    );
-    kubelet
-        .wait_relist_end(blocked, WAIT)
-        .context("the released relist did not end")?;
+    let released = kubelet.wait_cri_relist(blocked - 1, WAIT).context("the released relist made no CRI calls")?;
+    ensure!(released.n == blocked && released.result.is_ok(), "after the release: {released:?} (expected relist {blocked}, answered)");
+    kubelet.wait_relist_end(blocked, WAIT).context("the released relist did not end")?;
 
     let status = kubelet.quit()?;
     ensure!(status.success(), "fake-kubelet exited {status}");
@@ -182,9 +142,5 @@ fn own_counts(cri: &Cri) -> Result<(usize, usize)> {
 
 fn end_line(kubelet: &FakeKubelet, n: u64) -> Result<String> {
     let prefix = format!("relist end {n} ");
-    kubelet
-        .transcript()
-        .into_iter()
-        .find(|l| l.starts_with(&prefix))
-        .with_context(|| format!("no `{prefix}…` line"))
+    kubelet.transcript().into_iter().find(|l| l.starts_with(&prefix)).with_context(|| format!("no `{prefix}…` line"))
 }

@@ -47,12 +47,7 @@ fn fsync_of_dirty_file_on_throttled_disk_is_reported_in_flight() -> anyhow::Resu
             let file = dirty::write_file(&path, DIRTY)?;
             let started_wall = SystemTime::now();
             let started = Instant::now();
-            let _ = tx.send(AboutToSync {
-                tid: gettid(),
-                fd: file.as_raw_fd(),
-                started,
-                started_wall,
-            });
+            let _ = tx.send(AboutToSync { tid: gettid(), fd: file.as_raw_fd(), started, started_wall });
             file.sync_all()?;
             Ok(started.elapsed())
         }
@@ -60,11 +55,7 @@ fn fsync_of_dirty_file_on_throttled_disk_is_reported_in_flight() -> anyhow::Resu
     let about = rx.recv();
     let measured = writer.join().expect("the writer thread panicked")?;
     let about = about.expect("the writer thread failed before its fsync");
-    eprintln!(
-        "fsync of {} took {:.3}s",
-        path.display(),
-        measured.as_secs_f64()
-    );
+    eprintln!("fsync of {} took {:.3}s", path.display(), measured.as_secs_f64());
     assert!(
         measured > REAL_STALL,
         "fsync of {DIRTY} dirty bytes took only {measured:?}: the {THROTTLE_BPS} B/s write \
@@ -73,9 +64,7 @@ fn fsync_of_dirty_file_on_throttled_disk_is_reported_in_flight() -> anyhow::Resu
         fs.dev()
     );
 
-    plegwatch.wait_for(Duration::from_secs(10), |e| {
-        e.is_about("resolved", about.tid)
-    });
+    plegwatch.wait_for(Duration::from_secs(10), |e| e.is_about("resolved", about.tid));
     let events = plegwatch.stop()?;
     let report = assert_reported(
         &events,

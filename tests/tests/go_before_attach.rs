@@ -61,9 +61,8 @@ fn a_relist_parked_before_start_is_reported_open_with_its_age() -> anyhow::Resul
     let (mut plegwatch, ready, stall) = watch(pid)?;
     let seen_at = Instant::now();
     let parked_s = parked_at.elapsed().as_secs_f64();
-    let incident = plegwatch.wait_for(Duration::from_secs(2), |e| {
-        e.is("incident") && e.get("/chain/0/pid").and_then(|p| p.as_u64()) == Some(u64::from(pid))
-    });
+    let incident = plegwatch
+        .wait_for(Duration::from_secs(2), |e| e.is("incident") && e.get("/chain/0/pid").and_then(|p| p.as_u64()) == Some(u64::from(pid)));
     kubelet.release()?;
     plegwatch.wait_for(Duration::from_secs(3), |e| e.is_about_pid("resolved", pid));
     let events = plegwatch.stop()?;

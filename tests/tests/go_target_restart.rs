@@ -26,8 +26,7 @@ const TRACED_WITHIN: Duration = Duration::from_secs(2);
 /// Waits for the `target` line about `pid` and checks it came within [`TRACED_WITHIN`] of
 /// `spawned` with one of the statuses `status` (`|`-separated).
 fn target_line(plegwatch: &mut Plegwatch, pid: u32, spawned: Instant, status: &str) -> Event {
-    let line = plegwatch
-        .wait_for(TRACED_WITHIN + Duration::from_secs(3), |e| e.is("target") && e.u64("/pid") == Some(u64::from(pid)));
+    let line = plegwatch.wait_for(TRACED_WITHIN + Duration::from_secs(3), |e| e.is("target") && e.u64("/pid") == Some(u64::from(pid)));
     let all = dump(plegwatch.events(), spawned);
     let line = line.unwrap_or_else(|| panic!("no target line for pid {pid}:\n{all}"));
     let after = line.at.saturating_duration_since(spawned);
@@ -171,9 +170,6 @@ fn upgraded_binaries_give_their_ids_back() -> Result<()> {
         "{retired} binaries retired after {UPGRADES} upgrades whose old copies were deleted:\n{}",
         dump(&events, started)
     );
-    eprintln!(
-        "{retired} binaries retired; {} function ids in use at exit",
-        summary.u64("/go_funcs_in_use").unwrap_or(0)
-    );
+    eprintln!("{retired} binaries retired; {} function ids in use at exit", summary.u64("/go_funcs_in_use").unwrap_or(0));
     Ok(())
 }

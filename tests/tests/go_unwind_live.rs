@@ -87,7 +87,10 @@ fn check(toolchain: &GoToolchain, go: &Path, pie: bool) -> Result<()> {
     let names = unwound.names();
     let bias = load_bias(pid, &syms, regs.pc).context("load bias")?;
     ensure!((bias != 0) == pie, "load bias {bias:#x} for a PIE={pie} build");
-    eprintln!("Go {} ({version}, PIE {pie}, bias {bias:#x}): pc {:#x} sp {:#x}, unwound in {took:?}: {names:?} ({:?})", toolchain.minor, regs.pc, regs.sp, unwound.stop);
+    eprintln!(
+        "Go {} ({version}, PIE {pie}, bias {bias:#x}): pc {:#x} sp {:#x}, unwound in {took:?}: {names:?} ({:?})",
+        toolchain.minor, regs.pc, regs.sp, unwound.stop
+    );
     ensure!(unwound.complete(), "the walk did not reach an outermost function: {:?}", unwound.stop);
     let want = ["main.level3", "main.level2", "main.level1", "main.main", "runtime.main", "runtime.goexit"];
     let at = names.iter().position(|n| *n == "main.level3").context("no main.level3 frame")?;

@@ -184,10 +184,7 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
         .with_context(|| format!("no resolved line for the parked relist:\n{}", all(&mut plegwatch)))?;
     let resolved_s = resolved.f64("/waited_s").unwrap_or(f64::NAN);
     ensure!(resolved.str("/timing") == Some("exact"), "{}", resolved.json);
-    ensure!(
-        (resolved_s - held_s).abs() < TIMING_S,
-        "resolved after {resolved_s:.3}s, the fixture's relist {parked} took {held_s:.3}s"
-    );
+    ensure!((resolved_s - held_s).abs() < TIMING_S, "resolved after {resolved_s:.3}s, the fixture's relist {parked} took {held_s:.3}s");
 
     // A relist parked in RLock behind a held write lock.
     let lock = kubelet.wlock()?;
@@ -208,10 +205,18 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
         anyhow::bail!("relist {reader} did not say it waited for the read lock: {:?}", kubelet.transcript());
     };
     let rw = reader_stall.get("/detail/reader_wait").cloned().unwrap_or_default();
-    ensure!(rw["lock"].as_str() == Some(format!("{lock:#x}").as_str()), "reader_wait {rw} (the fixture's lock is {lock:#x}): {}", reader_stall.json);
+    ensure!(
+        rw["lock"].as_str() == Some(format!("{lock:#x}").as_str()),
+        "reader_wait {rw} (the fixture's lock is {lock:#x}): {}",
+        reader_stall.json
+    );
     ensure!(rw["function"].as_str() == Some(reader_function), "reader_wait {rw}: {}", reader_stall.json);
     ensure!(rw["what"].as_str().is_some_and(|w| w.contains(&format!("{lock:#x}"))), "reader_wait {rw}: {}", reader_stall.json);
-    ensure!(reader_stall.str("/detail/goroutine") == Some(goroutine.as_str()), "the relist loop's goroutine changed: {}", reader_stall.json);
+    ensure!(
+        reader_stall.str("/detail/goroutine") == Some(goroutine.as_str()),
+        "the relist loop's goroutine changed: {}",
+        reader_stall.json
+    );
     // Same `now` in both: the reader wait began as long after the relist as the fixture says.
     let reader_wait_s = rw["waited_s"].as_f64().unwrap_or(f64::NAN);
     let since_start = reader_stall.f64("/detail/since_relist_start_s").unwrap_or(f64::NAN);
@@ -250,7 +255,8 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
     let row = |f: &str| rows.iter().find(|r| r["target"] == "kubelet" && r["function"] == f).cloned();
     let relist_row = row(short_relist).with_context(|| format!("no latency row for {short_relist}: {rows:?}"))?;
     ensure!(relist_row["count"].as_u64().unwrap_or(0) >= made.len() as u64, "latency row {relist_row}, {} relists made", made.len());
-    let reader_row_name = if tc.minor == "1.19" { "sync.runtime_SemacquireMutex (lock waited)" } else { "sync.runtime_SemacquireRWMutexR (reader waited)" };
+    let reader_row_name =
+        if tc.minor == "1.19" { "sync.runtime_SemacquireMutex (lock waited)" } else { "sync.runtime_SemacquireRWMutexR (reader waited)" };
     let reader_row = row(reader_row_name).with_context(|| format!("no latency row {reader_row_name}: {rows:?}"))?;
     let fixture_wait = got_t - wait_t;
     ensure!(

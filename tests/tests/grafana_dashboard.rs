@@ -15,7 +15,13 @@ use plegwatch_scenarios::preflight;
 use serde_json::Value;
 
 /// Metrics whose series exist from the daemon's first status on.
-const ALWAYS: &[&str] = &["plegwatch_pleg_budget_used_ratio", "plegwatch_scan_lateness_seconds", "process_cpu_seconds_total", "process_resident_memory_bytes", "plegwatch_ready"];
+const ALWAYS: &[&str] = &[
+    "plegwatch_pleg_budget_used_ratio",
+    "plegwatch_scan_lateness_seconds",
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "plegwatch_ready",
+];
 
 /// Every panel's (title, expr), with Grafana's variables replaced.
 fn exprs(dashboard: &Value) -> Vec<(String, String)> {

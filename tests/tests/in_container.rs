@@ -15,7 +15,6 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-
 use plegwatch_scenarios::dirty::{self, MIB};
 use plegwatch_scenarios::namespaces::{self, HOST_PID, OWN_PID, OWN_PROC};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
@@ -42,7 +41,10 @@ fn umount_stall_from_own_mount_namespace_with_host_pid() -> anyhow::Result<()> {
 fn a_proc_of_another_pid_namespace_is_refused() -> anyhow::Result<()> {
     preflight::require();
     let mut plegwatch = Plegwatch::start_under(OWN_PROC, &["--warn", "2s", "--duration", "20s"])?;
-    let err = plegwatch.wait_ready(READY_TIMEOUT).err().ok_or_else(|| anyhow::anyhow!("plegwatch started with a /proc that is not the host's"))?;
+    let err = plegwatch
+        .wait_ready(READY_TIMEOUT)
+        .err()
+        .ok_or_else(|| anyhow::anyhow!("plegwatch started with a /proc that is not the host's"))?;
     let text = format!("{err:#}");
     assert!(text.contains("exited"), "plegwatch should exit at once: {text}");
     assert!(text.contains("not the host's") && text.contains("hostPID: true"), "the error should name the fix: {text}");

@@ -31,9 +31,8 @@ use plegwatch_scenarios::{preflight, Plegwatch};
 const HOLD_S: u32 = 3;
 
 fn build_fixture() -> Result<PathBuf> {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let dir = target.join("rtnl-holder");
     std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
     let bin = dir.join("rtnl_holder");
@@ -140,13 +139,19 @@ fn only_waiters_that_matter_are_recorded_with_the_owner() -> Result<()> {
     }
     let ip_still_blocked = ip.try_wait()?.is_none();
     let other_still_blocked = other.try_wait()?.is_none();
-    eprintln!("LOCK_WAITS after {:.1}s (waiter tid, owner tid): {seen:?}; holder tid {owner}, ip {ip_pid}, other {other_tid}", began.elapsed().as_secs_f64());
+    eprintln!(
+        "LOCK_WAITS after {:.1}s (waiter tid, owner tid): {seen:?}; holder tid {owner}, ip {ip_pid}, other {other_tid}",
+        began.elapsed().as_secs_f64()
+    );
 
     let holder_ok = holder.wait()?.success();
     let ip_ok = ip.wait()?.success();
     other.wait()?;
     ensure!(holder_ok, "rtnl_holder hold failed (userfaultfd or ethtool ioctl refused?)");
-    ensure!(ip_still_blocked && other_still_blocked, "ip or the contender did not wait on rtnl_mutex (ip blocked {ip_still_blocked}, contender {other_still_blocked})");
+    ensure!(
+        ip_still_blocked && other_still_blocked,
+        "ip or the contender did not wait on rtnl_mutex (ip blocked {ip_still_blocked}, contender {other_still_blocked})"
+    );
     ensure!(ip_ok, "ip link set failed");
     let ip_entry = seen.iter().find(|(t, _)| *t == ip_pid);
     ensure!(ip_entry.is_some(), "the netlink requester (ip, tid {ip_pid}) behind rtnl_mutex is not in LOCK_WAITS: {seen:?}");

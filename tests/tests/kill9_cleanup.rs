@@ -179,7 +179,10 @@ fn kill_9_leaves_no_programs_links_or_uprobes() -> Result<()> {
         "plegwatch pid {pid} (and children {:?}): {} programs, {} links, {} maps ({} of them listed by bpftool), {} perf events; {} uprobe bytes in the fixture (pid {kpid})",
         children(pid), count("prog"), count("link"), count("map"), listed.len(), perf.len(), patched.len()
     );
-    assert!(count("prog") > 0 && count("link") > 0, "plegwatch (pid {pid}) holds no BPF program or link: the check would see nothing: {held:?}");
+    assert!(
+        count("prog") > 0 && count("link") > 0,
+        "plegwatch (pid {pid}) holds no BPF program or link: the check would see nothing: {held:?}"
+    );
     assert_eq!(listed, held, "bpftool does not list all that plegwatch holds: the check would miss some");
     assert!(!patched.is_empty(), "no uprobe byte in the probed fixture's text: the check would see nothing");
 
@@ -217,9 +220,17 @@ fn kill_9_leaves_no_programs_links_or_uprobes() -> Result<()> {
     assert!(left.2.is_empty(), "plegwatch or a child still runs after SIGKILL: {:?}", left.2);
     let others = other_plegwatches(&ours);
     if !left.3.is_empty() && !others.is_empty() {
-        eprintln!("NOTE: {} uprobe bytes left in the fixture while other plegwatch processes run ({others:?}): not failed, they may be theirs", left.3.len());
+        eprintln!(
+            "NOTE: {} uprobe bytes left in the fixture while other plegwatch processes run ({others:?}): not failed, they may be theirs",
+            left.3.len()
+        );
     }
-    assert!(left.3.is_empty() || !others.is_empty(), "{} uprobe bytes still in the fixture's text {FREED_WITHIN:?} after SIGKILL (file offsets {:?})", left.3.len(), left.3.iter().take(10).collect::<Vec<_>>());
+    assert!(
+        left.3.is_empty() || !others.is_empty(),
+        "{} uprobe bytes still in the fixture's text {FREED_WITHIN:?} after SIGKILL (file offsets {:?})",
+        left.3.len(),
+        left.3.iter().take(10).collect::<Vec<_>>()
+    );
 
     // The fixture lived through the probes and their removal, and relists on.
     let n = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist after the kill")?;

@@ -65,18 +65,7 @@ fn warn() -> String {
 }
 
 /// Programs the load runs besides the containerd bed's ([`containerd::TOOLS`]).
-const PROGRAMS: &[&str] = &[
-    "ip",
-    "dbus-daemon",
-    "dbus-send",
-    "dbus-test-tool",
-    "gdbus",
-    "mkfs.ext4",
-    "losetup",
-    "mount",
-    "umount",
-    "sync",
-];
+const PROGRAMS: &[&str] = &["ip", "dbus-daemon", "dbus-send", "dbus-test-tool", "gdbus", "mkfs.ext4", "losetup", "mount", "umount", "sync"];
 
 /// The live D-Bus service the calls go to.
 const ECHO: &str = "com.example.SoakEcho";
@@ -97,13 +86,7 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     preflight::require();
     let missing = missing_programs();
     if !missing.is_empty() {
-        preflight::skip(
-            SCENARIO,
-            &format!(
-                "not found in PATH: {} (`cargo xtask setup` installs them)",
-                missing.join(", ")
-            ),
-        );
+        preflight::skip(SCENARIO, &format!("not found in PATH: {} (`cargo xtask setup` installs them)", missing.join(", ")));
         return Ok(());
     }
     containerd::require();
@@ -112,9 +95,7 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
 
     // Guards in set-up order: they drop in reverse, plegwatch first, the loop ext4 last.
     let mut fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("plegwatch-soak-")
-        .tempdir()?;
+    let scratch = tempfile::Builder::new().prefix("plegwatch-soak-").tempdir()?;
     let (tmpfs_dir, spare_dir) = (scratch.path().join("tmpfs"), scratch.path().join("spare"));
     std::fs::create_dir(&tmpfs_dir)?;
     std::fs::create_dir(&spare_dir)?;
@@ -123,18 +104,9 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     // syncs the filesystem under its overlay, which should be this one, not the machine's
     // root, where whatever else dirtied it (a build just before) would be synced too.
     let containerd_fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
-    let stage = Stage::start(
-        Placement::RootUnder(containerd_fs.mount_point().to_path_buf()),
-        Runc::Real,
-        "soak",
-    )?;
+    let stage = Stage::start(Placement::RootUnder(containerd_fs.mount_point().to_path_buf()), Runc::Real, "soak")?;
     let bus = PrivateBus::start()?;
-    let echo = dbus::spawn(
-        "dbus-test-tool echo",
-        bus.command("dbus-test-tool")
-            .args(["echo", "--session"])
-            .arg(format!("--name={ECHO}")),
-    )?;
+    let echo = dbus::spawn("dbus-test-tool echo", bus.command("dbus-test-tool").args(["echo", "--session"]).arg(format!("--name={ECHO}")))?;
     bus.wait_owned(ECHO, START_TIMEOUT)?;
     let listener_before = dbus::start_signal_listener(&bus)?;
     let monitor_before = Proc::spawn("ip monitor", Command::new("ip").arg("monitor"))?;
@@ -149,26 +121,17 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     let ready_mono = gofixture::monotonic_now();
     let listener_after = dbus::start_signal_listener(&bus)?;
     let monitor_after = Proc::spawn("ip monitor", Command::new("ip").arg("monitor"))?;
-    let long_lived: Vec<u32> = [
-        &echo,
-        &listener_before,
-        &listener_after,
-        &monitor_before,
-        &monitor_after,
-    ]
-    .iter()
-    .map(|p| p.pid())
-    .chain([bus.daemon_pid(), kubelet.pid(), stage.containerd().pid()])
-    .collect();
+    let long_lived: Vec<u32> = [&echo, &listener_before, &listener_after, &monitor_before, &monitor_after]
+        .iter()
+        .map(|p| p.pid())
+        .chain([bus.daemon_pid(), kubelet.pid(), stage.containerd().pid()])
+        .collect();
 
     let bus_address = format!("unix:path={}", bus.socket().display());
     let churn_cri = stage.cri().with_timeout(Duration::from_secs(30));
     let pod = (stage.pod().id().to_string(), stage.pod().config().clone());
     let started = Instant::now();
-    eprintln!(
-        "soak: {:.0}s of ordinary load under plegwatch --warn {warn}",
-        soak.as_secs_f64()
-    );
+    eprintln!("soak: {:.0}s of ordinary load under plegwatch --warn {warn}", soak.as_secs_f64());
 
     let stop = AtomicBool::new(false);
     let mut ours: HashSet<u32> = long_lived.iter().copied().collect();
@@ -184,25 +147,13 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
             note_our_processes(&mut ours, &stage);
             // Say at once when something is reported, with whose it is.
             let events = plegwatch.events();
-            for e in events[reported..]
-                .iter()
-                .filter(|e| e.is("incident") || e.is("stall"))
-            {
-                eprintln!(
-                    "soak: REPORTED at {:.1}s: {}",
-                    e.at.duration_since(started).as_secs_f64(),
-                    e.json
-                );
+            for e in events[reported..].iter().filter(|e| e.is("incident") || e.is("stall")) {
+                eprintln!("soak: REPORTED at {:.1}s: {}", e.at.duration_since(started).as_secs_f64(), e.json);
             }
             reported = events.len();
         }
         stop.store(true, Ordering::Relaxed);
-        Ok::<_, anyhow::Error>((
-            join("churn", churn)?,
-            join("D-Bus", dbus)?,
-            join("ip", ip)?,
-            join("sync/mount", io)?,
-        ))
+        Ok::<_, anyhow::Error>((join("churn", churn)?, join("D-Bus", dbus)?, join("ip", ip)?, join("sync/mount", io)?))
     })?;
     let ran = started.elapsed();
     note_our_processes(&mut ours, &stage);
@@ -246,124 +197,47 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     }
 
     // ...and the probes saw the load.
-    let summary = events
-        .iter()
-        .rev()
-        .find(|e| e.is("summary"))
-        .context("no summary line")?;
+    let summary = events.iter().rev().find(|e| e.is("summary")).context("no summary line")?;
     let seen = Seen::of(summary, kubelet.pid());
     let half = |n: u64| n.div_ceil(2);
     let relists = u64::from(relists);
     let checks: Vec<(&str, u64, u64)> = vec![
-        (
-            "netlink requests seen (requests_seen.netlink_requests) vs ip requests made",
-            seen.netlink_requests,
-            half(asked.done),
-        ),
-        (
-            "netlink requests answered (requests_seen.netlink_answered) vs ip requests made",
-            seen.netlink_answered,
-            half(asked.done),
-        ),
-        (
-            "D-Bus calls seen (requests_seen.dbus_calls) vs calls made",
-            seen.dbus_calls,
-            half(called.done),
-        ),
-        (
-            "D-Bus calls answered (requests_seen.dbus_answered) vs calls made",
-            seen.dbus_answered,
-            half(called.done),
-        ),
-        (
-            "relists on the fixture's relist clock (relists[].relists)",
-            seen.relist_clock,
-            half(relists),
-        ),
-        (
-            "kubelet Relist calls (go_latency) vs the fixture's relists",
-            seen.go("kubelet", ".Relist"),
-            half(relists),
-        ),
-        (
-            "containerd ListPodSandbox calls (go_latency) vs relists",
-            seen.go("containerd", ".ListPodSandbox"),
-            half(relists),
-        ),
-        (
-            "containerd ListContainers calls (go_latency) vs relists",
-            seen.go("containerd", ".ListContainers"),
-            half(relists),
-        ),
+        ("netlink requests seen (requests_seen.netlink_requests) vs ip requests made", seen.netlink_requests, half(asked.done)),
+        ("netlink requests answered (requests_seen.netlink_answered) vs ip requests made", seen.netlink_answered, half(asked.done)),
+        ("D-Bus calls seen (requests_seen.dbus_calls) vs calls made", seen.dbus_calls, half(called.done)),
+        ("D-Bus calls answered (requests_seen.dbus_answered) vs calls made", seen.dbus_answered, half(called.done)),
+        ("relists on the fixture's relist clock (relists[].relists)", seen.relist_clock, half(relists)),
+        ("kubelet Relist calls (go_latency) vs the fixture's relists", seen.go("kubelet", ".Relist"), half(relists)),
+        ("containerd ListPodSandbox calls (go_latency) vs relists", seen.go("containerd", ".ListPodSandbox"), half(relists)),
+        ("containerd ListContainers calls (go_latency) vs relists", seen.go("containerd", ".ListContainers"), half(relists)),
         (
             "containerd handleContainerExit calls (go_latency) vs containers",
             seen.go("containerd", ".handleContainerExit"),
             half(churned.done),
         ),
-        (
-            "containerd-shim Delete calls (go_latency) vs containers",
-            seen.go("containerd-shim", ".Delete"),
-            half(churned.done),
-        ),
-        (
-            "umount2 calls (syscalls) vs umounts made",
-            seen.syscall("umount2"),
-            half(io.umounts),
-        ),
-        (
-            "fsync calls (syscalls) vs fsync + sync FILE made",
-            seen.syscall("fsync"),
-            half(io.fsync + io.sync_cmd),
-        ),
-        (
-            "fdatasync calls (syscalls) vs made",
-            seen.syscall("fdatasync"),
-            half(io.fdatasync),
-        ),
-        (
-            "sync_file_range calls (syscalls) vs made",
-            seen.syscall("sync_file_range"),
-            half(io.sync_file_range),
-        ),
-        (
-            "syncfs calls (syscalls) vs syncfs + sync -f FILE made",
-            seen.syscall("syncfs"),
-            half(io.syncfs + io.sync_f_cmd),
-        ),
-        (
-            "waits started (waits_started) vs syncs and umounts made",
-            seen.waits_started,
-            half(io.total()),
-        ),
+        ("containerd-shim Delete calls (go_latency) vs containers", seen.go("containerd-shim", ".Delete"), half(churned.done)),
+        ("umount2 calls (syscalls) vs umounts made", seen.syscall("umount2"), half(io.umounts)),
+        ("fsync calls (syscalls) vs fsync + sync FILE made", seen.syscall("fsync"), half(io.fsync + io.sync_cmd)),
+        ("fdatasync calls (syscalls) vs made", seen.syscall("fdatasync"), half(io.fdatasync)),
+        ("sync_file_range calls (syscalls) vs made", seen.syscall("sync_file_range"), half(io.sync_file_range)),
+        ("syncfs calls (syscalls) vs syncfs + sync -f FILE made", seen.syscall("syncfs"), half(io.syncfs + io.sync_f_cmd)),
+        ("waits started (waits_started) vs syncs and umounts made", seen.waits_started, half(io.total())),
     ];
     eprintln!("soak: plegwatch saw (floor: half of what the test did):");
     for (what, got, floor) in &checks {
         eprintln!("  {got:>7} (floor {floor:>5})  {what}");
     }
-    eprintln!(
-        "  dropped by the kernel: {} waits, {} records",
-        seen.dropped_waits, seen.dropped_events
-    );
+    eprintln!("  dropped by the kernel: {} waits, {} records", seen.dropped_waits, seen.dropped_events);
     let short: Vec<String> = checks
         .iter()
         .filter(|(_, got, floor)| got < floor || *floor == 0)
-        .map(|(what, got, floor)| {
-            format!("{what}: {got}, want at least {floor} (and a non-zero floor)")
-        })
+        .map(|(what, got, floor)| format!("{what}: {got}, want at least {floor} (and a non-zero floor)"))
         .collect();
     if !short.is_empty() {
-        problems.push(format!(
-            "plegwatch did not see the load it watched:\n  {}\nits summary: {}",
-            short.join("\n  "),
-            summary.json
-        ));
+        problems.push(format!("plegwatch did not see the load it watched:\n  {}\nits summary: {}", short.join("\n  "), summary.json));
     }
     if !problems.is_empty() {
-        bail!(
-            "{}\nall lines, timed from the start of the load:\n{}",
-            problems.join("\n"),
-            all()
-        );
+        bail!("{}\nall lines, timed from the start of the load:\n{}", problems.join("\n"), all());
     }
     eprintln!("soak: passed: no incident, no stall; every count at or above its floor");
     Ok(())
@@ -371,9 +245,7 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
 
 /// A worker's result: an error if it failed or panicked.
 fn join<T>(name: &str, h: thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
-    h.join()
-        .map_err(|_| anyhow!("the {name} worker panicked"))?
-        .with_context(|| format!("the {name} worker"))
+    h.join().map_err(|_| anyhow!("the {name} worker panicked"))?.with_context(|| format!("the {name} worker"))
 }
 
 /// [`SOAK_ENV`] as a duration, or [`DEFAULT_SOAK`].
@@ -382,14 +254,8 @@ fn soak_duration() -> Result<Duration> {
         Err(std::env::VarError::NotPresent) => Ok(DEFAULT_SOAK),
         Err(e) => bail!("{SOAK_ENV}: {e}"),
         Ok(v) => {
-            let secs: u64 = v
-                .trim()
-                .parse()
-                .with_context(|| format!("{SOAK_ENV}={v:?} is not a number of seconds"))?;
-            ensure!(
-                secs >= 10,
-                "{SOAK_ENV}={secs}: a soak shorter than 10 s proves nothing"
-            );
+            let secs: u64 = v.trim().parse().with_context(|| format!("{SOAK_ENV}={v:?} is not a number of seconds"))?;
+            ensure!(secs >= 10, "{SOAK_ENV}={secs}: a soak shorter than 10 s proves nothing");
             Ok(Duration::from_secs(secs))
         }
     }
@@ -397,12 +263,7 @@ fn soak_duration() -> Result<Duration> {
 
 fn missing_programs() -> Vec<&'static str> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    PROGRAMS
-        .iter()
-        .chain(containerd::TOOLS)
-        .copied()
-        .filter(|p| !std::env::split_paths(&path).any(|d| d.join(p).is_file()))
-        .collect()
+    PROGRAMS.iter().chain(containerd::TOOLS).copied().filter(|p| !std::env::split_paths(&path).any(|d| d.join(p).is_file())).collect()
 }
 
 /// Sets the flag when dropped: the workers stop also when the main thread fails.
@@ -435,19 +296,13 @@ fn pace(since: Instant, period: Duration, stop: &AtomicBool) {
 
 /// One container through its whole life (create, start, stop with SIGKILL at once, remove)
 /// every [`CHURN_PERIOD`].
-fn churn(
-    cri: &Cri,
-    (pod_id, pod_config): &(String, PodSandboxConfig),
-    stop: &AtomicBool,
-) -> Result<Tally> {
+fn churn(cri: &Cri, (pod_id, pod_config): &(String, PodSandboxConfig), stop: &AtomicBool) -> Result<Tally> {
     let mut t = Tally::default();
     while !stop.load(Ordering::Relaxed) {
         let began = Instant::now();
         let name = format!("churn-{}", t.done);
         let config: ContainerConfig = cri::container(&name, BUSYBOX, &["/bin/sleep", "600"]);
-        let id = cri
-            .create_container(pod_id, &config, pod_config)
-            .with_context(|| format!("create {name}"))?;
+        let id = cri.create_container(pod_id, &config, pod_config).with_context(|| format!("create {name}"))?;
         let cycle = (|| {
             cri.start_container(&id)?;
             if let Ok(pid) = cri.container_pid(&id) {
@@ -470,11 +325,7 @@ fn dbus_calls(address: &str, stop: &AtomicBool) -> Result<Tally> {
     let mut t = Tally::default();
     let targets: [&[&str]; 2] = [
         &[&format!("--dest={ECHO}"), "/x", "com.example.SoakEcho.Ping"],
-        &[
-            "--dest=org.freedesktop.DBus",
-            "/org/freedesktop/DBus",
-            "org.freedesktop.DBus.ListNames",
-        ],
+        &["--dest=org.freedesktop.DBus", "/org/freedesktop/DBus", "org.freedesktop.DBus.ListNames"],
     ];
     while !stop.load(Ordering::Relaxed) {
         let began = Instant::now();
@@ -523,13 +374,7 @@ struct Io {
 
 impl Io {
     fn total(&self) -> u64 {
-        self.fsync
-            + self.fdatasync
-            + self.sync_file_range
-            + self.syncfs
-            + self.sync_cmd
-            + self.sync_f_cmd
-            + self.umounts
+        self.fsync + self.fdatasync + self.sync_file_range + self.syncfs + self.sync_cmd + self.sync_f_cmd + self.umounts
     }
 }
 
@@ -617,24 +462,13 @@ fn describe_incident(i: &Incident, ours: &HashSet<u32>) -> String {
     let hops = Incident::chain(last);
     let owners: Vec<String> = hops
         .iter()
-        .map(|h| {
-            format!(
-                "pid {} [{}]: {}",
-                h["pid"],
-                h["comm"].as_str().unwrap_or("?"),
-                whose(h["pid"].as_u64(), ours)
-            )
-        })
+        .map(|h| format!("pid {} [{}]: {}", h["pid"], h["comm"].as_str().unwrap_or("?"), whose(h["pid"].as_u64(), ours)))
         .collect();
     format!(
         "incident #{} ({} lines, {}):\n{}\n  whose: {}\n",
         i.id,
         i.lines.len(),
-        if i.resolved.is_some() {
-            "resolved"
-        } else {
-            "never resolved"
-        },
+        if i.resolved.is_some() { "resolved" } else { "never resolved" },
         chain_text(&hops),
         owners.join("; ")
     )
@@ -672,13 +506,7 @@ struct Seen {
 impl Seen {
     fn of(summary: &Event, kubelet_pid: u32) -> Self {
         let n = |p: &str| summary.u64(p).unwrap_or(0);
-        let rows = |p: &str| {
-            summary
-                .get(p)
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default()
-        };
+        let rows = |p: &str| summary.get(p).and_then(Value::as_array).cloned().unwrap_or_default();
         let s = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
         Seen {
             netlink_requests: n("/requests_seen/netlink_requests"),
@@ -693,27 +521,14 @@ impl Seen {
             waits_started: n("/waits_started"),
             dropped_waits: n("/dropped_waits"),
             dropped_events: n("/dropped_events"),
-            go_calls: rows("/go_latency")
-                .iter()
-                .map(|r| {
-                    (
-                        s(r, "target"),
-                        s(r, "function"),
-                        r["count"].as_u64().unwrap_or(0),
-                    )
-                })
-                .collect(),
+            go_calls: rows("/go_latency").iter().map(|r| (s(r, "target"), s(r, "function"), r["count"].as_u64().unwrap_or(0))).collect(),
             summary: summary.clone(),
         }
     }
 
     /// Calls of `target`'s probed functions whose name ends with `function`.
     fn go(&self, target: &str, function: &str) -> u64 {
-        self.go_calls
-            .iter()
-            .filter(|(t, f, _)| t == target && f.ends_with(function))
-            .map(|r| r.2)
-            .sum()
+        self.go_calls.iter().filter(|(t, f, _)| t == target && f.ends_with(function)).map(|r| r.2).sum()
     }
 
     fn syscall(&self, name: &str) -> u64 {

@@ -15,9 +15,7 @@ use serde_json::{json, Value};
 
 use plegwatch_scenarios::child::Proc;
 use plegwatch_scenarios::events::dump;
-use plegwatch_scenarios::netlink::{
-    assert_client_stall, assert_resolved_after_kill, bad_line, stalls_of_comm, Client, NetNs,
-};
+use plegwatch_scenarios::netlink::{assert_client_stall, assert_resolved_after_kill, bad_line, stalls_of_comm, Client, NetNs};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::stall::wait_resolved;
 use plegwatch_scenarios::{preflight, Plegwatch};
@@ -42,19 +40,13 @@ fn netlink_request_that_began_before_start_is_swept() -> anyhow::Result<()> {
     let mut monitor = Proc::spawn("ip monitor", &mut ns.ip(&["monitor"]))?;
     let mut client = Client::route_noreply(NL_CLIENT.as_ref(), &ns, SEQ)?;
     std::thread::sleep(HEAD_START);
-    anyhow::ensure!(
-        client.proc.running(),
-        "the client (pid {}) stopped blocking during the head start",
-        client.pid
-    );
+    anyhow::ensure!(client.proc.running(), "the client (pid {}) stopped blocking during the head start", client.pid);
     anyhow::ensure!(monitor.running(), "ip monitor exited during the head start");
 
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
     let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
     let pid = client.pid;
-    let stall = plegwatch.wait_for(Duration::from_secs_f64(AFTER_READY_S + 3.0), |e| {
-        e.is_about("stall", pid)
-    });
+    let stall = plegwatch.wait_for(Duration::from_secs_f64(AFTER_READY_S + 3.0), |e| e.is_about("stall", pid));
     std::thread::sleep(WATCH_MONITOR);
     let killed = client.proc.kill()?;
     if let Some(stall) = &stall {
@@ -78,27 +70,16 @@ fn netlink_request_that_began_before_start_is_swept() -> anyhow::Result<()> {
     assert_client_stall(&stall, &client, "route", true, &bad);
     // What was sent is unknown to a sweep: those fields must be null, not guessed.
     for key in ["message_type", "flags", "reply_expected"] {
-        assert_eq!(
-            field(&format!("/detail/{key}")),
-            json!(null),
-            "{}",
-            bad(&format!("detail.{key} of a swept request is not null"))
-        );
+        assert_eq!(field(&format!("/detail/{key}")), json!(null), "{}", bad(&format!("detail.{key} of a swept request is not null")));
     }
     let seq = field("/detail/seq");
-    assert!(
-        seq.is_null() || seq == SEQ,
-        "{}",
-        bad("detail.seq is neither null nor what was sent")
-    );
+    assert!(seq.is_null() || seq == SEQ, "{}", bad("detail.seq is neither null nor what was sent"));
 
     let after_ready = stall.at.duration_since(ready.at).as_secs_f64();
     assert!(
         after_ready <= AFTER_READY_S,
         "{}",
-        bad(&format!(
-            "reported {after_ready:.3}s after the ready line, later than {AFTER_READY_S}s"
-        ))
+        bad(&format!("reported {after_ready:.3}s after the ready line, later than {AFTER_READY_S}s"))
     );
     let real = stall.at.duration_since(client.sent).as_secs_f64();
     let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
@@ -114,9 +95,7 @@ fn netlink_request_that_began_before_start_is_swept() -> anyhow::Result<()> {
     assert!(
         blocked >= MIN_WAITED_S && blocked <= real + 0.1,
         "{}",
-        bad(&format!(
-            "detail.recv_blocked_s {blocked} not in [{MIN_WAITED_S}, {real:.3}]"
-        ))
+        bad(&format!("detail.recv_blocked_s {blocked} not in [{MIN_WAITED_S}, {real:.3}]"))
     );
     eprintln!(
         "swept netlink request of pid {pid}: ready {:.3}s after the request, reported {after_ready:.3}s \
@@ -125,15 +104,9 @@ fn netlink_request_that_began_before_start_is_swept() -> anyhow::Result<()> {
         ready.at.duration_since(client.sent).as_secs_f64()
     );
 
+    assert!(monitor_alive, "ip monitor (pid {}) exited during the test:\n{}", monitor.pid(), all());
     assert!(
-        monitor_alive,
-        "ip monitor (pid {}) exited during the test:\n{}",
-        monitor.pid(),
-        all()
-    );
-    assert!(
-        stalls_of_comm(&events, "ip").is_empty()
-            && !events.iter().any(|e| e.is_about("stall", monitor.pid())),
+        stalls_of_comm(&events, "ip").is_empty() && !events.iter().any(|e| e.is_about("stall", monitor.pid())),
         "plegwatch reported ip monitor (pid {}), a multicast listener blocked in recv by \
          design, or another ip process:\n{}",
         monitor.pid(),

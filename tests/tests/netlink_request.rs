@@ -21,13 +21,10 @@ use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::child::Proc;
 use plegwatch_scenarios::events::dump;
-use plegwatch_scenarios::netlink::{
-    assert_client_stall, assert_resolved_after_kill, bad_line, stalls_of_comm, Client, IpTraffic,
-    NetNs,
-};
+use plegwatch_scenarios::incidents;
+use plegwatch_scenarios::netlink::{assert_client_stall, assert_resolved_after_kill, bad_line, stalls_of_comm, Client, IpTraffic, NetNs};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::stall::{wait_resolved, PLEG_BUDGET_S};
 use plegwatch_scenarios::{preflight, Event, Plegwatch};
@@ -88,16 +85,14 @@ fn wait_stall(plegwatch: &mut Plegwatch, client: &Client) -> Event {
     let deadline = client.sent + Duration::from_secs_f64(WARN_S + SLACK_S + 1.0);
     let left = deadline.saturating_duration_since(Instant::now());
     let pid = client.pid;
-    plegwatch
-        .wait_for(left, |e| e.is_about("stall", pid))
-        .unwrap_or_else(|| {
-            panic!(
-                "no stall line for the netlink client (pid {pid}) within {:.1}s of its request; \
+    plegwatch.wait_for(left, |e| e.is_about("stall", pid)).unwrap_or_else(|| {
+        panic!(
+            "no stall line for the netlink client (pid {pid}) within {:.1}s of its request; \
                  lines timed from the request:\n{}",
-                WARN_S + SLACK_S + 1.0,
-                dump(plegwatch.events(), client.sent)
-            )
-        })
+            WARN_S + SLACK_S + 1.0,
+            dump(plegwatch.events(), client.sent)
+        )
+    })
 }
 
 /// Asserts that `stall` reports the request `client` made after plegwatch started, on time.
@@ -106,30 +101,10 @@ fn assert_fresh_stall(events: &[Event], stall: &Event, client: &Client, want: &E
     let field = |p: &str| stall.get(p).cloned().unwrap_or(Value::Null);
 
     assert_client_stall(stall, client, want.protocol, false, &bad);
-    assert_eq!(
-        field("/detail/message_type"),
-        want.message_type,
-        "{}",
-        bad("wrong detail.message_type")
-    );
-    assert_eq!(
-        field("/detail/flags"),
-        want.flags,
-        "{}",
-        bad("wrong detail.flags")
-    );
-    assert_eq!(
-        field("/detail/seq"),
-        want.seq,
-        "{}",
-        bad("wrong detail.seq")
-    );
-    assert_eq!(
-        field("/detail/reply_expected"),
-        want.reply_expected,
-        "{}",
-        bad("wrong detail.reply_expected")
-    );
+    assert_eq!(field("/detail/message_type"), want.message_type, "{}", bad("wrong detail.message_type"));
+    assert_eq!(field("/detail/flags"), want.flags, "{}", bad("wrong detail.flags"));
+    assert_eq!(field("/detail/seq"), want.seq, "{}", bad("wrong detail.seq"));
+    assert_eq!(field("/detail/reply_expected"), want.reply_expected, "{}", bad("wrong detail.reply_expected"));
     if let Some(kind) = want.holder {
         assert_eq!(field("/holder/kind"), kind, "{}", bad("wrong holder.kind"));
     }
@@ -138,58 +113,26 @@ fn assert_fresh_stall(events: &[Event], stall: &Event, client: &Client, want: &E
     assert!(
         (WARN_S - EARLY_S..=WARN_S + SLACK_S).contains(&arrived),
         "{}",
-        bad(&format!(
-            "reported {arrived:.3}s after the request, not within [{WARN_S}, {}]",
-            WARN_S + SLACK_S
-        ))
+        bad(&format!("reported {arrived:.3}s after the request, not within [{WARN_S}, {}]", WARN_S + SLACK_S))
     );
     let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
     assert!(
         (WARN_S..=WARN_S + SLACK_S).contains(&waited),
         "{}",
-        bad(&format!(
-            "waited_s {waited} not in [{WARN_S}, {}]",
-            WARN_S + SLACK_S
-        ))
+        bad(&format!("waited_s {waited} not in [{WARN_S}, {}]", WARN_S + SLACK_S))
     );
     let blocked = stall.f64("/detail/recv_blocked_s").unwrap_or(f64::NAN);
-    assert!(
-        blocked > 0.0 && blocked <= waited,
-        "{}",
-        bad(&format!(
-            "detail.recv_blocked_s {blocked} not in (0, waited_s {waited}]"
-        ))
-    );
+    assert!(blocked > 0.0 && blocked <= waited, "{}", bad(&format!("detail.recv_blocked_s {blocked} not in (0, waited_s {waited}]")));
     let budget = stall.f64("/budget_used").unwrap_or(f64::NAN);
-    assert!(
-        (budget - waited / PLEG_BUDGET_S).abs() < 1e-6,
-        "{}",
-        bad(&format!(
-            "budget_used {budget} is not waited_s/{PLEG_BUDGET_S}"
-        ))
-    );
+    assert!((budget - waited / PLEG_BUDGET_S).abs() < 1e-6, "{}", bad(&format!("budget_used {budget} is not waited_s/{PLEG_BUDGET_S}")));
     let started_at = stall.str("/started_at").unwrap_or_default();
-    let started_at = OffsetDateTime::parse(started_at, &Rfc3339)
-        .unwrap_or_else(|e| panic!("{}", bad(&format!("started_at {started_at:?}: {e}"))));
+    let started_at =
+        OffsetDateTime::parse(started_at, &Rfc3339).unwrap_or_else(|e| panic!("{}", bad(&format!("started_at {started_at:?}: {e}"))));
     let sent_wall = OffsetDateTime::from(client.sent_wall);
     let off = (started_at - sent_wall).as_seconds_f64();
-    assert!(
-        off.abs() <= SLACK_S,
-        "{}",
-        bad(&format!(
-            "started_at is {off:+.3}s off the moment the request was sent"
-        ))
-    );
-    let stack = stall
-        .get("/kernel_stack")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        stack.iter().any(|f| f == "netlink_recvmsg"),
-        "{}",
-        bad("kernel_stack does not show the thread in netlink_recvmsg")
-    );
+    assert!(off.abs() <= SLACK_S, "{}", bad(&format!("started_at is {off:+.3}s off the moment the request was sent")));
+    let stack = stall.get("/kernel_stack").and_then(Value::as_array).cloned().unwrap_or_default();
+    assert!(stack.iter().any(|f| f == "netlink_recvmsg"), "{}", bad("kernel_stack does not show the thread in netlink_recvmsg"));
     eprintln!(
         "{} request of pid {}: reported {arrived:.3}s after it was sent ({:+.3}s after the \
          {WARN_S}s crossing), waited_s {waited:.3}, recv_blocked_s {blocked:.3}, started_at \
@@ -204,21 +147,14 @@ fn assert_fresh_stall(events: &[Event], stall: &Event, client: &Client, want: &E
 fn hold_then_kill(client: &mut Client) -> anyhow::Result<Instant> {
     let until = client.sent + HOLD;
     std::thread::sleep(until.saturating_duration_since(Instant::now()));
-    anyhow::ensure!(
-        client.proc.running(),
-        "the client (pid {}) stopped blocking: its recvfrom returned",
-        client.pid
-    );
+    anyhow::ensure!(client.proc.running(), "the client (pid {}) stopped blocking: its recvfrom returned", client.pid);
     client.proc.kill()
 }
 
 /// The life of a request that gets no reply: its first stall line (awaited as [`wait_stall`]
 /// does), the kill that ends the wait ([`hold_then_kill`]), and time for the `resolved` line
 /// to come. Returns the stall line and the moment of the kill.
-fn stall_then_kill(
-    plegwatch: &mut Plegwatch,
-    client: &mut Client,
-) -> anyhow::Result<(Event, Instant)> {
+fn stall_then_kill(plegwatch: &mut Plegwatch, client: &mut Client) -> anyhow::Result<(Event, Instant)> {
     let stall = wait_stall(plegwatch, client);
     let killed = hold_then_kill(client)?;
     wait_resolved(plegwatch, &stall, RESOLVE_LATE + Duration::from_secs(1));
@@ -227,13 +163,7 @@ fn stall_then_kill(
 
 /// Asserts that `stall` reports the request `client` made as `want` says, on time
 /// ([`assert_fresh_stall`]), and that it was resolved within [`RESOLVE_LATE`] of the kill.
-fn assert_flagged_then_resolved(
-    events: &[Event],
-    stall: &Event,
-    client: &Client,
-    killed: Instant,
-    want: &Expect,
-) {
+fn assert_flagged_then_resolved(events: &[Event], stall: &Event, client: &Client, killed: Instant, want: &Expect) {
     assert_fresh_stall(events, stall, client, want);
     assert_resolved_after_kill(events, stall, client.sent, killed, RESOLVE_LATE);
 }
@@ -261,9 +191,15 @@ fn route_request_without_reply_is_flagged() -> anyhow::Result<()> {
 /// and resolved after the client was killed.
 fn one_incident_chain(events: &[Event], client: &Client, killed: Instant) -> Vec<serde_json::Value> {
     let mine = |h: &serde_json::Value| h["kind"] == "netlink_request" && h["pid"].as_u64() == Some(u64::from(client.pid));
-    let i = incidents::the_one(events, Duration::from_secs_f64(WARN_S), Some(killed), mine).unwrap_or_else(|e| panic!("{e}\n{}", dump(events, client.sent)));
+    let i = incidents::the_one(events, Duration::from_secs_f64(WARN_S), Some(killed), mine)
+        .unwrap_or_else(|e| panic!("{e}\n{}", dump(events, client.sent)));
     let chain = incidents::Incident::chain(i.last());
-    eprintln!("incident #{} raised {:.3}s after crossing --warn; chain:\n{}", i.id, i.raised_after_warn(Duration::from_secs_f64(WARN_S)).as_secs_f64(), incidents::chain_text(&chain));
+    eprintln!(
+        "incident #{} raised {:.3}s after crossing --warn; chain:\n{}",
+        i.id,
+        i.raised_after_warn(Duration::from_secs_f64(WARN_S)).as_secs_f64(),
+        incidents::chain_text(&chain)
+    );
     chain
 }
 
@@ -324,12 +260,7 @@ fn usersock_request_to_silent_peer_is_flagged() -> anyhow::Result<()> {
         peer.pid,
         dump(&events, client.sent)
     );
-    assert_eq!(
-        stall.get("/holder/portid"),
-        Some(&json!(USERSOCK_PORTID)),
-        "{}",
-        dump(&events, client.sent)
-    );
+    assert_eq!(stall.get("/holder/portid"), Some(&json!(USERSOCK_PORTID)), "{}", dump(&events, client.sent));
     assert!(
         !events.iter().any(|e| e.is_about("stall", peer.pid)),
         "the usersock peer (pid {}), which never received, was reported:\n{}",
@@ -374,40 +305,20 @@ fn route_request_amid_ip_traffic_only_the_client_is_flagged() -> anyhow::Result<
         rounds.commands,
         rounds.slowest.as_secs_f64()
     );
-    assert!(
-        monitor_alive,
-        "ip monitor (pid {}) exited during the test:\n{}",
-        monitor.pid(),
-        all()
-    );
-    assert!(
-        rounds.rounds >= 20,
-        "only {} rounds of ip requests ran: the negative control is too thin",
-        rounds.rounds
-    );
-    let ours: Vec<u64> = rounds
-        .pids
-        .iter()
-        .chain([monitor.pid()].iter())
-        .map(|&p| u64::from(p))
-        .collect();
+    assert!(monitor_alive, "ip monitor (pid {}) exited during the test:\n{}", monitor.pid(), all());
+    assert!(rounds.rounds >= 20, "only {} rounds of ip requests ran: the negative control is too thin", rounds.rounds);
+    let ours: Vec<u64> = rounds.pids.iter().chain([monitor.pid()].iter()).map(|&p| u64::from(p)).collect();
     let ip_stalls = stalls_of_comm(&events, "ip");
     assert!(
-        ip_stalls.is_empty()
-            && !events
-                .iter()
-                .any(|e| e.is("stall") && e.u64("/pid").is_some_and(|p| ours.contains(&p))),
+        ip_stalls.is_empty() && !events.iter().any(|e| e.is("stall") && e.u64("/pid").is_some_and(|p| ours.contains(&p))),
         "plegwatch reported ip processes (ip monitor is pid {}), which only listen or get \
          their replies at once:\n{}",
         monitor.pid(),
         all()
     );
     assert_flagged_then_resolved(&events, &stall, &client, killed, &route_expect());
-    let others: Vec<_> = events
-        .iter()
-        .filter(|e| e.is("stall") && e.u64("/pid") != Some(u64::from(client.pid)))
-        .map(|e| e.json.to_string())
-        .collect();
+    let others: Vec<_> =
+        events.iter().filter(|e| e.is("stall") && e.u64("/pid") != Some(u64::from(client.pid))).map(|e| e.json.to_string()).collect();
     if !others.is_empty() {
         eprintln!("note: stall lines about other processes of this host: {others:#?}");
     }

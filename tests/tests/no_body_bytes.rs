@@ -95,12 +95,10 @@ fn no_body_byte_reaches_plegwatch() -> anyhow::Result<()> {
     let (dbus_pid, nl_pid) = (u64::from(dbus_client.pid()), u64::from(nl_client.pid()));
 
     // plegwatch saw both: the unanswered call and request are reported.
-    let dbus_stall = plegwatch.wait_for(DUE, |e: &Event| {
-        e.is("stall") && e.str("/kind") == Some("dbus_call") && e.u64("/pid") == Some(dbus_pid)
-    });
-    let nl_stall = plegwatch.wait_for(DUE, |e: &Event| {
-        e.is("stall") && e.str("/kind") == Some("netlink_request") && e.u64("/pid") == Some(nl_pid)
-    });
+    let dbus_stall =
+        plegwatch.wait_for(DUE, |e: &Event| e.is("stall") && e.str("/kind") == Some("dbus_call") && e.u64("/pid") == Some(dbus_pid));
+    let nl_stall =
+        plegwatch.wait_for(DUE, |e: &Event| e.is("stall") && e.str("/kind") == Some("netlink_request") && e.u64("/pid") == Some(nl_pid));
 
     // Every readable page of plegwatch, while the calls are still open.
     let pid = plegwatch.pid();

@@ -75,7 +75,11 @@ fn as_nobody_every_command_that_traces_says_it_needs_root() -> Result<()> {
     if !have_setpriv() {
         return Ok(());
     }
-    for args in [&["watch", "--no-live", "--duration", "5s"][..], &["watch", "--json", "--duration", "5s"], &["daemon", "--duration", "5s", "--listen", NEVER_BOUND]] {
+    for args in [
+        &["watch", "--no-live", "--duration", "5s"][..],
+        &["watch", "--json", "--duration", "5s"],
+        &["daemon", "--duration", "5s", "--listen", NEVER_BOUND],
+    ] {
         let out = run_dropped(NOBODY, args)?;
         assert_one_line(&format!("nobody: {args:?}"), &out, &["needs root", "CAP_BPF", "CAP_PERFMON", "run it as root"]);
         assert_eq!(out.status.code(), Some(1), "{args:?}: not a usage error");

@@ -54,9 +54,7 @@ fn parked_relist(uprobes: Option<&str>) -> anyhow::Result<()> {
     kubelet.block_next()?;
     let n = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
     let parked_at = Instant::now();
-    let stall = plegwatch.wait_for(Duration::from_secs_f64(WARN_S + SLACK_S + 1.0), |e| {
-        e.is_about_pid("stall", pid)
-    });
+    let stall = plegwatch.wait_for(Duration::from_secs_f64(WARN_S + SLACK_S + 1.0), |e| e.is_about_pid("stall", pid));
     let remaining = HOLD.saturating_sub(parked_at.elapsed());
     std::thread::sleep(remaining);
     anyhow::ensure!(kubelet.is_running(), "the fixture (pid {pid}) died while probed");
@@ -92,11 +90,7 @@ fn parked_relist(uprobes: Option<&str>) -> anyhow::Result<()> {
         .unwrap_or_else(|| panic!("no resolved line for the parked relist:\n{}", all()));
     assert_eq!(resolved.str("/timing"), Some("exact"), "{}", all());
     let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
-    assert!(
-        (total - held_s).abs() < 0.1,
-        "resolved waited_s {total} vs the fixture's own relist duration {held_s:.3}s:\n{}",
-        all()
-    );
+    assert!((total - held_s).abs() < 0.1, "resolved waited_s {total} vs the fixture's own relist duration {held_s:.3}s:\n{}", all());
     // Exactly one report for that relist, and none for the relists that ran normally.
     let stalls = events.iter().filter(|e| e.is("stall") && e.u64("/pid") == Some(u64::from(pid))).count();
     assert_eq!(stalls, 1, "{}", all());
@@ -140,10 +134,12 @@ fn three_parked_relists_are_three_stalls_each_timed() -> anyhow::Result<()> {
         kubelet.release()?;
         let end = kubelet.wait_relist_end(n, Duration::from_secs(3)).context("the parked relist never ended")?;
         let start = kubelet.relist(n).map(|r| r.start).context("no start time for the parked relist")?;
-        let stall = stall.unwrap_or_else(|| panic!("round {round}: no new stall for the parked relist {n}:\n{}", dump(plegwatch.events(), origin)));
+        let stall =
+            stall.unwrap_or_else(|| panic!("round {round}: no new stall for the parked relist {n}:\n{}", dump(plegwatch.events(), origin)));
         let id = stall.u64("/id").unwrap_or(0);
         let resolved = plegwatch.wait_for(Duration::from_secs(3), |e| e.is("resolved") && e.u64("/id") == Some(id));
-        let resolved = resolved.unwrap_or_else(|| panic!("round {round}: stall {id} never resolved:\n{}", dump(plegwatch.events(), origin)));
+        let resolved =
+            resolved.unwrap_or_else(|| panic!("round {round}: stall {id} never resolved:\n{}", dump(plegwatch.events(), origin)));
         rounds.push((id, (end - start, resolved)));
     }
     let events = plegwatch.stop()?;
@@ -185,7 +181,11 @@ fn an_overdue_relist_with_none_open_is_an_incident() -> anyhow::Result<()> {
     anyhow::ensure!(kubelet.wait_relist_end(before, Duration::from_secs(3)).is_some(), "relist {before} did not end");
     kubelet.hold_loop()?;
     let held = Instant::now();
-    let overdue = |h: &serde_json::Value| h["kind"] == "pleg_relist" && h["pid"].as_u64() == Some(u64::from(pid)) && h["what"].as_str().is_some_and(|w| w.contains("no relist started"));
+    let overdue = |h: &serde_json::Value| {
+        h["kind"] == "pleg_relist"
+            && h["pid"].as_u64() == Some(u64::from(pid))
+            && h["what"].as_str().is_some_and(|w| w.contains("no relist started"))
+    };
     let raised = plegwatch.wait_for(Duration::from_secs(8), |e| e.is("incident") && incidents::Incident::chain(e).iter().any(overdue));
     kubelet.release_loop()?;
     let released = Instant::now();
@@ -197,9 +197,13 @@ fn an_overdue_relist_with_none_open_is_an_incident() -> anyhow::Result<()> {
     assert!(status.success(), "the fixture exited badly: {status}");
     let all = || dump(&events, held);
     assert!(raised.is_some(), "no incident for the held relist loop:\n{}", all());
-    let i = incidents::the_one(&events, Duration::from_secs_f64(WARN_S), Some(released), overdue).unwrap_or_else(|e| panic!("{e}\n{}", all()));
+    let i =
+        incidents::the_one(&events, Duration::from_secs_f64(WARN_S), Some(released), overdue).unwrap_or_else(|e| panic!("{e}\n{}", all()));
     // Nothing about this kubelet before the hold: normal relists are not incidents.
-    let early = incidents::incidents(&events).into_iter().filter(|x| x.id != i.id && x.any_hop(|h| h["pid"].as_u64() == Some(u64::from(pid)))).count();
+    let early = incidents::incidents(&events)
+        .into_iter()
+        .filter(|x| x.id != i.id && x.any_hop(|h| h["pid"].as_u64() == Some(u64::from(pid))))
+        .count();
     assert_eq!(early, 0, "other incidents for the fixture:\n{}", all());
     eprintln!(
         "overdue-relist incident #{} raised {:.3}s after crossing --warn ({:.3}s after the hold): {}",
@@ -222,7 +226,11 @@ fn a_relist_whose_goroutine_ends_is_dropped_not_reported() -> anyhow::Result<()>
     kubelet.goexit_next()?;
     let gone = Instant::now();
     kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after goexit")?;
-    let overdue = |h: &serde_json::Value| h["kind"] == "pleg_relist" && h["pid"].as_u64() == Some(u64::from(pid)) && h["what"].as_str().is_some_and(|w| w.contains("no relist started"));
+    let overdue = |h: &serde_json::Value| {
+        h["kind"] == "pleg_relist"
+            && h["pid"].as_u64() == Some(u64::from(pid))
+            && h["what"].as_str().is_some_and(|w| w.contains("no relist started"))
+    };
     let raised = plegwatch.wait_for(Duration::from_secs(6), |e| e.is("incident") && incidents::Incident::chain(e).iter().any(overdue));
     anyhow::ensure!(kubelet.is_running(), "the fixture (pid {pid}) died");
     let events = plegwatch.stop()?;
@@ -234,6 +242,9 @@ fn a_relist_whose_goroutine_ends_is_dropped_not_reported() -> anyhow::Result<()>
     let orphaned = summary.u64("/go_calls_orphaned").unwrap_or(0);
     assert!(orphaned >= 1, "no Go call counted as orphaned:\n{}", all());
     assert!(raised.is_some(), "the dead relist loop was not an overdue-relist incident:\n{}", all());
-    eprintln!("{orphaned} orphaned Go call(s) dropped; overdue-relist incident raised {:.3}s after the goroutine ended", raised.map(|r| r.at.duration_since(gone).as_secs_f64()).unwrap_or(f64::NAN));
+    eprintln!(
+        "{orphaned} orphaned Go call(s) dropped; overdue-relist incident raised {:.3}s after the goroutine ended",
+        raised.map(|r| r.at.duration_since(gone).as_secs_f64()).unwrap_or(f64::NAN)
+    );
     Ok(())
 }

@@ -91,7 +91,11 @@ fn check(w: &Watched<Bed>) -> Result<()> {
     assert_eq!(last.and_then(|h| field(h, "container")), Some("sleeper"), "the resolved chain's runc hop:\n{}", all());
     // Its stall lines too: the shim's carry the pod, containerd's none.
     let stalls: Vec<_> = w.events.iter().filter(|e| e.is("stall")).collect();
-    assert!(stalls.iter().any(|s| s.u64("/pid") == Some(u64::from(o.shim.pid)) && s.str("/pod") == Some(pod)), "no shim stall naming the pod:\n{}", all());
+    assert!(
+        stalls.iter().any(|s| s.u64("/pid") == Some(u64::from(o.shim.pid)) && s.str("/pod") == Some(pod)),
+        "no shim stall naming the pod:\n{}",
+        all()
+    );
     assert!(stalls.iter().filter(|s| s.u64("/pid") == Some(u64::from(w.containerd_pid))).all(|s| s.str("/pod").is_none()), "{}", all());
     eprintln!("incident #{}:\n{}", i.id, incidents::chain_text(&chain));
     Ok(())

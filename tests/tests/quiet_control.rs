@@ -21,9 +21,7 @@ const SMALL: usize = 64 << 10;
 fn ordinary_io_and_mounts_report_no_stall() -> Result<()> {
     preflight::require();
     let mut fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
-    let scratch = tempfile::Builder::new()
-        .prefix("plegwatch-quiet-")
-        .tempdir()?;
+    let scratch = tempfile::Builder::new().prefix("plegwatch-quiet-").tempdir()?;
     let tmpfs_dir = scratch.path().join("tmpfs");
     std::fs::create_dir(&tmpfs_dir)?;
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
@@ -44,17 +42,11 @@ fn ordinary_io_and_mounts_report_no_stall() -> Result<()> {
         rounds += 1;
         thread::sleep(PAUSE);
     }
-    eprintln!(
-        "{rounds} rounds of ordinary I/O in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("{rounds} rounds of ordinary I/O in {:.1}s", started.elapsed().as_secs_f64());
 
     // stop() fails unless plegwatch was still running, exits 0 and printed its summary.
     let events = plegwatch.stop()?;
-    let reports: Vec<_> = events
-        .iter()
-        .filter(|e| e.is("stall") || e.is("resolved"))
-        .collect();
+    let reports: Vec<_> = events.iter().filter(|e| e.is("stall") || e.is("resolved")).collect();
     assert!(
         reports.is_empty(),
         "plegwatch reported stalls during ordinary I/O that never waited 2 s; all lines, timed \
@@ -64,7 +56,8 @@ fn ordinary_io_and_mounts_report_no_stall() -> Result<()> {
     let summary = events.iter().rev().find(|e| e.is("summary")).context("no summary line")?;
     // Each round: fsync, fdatasync, sync_file_range and syncfs on the loop ext4 and on a tmpfs,
     // and one tmpfs umount. The counts are node-wide, so they are floors.
-    let made = [("fsync", 2 * rounds), ("fdatasync", 2 * rounds), ("sync_file_range", 2 * rounds), ("syncfs", 2 * rounds), ("umount2", rounds)];
+    let made =
+        [("fsync", 2 * rounds), ("fdatasync", 2 * rounds), ("sync_file_range", 2 * rounds), ("syncfs", 2 * rounds), ("umount2", rounds)];
     for (syscall, floor) in made {
         let seen = summary.syscall_count(syscall);
         eprintln!("{syscall}: the probes counted {seen}, the test made {floor}");
@@ -78,4 +71,3 @@ fn ordinary_io_and_mounts_report_no_stall() -> Result<()> {
     );
     Ok(())
 }
-

@@ -37,7 +37,10 @@ fn go_pprof(args: &[&str], profile: &Path) -> anyhow::Result<Option<String>> {
     let out = match Command::new("go").args(["tool", "pprof"]).args(args).arg(profile).env("HOME", std::env::temp_dir()).output() {
         Ok(o) => o,
         Err(e) => {
-            preflight::skip("report_bundle", &format!("`go` (Debian's golang-go) is missing, so `go tool pprof` cannot read the profile: {e}"));
+            preflight::skip(
+                "report_bundle",
+                &format!("`go` (Debian's golang-go) is missing, so `go tool pprof` cannot read the profile: {e}"),
+            );
             return Ok(None);
         }
     };
@@ -86,7 +89,8 @@ fn a_real_umount_stall_leaves_a_complete_private_bundle() -> anyhow::Result<()> 
     let bundles: Vec<PathBuf> = std::fs::read_dir(&reports)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
     eprintln!("bundles: {bundles:?}");
     let find = |suffix: &str| bundles.iter().find(|b| b.to_string_lossy().ends_with(suffix)).cloned();
-    let mine = find(&format!("-incident-{}", incident.id)).with_context(|| format!("no bundle for incident #{} in {bundles:?}", incident.id))?;
+    let mine =
+        find(&format!("-incident-{}", incident.id)).with_context(|| format!("no bundle for incident #{} in {bundles:?}", incident.id))?;
     let run = find("-run").with_context(|| format!("no run bundle in {bundles:?}"))?;
     for b in [&mine, &run] {
         assert_eq!(mode(b), 0o700, "{}", b.display());
@@ -104,12 +108,30 @@ fn a_real_umount_stall_leaves_a_complete_private_bundle() -> anyhow::Result<()> 
     assert_eq!(json["format"], "plegwatch-bundle/1");
     assert_eq!(json["reason"], "resolved", "the bundle was rewritten when the incident resolved");
     assert_eq!(json["incidents"][0]["level"], "imminent", "the incident reached imminent (3 s)");
-    let umount_wait = json["waits"].as_array().into_iter().flatten().find(|w| w["kind"] == "umount" && w["pid"].as_u64() == Some(u64::from(pid))).context("the umount's wait record")?;
+    let umount_wait = json["waits"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|w| w["kind"] == "umount" && w["pid"].as_u64() == Some(u64::from(pid)))
+        .context("the umount's wait record")?;
     let wait_id = umount_wait["id"].as_u64().context("wait id")?.to_string();
-    let sample = json["samples"].as_array().into_iter().flatten().find(|s| s["labels"]["wait"] == wait_id.as_str()).context("the umount's sample")?;
+    let sample = json["samples"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["labels"]["wait"] == wait_id.as_str())
+        .context("the umount's sample")?;
     let blocked = Duration::from_nanos(sample["blocked_ns"].as_u64().unwrap_or(0));
-    eprintln!("umount: measured {:.3}s, blocked in the bundle {:.3}s, stack {}", measured.as_secs_f64(), blocked.as_secs_f64(), sample["stack"]);
-    assert!(blocked + Duration::from_millis(300) >= measured && blocked <= measured + Duration::from_millis(300), "blocked {blocked:?} vs measured {measured:?}");
+    eprintln!(
+        "umount: measured {:.3}s, blocked in the bundle {:.3}s, stack {}",
+        measured.as_secs_f64(),
+        blocked.as_secs_f64(),
+        sample["stack"]
+    );
+    assert!(
+        blocked + Duration::from_millis(300) >= measured && blocked <= measured + Duration::from_millis(300),
+        "blocked {blocked:?} vs measured {measured:?}"
+    );
     let stack: Vec<&str> = sample["stack"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
     assert!(stack.iter().any(|f| f.starts_with("umount umount: umount2")), "{stack:?}");
     assert!(stack.last().is_some_and(|f| f.ends_with("_[k]")), "the stack ends in the kernel: {stack:?}");

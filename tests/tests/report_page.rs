@@ -38,7 +38,10 @@ fn mode(p: &Path) -> u32 {
 /// The console check catches a page that throws, and passes a quiet one.
 fn console_check_can_fail(bin: &Path, dir: &Path) -> Result<()> {
     let bad = dir.join("throws.html");
-    std::fs::write(&bad, "<!DOCTYPE html><html><body><p>x</p><script>throw new Error('deliberate report_page failure')</script></body></html>")?;
+    std::fs::write(
+        &bad,
+        "<!DOCTYPE html><html><body><p>x</p><script>throw new Error('deliberate report_page failure')</script></body></html>",
+    )?;
     let opened = chromium::open(bin, &bad, &dir.join("throws.png"))?;
     assert!(
         opened.console.iter().any(|l| l.contains("deliberate report_page failure")),
@@ -107,12 +110,18 @@ fn the_incident_page_renders_in_chromium_with_no_console_errors() -> Result<()> 
     let containerd_pid = bed.stage().containerd().pid();
     // Stop once our incident resolved: the one whose chain went through our containerd.
     let done = move |e: &plegwatch_scenarios::Event| {
-        e.is("incident_resolved") && e.get("/merged_into").is_none() && e.get("/longest_chain").is_some_and(|c| names_pid(c, containerd_pid))
+        e.is("incident_resolved")
+            && e.get("/merged_into").is_none()
+            && e.get("/longest_chain").is_some_and(|c| names_pid(c, containerd_pid))
     };
     let w = Watched::run_with_args(bed, WARN, &extra, done)?;
     eprintln!("plegwatch:\n{}", containerd::bed::reported(&w.events));
     let umount = w.outcome.umount.as_ref().map(|u| u.duration());
-    assert!(umount.is_some_and(|d| d >= STALL_MIN), "the staging did not stall (the shim's umount: {umount:?}; want ≥ {STALL_MIN:?})\n{}", w.all());
+    assert!(
+        umount.is_some_and(|d| d >= STALL_MIN),
+        "the staging did not stall (the shim's umount: {umount:?}; want ≥ {STALL_MIN:?})\n{}",
+        w.all()
+    );
 
     let (bundle, json) = the_bundle(&reports, containerd_pid).map_err(|e| anyhow::anyhow!("{e}\n{}", w.all()))?;
     eprintln!("bundle: {}", bundle.display());
@@ -122,7 +131,10 @@ fn the_incident_page_renders_in_chromium_with_no_console_errors() -> Result<()> 
         assert_eq!(mode(&p), 0o600, "{}", p.display());
     }
     let chain_svg = std::fs::read_to_string(bundle.join("chain.svg"))?;
-    assert!(chain_svg.starts_with("<?xml") && chain_svg.contains("ROOT: umount") && chain_svg.trim_end().ends_with("</svg>"), "chain.svg:\n{chain_svg}");
+    assert!(
+        chain_svg.starts_with("<?xml") && chain_svg.contains("ROOT: umount") && chain_svg.trim_end().ends_with("</svg>"),
+        "chain.svg:\n{chain_svg}"
+    );
 
     let page = bundle.join("index.html");
     let shot = tmp.path().join("incident-page.png");

@@ -58,7 +58,12 @@ fn a_ringbuf_flood_is_counted_and_survived_with_the_incident_kept() -> Result<()
         max_rss as f64 / 1048576.0
     );
     ensure!(samples > 10, "only {samples} RSS samples: plegwatch gone?");
-    assert!(max_rss <= RSS_BOUND, "plegwatch's RSS reached {:.1} MiB during the flood (bound {} MiB)", max_rss as f64 / 1048576.0, RSS_BOUND >> 20);
+    assert!(
+        max_rss <= RSS_BOUND,
+        "plegwatch's RSS reached {:.1} MiB during the flood (bound {} MiB)",
+        max_rss as f64 / 1048576.0,
+        RSS_BOUND >> 20
+    );
     assert!(
         max_rss <= idle_rss + RSS_GROWTH,
         "plegwatch's RSS grew from {:.1} to {:.1} MiB during the flood (bound +{} MiB)",
@@ -77,13 +82,17 @@ fn a_ringbuf_flood_is_counted_and_survived_with_the_incident_kept() -> Result<()
     ensure!(!all.contains("\"incident_resolved\""), "an incident resolved during the flood:\n{all}");
     kubelet.release()?;
     let resolved = plegwatch.wait_for(Duration::from_secs(3), |e| e.is("incident_resolved") && e.u64("/id") == Some(id));
-    let resolved = resolved.unwrap_or_else(|| panic!("incident #{id} did not resolve after the release:\n{}", dump(plegwatch.events(), origin)));
+    let resolved =
+        resolved.unwrap_or_else(|| panic!("incident #{id} did not resolve after the release:\n{}", dump(plegwatch.events(), origin)));
     let waited = resolved.f64("/waited_s").unwrap_or(0.0);
     assert!(waited >= LENGTH.as_secs_f64(), "incident #{id} waited {waited}s, across a {LENGTH:?} flood");
 
     let events = plegwatch.stop()?;
     let all = || dump(&events, origin);
-    let raised_for_it = events.iter().filter(|e| e.is("incident") && e.u64("/id") == Some(id) && e.get("/changed").and_then(Value::as_array).is_some_and(Vec::is_empty)).count();
+    let raised_for_it = events
+        .iter()
+        .filter(|e| e.is("incident") && e.u64("/id") == Some(id) && e.get("/changed").and_then(Value::as_array).is_some_and(Vec::is_empty))
+        .count();
     assert_eq!(raised_for_it, 1, "the parked relist was raised more than once:\n{}", all());
     let summary = events.iter().find(|e| e.is("summary")).with_context(|| format!("no summary:\n{}", all()))?;
     let dropped = summary.get("/dropped").and_then(Value::as_array).cloned().unwrap_or_default();

@@ -50,7 +50,10 @@ fn sigterm_writes_the_final_bundle_and_exits_0() -> anyhow::Result<()> {
     assert_eq!(mode(&reports), 0o700, "{}", reports.display());
     let bundles: Vec<PathBuf> = std::fs::read_dir(&reports)?.filter_map(|e| e.ok().map(|e| e.path())).collect();
     eprintln!("bundles: {bundles:?}");
-    let run = bundles.iter().find(|b| b.to_string_lossy().ends_with("-run")).unwrap_or_else(|| panic!("no run bundle in {bundles:?}:\n{}", all()));
+    let run = bundles
+        .iter()
+        .find(|b| b.to_string_lossy().ends_with("-run"))
+        .unwrap_or_else(|| panic!("no run bundle in {bundles:?}:\n{}", all()));
     assert_eq!(mode(run), 0o700, "{}", run.display());
     for f in ["incident.json", "latency.json", "blocked.folded", "blocked.svg", "profile.pb.gz", "index.html"] {
         let p = run.join(f);
@@ -72,10 +75,16 @@ fn sigterm_writes_the_final_bundle_and_exits_0() -> anyhow::Result<()> {
     let log = tmp.path().join("watch.jsonl");
     std::fs::write(&log, events.iter().map(|e| format!("{}\n", e.json)).collect::<String>())?;
     let last = events.iter().rev().find(|e| e.is("incident") && e.u64("/id") == Some(id)).context("the incident's last line")?;
-    let hops: Vec<String> = last.json["chain"].as_array().into_iter().flatten().filter_map(|h| h["what"].as_str().map(str::to_string)).collect();
+    let hops: Vec<String> =
+        last.json["chain"].as_array().into_iter().flatten().filter_map(|h| h["what"].as_str().map(str::to_string)).collect();
     assert!(!hops.is_empty(), "{}", last.json);
     let explain = |from: &Path, id: &str| {
-        std::process::Command::new(preflight::plegwatch_bin()?).args(["explain", id, "--from"]).arg(from).env("NO_COLOR", "1").output().context("run plegwatch explain")
+        std::process::Command::new(preflight::plegwatch_bin()?)
+            .args(["explain", id, "--from"])
+            .arg(from)
+            .env("NO_COLOR", "1")
+            .output()
+            .context("run plegwatch explain")
     };
     for from in [log.as_path(), run.as_path()] {
         let out = explain(from, &id.to_string())?;
@@ -83,7 +92,11 @@ fn sigterm_writes_the_final_bundle_and_exits_0() -> anyhow::Result<()> {
         eprintln!("explain {id} --from {}:\n{text}", from.display());
         assert!(out.status.success(), "explain --from {}: {}: {}", from.display(), out.status, String::from_utf8_lossy(&out.stderr));
         assert!(text.contains(&format!("incident #{id}")) && text.contains("ROOT") && text.contains("had not resolved"), "{text}");
-        assert_eq!(text.matches("in words: ").count(), hops.len() + last.json["chain"].as_array().into_iter().flatten().filter(|h| !h["edge"].is_null()).count(), "each hop and each link in words:\n{text}");
+        assert_eq!(
+            text.matches("in words: ").count(),
+            hops.len() + last.json["chain"].as_array().into_iter().flatten().filter(|h| !h["edge"].is_null()).count(),
+            "each hop and each link in words:\n{text}"
+        );
         for h in &hops {
             assert!(text.contains(h.as_str()), "hop {h:?} is not in the explanation of {}:\n{text}", from.display());
         }

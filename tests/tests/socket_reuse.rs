@@ -65,17 +65,15 @@ fn reused_fd_is_not_netlink(how: &str) -> anyhow::Result<()> {
 
     // 1. The real request is seen and reported.
     let deadline = client.sent + Duration::from_secs_f64(WARN_S + SLACK_S);
-    let first = plegwatch
-        .wait_for(deadline.saturating_duration_since(Instant::now()), |e| e.is_about("stall", pid))
-        .unwrap_or_else(|| {
-            panic!(
-                "no stall line for the first request of nl_client (pid {pid}) on fd {} within \
+    let first = plegwatch.wait_for(deadline.saturating_duration_since(Instant::now()), |e| e.is_about("stall", pid)).unwrap_or_else(|| {
+        panic!(
+            "no stall line for the first request of nl_client (pid {pid}) on fd {} within \
                  {}s: the probes did not see that fd's traffic; lines timed from the request:\n{}",
-                client.fd,
-                WARN_S + SLACK_S,
-                dump(plegwatch.events(), client.sent)
-            )
-        });
+            client.fd,
+            WARN_S + SLACK_S,
+            dump(plegwatch.events(), client.sent)
+        )
+    });
     {
         let events = plegwatch.events().to_vec();
         let bad = |what: &str| bad_line(&first, &events, client.sent, what);
@@ -90,22 +88,15 @@ fn reused_fd_is_not_netlink(how: &str) -> anyhow::Result<()> {
         .proc
         .wait_line(Duration::from_millis(u64::from(FIRST_WAIT_MS)) + Duration::from_secs(3), |l| l == reused_line)
         .unwrap_or_else(|| panic!("nl_client (pid {pid}) never printed {reused_line:?}"));
-    eprintln!(
-        "fd {} reused by {how} {:.3}s after the first request",
-        client.fd,
-        reused.duration_since(client.sent).as_secs_f64()
-    );
+    eprintln!("fd {} reused by {how} {:.3}s after the first request", client.fd, reused.duration_since(client.sent).as_secs_f64());
     std::thread::sleep((reused + HOLD_AFTER_REUSE).saturating_duration_since(Instant::now()));
     anyhow::ensure!(client.proc.running(), "nl_client (pid {pid}) stopped blocking in its read of the reused fd");
     let events = plegwatch.stop()?;
     let all = || dump(&events, client.sent);
 
     // 3. Nothing but the first request was reported about the client.
-    let others: Vec<String> = events
-        .iter()
-        .filter(|e| e.is_about_pid("stall", pid) && e.u64("/id") != first.u64("/id"))
-        .map(|e| e.json.to_string())
-        .collect();
+    let others: Vec<String> =
+        events.iter().filter(|e| e.is_about_pid("stall", pid) && e.u64("/id") != first.u64("/id")).map(|e| e.json.to_string()).collect();
     assert!(
         others.is_empty(),
         "after its fd was reused by {how}, plegwatch reported nl_client (pid {pid}) again: the \

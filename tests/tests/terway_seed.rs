@@ -86,7 +86,8 @@ fn one_incident_from_run_pod_sandbox_to_the_daemons_netlink_request() -> Result<
 
     let i = incidents::the_one(&events, WARN, Some(lifted), is_root).map_err(|e| anyhow!("{e}\n{}", all()))?;
     let full = |c: &[Value]| c.first().is_some_and(|h| h["kind"] == "cri_call") && c.iter().any(|h| h["kind"] == "unix_recv");
-    let line = i.line_where(full).unwrap_or_else(|| panic!("incident #{} never ran from RunPodSandbox through the plugin:\n{}", i.id, all()));
+    let line =
+        i.line_where(full).unwrap_or_else(|| panic!("incident #{} never ran from RunPodSandbox through the plugin:\n{}", i.id, all()));
     let chain = Incident::chain(line);
     let text = incidents::chain_text(&chain);
     let raised = i.raised_after_warn(WARN);
@@ -131,7 +132,8 @@ fn one_incident_from_run_pod_sandbox_to_the_daemons_netlink_request() -> Result<
     eprintln!("attached (heuristic): {}", incidents::chain_text(&attached));
     // Nothing else made an incident of the daemon's, the plugin's or containerd's waits.
     for other in incidents::incidents(&events).iter().filter(|o| o.id != i.id) {
-        let mine = |h: &Value| [daemon.pid, ctrd.pid()].iter().any(|&p| h["pid"].as_u64() == Some(u64::from(p))) || h["comm"] == terway::PLUGIN;
+        let mine =
+            |h: &Value| [daemon.pid, ctrd.pid()].iter().any(|&p| h["pid"].as_u64() == Some(u64::from(p))) || h["comm"] == terway::PLUGIN;
         ensure!(!other.any_hop(mine), "another incident #{} has a hop of this stall:\n{}", other.id, all());
     }
     eprintln!("resolved {:?} after the lift", i.resolved.as_ref().map(|r| r.at.duration_since(lifted)));

@@ -59,7 +59,9 @@ fn serve(mut s: UnixStream) -> Result<u32> {
     loop {
         let (stream, _) = match read_frame(&mut s) {
             Ok(f) => f,
-            Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::UnexpectedEof) => return Ok(answered),
+            Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::UnexpectedEof) => {
+                return Ok(answered)
+            }
             Err(e) => return Err(e),
         };
         let len = PAYLOADS[(stream as usize / 2) % PAYLOADS.len()] % 200;

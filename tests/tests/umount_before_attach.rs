@@ -36,21 +36,14 @@ fn umount_stall_that_began_before_start_is_swept() -> anyhow::Result<()> {
     let mut umount = Command::new("umount").arg(&target).spawn()?;
     let pid = umount.id();
     std::thread::sleep(HEAD_START);
-    assert!(
-        umount.try_wait()?.is_none(),
-        "the umount ended within the {HEAD_START:?} head start: no stall to sweep"
-    );
+    assert!(umount.try_wait()?.is_none(), "the umount ended within the {HEAD_START:?} head start: no stall to sweep");
 
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
     let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
     let status = umount.wait()?;
     let measured = started.elapsed();
     assert!(status.success(), "umount failed: {status}");
-    eprintln!(
-        "umount took {:.3}s; plegwatch ready {:.3}s in",
-        measured.as_secs_f64(),
-        ready.at.duration_since(started).as_secs_f64()
-    );
+    eprintln!("umount took {:.3}s; plegwatch ready {:.3}s in", measured.as_secs_f64(), ready.at.duration_since(started).as_secs_f64());
     plegwatch.wait_for(Duration::from_secs(10), |e| e.is_about("resolved", pid));
     let events = plegwatch.stop()?;
     let all = || dump(&events, started);
@@ -58,36 +51,16 @@ fn umount_stall_that_began_before_start_is_swept() -> anyhow::Result<()> {
     let stall = events
         .iter()
         .find(|e| e.is_about("stall", pid))
-        .unwrap_or_else(|| {
-            panic!(
-                "no stall line for the umount (pid {pid}) already running at start:\n{}",
-                all()
-            )
-        });
-    assert_eq!(
-        stall.get("/started_before_attach"),
-        Some(&serde_json::json!(true)),
-        "{}",
-        all()
-    );
+        .unwrap_or_else(|| panic!("no stall line for the umount (pid {pid}) already running at start:\n{}", all()));
+    assert_eq!(stall.get("/started_before_attach"), Some(&serde_json::json!(true)), "{}", all());
     assert_eq!(stall.str("/kind"), Some("umount"), "{}", all());
     assert_eq!(stall.str("/detail/syscall"), Some("umount2"), "{}", all());
     assert_eq!(stall.str("/detail/phase"), Some("task_work"), "{}", all());
-    assert_eq!(
-        stall.str("/detail/target"),
-        Some(target.to_str().unwrap_or_default()),
-        "{}",
-        all()
-    );
+    assert_eq!(stall.str("/detail/target"), Some(target.to_str().unwrap_or_default()), "{}", all());
     // The age is a lower bound, so the report comes at the latest when that bound crosses
     // --warn: within warn + slack of start.
     let after_ready = stall.at.duration_since(ready.at).as_secs_f64();
-    assert!(
-        after_ready <= WARN_S + SLACK_S,
-        "reported {after_ready:.3}s after ready, later than {}s:\n{}",
-        WARN_S + SLACK_S,
-        all()
-    );
+    assert!(after_ready <= WARN_S + SLACK_S, "reported {after_ready:.3}s after ready, later than {}s:\n{}", WARN_S + SLACK_S, all());
     let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
     assert!(
         waited >= WARN_S && waited <= measured.as_secs_f64(),
@@ -96,17 +69,10 @@ fn umount_stall_that_began_before_start_is_swept() -> anyhow::Result<()> {
         all()
     );
 
-    let resolved = events
-        .iter()
-        .find(|e| e.is_about("resolved", pid))
-        .unwrap_or_else(|| panic!("no resolved line for the umount:\n{}", all()));
+    let resolved =
+        events.iter().find(|e| e.is_about("resolved", pid)).unwrap_or_else(|| panic!("no resolved line for the umount:\n{}", all()));
     assert_eq!(resolved.u64("/id"), stall.u64("/id"), "{}", all());
-    assert_eq!(
-        resolved.str("/timing"),
-        Some("exact"),
-        "the kernel should time the end of a swept wait:\n{}",
-        all()
-    );
+    assert_eq!(resolved.str("/timing"), Some("exact"), "the kernel should time the end of a swept wait:\n{}", all());
     let total = resolved.f64("/waited_s").unwrap_or(f64::NAN);
     let since_ready = measured.as_secs_f64() - ready.at.duration_since(started).as_secs_f64();
     assert!(
@@ -185,11 +151,8 @@ fn go_umount_names_its_go_frames(matrix: &[plegwatch_scenarios::gofixture::GoToo
             .find(|e| e.is_about("stall", pid))
             .unwrap_or_else(|| panic!("Go {}: no stall line for the Go umount (pid {pid}):\n{}", toolchain.minor, all()));
         assert_eq!(stall.get("/started_before_attach"), Some(&serde_json::json!(before_attach)), "{}", all());
-        let frames: Vec<&str> = stall
-            .get("/user_stack")
-            .and_then(|v| v.as_array())
-            .map(|a| a.iter().filter_map(|f| f.as_str()).collect())
-            .unwrap_or_default();
+        let frames: Vec<&str> =
+            stall.get("/user_stack").and_then(|v| v.as_array()).map(|a| a.iter().filter_map(|f| f.as_str()).collect()).unwrap_or_default();
         eprintln!("Go {}: the umount's user stack (begun before start: {before_attach}): {frames:?}", toolchain.minor);
         let at = |name: &str| frames.iter().position(|f| *f == name);
         let (l3, l2, l1, m) = (at("main.level3"), at("main.level2"), at("main.level1"), at("main.main"));

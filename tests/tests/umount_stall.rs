@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-
 use plegwatch_scenarios::dirty::{self, MIB};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::stall::{assert_reported, CausedWait};
@@ -36,11 +35,7 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
     let started_wall = SystemTime::now();
     let started = Instant::now();
     let (pid, measured) = fs.umount_timed()?;
-    assert!(
-        !fs.is_mounted()?,
-        "{} is still mounted after umount",
-        target.display()
-    );
+    assert!(!fs.is_mounted()?, "{} is still mounted after umount", target.display());
     assert!(
         measured > REAL_STALL,
         "umount of {DIRTY} dirty bytes took only {measured:?}: the {THROTTLE_BPS} B/s write \
@@ -53,16 +48,7 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
     let events = plegwatch.stop()?;
     let report = assert_reported(
         &events,
-        &CausedWait {
-            kind: "umount",
-            pid,
-            tid: pid,
-            comm: "umount",
-            warn: WARN,
-            started,
-            started_wall,
-            measured,
-        },
+        &CausedWait { kind: "umount", pid, tid: pid, comm: "umount", warn: WARN, started, started_wall, measured },
     );
     // The syscall returned long before the 2 s mark: the wait was in its task_work.
     report.assert_detail(&fs.umount_tail_detail());

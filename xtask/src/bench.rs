@@ -79,16 +79,12 @@ pub fn run(args: &Args) -> Result<()> {
     }
 
     let bench_dir = cmd::target_dir().join("bench");
-    std::fs::create_dir_all(&bench_dir)
-        .with_context(|| format!("cannot create {}", bench_dir.display()))?;
+    std::fs::create_dir_all(&bench_dir).with_context(|| format!("cannot create {}", bench_dir.display()))?;
 
     cmd::header("build");
     cmd::run(cmd::cargo().args(["build", "--release", "-p", "plegwatch"]))?;
     let plegwatch = cmd::target_dir().join("release").join("plegwatch");
-    let relist_driver = args
-        .runs(Bench::Relist)
-        .then(relist::build_driver)
-        .transpose()?;
+    let relist_driver = args.runs(Bench::Relist).then(relist::build_driver).transpose()?;
     ensure_tracefs()?;
 
     let mut report = String::new();
@@ -133,19 +129,9 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     if args.runs(Bench::Service) {
-        cmd::header(&format!(
-            "measure service: {} round(s), logs in {}",
-            args.rounds,
-            bench_dir.display()
-        ));
+        cmd::header(&format!("measure service: {} round(s), logs in {}", args.rounds, bench_dir.display()));
         let loop_bin = compile_loop(&bench_dir)?;
-        let (service, maps) = service::measure(
-            &plegwatch,
-            &loop_bin,
-            &bench_dir,
-            args.rounds,
-            args.soak_minutes,
-        )?;
+        let (service, maps) = service::measure(&plegwatch, &loop_bin, &bench_dir, args.rounds, args.soak_minutes)?;
         figures.extend(service);
         if !report.is_empty() {
             report.push('\n');
@@ -153,10 +139,7 @@ pub fn run(args: &Args) -> Result<()> {
         report += &maps;
     }
     report.push('\n');
-    report += &format!(
-        "issue 12's figures, {} round(s) (median, spread over the rounds, target):\n",
-        args.rounds
-    );
+    report += &format!("issue 12's figures, {} round(s) (median, spread over the rounds, target):\n", args.rounds);
     report += &report::render_figures(&figures);
     println!();
     print!("{report}");
@@ -177,11 +160,7 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
         }
     };
 
-    cmd::header(&format!(
-        "measure loops: {} round(s), logs in {}",
-        args.rounds,
-        bench_dir.display()
-    ));
+    cmd::header(&format!("measure loops: {} round(s), logs in {}", args.rounds, bench_dir.display()));
     let mut samples = Vec::new();
     for round in 1..=args.rounds {
         for &(mode, default_iterations) in MODES {
@@ -232,47 +211,23 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
             let cells: Vec<String> = report::COLUMNS
                 .iter()
                 .zip(&traced)
-                .map(|(c, t)| {
-                    format!(
-                        "{c} {}",
-                        t.map_or_else(|| "-".to_owned(), |t| format!("{t:.1}"))
-                    )
-                })
+                .map(|(c, t)| format!("{c} {}", t.map_or_else(|| "-".to_owned(), |t| format!("{t:.1}"))))
                 .collect();
-            eprintln!(
-                "bench: round {round} {mode:<6} x{iterations}: untraced {untraced:.1} ns/op, {}",
-                cells.join(", ")
-            );
-            let sample = Sample {
-                mode,
-                round,
-                untraced,
-                traced,
-            };
+            eprintln!("bench: round {round} {mode:<6} x{iterations}: untraced {untraced:.1} ns/op, {}", cells.join(", "));
+            let sample = Sample { mode, round, untraced, traced };
             samples.push(sample);
         }
     }
 
     let modes: Vec<&str> = MODES.iter().map(|&(m, _)| m).collect();
-    Ok((
-        report::render(&samples, &modes),
-        report::loop_figures(&samples),
-    ))
+    Ok((report::render(&samples, &modes), report::loop_figures(&samples)))
 }
 
 /// `cc -O2 xtask/bench/loop.c -o target/bench/loop`, every time (it takes a moment).
 fn compile_loop(bench_dir: &Path) -> Result<PathBuf> {
-    let source = cmd::workspace_root()
-        .join("xtask")
-        .join("bench")
-        .join("loop.c");
+    let source = cmd::workspace_root().join("xtask").join("bench").join("loop.c");
     let binary = bench_dir.join("loop");
-    cmd::run(
-        Command::new("cc")
-            .args(["-O2", "-Wall", "-o"])
-            .arg(&binary)
-            .arg(&source),
-    )?;
+    cmd::run(Command::new("cc").args(["-O2", "-Wall", "-o"]).arg(&binary).arg(&source))?;
     Ok(binary)
 }
 
@@ -282,16 +237,12 @@ pub(crate) fn time_loop(loop_bin: &Path, mode: &str, iterations: u64) -> Result<
     command.arg(mode).arg(iterations.to_string());
     let line = cmd::display(&command);
     let stdout = cmd::output(&mut command)?;
-    let value: f64 = stdout
-        .trim()
-        .parse()
-        .with_context(|| format!("`{line}` printed {:?}, not a number", stdout.trim()))?;
+    let value: f64 = stdout.trim().parse().with_context(|| format!("`{line}` printed {:?}, not a number", stdout.trim()))?;
     Ok(value)
 }
 
 fn bpftrace_version() -> Result<String> {
-    let out = cmd::output(Command::new("bpftrace").arg("--version"))
-        .context("bpftrace is not available (Debian package bpftrace)")?;
+    let out = cmd::output(Command::new("bpftrace").arg("--version")).context("bpftrace is not available (Debian package bpftrace)")?;
     Ok(out.trim().to_owned())
 }
 

@@ -10,10 +10,7 @@ use anyhow::{bail, Context, Result};
 /// The workspace root: the parent of this crate's manifest directory.
 pub fn workspace_root() -> PathBuf {
     let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest_dir
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| manifest_dir.to_path_buf())
+    manifest_dir.parent().map(Path::to_path_buf).unwrap_or_else(|| manifest_dir.to_path_buf())
 }
 
 /// Cargo's target directory: `$CARGO_TARGET_DIR` if set, else `<workspace>/target`.
@@ -41,10 +38,7 @@ pub fn cargo() -> Command {
 
 /// The command line as a shell would show it, with the env vars we set in front.
 pub fn display(cmd: &Command) -> String {
-    let mut parts: Vec<String> = cmd
-        .get_envs()
-        .filter_map(|(k, v)| v.map(|v| format!("{}={}", k.to_string_lossy(), quote(v))))
-        .collect();
+    let mut parts: Vec<String> = cmd.get_envs().filter_map(|(k, v)| v.map(|v| format!("{}={}", k.to_string_lossy(), quote(v)))).collect();
     parts.push(quote(cmd.get_program()));
     parts.extend(cmd.get_args().map(quote));
     parts.join(" ")
@@ -52,9 +46,7 @@ pub fn display(cmd: &Command) -> String {
 
 fn quote(s: &OsStr) -> String {
     let s = s.to_string_lossy();
-    let plain = !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+    let plain = !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
     if plain {
         s.into_owned()
     } else {
@@ -72,9 +64,7 @@ pub fn header(title: &str) {
 pub fn run(cmd: &mut Command) -> Result<()> {
     let line = display(cmd);
     eprintln!("+ {line}");
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot start `{line}`"))?;
+    let status = cmd.status().with_context(|| format!("cannot start `{line}`"))?;
     if !status.success() {
         bail!("`{line}` failed: {status}");
     }
@@ -84,10 +74,7 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 /// Run to completion and return stdout; stderr is kept for the error message.
 pub fn output(cmd: &mut Command) -> Result<String> {
     let line = display(cmd);
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot start `{line}`"))?;
+    let out = cmd.stdin(Stdio::null()).output().with_context(|| format!("cannot start `{line}`"))?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         bail!("`{line}` failed: {}: {}", out.status, last_line(&stderr));
@@ -98,23 +85,13 @@ pub fn output(cmd: &mut Command) -> Result<String> {
 /// Like [`output`], but `None` when the program can't be started or exits non-zero:
 /// for probes such as `bpf-linker --version`.
 pub fn probe(cmd: &mut Command) -> Option<String> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    let out = cmd.stdin(Stdio::null()).stderr(Stdio::null()).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The last non-empty line of some output, for one-line error messages.
 pub fn last_line(text: &str) -> &str {
-    text.lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("(no output)")
+    text.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("(no output)")
 }
 
 #[cfg(test)]

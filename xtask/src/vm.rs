@@ -18,8 +18,8 @@
 //! enabled for the root's children (a throttle's `io.max` and cgroup writeback need `io`
 //! and `memory`). The scenario crate itself does not know whether it runs in a guest.
 
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -46,27 +46,9 @@ pub struct KernelSpec {
 
 /// The matrix: Debian 11, 12 and 13's kernels (generic amd64 flavour).
 pub const KERNELS: &[KernelSpec] = &[
-    KernelSpec {
-        name: "5.10",
-        suite: "bullseye",
-        preferred: "5.10.0-32-amd64",
-        family: "5.10.0-",
-        suffix: "-amd64",
-    },
-    KernelSpec {
-        name: "6.1",
-        suite: "bookworm",
-        preferred: "6.1.0-56-amd64",
-        family: "6.1.0-",
-        suffix: "-amd64",
-    },
-    KernelSpec {
-        name: "6.12",
-        suite: "trixie",
-        preferred: "6.12.117+deb13-amd64",
-        family: "6.12.",
-        suffix: "+deb13-amd64",
-    },
+    KernelSpec { name: "5.10", suite: "bullseye", preferred: "5.10.0-32-amd64", family: "5.10.0-", suffix: "-amd64" },
+    KernelSpec { name: "6.1", suite: "bookworm", preferred: "6.1.0-56-amd64", family: "6.1.0-", suffix: "-amd64" },
+    KernelSpec { name: "6.12", suite: "trixie", preferred: "6.12.117+deb13-amd64", family: "6.12.", suffix: "+deb13-amd64" },
 ];
 
 /// A kernel ready to boot: its `vmlinuz` and its release (`uname -r`).
@@ -91,38 +73,17 @@ pub struct Args {
     pub limit: Option<u64>,
     /// The command, run as root in the guest by a shell (after `--`); one argument is
     /// taken as a shell command line.
-    #[arg(
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        required = true,
-        value_name = "CMD"
-    )]
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
 /// `cargo xtask vm KERNEL -- CMD`: boots KERNEL and runs CMD; exits with CMD's status.
 pub fn run(args: &Args) -> Result<()> {
     let kernel = resolve(&args.kernel)?;
-    let line = if args.command.len() == 1 {
-        args.command[0].clone()
-    } else {
-        shell_words(&args.command)
-    };
+    let line = if args.command.len() == 1 { args.command[0].clone() } else { shell_words(&args.command) };
     let started = Instant::now();
-    let status = guest(
-        &kernel,
-        &args.memory,
-        &line,
-        &line,
-        args.limit.map(Duration::from_secs),
-    )?;
-    eprintln!(
-        "vm: {} ({}): exit {} after {:.0} s",
-        kernel.name,
-        kernel.release,
-        status,
-        started.elapsed().as_secs_f64()
-    );
+    let status = guest(&kernel, &args.memory, &line, &line, args.limit.map(Duration::from_secs))?;
+    eprintln!("vm: {} ({}): exit {} after {:.0} s", kernel.name, kernel.release, status, started.elapsed().as_secs_f64());
     if status != 0 {
         bail!("the guest command exited {status}");
     }
@@ -136,26 +97,14 @@ pub fn resolve(arg: &str) -> Result<Kernel> {
     }
     let path = Path::new(arg);
     if path.is_file() {
-        let release = release_of(path)
-            .with_context(|| format!("{arg}: no kernel release string found in the image"))?;
-        if !Path::new("/lib/modules")
-            .join(&release)
-            .join("modules.dep")
-            .is_file()
-        {
+        let release = release_of(path).with_context(|| format!("{arg}: no kernel release string found in the image"))?;
+        if !Path::new("/lib/modules").join(&release).join("modules.dep").is_file() {
             bail!("{arg} is {release}, but /lib/modules/{release}/modules.dep is missing: install its modules and run depmod {release}");
         }
-        return Ok(Kernel {
-            name: arg.to_string(),
-            vmlinuz: path.to_path_buf(),
-            release,
-        });
+        return Ok(Kernel { name: arg.to_string(), vmlinuz: path.to_path_buf(), release });
     }
     let names: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
-    bail!(
-        "unknown kernel {arg:?}: name one of {} or a path to a vmlinuz",
-        names.join(", ")
-    )
+    bail!("unknown kernel {arg:?}: name one of {} or a path to a vmlinuz", names.join(", "))
 }
 
 /// `uname -r` of a bzImage: the version string its setup header points to
@@ -165,9 +114,7 @@ fn release_of(vmlinuz: &Path) -> Option<String> {
     let off = u16::from_le_bytes([*img.get(0x20e)?, *img.get(0x20f)?]) as usize + 0x200;
     let s = img.get(off..off + 256)?;
     let end = s.iter().position(|&b| b == 0 || b == b' ')?;
-    String::from_utf8(s[..end].to_vec())
-        .ok()
-        .filter(|r| !r.is_empty())
+    String::from_utf8(s[..end].to_vec()).ok().filter(|r| !r.is_empty())
 }
 
 /// Where the kernels, their packages and apt lists are kept: beside the Go toolchains.
@@ -187,35 +134,21 @@ pub const VIRTME_NG: &str = "1.42";
 pub fn ensure_vng() -> Result<()> {
     let venv = vng_dir();
     let vng = venv.join("bin/vng");
-    crate::setup::pip_venv(
-        &format!("virtme-ng {VIRTME_NG}"),
-        &venv,
-        &format!("virtme-ng=={VIRTME_NG}"),
-        || {
-            let said = cmd::probe(Command::new(&vng).arg("--version")).unwrap_or_default();
-            if said.split_whitespace().any(|w| w == VIRTME_NG) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{} --version said {:?}",
-                    vng.display(),
-                    said.trim()
-                ))
-            }
-        },
-    )
+    crate::setup::pip_venv(&format!("virtme-ng {VIRTME_NG}"), &venv, &format!("virtme-ng=={VIRTME_NG}"), || {
+        let said = cmd::probe(Command::new(&vng).arg("--version")).unwrap_or_default();
+        if said.split_whitespace().any(|w| w == VIRTME_NG) {
+            Ok(())
+        } else {
+            Err(format!("{} --version said {:?}", vng.display(), said.trim()))
+        }
+    })
 }
 
 /// Installs every kernel of [`KERNELS`] that is missing (for `cargo xtask setup`).
 pub fn ensure_kernels() -> Result<()> {
     for spec in KERNELS {
         let k = ensure_kernel(spec)?;
-        eprintln!(
-            "setup: kernel {}: {} ready ({})",
-            spec.name,
-            k.release,
-            k.vmlinuz.display()
-        );
+        eprintln!("setup: kernel {}: {} ready ({})", spec.name, k.release, k.vmlinuz.display());
     }
     Ok(())
 }
@@ -228,68 +161,37 @@ pub fn ensure_kernel(spec: &KernelSpec) -> Result<Kernel> {
         return Ok(k);
     }
     if !cmd::is_root() {
-        bail!(
-            "kernel {} is not installed: run `cargo xtask setup` as root",
-            spec.name
-        );
+        bail!("kernel {} is not installed: run `cargo xtask setup` as root", spec.name);
     }
     let lists = dir.join("apt").join(spec.suite);
-    std::fs::create_dir_all(lists.join("lists/partial"))
-        .with_context(|| format!("create {}", lists.display()))?;
+    std::fs::create_dir_all(lists.join("lists/partial")).with_context(|| format!("create {}", lists.display()))?;
     let sources = lists.join("sources.list");
-    std::fs::write(&sources, sources_for(spec.suite)?)
-        .with_context(|| format!("write {}", sources.display()))?;
+    std::fs::write(&sources, sources_for(spec.suite)?).with_context(|| format!("write {}", sources.display()))?;
     let apt = |tool: &str| {
         let mut c = Command::new(tool);
-        c.arg("-o")
-            .arg(format!("Dir::Etc::sourcelist={}", sources.display()));
+        c.arg("-o").arg(format!("Dir::Etc::sourcelist={}", sources.display()));
         c.args(["-o", "Dir::Etc::sourceparts=-"]);
-        c.arg("-o").arg(format!(
-            "Dir::State::Lists={}",
-            lists.join("lists").display()
-        ));
+        c.arg("-o").arg(format!("Dir::State::Lists={}", lists.join("lists").display()));
         c
     };
-    eprintln!(
-        "setup: kernel {}: reading {}'s package lists",
-        spec.name, spec.suite
-    );
+    eprintln!("setup: kernel {}: reading {}'s package lists", spec.name, spec.suite);
     cmd::run(apt("apt-get").args(["update", "-q"]))?;
     let names = cmd::output(apt("apt-cache").args(["pkgnames", "linux-image-"]))?;
-    let release = pick_release(spec, names.lines()).with_context(|| {
-        format!(
-            "{} has no linux-image-{}*{}",
-            spec.suite, spec.family, spec.suffix
-        )
-    })?;
+    let release =
+        pick_release(spec, names.lines()).with_context(|| format!("{} has no linux-image-{}*{}", spec.suite, spec.family, spec.suffix))?;
     if release != spec.preferred {
-        eprintln!(
-            "setup: kernel {}: {} is gone from {}; taking {release}",
-            spec.name, spec.preferred, spec.suite
-        );
+        eprintln!("setup: kernel {}: {} is gone from {}; taking {release}", spec.name, spec.preferred, spec.suite);
     }
     let debs = dir.join("deb");
     std::fs::create_dir_all(&debs)?;
     // As root, apt-get download warns that _apt cannot write here, and downloads anyway.
-    cmd::run(
-        apt("apt-get")
-            .current_dir(&debs)
-            .args(["download", "-q"])
-            .arg(format!("linux-image-{release}")),
-    )?;
+    cmd::run(apt("apt-get").current_dir(&debs).args(["download", "-q"]).arg(format!("linux-image-{release}")))?;
     let deb = std::fs::read_dir(&debs)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.starts_with(&format!("linux-image-{release}_")) && n.ends_with(".deb")
-            })
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("linux-image-{release}_")) && n.ends_with(".deb"))
         })
-        .with_context(|| {
-            format!(
-                "apt-get download left no linux-image-{release}_*.deb in {}",
-                debs.display()
-            )
-        })?;
+        .with_context(|| format!("apt-get download left no linux-image-{release}_*.deb in {}", debs.display()))?;
     let unpacked = dir.join("x").join(&release);
     let _ = std::fs::remove_dir_all(&unpacked);
     std::fs::create_dir_all(&unpacked)?;
@@ -308,18 +210,10 @@ pub fn ensure_kernel(spec: &KernelSpec) -> Result<Kernel> {
     let kdir = dir.join(&release);
     std::fs::create_dir_all(&kdir)?;
     let vmlinuz = kdir.join("vmlinuz");
-    std::fs::copy(
-        unpacked.join("boot").join(format!("vmlinuz-{release}")),
-        &vmlinuz,
-    )
-    .with_context(|| format!("copy vmlinuz-{release}"))?;
+    std::fs::copy(unpacked.join("boot").join(format!("vmlinuz-{release}")), &vmlinuz).with_context(|| format!("copy vmlinuz-{release}"))?;
     let _ = std::fs::remove_dir_all(&unpacked);
     let _ = std::fs::remove_file(&deb);
-    Ok(Kernel {
-        name: spec.name.to_string(),
-        vmlinuz,
-        release,
-    })
+    Ok(Kernel { name: spec.name.to_string(), vmlinuz, release })
 }
 
 /// A release of `spec` already under `dir` with its modules installed: the preferred one
@@ -329,21 +223,11 @@ fn installed(spec: &KernelSpec, dir: &Path) -> Option<Kernel> {
     let mut releases: Vec<String> = entries
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|r| r.starts_with(spec.family) && r.ends_with(spec.suffix))
-        .filter(|r| {
-            dir.join(r).join("vmlinuz").is_file()
-                && Path::new("/lib/modules")
-                    .join(r)
-                    .join("modules.dep")
-                    .is_file()
-        })
+        .filter(|r| dir.join(r).join("vmlinuz").is_file() && Path::new("/lib/modules").join(r).join("modules.dep").is_file())
         .collect();
     releases.sort_by_key(|r| (r == spec.preferred, version_key(r)));
     let release = releases.pop()?;
-    Some(Kernel {
-        name: spec.name.to_string(),
-        vmlinuz: dir.join(&release).join("vmlinuz"),
-        release,
-    })
+    Some(Kernel { name: spec.name.to_string(), vmlinuz: dir.join(&release).join("vmlinuz"), release })
 }
 
 /// The release to take among `linux-image-*` package names: the preferred one if listed,
@@ -352,11 +236,7 @@ fn pick_release<'a>(spec: &KernelSpec, names: impl Iterator<Item = &'a str>) -> 
     let mut found: Vec<String> = names
         .filter_map(|n| n.trim().strip_prefix("linux-image-"))
         .filter(|r| r.starts_with(spec.family) && r.ends_with(spec.suffix))
-        .filter(|r| {
-            !["-cloud-", "-rt-", "-dbg", "-unsigned"]
-                .iter()
-                .any(|x| r.contains(x))
-        })
+        .filter(|r| !["-cloud-", "-rt-", "-dbg", "-unsigned"].iter().any(|x| r.contains(x)))
         .map(str::to_string)
         .collect();
     if found.iter().any(|r| r == spec.preferred) {
@@ -368,10 +248,7 @@ fn pick_release<'a>(spec: &KernelSpec, names: impl Iterator<Item = &'a str>) -> 
 
 /// The numbers in a release, in order, to compare releases of one family.
 fn version_key(release: &str) -> Vec<u64> {
-    release
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|p| p.parse().ok())
-        .collect()
+    release.split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse().ok()).collect()
 }
 
 /// A one-line-per-entry apt sources list for `suite`, made from the host's own apt
@@ -382,8 +259,7 @@ fn sources_for(suite: &str) -> Result<String> {
     let mut text = String::new();
     for dir in ["/etc/apt/sources.list.d"] {
         if let Ok(entries) = std::fs::read_dir(dir) {
-            let mut paths: Vec<PathBuf> =
-                entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+            let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
             paths.sort();
             for p in paths {
                 if p.extension().is_some_and(|e| e == "sources") {
@@ -406,12 +282,8 @@ fn sources_for(suite: &str) -> Result<String> {
 fn retarget_sources(deb822: &str, legacy: &str, suite: &str) -> String {
     let mut entries: Vec<(String, String)> = Vec::new();
     for stanza in deb822.split("\n\n") {
-        let field = |name: &str| {
-            stanza
-                .lines()
-                .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
-                .map(|v| v.trim().to_string())
-        };
+        let field =
+            |name: &str| stanza.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':'))).map(|v| v.trim().to_string());
         if field("Types").is_some_and(|t| t.split_whitespace().any(|t| t == "deb")) {
             if let (Some(uris), Some(suites)) = (field("URIs"), field("Suites")) {
                 for uri in uris.split_whitespace() {
@@ -423,10 +295,7 @@ fn retarget_sources(deb822: &str, legacy: &str, suite: &str) -> String {
         }
     }
     for line in legacy.lines() {
-        let words: Vec<&str> = line
-            .split_whitespace()
-            .filter(|w| !w.starts_with('['))
-            .collect();
+        let words: Vec<&str> = line.split_whitespace().filter(|w| !w.starts_with('[')).collect();
         if words.first() == Some(&"deb") && words.len() >= 3 {
             entries.push((words[1].to_string(), words[2].to_string()));
         }
@@ -434,10 +303,7 @@ fn retarget_sources(deb822: &str, legacy: &str, suite: &str) -> String {
     let mut out = String::new();
     for (uri, s) in entries {
         // The host's codename is what comes before the first '-' (bookworm-updates).
-        let rest = s
-            .split_once('-')
-            .map(|(_, r)| format!("-{r}"))
-            .unwrap_or_default();
+        let rest = s.split_once('-').map(|(_, r)| format!("-{r}")).unwrap_or_default();
         let line = format!("deb {uri} {suite}{rest} main\n");
         if !out.contains(&line) {
             out.push_str(&line);
@@ -451,10 +317,7 @@ fn shell_words(words: &[String]) -> String {
     words
         .iter()
         .map(|w| {
-            if !w.is_empty()
-                && w.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-            {
+            if !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c)) {
                 w.clone()
             } else {
                 format!("'{}'", w.replace('\'', r"'\''"))
@@ -491,13 +354,7 @@ echo "guest: Linux $(uname -r), cgroup $cg, $(nproc) CPUs" >&2
 /// With `limit`, a guest still running after it is stopped from here (vng, QEMU and
 /// everything they started, as one process group) and the call fails naming `label`: a
 /// guest whose kernel hangs never runs its own `timeout`s.
-pub fn guest(
-    kernel: &Kernel,
-    memory: &str,
-    label: &str,
-    line: &str,
-    limit: Option<Duration>,
-) -> Result<i32> {
+pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Option<Duration>) -> Result<i32> {
     ensure_vng()?;
     if cmd::probe(Command::new("qemu-system-x86_64").arg("--version")).is_none() {
         bail!("qemu-system-x86_64 is missing: run `cargo xtask setup` (Debian's qemu-system-x86)");
@@ -509,17 +366,11 @@ pub fn guest(
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let path = std::env::var("PATH").unwrap_or_default();
     let script = scripts.join(format!("run-{}.sh", std::process::id()));
-    std::fs::write(
-        &script,
-        format!("{GUEST_PREP}\nexport HOME={home} PATH={path}\n{line}\n"),
-    )
-    .with_context(|| format!("write {}", script.display()))?;
+    std::fs::write(&script, format!("{GUEST_PREP}\nexport HOME={home} PATH={path}\n{line}\n"))
+        .with_context(|| format!("write {}", script.display()))?;
     let mut vng = Command::new(vng_dir().join("bin/vng"));
     // vng runs its siblings (virtme-run) from PATH.
-    vng.env(
-        "PATH",
-        format!("{}:{path}", vng_dir().join("bin").display()),
-    );
+    vng.env("PATH", format!("{}:{path}", vng_dir().join("bin").display()));
     vng.arg("--run")
         .arg(&kernel.vmlinuz)
         .args(["--disable-kvm", "--cpus", "2", "--memory", memory])
@@ -528,28 +379,13 @@ pub fn guest(
         .arg(format!("--cwd={}", root.display()))
         .arg("--")
         .arg(format!("bash {}", script.display()));
-    eprintln!(
-        "+ vng --run {} --disable-kvm --cpus 2 --memory {memory} -- bash {} ({label})",
-        kernel.vmlinuz.display(),
-        script.display()
-    );
+    eprintln!("+ vng --run {} --disable-kvm --cpus 2 --memory {memory} -- bash {} ({label})", kernel.vmlinuz.display(), script.display());
     // QEMU reopens its stdout and stderr by /proc/self/fd/N, which truncates a regular
     // file and writes each from offset 0: hand it pipes, copied through here.
-    let mut child = vng
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .context("cannot start vng")?;
+    let mut child = vng.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().context("cannot start vng")?;
     let started = Instant::now();
-    let out = child
-        .stdout
-        .take()
-        .map(|mut o| std::thread::spawn(move || std::io::copy(&mut o, &mut std::io::stdout())));
-    let err = child
-        .stderr
-        .take()
-        .map(|mut e| std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::stderr())));
+    let out = child.stdout.take().map(|mut o| std::thread::spawn(move || std::io::copy(&mut o, &mut std::io::stdout())));
+    let err = child.stderr.take().map(|mut e| std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::stderr())));
     let status = loop {
         if let Some(status) = child.try_wait().context("waiting for vng")? {
             break Some(status);
@@ -571,11 +407,7 @@ pub fn guest(
     let _ = std::fs::remove_file(&script);
     match status {
         Some(status) => Ok(status.code().unwrap_or(128)),
-        None => bail!(
-            "the guest on Linux {} ({label}) still ran after {:.0} s: stopped",
-            kernel.release,
-            started.elapsed().as_secs_f64()
-        ),
+        None => bail!("the guest on Linux {} ({label}) still ran after {:.0} s: stopped", kernel.release, started.elapsed().as_secs_f64()),
     }
 }
 
@@ -595,11 +427,7 @@ mod tests {
              deb http://mirror.example/debian trixie-updates main\n\
              deb http://mirror.example/debian-security trixie-security main\n"
         );
-        let out = retarget_sources(
-            "",
-            "deb [arch=amd64] http://m.example/debian bookworm main contrib\n",
-            "bullseye",
-        );
+        let out = retarget_sources("", "deb [arch=amd64] http://m.example/debian bookworm main contrib\n", "bullseye");
         assert_eq!(out, "deb http://m.example/debian bullseye main\n");
     }
 
@@ -612,37 +440,22 @@ mod tests {
             "linux-image-6.1.0-56-cloud-amd64",
             "linux-image-6.12.57+deb12-amd64",
         ];
-        assert_eq!(
-            pick_release(&spec, names.into_iter()).as_deref(),
-            Some("6.1.0-56-amd64")
-        );
+        assert_eq!(pick_release(&spec, names.into_iter()).as_deref(), Some("6.1.0-56-amd64"));
         let names = [
             "linux-image-6.1.0-9-amd64",
             "linux-image-6.1.0-57-rt-amd64",
             "linux-image-6.1.0-60-amd64",
             "linux-image-6.1.0-60-cloud-amd64",
         ];
-        assert_eq!(
-            pick_release(&spec, names.into_iter()).as_deref(),
-            Some("6.1.0-60-amd64")
-        );
+        assert_eq!(pick_release(&spec, names.into_iter()).as_deref(), Some("6.1.0-60-amd64"));
         let trixie = KERNELS[2];
-        let names = [
-            "linux-image-6.12.200+deb12-amd64",
-            "linux-image-6.12.118+deb13-amd64",
-        ];
-        assert_eq!(
-            pick_release(&trixie, names.into_iter()).as_deref(),
-            Some("6.12.118+deb13-amd64")
-        );
+        let names = ["linux-image-6.12.200+deb12-amd64", "linux-image-6.12.118+deb13-amd64"];
+        assert_eq!(pick_release(&trixie, names.into_iter()).as_deref(), Some("6.12.118+deb13-amd64"));
         assert_eq!(pick_release(&trixie, std::iter::empty()), None);
     }
 
     #[test]
     fn shell_words_quote_what_needs_it() {
-        assert_eq!(
-            shell_words(&["echo".into(), "a b".into(), "it's".into()]),
-            "echo 'a b' 'it'\\''s'"
-        );
+        assert_eq!(shell_words(&["echo".into(), "a b".into(), "it's".into()]), "echo 'a b' 'it'\\''s'");
     }
 }

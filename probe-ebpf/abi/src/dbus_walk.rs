@@ -100,7 +100,11 @@ pub fn dbus_fixed(h: &[u8; 16]) -> Option<(u32, u32)> {
     }
     let word = |i: usize| {
         let b = [h[i], h[i + 1], h[i + 2], h[i + 3]];
-        if le { u32::from_le_bytes(b) } else { u32::from_be_bytes(b) }
+        if le {
+            u32::from_le_bytes(b)
+        } else {
+            u32::from_be_bytes(b)
+        }
     };
     let (body, fields) = (word(4), word(12));
     if !(8..=DBUS_MAX_FIELDS).contains(&fields) || body > DBUS_MAX_BODY {

@@ -13,7 +13,7 @@
 //! stream with `plegwatch_abi::ttrpc_walk`, tested here on every way of
 //! cutting a stream into syscalls.
 
-use plegwatch_abi::{TTRPC_HEADER_LEN, TTRPC_MAX_LEN, TtrpcFrame};
+use plegwatch_abi::{TtrpcFrame, TTRPC_HEADER_LEN, TTRPC_MAX_LEN};
 
 /// A frame's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl Header {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plegwatch_abi::{TTRPC_WALK_MAX, TtrpcBytes, TtrpcDir, ttrpc_parse, ttrpc_walk};
+    use plegwatch_abi::{ttrpc_parse, ttrpc_walk, TtrpcBytes, TtrpcDir, TTRPC_WALK_MAX};
 
     /// containerd's Update request to a shim: a 10-byte header, then the
     /// marshalled `ttrpc.Request` (bytes as written by ttrpc v1.1.1's
@@ -210,7 +210,8 @@ mod tests {
     /// included, yields every header once, and ends at a frame boundary.
     #[test]
     fn the_kernel_walk_finds_every_header_however_the_stream_is_cut() {
-        let (bytes, want) = stream(&[(FrameKind::Request, 1, 7), (FrameKind::Response, 1, 0), (FrameKind::Response, 3, 12), (FrameKind::Data, 5, 1)]);
+        let (bytes, want) =
+            stream(&[(FrameKind::Request, 1, 7), (FrameKind::Response, 1, 0), (FrameKind::Response, 3, 12), (FrameKind::Data, 5, 1)]);
         for i in 0..=bytes.len() {
             for j in i..=bytes.len() {
                 let (got, d) = walk(&[&bytes[..i], &bytes[i..j], &bytes[j..]]).unwrap_or_else(|| panic!("lost step at cuts {i}, {j}"));

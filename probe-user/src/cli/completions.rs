@@ -125,7 +125,10 @@ mod tests {
                 assert!(script.contains(s.as_str()), "{shell:?} completion lacks {s}");
             }
             let flag = |f: &str| if shell == Shell::Fish { format!("-l {f}") } else { format!("--{f}") };
-            assert!(script.contains(&flag("color")) && script.contains(&flag("warn")) && script.contains(&flag("from")), "{shell:?}: global and subcommand flags");
+            assert!(
+                script.contains(&flag("color")) && script.contains(&flag("warn")) && script.contains(&flag("from")),
+                "{shell:?}: global and subcommand flags"
+            );
         }
     }
 

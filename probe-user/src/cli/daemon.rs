@@ -7,10 +7,8 @@
 
 use crate::{
     cli::watch::{LevelArgs, WatchArgs},
-    collector,
-    durations,
-    export,
-    sinks::{LogSink, ReportSink, Tee, metrics, report::retention::Retention},
+    collector, durations, export,
+    sinks::{metrics, report::retention::Retention, LogSink, ReportSink, Tee},
 };
 use anyhow::Context as _;
 use clap::Args;
@@ -172,14 +170,22 @@ impl DaemonArgs {
             interval: Duration::from_millis(250),
             go_uprobes: Default::default(),
             report_dir: None,
-            runtime_endpoint: self.runtime_endpoint.clone().or(file.runtime_endpoint).unwrap_or_else(|| crate::observe::k8s::cri::DEFAULT_ENDPOINT.into()),
+            runtime_endpoint: self
+                .runtime_endpoint
+                .clone()
+                .or(file.runtime_endpoint)
+                .unwrap_or_else(|| crate::observe::k8s::cri::DEFAULT_ENDPOINT.into()),
         };
         let mut watch = watch.config()?;
         watch.status_every = Some(Duration::from_secs(1));
         let report_dir = self.report_dir.clone().or(file.report_dir);
         let retention = Retention {
             max_bundles: self.report_keep.or(file.report_keep).unwrap_or(Retention::DAEMON.max_bundles),
-            max_bytes: self.report_max_mib.or(file.report_max_mib).map(|m| m.saturating_mul(1 << 20)).unwrap_or(Retention::DAEMON.max_bytes),
+            max_bytes: self
+                .report_max_mib
+                .or(file.report_max_mib)
+                .map(|m| m.saturating_mul(1 << 20))
+                .unwrap_or(Retention::DAEMON.max_bytes),
         };
         let from = if origin.is_empty() { String::new() } else { format!(" (--config {origin})") };
         if retention.max_bundles == 0 {
@@ -189,7 +195,9 @@ impl DaemonArgs {
             return Err(format!("report_max_mib (--report-max-mib) must be at least 1: 0 would remove every bundle{from}"));
         }
         if listen.port() == 0 {
-            return Err(format!("listen (--listen) {listen}: port 0 picks a port `plegwatch check` cannot find; name one (default {DEFAULT_LISTEN}){from}"));
+            return Err(format!(
+                "listen (--listen) {listen}: port 0 picks a port `plegwatch check` cannot find; name one (default {DEFAULT_LISTEN}){from}"
+            ));
         }
         Ok(DaemonConfig { listen, watch, report_dir, retention })
     }
@@ -197,7 +205,11 @@ impl DaemonArgs {
 
 /// The flag's list when given, else the file's.
 fn pick<T: Clone>(flag: &[T], file: &Option<Vec<T>>) -> Vec<T> {
-    if flag.is_empty() { file.clone().unwrap_or_default() } else { flag.to_vec() }
+    if flag.is_empty() {
+        file.clone().unwrap_or_default()
+    } else {
+        flag.to_vec()
+    }
 }
 
 /// Runs the daemon until SIGTERM or Ctrl-C; the error is one line.
@@ -211,9 +223,7 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         Some(dir) => Some(ReportSink::with_retention(dir, Some(cfg.retention)).map_err(super::UsageError)?),
         None => None,
     };
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("--listen {}: cannot listen", cfg.listen))?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("--listen {}: cannot listen", cfg.listen))?;
     let listen = listener.local_addr().unwrap_or(cfg.listen);
     if !listen.ip().is_loopback() {
         tracing::warn!(%listen, "the endpoint listens beyond loopback, as told");
@@ -309,7 +319,8 @@ mod tests {
     fn the_daemonsets_config_parses() {
         let yaml = include_str!("../../../deploy/daemonset.yaml");
         let start = yaml.find("  daemon.toml: |\n").expect("a daemon.toml key") + "  daemon.toml: |\n".len();
-        let toml: String = yaml[start..].lines().take_while(|l| l.starts_with("    ") || l.is_empty()).map(|l| format!("{}\n", l.trim_start())).collect();
+        let toml: String =
+            yaml[start..].lines().take_while(|l| l.starts_with("    ") || l.is_empty()).map(|l| format!("{}\n", l.trim_start())).collect();
         let file = parse_file(Path::new("daemonset.yaml"), &toml).unwrap_or_else(|e| panic!("{e}\n{toml}"));
         assert_eq!(file.report_keep, Some(100));
         assert_eq!(file.listen.as_deref(), Some("0.0.0.0:9792"));

@@ -5,7 +5,7 @@
 //! it (the text sink's own block), with each link of the chain in words.
 
 use crate::graph::incidents::Incident;
-use crate::sinks::{TextOptions, incident_text, report};
+use crate::sinks::{incident_text, report, TextOptions};
 use crate::style::human_secs;
 use clap::Args;
 use serde_json::Value;
@@ -110,14 +110,19 @@ fn from_log(body: &str, id: u64, from: &Path) -> Result<Found, String> {
         let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
         return Err(format!("incident #{id} is not in {} (incidents there: {})", from.display(), or_none(&ids)));
     };
-    let incident: Incident = serde_json::from_value(v).map_err(|e| format!("{}: incident #{id}'s last line unreadable: {e}", from.display()))?;
+    let incident: Incident =
+        serde_json::from_value(v).map_err(|e| format!("{}: incident #{id}'s last line unreadable: {e}", from.display()))?;
     let merged_into = resolved.as_ref().and_then(|r| r.get("merged_into")).and_then(Value::as_u64);
     let resolved_after_s = resolved.filter(|_| merged_into.is_none()).and_then(|r| r.get("waited_s").and_then(Value::as_f64));
     Ok(Found { incident, resolved_after_s, merged_into })
 }
 
 fn or_none(ids: &[String]) -> String {
-    if ids.is_empty() { "none".into() } else { ids.join(", ") }
+    if ids.is_empty() {
+        "none".into()
+    } else {
+        ids.join(", ")
+    }
 }
 
 /// The explanation: the incident as `watch` prints it, each link in words,
@@ -150,9 +155,9 @@ pub fn run(args: ExplainArgs, opts: TextOptions) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use crate::events::Event;
+    use crate::events::Sink as _;
     use crate::graph::incidents::IncidentResolved;
     use crate::sinks::JsonSink;
-    use crate::events::Sink as _;
 
     /// A JSON log as `watch --json` writes it, from the live view's 9770 incident:
     /// a ready line, two updates of incident 4 (the last deeper), another
@@ -177,7 +182,11 @@ mod tests {
         let path = dir.path().join("watch.jsonl");
         std::fs::write(&path, log()).unwrap();
         let found = find(&path, 4).unwrap();
-        assert_eq!(found.incident.chain.len(), crate::sinks::live::state::tests::incident_9770(4, 1.0).chain.len(), "the last update, not the first");
+        assert_eq!(
+            found.incident.chain.len(),
+            crate::sinks::live::state::tests::incident_9770(4, 1.0).chain.len(),
+            "the last update, not the first"
+        );
         assert_eq!(found.resolved_after_s, Some(14.25));
         let text = render(&found, &TextOptions::default());
         for h in &found.incident.chain {

@@ -6,19 +6,12 @@ use sha2::{Digest, Sha256};
 use std::sync::LazyLock;
 
 /// `0.1.0 (ebpf 1a2b3c4d5e6f, commit e4cfc1d)`.
-static SHORT: LazyLock<String> = LazyLock::new(|| {
-    format!("{} (ebpf {}, commit {})", env!("CARGO_PKG_VERSION"), ebpf_sha(), commit())
-});
+static SHORT: LazyLock<String> = LazyLock::new(|| format!("{} (ebpf {}, commit {})", env!("CARGO_PKG_VERSION"), ebpf_sha(), commit()));
 
 /// The short line, and the object's size and full digest (`--version` vs `-V`).
 static LONG: LazyLock<String> = LazyLock::new(|| {
     let obj = crate::kernel::loader::probes_object();
-    format!(
-        "{}\neBPF object: {} bytes, sha256 {}",
-        SHORT.as_str(),
-        obj.len(),
-        hex(&Sha256::digest(obj))
-    )
+    format!("{}\neBPF object: {} bytes, sha256 {}", SHORT.as_str(), obj.len(), hex(&Sha256::digest(obj)))
 });
 
 /// What `-V` prints after the name.

@@ -3,10 +3,10 @@
 use crate::{
     collector::{self, WatchConfig},
     durations,
-    sources::inflight::Filter,
-    levels::Thresholds,
     events::Sink,
+    levels::Thresholds,
     sinks::{JsonSink, LiveSink, ReportSink, Tee, TextOptions, TextSink},
+    sources::inflight::Filter,
 };
 use clap::Args;
 use std::time::Duration;
@@ -120,7 +120,13 @@ pub fn comm(s: &str) -> Result<String, String> {
         return Err("empty comm: expected a task name, e.g. umount or 'containerd-shim*'".into());
     }
     if exact.len() > COMM_MAX {
-        let cut: String = exact.chars().scan(0, |n, c| { *n += c.len_utf8(); (*n <= COMM_MAX).then_some(c) }).collect();
+        let cut: String = exact
+            .chars()
+            .scan(0, |n, c| {
+                *n += c.len_utf8();
+                (*n <= COMM_MAX).then_some(c)
+            })
+            .collect();
         return Err(format!(
             "comm {s:?} is longer than the {COMM_MAX} bytes the kernel keeps of a task's name, so it would match nothing; use {:?}",
             format!("{cut}{star}")
@@ -141,10 +147,7 @@ impl WatchArgs {
         }
         Ok(WatchConfig {
             thresholds,
-            filter: Filter {
-                pids: self.pids.clone(),
-                comms: self.comms.clone(),
-            },
+            filter: Filter { pids: self.pids.clone(), comms: self.comms.clone() },
             interval: self.interval,
             duration: self.duration,
             go_paths: self.go_paths()?,
@@ -234,9 +237,7 @@ mod tests {
 
     #[test]
     fn defaults_match_the_pleg_budget() {
-        let Command::Watch(w) = parse(&["watch"]).unwrap().command else {
-            panic!()
-        };
+        let Command::Watch(w) = parse(&["watch"]).unwrap().command else { panic!() };
         let c = w.config().unwrap();
         assert_eq!(c.thresholds.warn, Duration::from_secs(10));
         assert_eq!(c.thresholds.critical, Duration::from_secs(60));
@@ -246,20 +247,8 @@ mod tests {
 
     #[test]
     fn flags_parse() {
-        let Command::Watch(w) = parse(&[
-            "watch",
-            "--json",
-            "--warn",
-            "2s",
-            "--duration",
-            "30",
-            "--pid",
-            "7",
-            "--comm",
-            "umount",
-        ])
-        .unwrap()
-        .command
+        let Command::Watch(w) =
+            parse(&["watch", "--json", "--warn", "2s", "--duration", "30", "--pid", "7", "--comm", "umount"]).unwrap().command
         else {
             panic!()
         };
@@ -288,14 +277,10 @@ mod tests {
     fn bad_input_is_refused() {
         assert!(parse(&["watch", "--warn", "soon"]).is_err());
         assert!(parse(&["watch", "--bogus"]).is_err());
-        let Command::Watch(w) = parse(&["watch", "--warn", "70s"]).unwrap().command else {
-            panic!()
-        };
+        let Command::Watch(w) = parse(&["watch", "--warn", "70s"]).unwrap().command else { panic!() };
         let e = w.config().unwrap_err();
         assert!(e.contains("--critical") && !e.contains('\n'), "{e}");
-        let Command::Watch(w) = parse(&["watch", "--containerd", "/nonexistent/containerd"]).unwrap().command else {
-            panic!()
-        };
+        let Command::Watch(w) = parse(&["watch", "--containerd", "/nonexistent/containerd"]).unwrap().command else { panic!() };
         let e = w.config().unwrap_err();
         assert!(e.contains("--containerd /nonexistent/containerd") && !e.contains('\n'), "{e}");
         for interval in ["1ns", "9ms", "251ms"] {

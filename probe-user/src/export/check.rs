@@ -8,7 +8,7 @@
 use crate::levels::Level;
 use crate::sinks::metrics::{IncidentView, IncidentsDoc};
 use http_body_util::{BodyExt as _, Empty};
-use hyper::{Request, StatusCode, body::Bytes};
+use hyper::{body::Bytes, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use std::{net::SocketAddr, time::Duration};
 
@@ -42,28 +42,26 @@ impl std::fmt::Display for AskError {
 
 /// Asks the daemon at `addr` for its open incidents, within `timeout`.
 pub async fn ask(addr: SocketAddr, timeout: Duration) -> Result<IncidentsDoc, AskError> {
-    tokio::time::timeout(timeout, ask_now(addr))
-        .await
-        .map_err(|_| AskError::Other(format!("no answer from {addr} within {timeout:?}")))?
+    tokio::time::timeout(timeout, ask_now(addr)).await.map_err(|_| AskError::Other(format!("no answer from {addr} within {timeout:?}")))?
 }
 
 async fn ask_now(addr: SocketAddr) -> Result<IncidentsDoc, AskError> {
     let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| {
         let line = format!("no daemon at {addr}: {e}");
-        if e.kind() == std::io::ErrorKind::ConnectionRefused { AskError::NoDaemon(line) } else { AskError::Other(line) }
+        if e.kind() == std::io::ErrorKind::ConnectionRefused {
+            AskError::NoDaemon(line)
+        } else {
+            AskError::Other(line)
+        }
     })?;
     ask_on(addr, stream).await.map_err(AskError::Other)
 }
 
 async fn ask_on(addr: SocketAddr, stream: tokio::net::TcpStream) -> Result<IncidentsDoc, String> {
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("{addr}: {e}"))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("{addr}: {e}"))?;
     let driver = tokio::spawn(conn);
-    let req = Request::get("/incidents")
-        .header(hyper::header::HOST, addr.to_string())
-        .body(Empty::<Bytes>::new())
-        .map_err(|e| e.to_string())?;
+    let req =
+        Request::get("/incidents").header(hyper::header::HOST, addr.to_string()).body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
     let res = send.send_request(req).await.map_err(|e| format!("{addr}/incidents: {e}"))?;
     let status = res.status();
     let body = res.into_body().collect().await.map_err(|e| format!("{addr}/incidents: {e}"))?.to_bytes();

@@ -12,7 +12,7 @@
 
 use crate::sinks::Exposition;
 use http_body_util::Full;
-use hyper::{Method, Request, Response, StatusCode, body::Bytes, header, server::conn::http1, service::service_fn};
+use hyper::{body::Bytes, header, server::conn::http1, service::service_fn, Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use std::{convert::Infallible, time::Duration};
 use tokio::net::TcpListener;
@@ -24,11 +24,9 @@ pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Whether a request's `Accept` asks for OpenMetrics text.
 fn wants_openmetrics<B>(req: &Request<B>) -> bool {
-    req.headers()
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.split(',').any(|t| t.trim().starts_with("application/openmetrics-text") && !t.contains("q=0,") && !t.trim_end().ends_with("q=0")))
+    req.headers().get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()).any(|v| {
+        v.split(',').any(|t| t.trim().starts_with("application/openmetrics-text") && !t.contains("q=0,") && !t.trim_end().ends_with("q=0"))
+    })
 }
 
 /// OpenMetrics text as the Prometheus text format: a counter's family is named with its

@@ -18,7 +18,7 @@
 //! command is none of plegwatch's business.
 
 use super::model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait, WaitKey};
-use super::resolvers::{CallRole, GoCallFact, GoFacts, Procs, held_by_process, oldest_wait_of};
+use super::resolvers::{held_by_process, oldest_wait_of, CallRole, GoCallFact, GoFacts, Procs};
 use std::collections::HashMap;
 
 /// Which children a `wait4`/`waitid` waits for.
@@ -144,7 +144,12 @@ pub fn child_wait_edges(facts: &[ChildWaitFact], waits: &[OpenWait], procs: &mut
         if let Some(p) = f.named() {
             let name = procs.comm(p).unwrap_or_default();
             let via = if matches!(f.target, WaitTarget::Pidfd { .. }) { " (the pidfd's fdinfo names it)" } else { "" };
-            out.push(edge(f.key, held_by_process(waits, procs, p), Exactness::Exact, format!("{what} names its child {name} pid {p}{via}")));
+            out.push(edge(
+                f.key,
+                held_by_process(waits, procs, p),
+                Exactness::Exact,
+                format!("{what} names its child {name} pid {p}{via}"),
+            ));
             continue;
         }
         let kids = procs.children(f.tgid);
@@ -174,14 +179,24 @@ pub fn shim_child_edges(go: &GoFacts, waits: &[OpenWait], procs: &mut dyn ChildP
         *e = (*e).max(c.start_ns);
         m
     });
-    let in_kernel = |c: &GoCallFact| waits.iter().any(|w| matches!(w.key, WaitKey::Kernel { .. }) && w.who.pid == c.tgid && w.who.goroutine == Some(c.g));
+    let in_kernel = |c: &GoCallFact| {
+        waits.iter().any(|w| matches!(w.key, WaitKey::Kernel { .. }) && w.who.pid == c.tgid && w.who.goroutine == Some(c.g))
+    };
     let calls: Vec<&GoCallFact> = go
         .calls
         .iter()
         .filter(|c| c.role == CallRole::ShimTask && now_ns.saturating_sub(c.start_ns) >= PIPE_LOOKUP_AFTER_NS)
         .filter(|c| latest_on_g.get(&(c.tgid, c.g)) == Some(&c.start_ns) && !in_kernel(c))
         // A call behind an earlier one for its container waits on that one (shim_mutex).
-        .filter(|c| !go.calls.iter().any(|e| e.role == CallRole::ShimTask && e.tgid == c.tgid && e.key != c.key && e.start_ns < c.start_ns && (c.container.is_none() || e.container == c.container)))
+        .filter(|c| {
+            !go.calls.iter().any(|e| {
+                e.role == CallRole::ShimTask
+                    && e.tgid == c.tgid
+                    && e.key != c.key
+                    && e.start_ns < c.start_ns
+                    && (c.container.is_none() || e.container == c.container)
+            })
+        })
         .collect();
     let mut shims: Vec<u32> = calls.iter().map(|c| c.tgid).collect();
     shims.sort_unstable();
@@ -300,7 +315,14 @@ mod tests {
     }
 
     fn pipe(child: u32, ino: u64, argv: &[&str]) -> PipeLink {
-        PipeLink { ino, child, reader_fds: vec![29], writer_fds: vec![1, 2], blocked_readers: vec![], child_argv: argv.iter().map(|s| s.to_string()).collect() }
+        PipeLink {
+            ino,
+            child,
+            reader_fds: vec![29],
+            writer_fds: vec![1, 2],
+            blocked_readers: vec![],
+            child_argv: argv.iter().map(|s| s.to_string()).collect(),
+        }
     }
 
     fn kernel_wait(pid: u32, tid: u32, start_ns: u64) -> OpenWait {
@@ -318,7 +340,8 @@ mod tests {
     #[test]
     fn a_pid_argument_names_the_child_exactly() {
         let f = fact(100, 101, None, WaitTarget::Pid(RUNC), 5);
-        let mut procs = Fake { children: HashMap::from([(100, vec![PAUSE, RUNC])]), states: HashMap::from([(RUNC, 'T')]), ..Default::default() };
+        let mut procs =
+            Fake { children: HashMap::from([(100, vec![PAUSE, RUNC])]), states: HashMap::from([(RUNC, 'T')]), ..Default::default() };
         let waits = vec![open_wait(&f, "parent".into())];
         let e = child_wait_edges(std::slice::from_ref(&f), &waits, &mut procs);
         assert_eq!(e.len(), 1);
@@ -425,7 +448,8 @@ mod tests {
             pipes: HashMap::from([(SHIM, vec![pipe(RUNC, 9, &[])])]),
             ..Default::default()
         };
-        let umount = OpenWait { who: Who { pid: SHIM, tid: 250, comm: "shim".into(), goroutine: Some(0xc0) }, ..kernel_wait(SHIM, 250, 11 * S) };
+        let umount =
+            OpenWait { who: Who { pid: SHIM, tid: 250, comm: "shim".into(), goroutine: Some(0xc0) }, ..kernel_wait(SHIM, 250, 11 * S) };
         let go = GoFacts { calls: vec![c.clone()], parked: HashMap::new(), ..Default::default() };
         assert!(shim_child_edges(&go, &[umount], &mut procs, 13 * S).is_empty());
         let first = call(SHIM, 0xc1, 9 * S, "abc");

@@ -24,7 +24,7 @@
 //! nothing reads the kernel, nothing prints.
 
 use super::model::{Edge, Exactness, HeldBy, HolderId, Hop, OpenWait, PodRef, Terminal, WaitKey};
-use crate::levels::{Level, PLEG_BUDGET, Thresholds};
+use crate::levels::{Level, Thresholds, PLEG_BUDGET};
 use crate::syscalls::WaitKind;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -207,7 +207,8 @@ fn terminal_hop(t: &Terminal) -> Hop {
         evidence: None,
         exactness: None,
         root: false,
-        pod: PodRef::default(), start: Default::default(),
+        pod: PodRef::default(),
+        start: Default::default(),
     }
 }
 
@@ -415,10 +416,7 @@ impl Incidents {
                 End::Cycle(_) => None,
                 _ => path.last().copied(),
             };
-            let mut chain: Vec<Hop> = path
-                .iter()
-                .filter_map(|k| graph.hop(*k, clocks.now_ns, Some(*k) == root_key, ids))
-                .collect();
+            let mut chain: Vec<Hop> = path.iter().filter_map(|k| graph.hop(*k, clocks.now_ns, Some(*k) == root_key, ids)).collect();
             if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| graph.best.get(&r)).map(|e| &e.to) {
                 chain.push(terminal_hop(t));
             }
@@ -774,10 +772,8 @@ mod tests {
         let call = wait(1, WaitKind::CriCall, "RunPodSandbox", 100);
         let plugin = wait(2, WaitKind::UnixRecv, "read on the daemon's socket", 100);
         let root = wait(3, WaitKind::NetlinkRequest, "route RTM_NEWLINK", 99);
-        let edges = vec![
-            edge(&call, &plugin, EdgeKind::Child, Exactness::Inferred),
-            edge(&plugin, &root, EdgeKind::UnixPeer, Exactness::Exact),
-        ];
+        let edges =
+            vec![edge(&call, &plugin, EdgeKind::Child, Exactness::Inferred), edge(&plugin, &root, EdgeKind::UnixPeer, Exactness::Exact)];
         let mut b = builder();
         let first = raised(&run(&mut b, &[call.clone(), plugin.clone(), root.clone()], &edges, 110))[0].clone();
         assert_eq!(first.chain.len(), 3);
@@ -832,10 +828,22 @@ mod tests {
     fn exact_edges_win_over_inferred_and_terminals_end_the_chain() {
         let w = wait(1, WaitKind::DbusCall, "StartTransientUnit", 100);
         let other = wait(2, WaitKind::Sync, "fsync", 50);
-        let stopped = Terminal { id: Some(HolderId::Process(9)), kind: "process", pid: Some(9), comm: Some("svc".into()), what: "stopped (state T)".into() };
+        let stopped = Terminal {
+            id: Some(HolderId::Process(9)),
+            kind: "process",
+            pid: Some(9),
+            comm: Some("svc".into()),
+            what: "stopped (state T)".into(),
+        };
         let edges = vec![
             edge(&w, &other, EdgeKind::Sibling, Exactness::Heuristic),
-            Edge { from: w.key, to: HeldBy::Terminal(stopped), kind: EdgeKind::DbusOwner, evidence: "GetConnectionUnixProcessID".into(), exactness: Exactness::Exact },
+            Edge {
+                from: w.key,
+                to: HeldBy::Terminal(stopped),
+                kind: EdgeKind::DbusOwner,
+                evidence: "GetConnectionUnixProcessID".into(),
+                exactness: Exactness::Exact,
+            },
         ];
         let mut b = builder();
         let c = run(&mut b, &[w, other], &edges, 111);
@@ -879,7 +887,13 @@ mod tests {
     fn a_new_group_at_the_same_holder_is_a_new_incident() {
         let stopped = |w: &OpenWait| Edge {
             from: w.key,
-            to: HeldBy::Terminal(Terminal { id: Some(HolderId::Process(9)), kind: "process", pid: Some(9), comm: None, what: "stopped (state T)".into() }),
+            to: HeldBy::Terminal(Terminal {
+                id: Some(HolderId::Process(9)),
+                kind: "process",
+                pid: Some(9),
+                comm: None,
+                what: "stopped (state T)".into(),
+            }),
             kind: EdgeKind::DbusOwner,
             evidence: "owner".into(),
             exactness: Exactness::Exact,
@@ -905,7 +919,13 @@ mod tests {
         let kernel_b = wait(4, WaitKind::NetlinkRequest, "RTM_GETLINK", 100);
         let svc = |w: &OpenWait| Edge {
             from: w.key,
-            to: HeldBy::Terminal(Terminal { id: Some(HolderId::Process(9)), kind: "process", pid: Some(9), comm: None, what: "stopped (state T)".into() }),
+            to: HeldBy::Terminal(Terminal {
+                id: Some(HolderId::Process(9)),
+                kind: "process",
+                pid: Some(9),
+                comm: None,
+                what: "stopped (state T)".into(),
+            }),
             kind: EdgeKind::DbusOwner,
             evidence: "owner".into(),
             exactness: Exactness::Exact,

@@ -15,7 +15,7 @@
 //! probe saw (a D-Bus call, a netlink request), which knows better.
 
 use super::model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait, StartTiming, WaitKey, Who};
-use super::resolvers::{CallRole, GoFacts, Procs, process_terminal};
+use super::resolvers::{process_terminal, CallRole, GoFacts, Procs};
 use crate::syscalls::WaitKind;
 
 /// How long a sibling's wait must have lasted before the futex waiters beside it are
@@ -129,7 +129,11 @@ pub fn parked_graph(
             Some(w) => HeldBy::Wait(w.key),
             None => HeldBy::Terminal(process_terminal(procs, pid)),
         };
-        let others = if peer_pids.len() > 1 { format!(" (and {} other process(es); the first is taken)", peer_pids.len() - 1) } else { String::new() };
+        let others = if peer_pids.len() > 1 {
+            format!(" (and {} other process(es); the first is taken)", peer_pids.len() - 1)
+        } else {
+            String::new()
+        };
         edges.push(Edge {
             from: key_of(p),
             to,
@@ -327,14 +331,24 @@ mod tests {
         // The netlink request's own edge (from the socket source): the kernel.
         edges.push(Edge {
             from: nl.key,
-            to: HeldBy::Terminal(super::super::model::Terminal { id: None, kind: "kernel", pid: None, comm: None, what: "no reply".into() }),
+            to: HeldBy::Terminal(super::super::model::Terminal {
+                id: None,
+                kind: "kernel",
+                pid: None,
+                comm: None,
+                what: "no reply".into(),
+            }),
             kind: EdgeKind::NoReply,
             evidence: "test".into(),
             exactness: Exactness::Exact,
         });
         let mut all = waits.clone();
         all.extend(pw);
-        let mut b = Incidents::new(Thresholds { warn: Duration::from_secs(2), critical: Duration::from_secs(60), imminent: Duration::from_secs(150) });
+        let mut b = Incidents::new(Thresholds {
+            warn: Duration::from_secs(2),
+            critical: Duration::from_secs(60),
+            imminent: Duration::from_secs(150),
+        });
         let clocks = Clocks { now_ns: 20 * S, wall: SystemTime::now(), relist_start_ns: None };
         let mut n = 0;
         let changes = b.scan(&all, &edges, clocks, &|_| true, &mut |_| {

@@ -31,7 +31,9 @@ pub enum CallRole {
     /// Holds a Status lock for writing (`(*statusStorage).Update`/`UpdateSync`).
     StatusHolder,
     /// A CRI handler; `list` for ListContainers/ListPodSandbox (what a relist calls).
-    CriHandler { list: bool },
+    CriHandler {
+        list: bool,
+    },
     ShimTask,
     RuncSystemd,
 }
@@ -173,16 +175,17 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
         }
     }
     // Kernel waits by goroutine.
-    let kernel_by_g: HashMap<(u32, u64), &OpenWait> = waits
-        .iter()
-        .filter(|w| matches!(w.key, WaitKey::Kernel { .. }))
-        .filter_map(|w| Some(((w.who.pid, w.who.goroutine?), w)))
-        .collect();
+    let kernel_by_g: HashMap<(u32, u64), &OpenWait> =
+        waits.iter().filter(|w| matches!(w.key, WaitKey::Kernel { .. })).filter_map(|w| Some(((w.who.pid, w.who.goroutine?), w))).collect();
     for (c, container) in innermost {
         if let Some(k) = kernel_by_g.get(&(c.tgid, c.g)) {
             // A wait the kernel saw begin carries the g it read from TLS; one found by the
             // startup sweep, the g the goroutine scan matched to its thread.
-            let how = if k.start.is_exact() { "g read from TLS at sys_enter" } else { "g found by the goroutine scan: the thread's stack pointer lies in its stack" };
+            let how = if k.start.is_exact() {
+                "g read from TLS at sys_enter"
+            } else {
+                "g found by the goroutine scan: the thread's stack pointer lies in its stack"
+            };
             out.push(edge(
                 c.key,
                 HeldBy::Wait(k.key),
@@ -195,7 +198,9 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
         match c.role {
             CallRole::CriHandler { .. } => {
                 if let Some(lock) = facts.parked.get(&(c.tgid, c.g)) {
-                    if let Some(h) = facts.calls.iter().find(|h| h.role == CallRole::StatusHolder && h.tgid == c.tgid && h.receiver == *lock) {
+                    if let Some(h) =
+                        facts.calls.iter().find(|h| h.role == CallRole::StatusHolder && h.tgid == c.tgid && h.receiver == *lock)
+                    {
                         out.push(edge(
                             c.key,
                             HeldBy::Wait(h.key),
@@ -216,7 +221,13 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
                     .filter(|w| w.kind == WaitKind::DbusCall && w.who.pid == c.tgid && w.start_ns >= c.start_ns)
                     .min_by_key(|w| w.start_ns);
                 if let Some(d) = dbus {
-                    out.push(edge(c.key, HeldBy::Wait(d.key), EdgeKind::NestedCall, Exactness::Inferred, format!("{} is runc's systemd call; this D-Bus call began in it", c.function)));
+                    out.push(edge(
+                        c.key,
+                        HeldBy::Wait(d.key),
+                        EdgeKind::NestedCall,
+                        Exactness::Inferred,
+                        format!("{} is runc's systemd call; this D-Bus call began in it", c.function),
+                    ));
                 }
             }
             CallRole::Relist => {}
@@ -258,7 +269,10 @@ fn shim_edge(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, procs: &m
     }
     let s = best?;
     let evidence = if s.late || c.late {
-        format!("no container id, no request seen (open before plegwatch started); a task call ({}) open in a shim containerd is connected to", s.function)
+        format!(
+            "no container id, no request seen (open before plegwatch started); a task call ({}) open in a shim containerd is connected to",
+            s.function
+        )
     } else {
         format!("no container id; the first task call ({}) in a shim containerd is connected to since", s.function)
     };
@@ -342,7 +356,10 @@ pub fn relist_edges(facts: &GoFacts, procs: &mut dyn Procs) -> Vec<Edge> {
             .min_by_key(|c| (r.late && !c.late, c.start_ns));
         if let Some(c) = call {
             let evidence = if c.late || r.late {
-                format!("pid {} is connected to pid {}'s socket and {} is open (both found open by the goroutine scan)", r.tgid, c.tgid, c.function)
+                format!(
+                    "pid {} is connected to pid {}'s socket and {} is open (both found open by the goroutine scan)",
+                    r.tgid, c.tgid, c.function
+                )
             } else {
                 format!("pid {} is connected to pid {}'s socket and {} began during the relist", r.tgid, c.tgid, c.function)
             };
@@ -361,7 +378,7 @@ mod tests {
     use super::*;
     use crate::graph::model::{StartTiming, Who};
 
-    use crate::graph::fakes::{FakeProcs, go_call as call};
+    use crate::graph::fakes::{go_call as call, FakeProcs};
 
     const CTRD: u32 = 100;
     const SHIM: u32 = 200;
@@ -437,7 +454,11 @@ mod tests {
         assert_eq!(to(&relist), vec![(HeldBy::Wait(list.key), EdgeKind::CriCall, Exactness::Inferred)]);
         assert_eq!(to(&list), vec![(HeldBy::Wait(sync.key), EdgeKind::GoLock, Exactness::Exact)]);
         assert_eq!(to(&ucr), vec![(HeldBy::Wait(sync.key), EdgeKind::NestedCall, Exactness::Exact)]);
-        assert_eq!(to(&sync), vec![(HeldBy::Wait(shim_update.key), EdgeKind::Ttrpc, Exactness::Inferred)], "by container id, from the handler on the same goroutine: no stream seen");
+        assert_eq!(
+            to(&sync),
+            vec![(HeldBy::Wait(shim_update.key), EdgeKind::Ttrpc, Exactness::Inferred)],
+            "by container id, from the handler on the same goroutine: no stream seen"
+        );
         assert_eq!(to(&shim_update), vec![(HeldBy::Wait(shim_delete.key), EdgeKind::ShimMutex, Exactness::Inferred)]);
         assert_eq!(to(&shim_delete), vec![(HeldBy::Wait(umount.key), EdgeKind::SameGoroutine, Exactness::Exact)]);
     }
@@ -468,7 +489,8 @@ mod tests {
     fn a_stopped_runc_ends_the_chain_or_leads_to_its_own_wait() {
         let update = call(SHIM, 0x5, 5, CallRole::ShimTask, 7, Some("abc"));
         let facts = GoFacts { calls: vec![update.clone()], parked: HashMap::new(), ..Default::default() };
-        let mut procs = FakeProcs { children: HashMap::from([(SHIM, vec![400])]), states: HashMap::from([(400, 'T')]), ..Default::default() };
+        let mut procs =
+            FakeProcs { children: HashMap::from([(SHIM, vec![400])]), states: HashMap::from([(400, 'T')]), ..Default::default() };
         let edges = go_edges(&facts, &[], &mut procs);
         let e = find(&edges, update.key);
         assert_eq!(e.len(), 1);
@@ -480,7 +502,8 @@ mod tests {
         }
         // A runc with an open D-Bus call: the chain goes on into it.
         let startunit = call(400, 0x9, 9, CallRole::RuncSystemd, 8, None);
-        let dbus = OpenWait { kind: WaitKind::DbusCall, key: WaitKey::Dbus { sock: 1, tag: 2 }, ..kernel(400, 401, None, WaitKind::DbusCall, 9) };
+        let dbus =
+            OpenWait { kind: WaitKind::DbusCall, key: WaitKey::Dbus { sock: 1, tag: 2 }, ..kernel(400, 401, None, WaitKind::DbusCall, 9) };
         let facts = GoFacts { calls: vec![update.clone(), startunit.clone()], parked: HashMap::new(), ..Default::default() };
         procs.states.insert(400, 'S');
         let waits = vec![dbus.clone()];
@@ -510,9 +533,14 @@ mod tests {
             states: HashMap::from([(PAUSE, 'S'), (RUNC, 'S')]),
             ..Default::default()
         };
-        let facts = GoFacts { calls: vec![start.clone(), create.clone(), pause_start, startunit.clone()], parked: HashMap::new(), ..Default::default() };
+        let facts = GoFacts {
+            calls: vec![start.clone(), create.clone(), pause_start, startunit.clone()],
+            parked: HashMap::new(),
+            ..Default::default()
+        };
         // The graph's waits hold the Go calls too (runc's startUnit began first).
-        let startunit_wait = OpenWait { key: startunit.key, what: "systemd.startUnit".into(), ..kernel(RUNC, 403, Some(0x9), WaitKind::GoCall, 7) };
+        let startunit_wait =
+            OpenWait { key: startunit.key, what: "systemd.startUnit".into(), ..kernel(RUNC, 403, Some(0x9), WaitKind::GoCall, 7) };
         let waits = vec![dbus.clone(), startunit_wait];
         let edges = go_edges(&facts, &waits, &mut procs);
         let one = |from: &GoCallFact| {

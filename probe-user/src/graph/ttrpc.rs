@@ -16,11 +16,11 @@
 //! the right shim is by time. With no task call probed there: the shim's
 //! oldest open wait, else the shim itself.
 
+use super::model::OpenWait;
 use super::{
     model::{Edge, EdgeKind, Exactness, HeldBy},
-    resolvers::{CallRole, GoCallFact, GoFacts, Procs, held_by_process},
+    resolvers::{held_by_process, CallRole, GoCallFact, GoFacts, Procs},
 };
-use super::model::OpenWait;
 
 /// One ttrpc request with no response read back yet.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,7 +90,7 @@ mod tests {
     use crate::syscalls::WaitKind;
     use std::collections::HashMap;
 
-    use crate::graph::fakes::{FakeProcs, go_call as call};
+    use crate::graph::fakes::{go_call as call, FakeProcs};
 
     /// Every process sleeping (S), every client connected.
     fn no_procs() -> FakeProcs {
@@ -137,15 +137,15 @@ mod tests {
     fn only_the_same_goroutine_during_the_call_counts() {
         let holder = call(CTRD, 0x3, 4, CallRole::StatusHolder, 5 * S, Some("abc"));
         let by_id = call(SHIM_B, 0x52, 9, CallRole::ShimTask, 6 * S, Some("abc"));
-        let f = facts(
-            vec![holder.clone(), by_id.clone()],
-            vec![req(0x4, 7, 6 * S, SHIM_A), req(0x3, 9, 4 * S, SHIM_A)],
-            10 * S,
-        );
+        let f = facts(vec![holder.clone(), by_id.clone()], vec![req(0x4, 7, 6 * S, SHIM_A), req(0x3, 9, 4 * S, SHIM_A)], 10 * S);
         let edges = go_edges(&f, &[], &mut no_procs());
         let e = from(&edges, &holder);
         assert_eq!(e.len(), 1, "{edges:?}");
-        assert_eq!((e[0].to.clone(), e[0].exactness), (HeldBy::Wait(by_id.key), Exactness::Inferred), "the container-id fallback, inferred");
+        assert_eq!(
+            (e[0].to.clone(), e[0].exactness),
+            (HeldBy::Wait(by_id.key), Exactness::Inferred),
+            "the container-id fallback, inferred"
+        );
     }
 
     /// With no task call probed in the shim, the edge goes to its oldest

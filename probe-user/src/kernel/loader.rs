@@ -8,8 +8,7 @@ use std::{path::Path, time::Duration};
 use thiserror::Error;
 
 /// The eBPF object built from `probe-ebpf/` by build.rs.
-static PROBES_OBJ: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/plegwatch-probes"));
+static PROBES_OBJ: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/plegwatch-probes"));
 
 /// The embedded eBPF object's bytes (what `--version` fingerprints).
 pub fn probes_object() -> &'static [u8] {
@@ -18,9 +17,7 @@ pub fn probes_object() -> &'static [u8] {
 
 #[derive(Debug, Error)]
 pub enum LoadError {
-    #[error(
-        "plegwatch needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to load eBPF and read /proc/*/stack): run it as root"
-    )]
+    #[error("plegwatch needs root (CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to load eBPF and read /proc/*/stack): run it as root")]
     NotRoot,
     #[error("plegwatch runs without {0}: add it to the container's capabilities (deploy/daemonset.yaml lists what each is for)")]
     MissingCaps(String),
@@ -85,47 +82,27 @@ pub fn ensure_tracefs() -> Result<Tracefs, LoadError> {
     const MAIN: &str = TRACEFS_ROOTS[0];
     const DEBUG: &str = TRACEFS_ROOTS[1];
     if has_events(MAIN) {
-        return Ok(Tracefs {
-            path: MAIN,
-            mounted_now: false,
-        });
+        return Ok(Tracefs { path: MAIN, mounted_now: false });
     }
     if has_events(DEBUG) {
-        return Ok(Tracefs {
-            path: DEBUG,
-            mounted_now: false,
-        });
+        return Ok(Tracefs { path: DEBUG, mounted_now: false });
     }
     let src = c"nodev";
     let target = c"/sys/kernel/tracing";
     let fstype = c"tracefs";
     // SAFETY: valid NUL-terminated strings; no data argument.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
+    let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
         return Err(LoadError::Tracefs(std::io::Error::last_os_error()));
     }
     tracing::warn!("tracefs was not mounted: mounted it on {MAIN}");
-    Ok(Tracefs {
-        path: MAIN,
-        mounted_now: true,
-    })
+    Ok(Tracefs { path: MAIN, mounted_now: true })
 }
 
 /// Tries to lift RLIMIT_MEMLOCK. Linux >= 5.11 charges BPF memory to the memcg
 /// and ignores the limit, so failing here is only worth a debug line.
 pub fn raise_memlock() {
-    let rlim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let rlim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: a valid rlimit struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &rlim) } != 0 {
         tracing::debug!("could not raise RLIMIT_MEMLOCK (not needed on Linux >= 5.11)");
@@ -206,9 +183,7 @@ pub fn take_map<T>(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<T, WatchE
 where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
-    let map = ebpf
-        .take_map(name)
-        .ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
+    let map = ebpf.take_map(name).ok_or_else(|| WatchError::Map(name, "not in the object".into()))?;
     T::try_from(map).map_err(|e| WatchError::Map(name, e.to_string()))
 }
 

@@ -7,8 +7,8 @@
 
 use crate::{events::ProbeChoice, syscalls::WATCHED};
 use aya::{
-    Ebpf,
     programs::{BtfTracePoint, RawTracePoint, TracePoint},
+    Ebpf,
 };
 use thiserror::Error;
 
@@ -146,7 +146,12 @@ const fn tp_noted(program: &'static str, category: &'static str, names: Names, n
     Tp { program, category, names, fields: &[], note: Some(note) }
 }
 
-const fn tp_checked(program: &'static str, category: &'static str, name: &'static str, fields: &'static [(&'static str, usize, usize)]) -> Tp {
+const fn tp_checked(
+    program: &'static str,
+    category: &'static str,
+    name: &'static str,
+    fields: &'static [(&'static str, usize, usize)],
+) -> Tp {
     Tp { program, category, names: Names::One(name), fields, note: None }
 }
 
@@ -220,7 +225,9 @@ fn check_fields(category: &str, name: &str, fields: &[(&str, usize, usize)]) -> 
     for (f, off, size) in fields {
         match have.get(*f) {
             Some((o, z)) if o == off && z >= size => {}
-            Some((o, z)) => return Err(format!("{category}:{name} has {f} at offset {o} size {z}; the program reads offset {off} size {size}")),
+            Some((o, z)) => {
+                return Err(format!("{category}:{name} has {f} at offset {o} size {z}; the program reads offset {off} size {size}"))
+            }
             None => return Err(format!("{category}:{name} has no field {f}")),
         }
     }
@@ -415,10 +422,7 @@ impl AttachEnv {
 #[derive(Debug, Error)]
 pub enum ProbeError {
     #[error("required probe {probe} could not attach: {reasons}")]
-    Required {
-        probe: &'static str,
-        reasons: String,
-    },
+    Required { probe: &'static str, reasons: String },
 }
 
 /// The variant a probe got, and why better ones were passed over.
@@ -484,20 +488,13 @@ pub fn attach(ebpf: &mut Ebpf, env: &AttachEnv, probe: &Probe) -> Result<Choice,
                 } else {
                     tracing::warn!(probe = probe.name, variant = %v.describe(), passed_over = ?passed_over, "probe attached with a fallback");
                 }
-                return Ok(Choice {
-                    probe: probe.name,
-                    variant: *v,
-                    passed_over,
-                });
+                return Ok(Choice { probe: probe.name, variant: *v, passed_over });
             }
             Err(e) => passed_over.push(format!("{}: {}", v.describe(), one_line(&e))),
         }
     }
     // Optional probes end with ProcPoll or Off, which always "attach".
-    Err(ProbeError::Required {
-        probe: probe.name,
-        reasons: passed_over.join("; "),
-    })
+    Err(ProbeError::Required { probe: probe.name, reasons: passed_over.join("; ") })
 }
 
 fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), String> {
@@ -620,21 +617,14 @@ mod tests {
         for p in PROBES {
             assert!(!p.variants.is_empty(), "{}", p.name);
             if !p.required {
-                assert!(
-                    matches!(p.variants.last(), Some(Variant::ProcPoll | Variant::Off)),
-                    "{} needs a last-resort variant",
-                    p.name
-                );
+                assert!(matches!(p.variants.last(), Some(Variant::ProcPoll | Variant::Off)), "{} needs a last-resort variant", p.name);
             }
             // A probe that can be off says what goes unseen then; one that falls back
             // to a /proc poll or can't be off loses nothing but timing.
             let can_be_off = matches!(p.variants.last(), Some(Variant::Off));
             assert_eq!(can_be_off, p.loses.is_some(), "{}: loses must be said exactly when the probe can be off", p.name);
         }
-        assert_eq!(
-            PROBES[0].variants[0].describe(),
-            "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}"
-        );
+        assert_eq!(PROBES[0].variants[0].describe(), "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}");
         assert_eq!(PROBES[2].variants[0].describe(), "raw_tp sys_enter");
         assert_eq!(
             PROBES[5].variants[0].describe(),

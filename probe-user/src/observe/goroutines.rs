@@ -107,12 +107,14 @@ impl GStructOrAllGs {
     }
 }
 
-
 /// The executable `pid` runs: (device, inode).
 fn exe_of(pid: u32) -> Result<(u64, u64), GoroutineError> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(format!("/proc/{pid}/exe"))
-        .map_err(|source| GoroutineError::Io { pid, what: "stat /proc/PID/exe".into(), source })?;
+    let m = std::fs::metadata(format!("/proc/{pid}/exe")).map_err(|source| GoroutineError::Io {
+        pid,
+        what: "stat /proc/PID/exe".into(),
+        source,
+    })?;
     Ok((m.dev(), m.ino()))
 }
 
@@ -162,9 +164,8 @@ impl GoroutineReader {
     /// layout table does not know.
     pub fn new(pid: u32, syms: &GoSymbols, data: &[u8]) -> Result<GoroutineReader, GoroutineError> {
         let binary = syms.elf().binary().to_string();
-        let version = syms
-            .version()
-            .ok_or_else(|| GoroutineError::Layout { pid, source: GStructError::NoVersion { binary: binary.clone() } })?;
+        let version =
+            syms.version().ok_or_else(|| GoroutineError::Layout { pid, source: GStructError::NoVersion { binary: binary.clone() } })?;
         let layout = layout_for(&version).map_err(|source| GoroutineError::Layout { pid, source })?;
         let vars = find_allgs(syms, data).map_err(|source| GoroutineError::AllGs { pid, source })?;
         let exe = exe_of(pid)?;
@@ -193,8 +194,11 @@ impl GoroutineReader {
         exe: (u64, u64),
     ) -> Result<GoroutineReader, GoroutineError> {
         let bias = if syms.elf().is_pie() { load_bias(pid, syms)? } else { 0 };
-        let mem = File::open(format!("/proc/{pid}/mem"))
-            .map_err(|source| GoroutineError::Io { pid, what: "open /proc/PID/mem".into(), source })?;
+        let mem = File::open(format!("/proc/{pid}/mem")).map_err(|source| GoroutineError::Io {
+            pid,
+            what: "open /proc/PID/mem".into(),
+            source,
+        })?;
         still_runs(pid, exe)?;
         Ok(GoroutineReader { pid, mem, bias, vars, layout, version })
     }
@@ -221,11 +225,7 @@ impl GoroutineReader {
 
     /// The run-time addresses of `allgs`, `allglen` and `allgptr`.
     pub fn addresses(&self) -> AllGs {
-        AllGs {
-            allgs: self.vars.allgs + self.bias,
-            allglen: self.vars.allglen + self.bias,
-            allgptr: self.vars.allgptr + self.bias,
-        }
+        AllGs { allgs: self.vars.allgs + self.bias, allglen: self.vars.allglen + self.bias, allgptr: self.vars.allgptr + self.bias }
     }
 
     /// Reads every goroutine once (blocking; see the module doc).
@@ -248,7 +248,8 @@ impl GoroutineReader {
         let mut ptrs = vec![0u8; (allglen * 8) as usize];
         self.read(array, &mut ptrs, "the allgs array")?;
         let now = monotonic_ns();
-        let mut scan = Scan { goroutines: Vec::new(), allglen, dead: 0, inconsistent: 0, why: BTreeMap::new(), reread: 0, took: Duration::ZERO };
+        let mut scan =
+            Scan { goroutines: Vec::new(), allglen, dead: 0, inconsistent: 0, why: BTreeMap::new(), reread: 0, took: Duration::ZERO };
         let mut buf = vec![0u8; self.layout.span() as usize];
         for chunk in ptrs.chunks_exact(8) {
             let g = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
@@ -381,11 +382,8 @@ fn load_bias(pid: u32, syms: &GoSymbols) -> Result<u64, GoroutineError> {
     let binary = syms.elf().binary().to_string();
     let io = |what: &str, source: std::io::Error| GoroutineError::Io { pid, what: what.to_string(), source };
     let exe = std::fs::metadata(format!("/proc/{pid}/exe")).map_err(|e| io("stat /proc/PID/exe", e))?;
-    let first = syms
-        .elf()
-        .load_segments()
-        .min_by_key(|s| s.vaddr)
-        .ok_or_else(|| GoroutineError::NotMapped { pid, binary: binary.clone() })?;
+    let first =
+        syms.elf().load_segments().min_by_key(|s| s.vaddr).ok_or_else(|| GoroutineError::NotMapped { pid, binary: binary.clone() })?;
     const PAGE: u64 = 4096;
     let proc = ::procfs::process::Process::new(pid as i32).map_err(|e| io("open /proc/PID", std::io::Error::other(e)))?;
     let maps = proc.maps().map_err(|e| io("read /proc/PID/maps", std::io::Error::other(e)))?;

@@ -19,8 +19,8 @@ pub mod k8s;
 pub mod mounts;
 pub mod namespaces;
 pub mod pipes;
-pub mod proclist;
 pub mod procfs;
+pub mod proclist;
 pub mod ustack;
 
 use crate::{
@@ -85,7 +85,6 @@ impl ChildProcs for Observe {
         pipes::started_ns(pid, monotonic_ns())
     }
 }
-
 
 impl Procs for Observe {
     fn children(&mut self, pid: u32) -> Vec<u32> {

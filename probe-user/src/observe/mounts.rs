@@ -48,14 +48,7 @@ fn parse_line(line: &str) -> Option<Mount> {
     let fstype = r.next()?.to_string();
     let source = unescape(r.next()?);
     let options = r.next().map(unescape).unwrap_or_default();
-    Some(Mount {
-        mount_id,
-        dev: (maj.parse().ok()?, min.parse().ok()?),
-        mount_point,
-        fstype,
-        source,
-        options,
-    })
+    Some(Mount { mount_id, dev: (maj.parse().ok()?, min.parse().ok()?), mount_point, fstype, source, options })
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
@@ -64,13 +57,8 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') as u32 * 64
-                + (b[i + 2] - b'0') as u32 * 8
-                + (b[i + 3] - b'0') as u32;
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
             if let Ok(byte) = u8::try_from(v) {
                 out.push(byte);
                 i += 4;
@@ -120,24 +108,12 @@ impl MountTable {
             .iter()
             .rev()
             .find(|m| m.mount_point == want)
-            .or_else(|| {
-                self.removed
-                    .iter()
-                    .rev()
-                    .map(|(_, m)| m)
-                    .find(|m| m.mount_point == want)
-            })
+            .or_else(|| self.removed.iter().rev().map(|(_, m)| m).find(|m| m.mount_point == want))
     }
 
     /// A mount of device `dev`, current first.
     pub fn by_dev(&self, dev: (u32, u32)) -> Option<&Mount> {
-        self.current.iter().find(|m| m.dev == dev).or_else(|| {
-            self.removed
-                .iter()
-                .rev()
-                .map(|(_, m)| m)
-                .find(|m| m.dev == dev)
-        })
+        self.current.iter().find(|m| m.dev == dev).or_else(|| self.removed.iter().rev().map(|(_, m)| m).find(|m| m.dev == dev))
     }
 }
 
@@ -180,29 +156,21 @@ pub fn watch(path: &'static str) -> std::io::Result<SharedMounts> {
     let file = fs::File::open(path)?;
     refresh(&table, path);
     let t = Arc::clone(&table);
-    std::thread::Builder::new()
-        .name("mount-watch".into())
-        .spawn(move || {
-            let mut pfd = libc::pollfd {
-                fd: file.as_raw_fd(),
-                events: libc::POLLPRI,
-                revents: 0,
-            };
-            loop {
-                // SAFETY: one valid pollfd, owned by `file`, which outlives the loop.
-                let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
-                if n < 0
-                    && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
-                {
-                    tracing::warn!("mount watcher stopped: poll on {path} failed");
-                    return;
-                }
-                if n > 0 {
-                    // The kernel flags each change once per open file (mounts_poll).
-                    refresh(&t, path);
-                }
+    std::thread::Builder::new().name("mount-watch".into()).spawn(move || {
+        let mut pfd = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
+        loop {
+            // SAFETY: one valid pollfd, owned by `file`, which outlives the loop.
+            let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
+            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                tracing::warn!("mount watcher stopped: poll on {path} failed");
+                return;
             }
-        })?;
+            if n > 0 {
+                // The kernel flags each change once per open file (mounts_poll).
+                refresh(&t, path);
+            }
+        }
+    })?;
     Ok(table)
 }
 
@@ -271,10 +239,7 @@ garbage line
         let m = t.by_mount_point("/tmp/x y/").expect("kept after removal");
         assert_eq!(m.source, "/dev/loop0");
         assert_eq!(t.by_dev((7, 0)).map(|m| m.mount_id), Some(35));
-        t.update(
-            vec![all[0].clone()],
-            now + KEEP_REMOVED + Duration::from_secs(1),
-        );
+        t.update(vec![all[0].clone()], now + KEEP_REMOVED + Duration::from_secs(1));
         assert!(t.by_mount_point("/tmp/x y").is_none());
         assert_eq!(t.by_mount_point("/").map(|m| m.mount_id), Some(22));
     }

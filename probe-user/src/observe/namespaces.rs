@@ -125,7 +125,7 @@ pub fn mountinfo_path(self_mnt: Option<&str>, init_mnt: Option<&str>, init_reada
 /// target is a path in the caller's mount namespace, which may not be the
 /// host's.
 pub fn mount_in_ns_of(pid: u32, target: &str) -> Option<crate::observe::mounts::Mount> {
-    use crate::observe::mounts::{MountTable, parse_mountinfo};
+    use crate::observe::mounts::{parse_mountinfo, MountTable};
     let text = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
     let mut table = MountTable::default();
     table.update(parse_mountinfo(&text), std::time::Instant::now());

@@ -54,7 +54,9 @@ fn pipe_ends(pid: u32) -> Ends {
     for e in dir.flatten().take(FDS_MAX) {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
         let Some(ino) = fs::read_link(e.path()).ok().and_then(|l| pipe_ino(l.to_str()?)) else { continue };
-        let Some(flags) = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok().and_then(|t| parse_fdinfo_flags(&t)) else { continue };
+        let Some(flags) = fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok().and_then(|t| parse_fdinfo_flags(&t)) else {
+            continue;
+        };
         match flags & O_ACCMODE {
             O_RDONLY => reads.entry(ino).or_default().push(fd),
             O_WRONLY => writes.entry(ino).or_default().push(fd),
@@ -161,8 +163,8 @@ mod tests {
         // started under a job server or a CI runner may inherit other pipes,
         // both ends of them, and the child inherits those too.
         let ino = {
-            use std::os::unix::fs::MetadataExt;
             use std::os::fd::AsFd;
+            use std::os::unix::fs::MetadataExt;
             let fd = child.stdout.as_ref().expect("stdout piped").as_fd().try_clone_to_owned().expect("dup");
             std::fs::File::from(fd).metadata().expect("fstat").ino()
         };
@@ -177,7 +179,8 @@ mod tests {
         let links = child_pipes(me, &[child.id()]);
         let _ = child.kill();
         let _ = child.wait();
-        let l = links.iter().find(|l| l.child == child.id() && l.ino == ino).unwrap_or_else(|| panic!("no pipe {ino} to the child: {links:?}"));
+        let l =
+            links.iter().find(|l| l.child == child.id() && l.ino == ino).unwrap_or_else(|| panic!("no pipe {ino} to the child: {links:?}"));
         assert_eq!(l.writer_fds, vec![1]);
         assert_eq!(l.child_argv, ["sleep", "30"]);
         assert!(l.blocked_readers.is_empty());

@@ -70,9 +70,7 @@ pub fn exec_start_ms(tid: u32) -> Option<f64> {
 
 /// Parses `se.exec_start` out of `/proc/TID/sched`.
 pub fn parse_exec_start(text: &str) -> Option<f64> {
-    let line = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("se.exec_start"))?;
+    let line = text.lines().find(|l| l.trim_start().starts_with("se.exec_start"))?;
     line.split(':').nth(1)?.trim().parse().ok()
 }
 
@@ -156,12 +154,7 @@ pub fn wchan(tid: u32) -> Option<String> {
 
 /// A process's or thread's comm.
 pub fn comm(tid: u32) -> Option<String> {
-    Some(
-        fs::read_to_string(format!("/proc/{tid}/comm"))
-            .ok()?
-            .trim_end()
-            .to_string(),
-    )
+    Some(fs::read_to_string(format!("/proc/{tid}/comm")).ok()?.trim_end().to_string())
 }
 
 /// Whether a thread still exists (threads are reachable as `/proc/TID` even
@@ -184,10 +177,7 @@ pub fn open_file(tid: u32, fd: u64) -> Option<OpenFile> {
     let path = fs::read_link(&link).ok()?.to_string_lossy().into_owned();
     let meta = fs::metadata(&link).ok()?;
     let dev = meta.dev();
-    Some(OpenFile {
-        path,
-        dev: (libc::major(dev), libc::minor(dev)),
-    })
+    Some(OpenFile { path, dev: (libc::major(dev), libc::minor(dev)) })
 }
 
 /// One line of `/proc/PID/net/netlink` (see net/netlink/af_netlink.c).
@@ -240,15 +230,7 @@ mod tests {
     #[test]
     fn kernel_stack_names_only() {
         let text = "[<0>] folio_wait_bit+0x13c/0x270\n[<0>] folio_wait_writeback+0x2b/0x80\n[<0>] do_syscall_64+0x7d/0x1a0\n[<0>] entry_SYSCALL_64_after_hwframe+0x76/0x7e\n";
-        assert_eq!(
-            parse_kernel_stack(text),
-            [
-                "folio_wait_bit",
-                "folio_wait_writeback",
-                "do_syscall_64",
-                "entry_SYSCALL_64_after_hwframe"
-            ]
-        );
+        assert_eq!(parse_kernel_stack(text), ["folio_wait_bit", "folio_wait_writeback", "do_syscall_64", "entry_SYSCALL_64_after_hwframe"]);
         assert!(parse_kernel_stack("").is_empty());
     }
 
@@ -256,16 +238,10 @@ mod tests {
     fn syscall_states() {
         assert_eq!(
             parse_syscall("166 0x55f2431ac2e0 0x2 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n"),
-            Some(SyscallState::In {
-                nr: 166,
-                args: [0x55f2431ac2e0, 2, 0, 0, 0, 0]
-            })
+            Some(SyscallState::In { nr: 166, args: [0x55f2431ac2e0, 2, 0, 0, 0, 0] })
         );
         assert_eq!(parse_syscall("running\n"), Some(SyscallState::Running));
-        assert_eq!(
-            parse_syscall("-1 0x7ffd 0x7f\n"),
-            Some(SyscallState::Blocked)
-        );
+        assert_eq!(parse_syscall("-1 0x7ffd 0x7f\n"), Some(SyscallState::Blocked));
         assert_eq!(parse_syscall(""), None);
         assert_eq!(parse_syscall("garbage"), None);
     }

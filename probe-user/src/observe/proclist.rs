@@ -60,10 +60,7 @@ impl ProcList {
         }
         let Ok(dir) = std::fs::read_dir("/proc") else { return };
         let now = Instant::now();
-        let listed: Vec<(u32, u64)> = dir
-            .flatten()
-            .filter_map(|e| Some((e.file_name().to_str()?.parse::<u32>().ok()?, e.ino())))
-            .collect();
+        let listed: Vec<(u32, u64)> = dir.flatten().filter_map(|e| Some((e.file_name().to_str()?.parse::<u32>().ok()?, e.ino()))).collect();
         self.update(listed, now, |pid| {
             let s = super::procfs::stat(pid)?;
             Some((s.comm, u32::try_from(s.ppid).unwrap_or(0)))
@@ -77,9 +74,7 @@ impl ProcList {
         for (pid, ino) in listed {
             let entry = match self.entries.remove(&pid) {
                 Some(e)
-                    if e.ino == ino
-                        && now.saturating_duration_since(e.read_at) < COMM_TTL
-                        && (e.ppid == 0 || alive.contains(&e.ppid)) =>
+                    if e.ino == ino && now.saturating_duration_since(e.read_at) < COMM_TTL && (e.ppid == 0 || alive.contains(&e.ppid)) =>
                 {
                     e
                 }

@@ -24,7 +24,10 @@
 //! in, which the kernel refuses to open for writing (ETXTBSY).
 
 use crate::proto::gosym::GoSymbols;
-use blazesym::symbolize::{Input, Symbolized, Symbolizer, source::{Process, Source}};
+use blazesym::symbolize::{
+    source::{Process, Source},
+    Input, Symbolized, Symbolizer,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -82,8 +82,13 @@ fn fix_hop(h: &mut Hop) {
 /// `\t`, `\u001b`…, and leaves DEL and C1 as they are.
 fn has_control(event: &Event) -> bool {
     let Ok(json) = serde_json::to_string(event) else { return true };
-    json.contains("\\u00") || json.contains("\\n") || json.contains("\\t") || json.contains("\\r")
-        || json.contains("\\b") || json.contains("\\f") || json.chars().any(is_control)
+    json.contains("\\u00")
+        || json.contains("\\n")
+        || json.contains("\\t")
+        || json.contains("\\r")
+        || json.contains("\\b")
+        || json.contains("\\f")
+        || json.chars().any(is_control)
 }
 
 /// `event` with every string made safe to print (borrowed when it has nothing to fix,
@@ -171,7 +176,15 @@ mod tests {
 
     #[test]
     fn every_string_of_a_hostile_event_is_escaped_and_a_clean_one_is_borrowed() {
-        let clean = Event::Resolved(Resolved { id: 1, kind: crate::syscalls::WaitKind::Umount, pid: 1, tid: 1, waited_s: 1.0, comm: "shim".into(), timing: "exact" });
+        let clean = Event::Resolved(Resolved {
+            id: 1,
+            kind: crate::syscalls::WaitKind::Umount,
+            pid: 1,
+            tid: 1,
+            waited_s: 1.0,
+            comm: "shim".into(),
+            timing: "exact",
+        });
         assert!(matches!(escaped(&clean), Cow::Borrowed(_)));
         let mut s = crate::sources::inflight::stall_line(
             &crate::sources::inflight::WaitInfo {

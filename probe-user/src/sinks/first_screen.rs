@@ -58,10 +58,20 @@ fn incident(level: Level, mut chain: Vec<Hop>, root: usize) -> Incident {
 }
 
 fn ready() -> Event {
-    let mut probes: Vec<ProbeChoice> = ["wait_enter", "wait_exit", "umount_tail_end", "thread_exit", "socket_classify", "socket_io", "offcpu", "lock_contention", "go_uprobes"]
-        .iter()
-        .map(|p| ProbeChoice { probe: p.to_string(), variant: "tracepoint".into(), ..Default::default() })
-        .collect();
+    let mut probes: Vec<ProbeChoice> = [
+        "wait_enter",
+        "wait_exit",
+        "umount_tail_end",
+        "thread_exit",
+        "socket_classify",
+        "socket_io",
+        "offcpu",
+        "lock_contention",
+        "go_uprobes",
+    ]
+    .iter()
+    .map(|p| ProbeChoice { probe: p.to_string(), variant: "tracepoint".into(), ..Default::default() })
+    .collect();
     probes[7].variant = "off".into();
     probes[7].why = Some("no tracepoint lock:contention_begin".into());
     Event::Ready(Ready { pid: 4100, probes, warn_s: 10.0, critical_s: 60.0, imminent_s: 150.0 })
@@ -71,28 +81,111 @@ fn ready() -> Event {
 fn cases() -> Vec<(&'static str, Incident)> {
     let shim_pod = PodRef { pod: Some("web-0".into()), namespace: Some("shop".into()), container: Some("app".into()), container_id: None };
     let umount = vec![
-        hop("umount", 27157, "umount", "umount2 /var/lib/kubelet/pods/x/volumes/vol (task_work after the syscall returned)", Some(12.4), Some((EdgeKind::Device, Exactness::Exact, "its writeback waits on the device"))),
+        hop(
+            "umount",
+            27157,
+            "umount",
+            "umount2 /var/lib/kubelet/pods/x/volumes/vol (task_work after the syscall returned)",
+            Some(12.4),
+            Some((EdgeKind::Device, Exactness::Exact, "its writeback waits on the device")),
+        ),
         terminal("device", None, "block device 7:0 (loop0): 0 requests in flight, 1002 KiB/s written over the last 5 s"),
     ];
     let c9770 = vec![
-        hop("pleg_relist", 900, "kubelet", "pleg.(*GenericPLEG).Relist", Some(74.2), Some((EdgeKind::CriCall, Exactness::Inferred, "the relist's CRI call"))),
-        hop("cri_call", 1200, "containerd", "server.(*criService).ListContainers, waiting on Status lock 0xc0000bd800", Some(73.9), Some((EdgeKind::GoLock, Exactness::Exact, "RLock on the lock UpdateSync holds"))),
-        hop("go_lock", 1200, "containerd", "container.(*statusStorage).UpdateSync holding Status lock 0xc0000bd800", Some(73.5), Some((EdgeKind::Ttrpc, Exactness::Exact, "its goroutine waits on a ttrpc Update to the shim"))),
-        Hop { pod: shim_pod.clone(), ..hop("go_call", 15351, "containerd-shim", "task.(*service).Update for container 606c6b6fe6fe", Some(73.4), Some((EdgeKind::ShimMutex, Exactness::Inferred, "the shim's per-process mutex, held by Delete"))) },
-        Hop { pod: shim_pod.clone(), ..hop("go_call", 15353, "containerd-shim", "task.(*service).Delete for container 606c6b6fe6fe", Some(73.2), Some((EdgeKind::SameGoroutine, Exactness::Exact, "the same goroutine is in umount2"))) },
-        Hop { pod: shim_pod, ..hop("umount", 15353, "containerd-shim", "umount2 /run/containerd/io.containerd.runtime.v2.task/k8s.io/606c6b6fe6fe/rootfs (task_work after the syscall returned)", Some(73.0), Some((EdgeKind::Device, Exactness::Exact, "its writeback waits on the device"))) },
+        hop(
+            "pleg_relist",
+            900,
+            "kubelet",
+            "pleg.(*GenericPLEG).Relist",
+            Some(74.2),
+            Some((EdgeKind::CriCall, Exactness::Inferred, "the relist's CRI call")),
+        ),
+        hop(
+            "cri_call",
+            1200,
+            "containerd",
+            "server.(*criService).ListContainers, waiting on Status lock 0xc0000bd800",
+            Some(73.9),
+            Some((EdgeKind::GoLock, Exactness::Exact, "RLock on the lock UpdateSync holds")),
+        ),
+        hop(
+            "go_lock",
+            1200,
+            "containerd",
+            "container.(*statusStorage).UpdateSync holding Status lock 0xc0000bd800",
+            Some(73.5),
+            Some((EdgeKind::Ttrpc, Exactness::Exact, "its goroutine waits on a ttrpc Update to the shim")),
+        ),
+        Hop {
+            pod: shim_pod.clone(),
+            ..hop(
+                "go_call",
+                15351,
+                "containerd-shim",
+                "task.(*service).Update for container 606c6b6fe6fe",
+                Some(73.4),
+                Some((EdgeKind::ShimMutex, Exactness::Inferred, "the shim's per-process mutex, held by Delete")),
+            )
+        },
+        Hop {
+            pod: shim_pod.clone(),
+            ..hop(
+                "go_call",
+                15353,
+                "containerd-shim",
+                "task.(*service).Delete for container 606c6b6fe6fe",
+                Some(73.2),
+                Some((EdgeKind::SameGoroutine, Exactness::Exact, "the same goroutine is in umount2")),
+            )
+        },
+        Hop {
+            pod: shim_pod,
+            ..hop(
+                "umount",
+                15353,
+                "containerd-shim",
+                "umount2 /run/containerd/io.containerd.runtime.v2.task/k8s.io/606c6b6fe6fe/rootfs (task_work after the syscall returned)",
+                Some(73.0),
+                Some((EdgeKind::Device, Exactness::Exact, "its writeback waits on the device")),
+            )
+        },
         terminal("device", None, "block device 7:1 (loop1): 0 requests in flight, 1.0 MiB/s written over the last 5 s"),
     ];
     let netlink = vec![
-        hop("netlink_request", 3100, "terwayd", "route RTM_NEWLINK seq 7", Some(95.0), Some((EdgeKind::NoReply, Exactness::Exact, "sent to the kernel (port 0); no reply matched its seq, and the sender waits in a receive"))),
+        hop(
+            "netlink_request",
+            3100,
+            "terwayd",
+            "route RTM_NEWLINK seq 7",
+            Some(95.0),
+            Some((
+                EdgeKind::NoReply,
+                Exactness::Exact,
+                "sent to the kernel (port 0); no reply matched its seq, and the sender waits in a receive",
+            )),
+        ),
         terminal("kernel", None, "the kernel: no reply"),
     ];
     let dbus = vec![
-        hop("dbus_call", 5200, "runc", "D-Bus org.freedesktop.systemd1.Manager.StartTransientUnit to org.freedesktop.systemd1", Some(31.0), Some((EdgeKind::DbusOwner, Exactness::Exact, "owner of org.freedesktop.systemd1 (GetConnectionUnixProcessID)"))),
+        hop(
+            "dbus_call",
+            5200,
+            "runc",
+            "D-Bus org.freedesktop.systemd1.Manager.StartTransientUnit to org.freedesktop.systemd1",
+            Some(31.0),
+            Some((EdgeKind::DbusOwner, Exactness::Exact, "owner of org.freedesktop.systemd1 (GetConnectionUnixProcessID)")),
+        ),
         terminal("process", Some(1), "systemd pid 1: state S, not reading its bus socket"),
     ];
     let child = vec![
-        hop("child_wait", 15351, "containerd-shim", "wait4(pid 15402)", Some(20.5), Some((EdgeKind::Child, Exactness::Exact, "the pid argument names it"))),
+        hop(
+            "child_wait",
+            15351,
+            "containerd-shim",
+            "wait4(pid 15402)",
+            Some(20.5),
+            Some((EdgeKind::Child, Exactness::Exact, "the pid argument names it")),
+        ),
         terminal("process", Some(15402), "runc pid 15402: state T (stopped)"),
     ];
     let mut late = c9770_found_late();
@@ -109,11 +202,32 @@ fn cases() -> Vec<(&'static str, Incident)> {
 
 /// A run started mid-stall: ages found by the goroutine scan and the sweep.
 fn c9770_found_late() -> Incident {
-    let mut relist = hop("pleg_relist", 900, "kubelet", "pleg.(*GenericPLEG).Relist", Some(12.0), Some((EdgeKind::CriCall, Exactness::Inferred, "the relist's CRI call")));
+    let mut relist = hop(
+        "pleg_relist",
+        900,
+        "kubelet",
+        "pleg.(*GenericPLEG).Relist",
+        Some(12.0),
+        Some((EdgeKind::CriCall, Exactness::Inferred, "the relist's CRI call")),
+    );
     relist.start = StartTiming::Waitsince;
-    let mut list = hop("cri_call", 1200, "containerd", "server.(*criService).ListContainers, waiting on Status lock 0xc0000bd800", Some(2.0), Some((EdgeKind::GoLock, Exactness::Exact, "RLock on the lock UpdateSync holds")));
+    let mut list = hop(
+        "cri_call",
+        1200,
+        "containerd",
+        "server.(*criService).ListContainers, waiting on Status lock 0xc0000bd800",
+        Some(2.0),
+        Some((EdgeKind::GoLock, Exactness::Exact, "RLock on the lock UpdateSync holds")),
+    );
     list.start = StartTiming::Unknown;
-    let mut umount = hop("umount", 15353, "containerd-shim", "umount2 (task_work after the syscall returned; found there, its target already unmounted)", Some(6.1), None);
+    let mut umount = hop(
+        "umount",
+        15353,
+        "containerd-shim",
+        "umount2 (task_work after the syscall returned; found there, its target already unmounted)",
+        Some(6.1),
+        None,
+    );
     umount.start = StartTiming::LowerBound;
     incident(Level::Warn, vec![relist, list, umount], 2)
 }
@@ -130,7 +244,11 @@ fn mask(text: &str) -> String {
                     _ => c.is_ascii_digit(),
                 })
                 && b[12] == b' ';
-            if clock { format!("HH:MM:SS.mmm{}", &l[12..]) } else { l.to_string() }
+            if clock {
+                format!("HH:MM:SS.mmm{}", &l[12..])
+            } else {
+                l.to_string()
+            }
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -172,6 +290,9 @@ fn the_first_screen_of_each_incident_kind_matches_its_golden_file() {
 
 #[test]
 fn the_mask_takes_the_clock_only() {
-    assert_eq!(mask("09:41:44.674 WARN incident #1 waited 2.1s\n  ROOT 1. umount 2.1s"), "HH:MM:SS.mmm WARN incident #1 waited 2.1s\n  ROOT 1. umount 2.1s\n");
+    assert_eq!(
+        mask("09:41:44.674 WARN incident #1 waited 2.1s\n  ROOT 1. umount 2.1s"),
+        "HH:MM:SS.mmm WARN incident #1 waited 2.1s\n  ROOT 1. umount 2.1s\n"
+    );
     assert_eq!(mask("9:41:44.674 x"), "9:41:44.674 x\n");
 }

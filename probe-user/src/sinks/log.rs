@@ -11,11 +11,20 @@ impl Sink for LogSink {
     fn emit(&mut self, event: &Event) {
         let event = super::escape::escaped(event);
         match &*event {
-            Event::Ready(r) => tracing::info!(pid = r.pid, probes = r.probes.len(), warn_s = r.warn_s, critical_s = r.critical_s, imminent_s = r.imminent_s, "plegwatch daemon ready"),
+            Event::Ready(r) => tracing::info!(
+                pid = r.pid,
+                probes = r.probes.len(),
+                warn_s = r.warn_s,
+                critical_s = r.critical_s,
+                imminent_s = r.imminent_s,
+                "plegwatch daemon ready"
+            ),
             Event::Target(t) => tracing::info!(target_kind = %t.target, status = t.status, pid = t.pid, binary = %t.binary, "Go target"),
             Event::GoroutineScan(g) => match &g.error {
                 Some(e) => tracing::warn!(target_kind = %g.target, pid = g.pid, "goroutines not read: {e}; every other probe goes on"),
-                None => tracing::info!(target_kind = %g.target, pid = g.pid, goroutines = g.goroutines, open_calls = g.open_calls, took_ms = g.took_ms, "goroutines read"),
+                None => {
+                    tracing::info!(target_kind = %g.target, pid = g.pid, goroutines = g.goroutines, open_calls = g.open_calls, took_ms = g.took_ms, "goroutines read")
+                }
             },
             Event::Incident(i) => {
                 let root = i.root.as_ref().map(|r| format!("{} [{}]", r.what, r.who())).unwrap_or_else(|| "a cycle (deadlock)".into());
@@ -34,10 +43,27 @@ impl Sink for LogSink {
                     "incident"
                 );
             }
-            Event::IncidentResolved(r) => tracing::info!(incident = r.id, waited_s = r.waited_s, merged_into = r.merged_into, "incident resolved"),
-            Event::Stall(s) => tracing::debug!(id = s.id, kind = s.kind.as_str(), level = s.level.as_str(), pid = s.pid, tid = s.tid, waited_s = s.waited_s, "wait"),
+            Event::IncidentResolved(r) => {
+                tracing::info!(incident = r.id, waited_s = r.waited_s, merged_into = r.merged_into, "incident resolved")
+            }
+            Event::Stall(s) => tracing::debug!(
+                id = s.id,
+                kind = s.kind.as_str(),
+                level = s.level.as_str(),
+                pid = s.pid,
+                tid = s.tid,
+                waited_s = s.waited_s,
+                "wait"
+            ),
             Event::Resolved(r) => tracing::debug!(id = r.id, kind = r.kind.as_str(), waited_s = r.waited_s, "wait ended"),
-            Event::Summary(s) => tracing::info!(ran_s = s.ran_s, incidents = s.incidents, incidents_resolved = s.incidents_resolved, dropped_waits = s.dropped_waits, dropped_events = s.dropped_events, "plegwatch daemon stopped"),
+            Event::Summary(s) => tracing::info!(
+                ran_s = s.ran_s,
+                incidents = s.incidents,
+                incidents_resolved = s.incidents_resolved,
+                dropped_waits = s.dropped_waits,
+                dropped_events = s.dropped_events,
+                "plegwatch daemon stopped"
+            ),
             Event::Status(_) => {}
         }
     }

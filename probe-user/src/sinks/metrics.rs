@@ -12,15 +12,15 @@ use crate::levels::Level;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet},
-    metrics::{MetricType, counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram, MetricType},
     registry::{Registry, Unit},
 };
 use serde::Serialize;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
-        Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
     },
 };
 
@@ -56,7 +56,8 @@ pub const POD_SERIES_MAX: usize = 32;
 /// their own, new ones take the free places up to `max`, and the rest add up
 /// under `other`. Label sets with no count are left out (their series go).
 pub fn bound_pods(counts: &BTreeMap<PodLabels, i64>, shown: &BTreeSet<PodLabels>, max: usize) -> BTreeMap<PodLabels, i64> {
-    let mut out: BTreeMap<PodLabels, i64> = counts.iter().filter(|(p, n)| **n > 0 && shown.contains(*p)).map(|(p, n)| (p.clone(), *n)).collect();
+    let mut out: BTreeMap<PodLabels, i64> =
+        counts.iter().filter(|(p, n)| **n > 0 && shown.contains(*p)).map(|(p, n)| (p.clone(), *n)).collect();
     out.retain(|p, _| *p != PodLabels::other());
     let mut other = 0;
     for (p, n) in counts.iter().filter(|(_, n)| **n > 0) {
@@ -174,7 +175,12 @@ impl Collector for TablesCollector {
                     m.encode_family(&labels)?.encode_gauge(&v)?;
                 }
             }
-            let mut m = encoder.encode_descriptor("plegwatch_go_calls", "Probed Go calls that returned, by target and function", None, MetricType::Counter)?;
+            let mut m = encoder.encode_descriptor(
+                "plegwatch_go_calls",
+                "Probed Go calls that returned, by target and function",
+                None,
+                MetricType::Counter,
+            )?;
             for r in &t.go_latency {
                 let labels = GoCallLabels { target: r.target.clone(), function: r.function.clone() };
                 m.encode_family(&labels)?.encode_counter::<NoLabelSet, _, f64>(&r.count, None)?;
@@ -268,7 +274,12 @@ pub fn metrics() -> (MetricsSink, Exposition) {
         budget.clone(),
     );
     let relist_age = Family::<PidLabel, Gauge<f64, AtomicU64>>::default();
-    r.register_with_unit("plegwatch_relist_age", "Time since the traced kubelet's last relist started, by kubelet pid", Unit::Seconds, relist_age.clone());
+    r.register_with_unit(
+        "plegwatch_relist_age",
+        "Time since the traced kubelet's last relist started, by kubelet pid",
+        Unit::Seconds,
+        relist_age.clone(),
+    );
     let dropped = Family::<DropLabels, Counter>::default();
     r.register("plegwatch_dropped_records", "Records the kernel could not keep, by probe and reason", dropped.clone());
     let scan_late = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
@@ -476,7 +487,8 @@ mod tests {
 
     fn hop(kind: &str, what: &str, root: bool) -> Hop {
         Hop {
-            pod: Default::default(), start: Default::default(),
+            pod: Default::default(),
+            start: Default::default(),
             wait_id: Some(1),
             kind: kind.into(),
             pid: Some(42),
@@ -593,7 +605,12 @@ mod tests {
     fn incident_pods_come_and_go() {
         let (mut sink, exp) = metrics();
         let mut root = hop("umount", "umount2 /mnt", true);
-        root.pod = crate::graph::model::PodRef { pod: Some("web-0".into()), namespace: Some("shop".into()), container: Some("app".into()), container_id: None };
+        root.pod = crate::graph::model::PodRef {
+            pod: Some("web-0".into()),
+            namespace: Some("shop".into()),
+            container: Some("app".into()),
+            container_id: None,
+        };
         let host = hop("cri_call", "ListContainers", false);
         sink.emit(&Event::Incident(Box::new(Incident {
             level: Level::Warn,
@@ -650,7 +667,15 @@ mod tests {
         assert_eq!(value(&text, r#"plegwatch_open_waits{kind="umount",level="warn"}"#), Some(1.0), "{text}");
         assert_eq!(value(&text, r#"plegwatch_open_waits{kind="umount",level="critical"}"#), Some(1.0), "{text}");
         for id in [1, 2] {
-            sink.emit(&Event::Resolved(Resolved { id, kind: WaitKind::Umount, pid: 1, tid: 1, waited_s: 3.0, comm: "umount".into(), timing: "exact" }));
+            sink.emit(&Event::Resolved(Resolved {
+                id,
+                kind: WaitKind::Umount,
+                pid: 1,
+                tid: 1,
+                waited_s: 3.0,
+                comm: "umount".into(),
+                timing: "exact",
+            }));
         }
         let text = exp.metrics().unwrap();
         assert_eq!(value(&text, r#"plegwatch_open_waits{kind="umount",level="warn"}"#), Some(0.0), "{text}");

@@ -9,9 +9,9 @@
 //! - [`MetricsSink`]: the daemon's OpenMetrics series and `/incidents`;
 //! - [`Tee`]: two sinks fed the same events.
 
+pub mod escape;
 #[cfg(test)]
 mod first_screen;
-pub mod escape;
 pub(crate) mod live;
 mod log;
 pub mod metrics;
@@ -22,7 +22,7 @@ pub use live::{LiveSink, LiveState};
 pub use log::LogSink;
 pub use metrics::{Exposition, MetricsSink};
 pub use report::ReportSink;
-pub use text::{TextOptions, TextSink, incident_text, render_text, render_text_with};
+pub use text::{incident_text, render_text, render_text_with, TextOptions, TextSink};
 
 use crate::events::{Event, Sink};
 use std::io::Write;

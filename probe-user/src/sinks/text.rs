@@ -2,7 +2,10 @@
 //! to bottom; with `--waits`, today's per-wait `stall` and `resolved` lines too.
 
 use crate::events::{Event, Sink};
-use crate::graph::{incidents::Incident, model::{Exactness, Hop, StartTiming}};
+use crate::graph::{
+    incidents::Incident,
+    model::{Exactness, Hop, StartTiming},
+};
 use crate::style::{human_secs, level_style, ok_style, paint};
 use serde_json::Value;
 use std::io::Write;
@@ -93,7 +96,13 @@ pub fn incident_text(clock: &str, i: &Incident, opts: &TextOptions, explain: boo
         out.push_str("\n       begun before plegwatch started: ages marked >= are lower bounds, ~ from the goroutine's GC stamp, ? unknown (counted from when found)");
     }
     for (n, h) in i.chain.iter().enumerate() {
-        let mark = if h.root { "ROOT" } else if h.wait_id.is_none() { " END" } else { "    " };
+        let mark = if h.root {
+            "ROOT"
+        } else if h.wait_id.is_none() {
+            " END"
+        } else {
+            "    "
+        };
         out.push_str(&format!("\n  {mark} {}. {}", n + 1, hop_line(h)));
         if explain {
             let role = match (h.root, n == 0 && i.chain.iter().filter(|h| h.wait_id.is_some()).count() > 1) {
@@ -107,7 +116,13 @@ pub fn incident_text(clock: &str, i: &Incident, opts: &TextOptions, explain: boo
             out.push_str(&format!("\n           -> {} ({}): {}", edge.as_str(), x.as_str(), h.evidence.as_deref().unwrap_or("")));
             if explain {
                 let next = i.chain.get(n + 1).map(|h| format!("#{} {}", n + 2, h.kind)).unwrap_or_else(|| "what holds it".into());
-                out.push_str(&format!("\n              in words: #{} {} {} ({next}); the link is {}", n + 1, h.kind, edge.meaning(), x.meaning()));
+                out.push_str(&format!(
+                    "\n              in words: #{} {} {} ({next}); the link is {}",
+                    n + 1,
+                    h.kind,
+                    edge.meaning(),
+                    x.meaning()
+                ));
             }
         }
     }
@@ -115,7 +130,12 @@ pub fn incident_text(clock: &str, i: &Incident, opts: &TextOptions, explain: boo
         let edge = h.edge.map(|e| e.as_str()).unwrap_or("?");
         out.push_str(&format!("\n     + {}\n           -> {edge} (heuristic): {}", hop_line(h), h.evidence.as_deref().unwrap_or("")));
         if let (true, Some(e)) = (explain, h.edge) {
-            out.push_str(&format!("\n              in words: this {} {}; the link is {}", h.kind, e.meaning(), Exactness::Heuristic.meaning()));
+            out.push_str(&format!(
+                "\n              in words: this {} {}; the link is {}",
+                h.kind,
+                e.meaning(),
+                Exactness::Heuristic.meaning()
+            ));
         }
     }
     let others = i.waits.len().saturating_sub(i.chain.iter().filter(|h| h.wait_id.is_some()).count() + i.attached.len());
@@ -227,9 +247,21 @@ fn boring_frame(f: &str) -> bool {
     let name = f.split(['+', ' ']).next().unwrap_or(f);
     matches!(
         name,
-        "__schedule" | "schedule" | "schedule_timeout" | "io_schedule" | "io_schedule_timeout" | "schedule_preempt_disabled"
-            | "do_syscall_64" | "x64_sys_call" | "entry_SYSCALL_64_after_hwframe" | "entry_SYSCALL_64" | "ret_from_fork" | "ret_from_fork_asm"
-            | "syscall_exit_to_user_mode" | "exit_to_user_mode_prepare" | "exit_to_user_mode_loop"
+        "__schedule"
+            | "schedule"
+            | "schedule_timeout"
+            | "io_schedule"
+            | "io_schedule_timeout"
+            | "schedule_preempt_disabled"
+            | "do_syscall_64"
+            | "x64_sys_call"
+            | "entry_SYSCALL_64_after_hwframe"
+            | "entry_SYSCALL_64"
+            | "ret_from_fork"
+            | "ret_from_fork_asm"
+            | "syscall_exit_to_user_mode"
+            | "exit_to_user_mode_prepare"
+            | "exit_to_user_mode_loop"
     )
 }
 
@@ -269,12 +301,7 @@ fn holder_text(h: &Value) -> String {
     if h.get("kind").and_then(Value::as_str) != Some("shim") {
         return detail_text(h);
     }
-    let mut out = format!(
-        "shim pid={} {} ({})",
-        h["pid"],
-        h.get("comm").and_then(Value::as_str).unwrap_or("?"),
-        exactness(h)
-    );
+    let mut out = format!("shim pid={} {} ({})", h["pid"], h.get("comm").and_then(Value::as_str).unwrap_or("?"), exactness(h));
     let calls = h.get("calls").and_then(Value::as_array).cloned().unwrap_or_default();
     for c in &calls {
         out.push_str(&format!(
@@ -425,11 +452,7 @@ pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
             r.pid,
             r.tid,
             human_secs(r.waited_s),
-            if r.timing == "exact" {
-                ""
-            } else {
-                " (approximate)"
-            }
+            if r.timing == "exact" { "" } else { " (approximate)" }
         ),
         Event::Summary(s) => {
             let mut out = format!(
@@ -442,13 +465,20 @@ pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
                 s.dropped_waits,
                 s.dropped_events
             );
-            let dropped: Vec<String> = s.dropped.iter().filter(|d| d.count > 0).map(|d| format!("{}/{} {}", d.probe, d.reason, d.count)).collect();
+            let dropped: Vec<String> =
+                s.dropped.iter().filter(|d| d.count > 0).map(|d| format!("{}/{} {}", d.probe, d.reason, d.count)).collect();
             if !dropped.is_empty() {
                 out.push_str(&format!("\n    kernel drops by probe: {}", dropped.join(", ")));
             }
             out.push_str(&format!(
                 "\n    incidents: {} raised, {} resolved; scans: {} (late p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; took p99 {:.1} ms)",
-                s.incidents, s.incidents_resolved, s.scans.scans, s.scans.late_p50_ms, s.scans.late_p99_ms, s.scans.late_max_ms, s.scans.took_p99_ms
+                s.incidents,
+                s.incidents_resolved,
+                s.scans.scans,
+                s.scans.late_p50_ms,
+                s.scans.late_p99_ms,
+                s.scans.late_max_ms,
+                s.scans.took_p99_ms
             ));
             let q = &s.requests_seen;
             out.push_str(&format!(
@@ -508,7 +538,12 @@ pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{events::{Resolved, Stall}, levels::Level, sinks::JsonSink, syscalls::WaitKind};
+    use crate::{
+        events::{Resolved, Stall},
+        levels::Level,
+        sinks::JsonSink,
+        syscalls::WaitKind,
+    };
     use serde_json::json;
 
     fn stall() -> Stall {
@@ -568,11 +603,20 @@ mod tests {
             assert!(v.get(k).is_none(), "{k} on a host process: {v}");
         }
         let mut s = stall();
-        s.pod = crate::graph::model::PodRef { pod: Some("web-0".into()), namespace: Some("shop".into()), container: Some("app".into()), container_id: Some("ab".repeat(32)) };
+        s.pod = crate::graph::model::PodRef {
+            pod: Some("web-0".into()),
+            namespace: Some("shop".into()),
+            container: Some("app".into()),
+            container_id: Some("ab".repeat(32)),
+        };
         let mut buf = Vec::new();
         JsonSink(&mut buf).emit(&Event::Stall(s));
         let v: Value = serde_json::from_slice(&buf).unwrap();
-        assert_eq!((v["pod"].as_str(), v["namespace"].as_str(), v["container"].as_str()), (Some("web-0"), Some("shop"), Some("app")), "{v}");
+        assert_eq!(
+            (v["pod"].as_str(), v["namespace"].as_str(), v["container"].as_str()),
+            (Some("web-0"), Some("shop"), Some("app")),
+            "{v}"
+        );
 
         let mut buf = Vec::new();
         JsonSink(&mut buf).emit(&Event::Resolved(Resolved {
@@ -593,13 +637,7 @@ mod tests {
     #[test]
     fn text_lines_name_the_essentials() {
         let t = render_text(&Event::Stall(stall()));
-        assert!(
-            t.contains("WARN")
-                && t.contains("umount")
-                && t.contains("pid=10")
-                && t.contains("target=/mnt/x"),
-            "{t}"
-        );
+        assert!(t.contains("WARN") && t.contains("umount") && t.contains("pid=10") && t.contains("target=/mnt/x"), "{t}");
         assert!(t.contains("folio_wait_bit < sync_filesystem"), "{t}");
     }
 
@@ -621,17 +659,21 @@ mod tests {
         assert_eq!(cause_text(&child), "runc pid=9 is running (state S), a child of pid 7 (exact)");
         let umount = json!({"kind": "umount", "syscall": "umount2", "phase": "task_work", "waited_s": 20.04, "pid": 7, "tid": 8,
                             "comm": "containerd-shim", "via": "task.(*service).Delete", "exact": true});
-        assert_eq!(
-            cause_text(&umount),
-            "umount2 (task_work) for 20.0s in containerd-shim pid=7 tid=8, via task.(*service).Delete (exact)"
-        );
+        assert_eq!(cause_text(&umount), "umount2 (task_work) for 20.0s in containerd-shim pid=7 tid=8, via task.(*service).Delete (exact)");
         let inferred = json!({"kind": "umount", "pid": 7, "comm": "containerd-shim", "waited_s": 3.0, "exact": false});
         assert_eq!(cause_text(&inferred), "umount for 3.0s in containerd-shim pid=7 (inferred)");
         // Other holders keep their fields.
         assert!(holder_text(&json!({"kind": "kernel", "what": "netlink route: no reply"})).contains("what=netlink route"));
     }
 
-    fn hop(kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<(crate::graph::model::EdgeKind, crate::graph::model::Exactness)>, root: bool) -> Hop {
+    fn hop(
+        kind: &str,
+        pid: u32,
+        what: &str,
+        waited: Option<f64>,
+        edge: Option<(crate::graph::model::EdgeKind, crate::graph::model::Exactness)>,
+        root: bool,
+    ) -> Hop {
         Hop {
             pod: Default::default(),
             start: Default::default(),
@@ -684,13 +726,28 @@ mod tests {
 
     #[test]
     fn an_incident_reads_top_to_bottom_with_its_root_marked() {
-        use crate::graph::{incidents::IncidentResolved, model::{EdgeKind, Exactness}};
+        use crate::graph::{
+            incidents::IncidentResolved,
+            model::{EdgeKind, Exactness},
+        };
         let chain = vec![
             hop("pleg_relist", 10, "pleg.(*GenericPLEG).Relist", Some(74.0), Some((EdgeKind::CriCall, Exactness::Inferred)), false),
             hop("go_lock", 20, "UpdateSync holding Status lock 0xc000a1b2", Some(73.5), Some((EdgeKind::Ttrpc, Exactness::Exact)), false),
             Hop {
-                pod: crate::graph::model::PodRef { pod: Some("web-0".into()), namespace: Some("shop".into()), container: None, container_id: None },
-                ..hop("umount", 30, "umount2 /rootfs (task_work after the syscall returned)", Some(73.0), Some((EdgeKind::Device, Exactness::Exact)), true)
+                pod: crate::graph::model::PodRef {
+                    pod: Some("web-0".into()),
+                    namespace: Some("shop".into()),
+                    container: None,
+                    container_id: None,
+                },
+                ..hop(
+                    "umount",
+                    30,
+                    "umount2 /rootfs (task_work after the syscall returned)",
+                    Some(73.0),
+                    Some((EdgeKind::Device, Exactness::Exact)),
+                    true,
+                )
             },
             hop("device", 0, "block device 7:1 (loop1): 0 requests in flight, 1.0 MiB/s written over the last 5 s", None, None, false),
         ];
@@ -712,7 +769,13 @@ mod tests {
         let t = render_text(&Event::Incident(Box::new(i)));
         eprintln!("{t}");
         let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].contains("CRITICAL") && lines[0].contains("incident #3") && lines[0].contains("41%") && lines[0].contains("(level changed)"), "{t}");
+        assert!(
+            lines[0].contains("CRITICAL")
+                && lines[0].contains("incident #3")
+                && lines[0].contains("41%")
+                && lines[0].contains("(level changed)"),
+            "{t}"
+        );
         assert!(lines[0].contains("root: umount2 /rootfs"), "{t}");
         assert!(lines[1].contains("1. pleg_relist") && lines[1].contains("1m14s"), "{t}");
         assert!(lines[2].contains("-> cri_call (inferred)"), "{t}");
@@ -779,12 +842,24 @@ mod tests {
             let t = render_text_with(&e, &opts);
             assert!(!t.contains("{\"") && !t.contains("\":"), "JSON in a text line:\n{t}");
         }
-        let t = render_text_with(&Event::Stall({ let mut s = stall(); s.detail = json!({"offcpu": {"d_sleeps": 3}}); s }), &opts);
+        let t = render_text_with(
+            &Event::Stall({
+                let mut s = stall();
+                s.detail = json!({"offcpu": {"d_sleeps": 3}});
+                s
+            }),
+            &opts,
+        );
         assert!(t.contains("offcpu.d_sleeps=3"), "{t}");
         // The start line: one line, counts and what is off and why; every variant with -v.
         let t = render_text_with(&ready, &opts);
         assert!(!t.contains('\n') && t.len() < 200, "{t}");
-        assert!(t.contains("plegwatch watching") && t.contains("2 of 3 probes on") && t.contains("off: lock_contention (no tracepoint lock:contention_begin)"), "{t}");
+        assert!(
+            t.contains("plegwatch watching")
+                && t.contains("2 of 3 probes on")
+                && t.contains("off: lock_contention (no tracepoint lock:contention_begin)"),
+            "{t}"
+        );
         assert!(t.contains("warn 2s, critical 1m00s, imminent 2m30s"), "{t}");
         let v = render_text_with(&ready, &TextOptions { verbose: true, ..opts });
         assert!(v.contains("offcpu=tracepoint x"), "{v}");
@@ -815,8 +890,28 @@ mod tests {
 
     #[test]
     fn stacks_are_folded_to_the_frames_that_matter_unless_full() {
-        let frames: Vec<String> = ["__schedule", "schedule", "io_schedule", "folio_wait_bit_common", "folio_wait_writeback", "__filemap_fdatawait_range", "filemap_fdatawait_keep_errors", "sync_inodes_sb", "sync_filesystem", "generic_shutdown_super", "kill_block_super", "deactivate_locked_super", "cleanup_mnt", "task_work_run", "syscall_exit_to_user_mode", "do_syscall_64", "entry_SYSCALL_64_after_hwframe"]
-            .iter().map(|f| f.to_string()).collect();
+        let frames: Vec<String> = [
+            "__schedule",
+            "schedule",
+            "io_schedule",
+            "folio_wait_bit_common",
+            "folio_wait_writeback",
+            "__filemap_fdatawait_range",
+            "filemap_fdatawait_keep_errors",
+            "sync_inodes_sb",
+            "sync_filesystem",
+            "generic_shutdown_super",
+            "kill_block_super",
+            "deactivate_locked_super",
+            "cleanup_mnt",
+            "task_work_run",
+            "syscall_exit_to_user_mode",
+            "do_syscall_64",
+            "entry_SYSCALL_64_after_hwframe",
+        ]
+        .iter()
+        .map(|f| f.to_string())
+        .collect();
         let folded = stack_text(&frames, false);
         assert!(folded.starts_with("folio_wait_bit_common < ") && !folded.contains("schedule <"), "{folded}");
         assert!(folded.contains("(+11 frames: --stacks full)"), "{folded}");

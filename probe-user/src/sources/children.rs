@@ -9,10 +9,10 @@
 //! graph's call (`graph::children::matters`).
 
 use crate::graph::children::{ChildWaitFact, WaitTarget};
-use crate::observe::pipes;
 use crate::graph::model::WaitKey;
+use crate::observe::pipes;
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use plegwatch_abi::{CHILD_WAIT_WAIT4, ChildWait, P_ALL, P_PGID, P_PID, P_PIDFD};
+use plegwatch_abi::{ChildWait, CHILD_WAIT_WAIT4, P_ALL, P_PGID, P_PID, P_PIDFD};
 use std::collections::HashMap;
 
 /// What a kernel record's selector means.

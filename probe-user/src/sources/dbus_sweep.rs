@@ -11,22 +11,21 @@
 //! queue's owner is the holder; the caller is named by the call's `sender`.
 
 use crate::{
-    proto::dbus::{
-        header::{self, FIXED_LEN, Fixed, MessageKind},
-        stream::MAX_HEADER_FIELDS,
-    },
     observe::holders::unix_peer,
     observe::procfs,
+    proto::dbus::{
+        header::{self, Fixed, MessageKind, FIXED_LEN},
+        stream::MAX_HEADER_FIELDS,
+    },
 };
 use std::{
     collections::{HashMap, HashSet},
-    os::fd::{FromRawFd as _, OwnedFd, AsRawFd as _},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
 /// Paths that are D-Bus buses on any node, besides those dbus-daemon or
 /// dbus-broker are found listening on.
-pub const KNOWN_BUS_PATHS: &[&str] =
-    &["/run/dbus/system_bus_socket", "/var/run/dbus/system_bus_socket", "/run/systemd/private"];
+pub const KNOWN_BUS_PATHS: &[&str] = &["/run/dbus/system_bus_socket", "/var/run/dbus/system_bus_socket", "/run/systemd/private"];
 
 /// A bus connection that existed at startup.
 #[derive(Clone, Debug, PartialEq, Eq)]

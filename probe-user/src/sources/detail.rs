@@ -2,13 +2,13 @@
 //! system and device; a sync's file and device) and where the thread stands.
 
 use crate::{
-    sources::inflight::WaitInfo,
     observe::mounts::{Mount, MountTable},
     observe::namespaces,
     observe::procfs,
-    syscalls::{Arg0, WaitKind, by_slot},
+    sources::inflight::WaitInfo,
+    syscalls::{by_slot, Arg0, WaitKind},
 };
-use serde_json::{Map, Value, json};
+use serde_json::{json, Map, Value};
 
 /// The part of a wait's detail that does not change while it lasts. Computed
 /// once, at its first report, while the fd is still open and the mount
@@ -76,7 +76,9 @@ pub fn device_of(info: &WaitInfo, mounts: &MountTable) -> Option<((u32, u32), St
             let m = mounts.by_mount_point(&target).or_else(|| cut.then(|| mounts.by_mount_point_prefix(&target)).flatten()).cloned();
             (m.or_else(|| the_callers_mount(info.tgid, &target, mounts))?, "the unmounted file system")
         }
-        (_, Arg0::Fd) => (mounts.by_dev(procfs::open_file(info.tid, info.arg0 & 0xffff_ffff)?.dev)?.clone(), "the synced file's file system"),
+        (_, Arg0::Fd) => {
+            (mounts.by_dev(procfs::open_file(info.tid, info.arg0 & 0xffff_ffff)?.dev)?.clone(), "the synced file's file system")
+        }
         _ => return None,
     };
     let dev = mounts.backing_dev(&m);
@@ -109,16 +111,9 @@ fn absolute(pid: u32, path: &str) -> String {
 /// state and wait channel now.
 pub fn now(fixed: &Map<String, Value>, info: &WaitInfo) -> Value {
     let mut d = fixed.clone();
-    let phase = if info.sys_exit_ns != 0 {
-        "task_work"
-    } else {
-        "syscall"
-    };
+    let phase = if info.sys_exit_ns != 0 { "task_work" } else { "syscall" };
     d.insert("phase".into(), json!(phase));
-    d.insert(
-        "state".into(),
-        json!(procfs::state(info.tid).map(String::from)),
-    );
+    d.insert("state".into(), json!(procfs::state(info.tid).map(String::from)));
     d.insert("wchan".into(), json!(procfs::wchan(info.tid)));
     if info.before_attach {
         // Found by the startup sweep: say what its age rests on, and its bound above.

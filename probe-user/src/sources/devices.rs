@@ -6,11 +6,11 @@
 //! the CPUs and keeps a short history of bytes written to turn into a rate.
 
 use crate::{
-    kernel::loader::{WatchError, take_map},
     graph::model::{HolderId, Terminal},
+    kernel::loader::{take_map, WatchError},
 };
 use aya::maps::{MapData, PerCpuHashMap};
-use plegwatch_abi::{DevIo, block_maps};
+use plegwatch_abi::{block_maps, DevIo};
 use std::collections::{HashMap, VecDeque};
 
 /// How far back the write rate looks.

@@ -11,7 +11,7 @@
 //! kernel replaces or removes that entry; an end record the kernel sends for it
 //! later is dropped.
 
-use crate::sources::inflight::{END_GRACE, WaitKey};
+use crate::sources::inflight::{WaitKey, END_GRACE};
 use std::collections::HashMap;
 
 /// The waits judged over whose entries may still be in the kernel's map.

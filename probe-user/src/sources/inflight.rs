@@ -8,7 +8,7 @@
 
 use crate::graph::model::{OpenWait, StartTiming, WaitKey as WaitGraphKey, Who};
 use crate::levels::{Level, Thresholds};
-use plegwatch_abi::{WAIT_BEFORE_ATTACH, Wait, WaitEnd};
+use plegwatch_abi::{Wait, WaitEnd, WAIT_BEFORE_ATTACH};
 use std::{collections::HashMap, time::Duration};
 
 /// A wait is named by its thread and its start time (a thread has one open wait).
@@ -223,14 +223,7 @@ pub struct Registry<T: Item = WaitInfo> {
 
 impl<T: Item> Registry<T> {
     pub fn new(thresholds: Thresholds, filter: Filter) -> Self {
-        Registry {
-            thresholds,
-            filter,
-            tracked: HashMap::new(),
-            done: Default::default(),
-            stalls: 0,
-            resolved: 0,
-        }
+        Registry { thresholds, filter, tracked: HashMap::new(), done: Default::default(), stalls: 0, resolved: 0 }
     }
 
     pub fn get(&self, key: &T::Key) -> Option<&Tracked<T>> {
@@ -279,21 +272,12 @@ impl<T: Item> Registry<T> {
     fn track(&mut self, info: T, level: Level) -> &mut Tracked<T> {
         // The same id as the wait has in the incidents that list it.
         let id = crate::graph::ids::id_of(info.wait_key());
-        self.tracked.entry(info.key()).or_insert(Tracked {
-            id,
-            info,
-            reported: level,
-            missing_since_ns: None,
-        })
+        self.tracked.entry(info.key()).or_insert(Tracked { id, info, reported: level, missing_since_ns: None })
     }
 
     /// Looks at a snapshot of the kernel's open waits taken at `now_ns`
     /// (CLOCK_MONOTONIC, as `bpf_ktime_get_ns`).
-    pub fn scan<'a>(
-        &mut self,
-        open: impl IntoIterator<Item = &'a T>,
-        now_ns: u64,
-    ) -> Vec<Action<T::Key>>
+    pub fn scan<'a>(&mut self, open: impl IntoIterator<Item = &'a T>, now_ns: u64) -> Vec<Action<T::Key>>
     where
         T: 'a,
     {
@@ -332,11 +316,7 @@ impl<T: Item> Registry<T> {
                 None => t.missing_since_ns = Some(now_ns),
                 Some(since) if now_ns.saturating_sub(since) >= END_GRACE.as_nanos() as u64 => {
                     let waited = Duration::from_nanos(since.saturating_sub(t.info.start_ns()));
-                    actions.push(Action::Resolve {
-                        key: *key,
-                        waited,
-                        exact: false,
-                    });
+                    actions.push(Action::Resolve { key: *key, waited, exact: false });
                 }
                 Some(_) => {}
             }
@@ -360,21 +340,13 @@ impl<T: Item> Registry<T> {
         if self.done.contains(&key) {
             // Already resolved by other means (see `vanished`).
         } else if self.tracked.contains_key(&key) {
-            actions.push(Action::Resolve {
-                key,
-                waited,
-                exact: true,
-            });
+            actions.push(Action::Resolve { key, waited, exact: true });
         } else if self.filter.matches(&info) {
             // It crossed a level between two scans: report it late, then resolve.
             if let Some(level) = self.thresholds.level(waited) {
                 self.track(info, level);
                 actions.push(Action::Report { key, level, waited });
-                actions.push(Action::Resolve {
-                    key,
-                    waited,
-                    exact: true,
-                });
+                actions.push(Action::Resolve { key, waited, exact: true });
             }
         }
         self.count(&actions);
@@ -385,11 +357,7 @@ impl<T: Item> Registry<T> {
     /// task_work tail is over by `/proc`) at `end_ns`.
     pub fn vanished(&mut self, key: T::Key, end_ns: u64) -> Option<Action<T::Key>> {
         let start = self.tracked.get(&key)?.info.start_ns();
-        let a = Action::Resolve {
-            key,
-            waited: Duration::from_nanos(end_ns.saturating_sub(start)),
-            exact: false,
-        };
+        let a = Action::Resolve { key, waited: Duration::from_nanos(end_ns.saturating_sub(start)), exact: false };
         self.count(std::slice::from_ref(&a));
         Some(a)
     }
@@ -488,12 +456,7 @@ mod tests {
 
     fn reg() -> Registry<WaitInfo> {
         Registry::new(
-            Thresholds::new(
-                Duration::from_secs(2),
-                Duration::from_secs(10),
-                Duration::from_secs(150),
-            )
-            .unwrap(),
+            Thresholds::new(Duration::from_secs(2), Duration::from_secs(10), Duration::from_secs(150)).unwrap(),
             Filter::default(),
         )
     }
@@ -515,34 +478,12 @@ mod tests {
         let w = wait(5, 100 * S, "umount");
         assert!(r.scan([&w], 101 * S).is_empty());
         let a = r.scan([&w], 102 * S + 1);
-        assert!(matches!(
-            a[..],
-            [Action::Report {
-                level: Level::Warn,
-                ..
-            }]
-        ));
-        assert!(
-            r.scan([&w], 103 * S).is_empty(),
-            "no repeat at the same level"
-        );
+        assert!(matches!(a[..], [Action::Report { level: Level::Warn, .. }]));
+        assert!(r.scan([&w], 103 * S).is_empty(), "no repeat at the same level");
         let a = r.scan([&w], 110 * S);
-        assert!(matches!(
-            a[..],
-            [Action::Report {
-                level: Level::Critical,
-                ..
-            }]
-        ));
+        assert!(matches!(a[..], [Action::Report { level: Level::Critical, .. }]));
         let a = r.end(WaitInfo::from(&end(&w, 111 * S + S / 2)), 111 * S + S / 2);
-        assert_eq!(
-            a,
-            vec![Action::Resolve {
-                key: w.key(),
-                waited: Duration::from_millis(11_500),
-                exact: true
-            }]
-        );
+        assert_eq!(a, vec![Action::Resolve { key: w.key(), waited: Duration::from_millis(11_500), exact: true }]);
         assert_eq!(r.counts(), (2, 1));
     }
 
@@ -553,16 +494,7 @@ mod tests {
         assert!(r.end(WaitInfo::from(&end(&w, S)), S).is_empty());
         let w2 = wait(7, 10 * S, "dd");
         let a = r.end(WaitInfo::from(&end(&w2, 13 * S)), 13 * S);
-        assert!(matches!(
-            a[..],
-            [
-                Action::Report {
-                    level: Level::Warn,
-                    ..
-                },
-                Action::Resolve { exact: true, .. }
-            ]
-        ));
+        assert!(matches!(a[..], [Action::Report { level: Level::Warn, .. }, Action::Resolve { exact: true, .. }]));
     }
 
     #[test]
@@ -573,14 +505,7 @@ mod tests {
         assert!(r.scan(std::iter::empty(), 4 * S).is_empty());
         assert!(r.scan(std::iter::empty(), 5 * S).is_empty());
         let a = r.scan(std::iter::empty(), 6 * S);
-        assert_eq!(
-            a,
-            vec![Action::Resolve {
-                key: w.key(),
-                waited: Duration::from_secs(4),
-                exact: false
-            }]
-        );
+        assert_eq!(a, vec![Action::Resolve { key: w.key(), waited: Duration::from_secs(4), exact: false }]);
     }
 
     #[test]
@@ -589,42 +514,20 @@ mod tests {
         let w = wait(9, 0, "umount");
         r.scan([&w], 3 * S);
         let a = r.vanished(w.key(), 4 * S).unwrap();
-        assert_eq!(
-            a,
-            Action::Resolve {
-                key: w.key(),
-                waited: Duration::from_secs(4),
-                exact: false
-            }
-        );
+        assert_eq!(a, Action::Resolve { key: w.key(), waited: Duration::from_secs(4), exact: false });
         r.forget(&w.key());
-        assert!(
-            r.end(WaitInfo::from(&end(&w, 4 * S)), 4 * S).is_empty(),
-            "the late exact record must not report it again"
-        );
+        assert!(r.end(WaitInfo::from(&end(&w, 4 * S)), 4 * S).is_empty(), "the late exact record must not report it again");
     }
 
     #[test]
     fn filters_by_pid_and_comm_glob() {
-        let f = Filter {
-            pids: vec![],
-            comms: vec!["containerd-shim*".into()],
-        };
+        let f = Filter { pids: vec![], comms: vec!["containerd-shim*".into()] };
         assert!(f.matches(&wait(1, 0, "containerd-shim")));
         assert!(!f.matches(&wait(1, 0, "containerd")));
-        let f = Filter {
-            pids: vec![42],
-            comms: vec![],
-        };
+        let f = Filter { pids: vec![42], comms: vec![] };
         assert!(f.matches(&wait(42, 0, "x")));
         assert!(!f.matches(&wait(43, 0, "x")));
-        let mut r = Registry::new(
-            Thresholds::default(),
-            Filter {
-                pids: vec![1],
-                comms: vec![],
-            },
-        );
+        let mut r = Registry::new(Thresholds::default(), Filter { pids: vec![1], comms: vec![] });
         assert!(r.scan([&wait(2, 0, "x")], 500 * S).is_empty());
     }
 
@@ -650,10 +553,7 @@ mod tests {
         w.comm[..6].copy_from_slice(b"umount");
         w.path[..4].copy_from_slice(b"/mnt");
         let i = WaitInfo::from(&w);
-        assert_eq!(
-            (i.comm.as_str(), i.path.as_str(), i.key()),
-            ("umount", "/mnt", (6, 1))
-        );
+        assert_eq!((i.comm.as_str(), i.path.as_str(), i.key()), ("umount", "/mnt", (6, 1)));
         assert!(i.before_attach);
     }
 }

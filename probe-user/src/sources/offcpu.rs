@@ -8,16 +8,16 @@
 //! ([`OffCpu::prune`], what goes: [`super::offcpu_prune`]).
 
 use crate::{
-    kernel::loader::{WatchError, take_map},
+    kernel::loader::{take_map, WatchError},
     observe::{procfs, proclist::ProcList},
     sources::offcpu_prune,
 };
 use aya::{
-    Ebpf,
     maps::{HashMap as BpfHashMap, MapData, StackTraceMap},
+    Ebpf,
 };
-use plegwatch_abi::{LockWait, OffCpuKey, OffCpuStart, OffCpuVal, lock_maps, offcpu_maps};
-use serde_json::{Value, json};
+use plegwatch_abi::{lock_maps, offcpu_maps, LockWait, OffCpuKey, OffCpuStart, OffCpuVal};
+use serde_json::{json, Value};
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     time::{Duration, Instant},
@@ -105,8 +105,7 @@ impl OffCpu {
             let _ = self.interesting.remove(&gone);
         }
         // The kernel marks umount2 callers itself (value 2): drop the dead ones.
-        let dead: Vec<u32> =
-            self.interesting.keys().filter_map(Result::ok).filter(|t| !procfs::thread_exists(*t)).collect();
+        let dead: Vec<u32> = self.interesting.keys().filter_map(Result::ok).filter(|t| !procfs::thread_exists(*t)).collect();
         for t in dead {
             let _ = self.interesting.remove(&t);
         }
@@ -317,10 +316,11 @@ mod tests {
 
     #[test]
     fn lock_site_skips_mutex_internals() {
-        let s: Vec<String> = ["__schedule", "schedule", "schedule_preempt_disabled", "__mutex_lock.constprop.0", "rtnl_lock", "rtnetlink_rcv_msg"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let s: Vec<String> =
+            ["__schedule", "schedule", "schedule_preempt_disabled", "__mutex_lock.constprop.0", "rtnl_lock", "rtnetlink_rcv_msg"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         assert_eq!(lock_site(&s), Some("rtnl_lock"));
     }
 

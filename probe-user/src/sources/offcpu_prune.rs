@@ -92,7 +92,17 @@ mod tests {
     fn entries_of_gone_processes_go_and_live_ones_stay() {
         let agg = [key(10, 10, 1), key(10, 11, 2), key(20, 20, 3), key(30, 30, -1)];
         let mut asked = Vec::new();
-        let p = plan(&agg, |t| { asked.push(t); t != 20 && t != 30 }, &HashSet::new(), &[], &HashSet::new(), 100);
+        let p = plan(
+            &agg,
+            |t| {
+                asked.push(t);
+                t != 20 && t != 30
+            },
+            &HashSet::new(),
+            &[],
+            &HashSet::new(),
+            100,
+        );
         assert_eq!(p.offcpu, vec![key(20, 20, 3), key(30, 30, -1)]);
         asked.sort_unstable();
         assert_eq!(asked, vec![10, 20, 30], "each process asked once");

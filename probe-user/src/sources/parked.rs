@@ -43,8 +43,8 @@ use std::{
     collections::{HashMap, HashSet, VecDeque},
     os::unix::ffi::OsStrExt as _,
     sync::{
+        mpsc::{sync_channel, Receiver, SyncSender, TrySendError},
         Arc, Mutex,
-        mpsc::{Receiver, SyncSender, TrySendError, sync_channel},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -85,8 +85,20 @@ pub fn lock_futex(args: &[u64; 6]) -> Option<(&'static str, u32)> {
     let private = args[1] & 128 != 0;
     let val = args[2] as u32;
     let op = match args[1] & FUTEX_CMD_MASK {
-        FUTEX_WAIT if val == 2 => if private { "FUTEX_WAIT_PRIVATE" } else { "FUTEX_WAIT" },
-        FUTEX_WAIT_BITSET if val == 2 => if private { "FUTEX_WAIT_BITSET_PRIVATE" } else { "FUTEX_WAIT_BITSET" },
+        FUTEX_WAIT if val == 2 => {
+            if private {
+                "FUTEX_WAIT_PRIVATE"
+            } else {
+                "FUTEX_WAIT"
+            }
+        }
+        FUTEX_WAIT_BITSET if val == 2 => {
+            if private {
+                "FUTEX_WAIT_BITSET_PRIVATE"
+            } else {
+                "FUTEX_WAIT_BITSET"
+            }
+        }
         FUTEX_LOCK_PI | FUTEX_LOCK_PI2 => "FUTEX_LOCK_PI",
         _ => return None,
     };

@@ -8,38 +8,35 @@
 
 use crate::{
     clock::monotonic_ns,
-    kernel::loader::{WatchError, take_map},
-    sources::inflight::{Action, Filter, Registry},
-    levels::Thresholds,
     events::{Event, Sink, Stall},
-    observe::procfs::{self, SyscallState},
-    observe::holders::{
-        SocketOwners, UnixPeers,
-        bus_owner::{self, Owner},
-        owner_lookups::OwnerLookups,
-    },
-    sources::dbus_sweep,
+    graph::ttrpc::TtrpcFacts,
     graph::{
         model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait, StartTiming, Terminal, WaitKey, Who},
         resolvers::{self, Procs},
     },
+    kernel::loader::{take_map, WatchError},
+    levels::Thresholds,
+    observe::holders::{
+        bus_owner::{self, Owner},
+        owner_lookups::OwnerLookups,
+        SocketOwners, UnixPeers,
+    },
+    observe::procfs::{self, SyscallState},
+    sources::dbus_sweep,
     sources::inflight::Item,
-    sources::sockets::{DbusOpen, NetlinkOpen, Sockets, sock_key},
+    sources::inflight::{Action, Filter, Registry},
+    sources::sockets::{sock_key, DbusOpen, NetlinkOpen, Sockets},
     sources::sweep::{self, AgeClock},
     sources::ttrpc::TtrpcWatch,
-    graph::ttrpc::TtrpcFacts,
     syscalls::WaitKind,
 };
 use aya::{
-    Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
+    Ebpf,
 };
-use plegwatch_abi::{EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, TtrpcPos, sock_maps, ttrpc_maps};
-use serde_json::{Value, json};
-use std::{
-    collections::HashMap,
-    time::Duration,
-};
+use plegwatch_abi::{sock_maps, ttrpc_maps, EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, TtrpcPos};
+use serde_json::{json, Value};
+use std::{collections::HashMap, time::Duration};
 
 /// The receive syscalls a thread blocked on a netlink reply may sit in.
 const RECV_NRS: [i64; 4] = [libc::SYS_recvfrom, libc::SYS_recvmsg, libc::SYS_read, libc::SYS_readv];
@@ -252,8 +249,7 @@ impl ReqWatch {
                 (_, peer) => peer,
             };
             let Some(caller) = caller else { continue };
-            let Some(conn) = found.connections.iter().find(|c| c.tgid == caller && !c.daemon_side && c.bus_path == q.bus_path)
-            else {
+            let Some(conn) = found.connections.iter().find(|c| c.tgid == caller && !c.daemon_side && c.bus_path == q.bus_path) else {
                 continue;
             };
             let (tid, since) = clock.process_blocked_since_ns(caller);
@@ -306,9 +302,9 @@ impl ReqWatch {
     pub fn scan(&mut self, now_ns: u64, sink: &mut dyn Sink) {
         let calls: Vec<(u32, SockCall)> = self.calls.iter().filter_map(Result::ok).collect();
         self.sockets.retain_live_open(procfs::thread_exists);
-        self.swept.retain(|s| {
-            matches!(procfs::syscall(s.tid), Some(SyscallState::In { nr, args }) if RECV_NRS.contains(&nr) && args[0] as u32 == s.fd)
-        });
+        self.swept.retain(
+            |s| matches!(procfs::syscall(s.tid), Some(SyscallState::In { nr, args }) if RECV_NRS.contains(&nr) && args[0] as u32 == s.fd),
+        );
         let mut open = self.sockets.open_netlink(&calls, now_ns);
         open.extend(self.swept.iter().cloned());
         self.open_by_pid.clear();
@@ -336,21 +332,12 @@ impl ReqWatch {
             self.ttrpc.retain_live();
             // An exit closes its sockets without a close() the kernel side
             // sees: drop the dead processes' entries so SOCKS never fills up.
-            let dead: Vec<u64> = self
-                .socks
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| !procfs::thread_exists((k >> 32) as u32))
-                .collect();
+            let dead: Vec<u64> = self.socks.keys().filter_map(Result::ok).filter(|k| !procfs::thread_exists((k >> 32) as u32)).collect();
             for k in dead {
                 let _ = self.socks.remove(&k);
             }
-            let dead: Vec<u64> = self
-                .ttrpc_pos
-                .keys()
-                .filter_map(Result::ok)
-                .filter(|k| !procfs::thread_exists((k >> 32) as u32))
-                .collect();
+            let dead: Vec<u64> =
+                self.ttrpc_pos.keys().filter_map(Result::ok).filter(|k| !procfs::thread_exists((k >> 32) as u32)).collect();
             for k in dead {
                 let _ = self.ttrpc_pos.remove(&k);
             }
@@ -416,13 +403,18 @@ impl ReqWatch {
     }
 
     fn netlink_node(&self, o: &NetlinkOpen) -> OpenWait {
-        let protocol = crate::proto::netlink::names::protocol_name(o.protocol).map(String::from).unwrap_or_else(|| format!("netlink {}", o.protocol));
+        let protocol =
+            crate::proto::netlink::names::protocol_name(o.protocol).map(String::from).unwrap_or_else(|| format!("netlink {}", o.protocol));
         let what = if o.before_attach {
             format!("{protocol} reply (request sent before plegwatch started)")
         } else {
             let fam = (o.protocol == crate::proto::netlink::names::NETLINK_GENERIC).then_some(&self.sockets.families);
             let ty = crate::proto::netlink::names::type_name(o.protocol, o.msg_type, fam);
-            format!("{protocol} {ty} seq {}{}", o.seq.map(|s| s.to_string()).unwrap_or_else(|| "?".into()), if o.in_send { " (still inside the send)" } else { "" })
+            format!(
+                "{protocol} {ty} seq {}{}",
+                o.seq.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
+                if o.in_send { " (still inside the send)" } else { "" }
+            )
         };
         OpenWait {
             key: Item::wait_key(o),
@@ -525,8 +517,18 @@ fn netlink_peer(o: &NetlinkOpen) -> Option<u32> {
 fn netlink_answerer(o: &NetlinkOpen) -> Answerer {
     if o.dst_portid != 0 {
         return match netlink_peer(o) {
-            Some(pid) => Answerer { pid: Some(pid), kind: EdgeKind::NetlinkPeer, exactness: Exactness::Exact, evidence: format!("port id {} is this process's socket (/proc/net/netlink)", o.dst_portid) },
-            None => Answerer { pid: None, kind: EdgeKind::NetlinkPeer, exactness: Exactness::Exact, evidence: format!("no process holds port id {} now", o.dst_portid) },
+            Some(pid) => Answerer {
+                pid: Some(pid),
+                kind: EdgeKind::NetlinkPeer,
+                exactness: Exactness::Exact,
+                evidence: format!("port id {} is this process's socket (/proc/net/netlink)", o.dst_portid),
+            },
+            None => Answerer {
+                pid: None,
+                kind: EdgeKind::NetlinkPeer,
+                exactness: Exactness::Exact,
+                evidence: format!("no process holds port id {} now", o.dst_portid),
+            },
         };
     }
     let evidence = if o.in_send {
@@ -536,14 +538,23 @@ fn netlink_answerer(o: &NetlinkOpen) -> Answerer {
     } else {
         "sent to the kernel (port 0); no reply matched its seq, and the sender waits in a receive"
     };
-    Answerer { pid: None, kind: EdgeKind::NoReply, exactness: if o.before_attach { Exactness::Inferred } else { Exactness::Exact }, evidence: evidence.into() }
+    Answerer {
+        pid: None,
+        kind: EdgeKind::NoReply,
+        exactness: if o.before_attach { Exactness::Inferred } else { Exactness::Exact },
+        evidence: evidence.into(),
+    }
 }
 
 /// A D-Bus holder (as its stall line describes it) as an answerer.
 fn dbus_answerer(holder: &Value) -> Option<Answerer> {
     let pid = holder.get("pid").and_then(Value::as_u64).map(|p| p as u32);
     let (kind, exactness, evidence) = match holder.get("kind").and_then(Value::as_str)? {
-        "name_owner" => (EdgeKind::DbusOwner, Exactness::Exact, format!("owner of {} (GetConnectionUnixProcessID)", holder["name"].as_str().unwrap_or("?"))),
+        "name_owner" => (
+            EdgeKind::DbusOwner,
+            Exactness::Exact,
+            format!("owner of {} (GetConnectionUnixProcessID)", holder["name"].as_str().unwrap_or("?")),
+        ),
         "unread_queue" => (EdgeKind::DbusOwner, Exactness::Exact, "the call sits unread in this process's socket".to_string()),
         "bus_daemon" => (EdgeKind::DbusOwner, Exactness::Inferred, "the bus daemon does not answer who owns the name".to_string()),
         "socket_peer" => (EdgeKind::UnixPeer, Exactness::Exact, "the peer of a peer-to-peer D-Bus socket (sock_diag)".to_string()),

@@ -12,21 +12,21 @@
 //! monitor`) has nothing open, however long it blocks in recv.
 
 use crate::{
+    events::RequestsSeen,
+    graph::model::WaitKey,
     proto::dbus::{
         calls::{Connection, Side},
         header::MessageKind,
     },
-    events::RequestsSeen,
-    graph::model::WaitKey,
-    sources::inflight::{Item, cstr},
     proto::netlink::{
         genl::GenlFamilies,
         names,
         tracker::{Request, SocketTracker},
     },
+    sources::inflight::{cstr, Item},
 };
-use plegwatch_abi::{NlSummary, SOCK_FIRST_RECV, SockCall, SockIo, SockKind};
-use serde_json::{Value, json};
+use plegwatch_abi::{NlSummary, SockCall, SockIo, SockKind, SOCK_FIRST_RECV};
+use serde_json::{json, Value};
 use std::collections::HashMap;
 
 /// A socket is named by `tgid << 32 | fd`, as in the kernel's `SOCKS` map.
@@ -236,7 +236,6 @@ pub fn headers_buffer(nl: &[NlSummary]) -> Vec<u8> {
     out
 }
 
-
 impl Sockets {
     /// An empty table that already knows the generic netlink families.
     pub fn with_families(families: GenlFamilies) -> Self {
@@ -283,14 +282,8 @@ impl Sockets {
             let opened = s.tracker.on_send_captured(&buf, total, rec.end_ns);
             self.seen.netlink_requests += opened as u64;
             if let Some(m) = rec.nl[..n].iter().rev().find(|m| m.msg_type >= 16) {
-                s.last_sent = Some(Sent {
-                    dst: rec.nl_dst,
-                    msg_type: m.msg_type,
-                    flags: m.flags,
-                    seq: m.seq,
-                    sent_ns: rec.start_ns,
-                    tid: rec.tid,
-                });
+                s.last_sent =
+                    Some(Sent { dst: rec.nl_dst, msg_type: m.msg_type, flags: m.flags, seq: m.seq, sent_ns: rec.start_ns, tid: rec.tid });
                 s.replied_since = false;
             }
         } else {
@@ -500,7 +493,7 @@ fn open_of(key: SockKey, s: &NetlinkSocket, r: &Request, recv: Option<(u32, u64)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plegwatch_abi::{EventHeader, NL_SUMMARIES, SOCK_DATA_CAP, SockClass};
+    use plegwatch_abi::{EventHeader, SockClass, NL_SUMMARIES, SOCK_DATA_CAP};
 
     const RTM_NEWADDR: u16 = 20;
     const RTM_GETLINK: u16 = 18;
@@ -607,10 +600,7 @@ mod tests {
         s.on_io(&listener);
         // One still waiting.
         s.on_io(&rec(2, 500, &[(RTM_NEWADDR, REQUEST | ACK, 4, 0)]));
-        assert_eq!(
-            s.seen,
-            RequestsSeen { netlink_requests: 3, netlink_answered: 2, ..Default::default() }
-        );
+        assert_eq!(s.seen, RequestsSeen { netlink_requests: 3, netlink_answered: 2, ..Default::default() });
     }
 
     #[test]
@@ -628,10 +618,7 @@ mod tests {
         s.on_io(&dbus_rec(6, 130, &got));
         // A second reply to the same serial answers nothing more.
         s.on_io(&dbus_rec(6, 140, &reply(Endian::Little, 8, 1, ":1.42").build()));
-        assert_eq!(
-            s.seen,
-            RequestsSeen { dbus_calls: 2, dbus_answered: 1, ..Default::default() }
-        );
+        assert_eq!(s.seen, RequestsSeen { dbus_calls: 2, dbus_answered: 1, ..Default::default() });
         assert_eq!(s.open_dbus(200).iter().map(|o| o.serial).collect::<Vec<_>>(), [3]);
     }
 

@@ -1,8 +1,11 @@
 //! Reading the kernel's counters and latency histogram.
 
-use crate::{events::{DropCount, SyscallHistogram, SyscallSummary}, syscalls::WATCHED};
-use aya::{Ebpf, maps::PerCpuArray};
-use plegwatch_abi::{HIST_BUCKETS, STAT_COUNT, Stat, bucket_floor_ns, maps};
+use crate::{
+    events::{DropCount, SyscallHistogram, SyscallSummary},
+    syscalls::WATCHED,
+};
+use aya::{maps::PerCpuArray, Ebpf};
+use plegwatch_abi::{bucket_floor_ns, maps, Stat, HIST_BUCKETS, STAT_COUNT};
 
 /// The per-CPU counters of `STATS`, summed; zero where unreadable.
 pub fn counters(ebpf: &Ebpf) -> [u64; STAT_COUNT as usize] {
@@ -36,9 +39,8 @@ fn bucket_counts(ebpf: &Ebpf) -> Vec<(&'static str, Vec<u64>)> {
         .iter()
         .enumerate()
         .map(|(slot, w)| {
-            let counts = (0..HIST_BUCKETS)
-                .map(|b| arr.get(&(slot as u32 * HIST_BUCKETS + b), 0).map(|v| v.iter().sum()).unwrap_or(0))
-                .collect();
+            let counts =
+                (0..HIST_BUCKETS).map(|b| arr.get(&(slot as u32 * HIST_BUCKETS + b), 0).map(|v| v.iter().sum()).unwrap_or(0)).collect();
             (w.name, counts)
         })
         .collect()

@@ -13,7 +13,7 @@ use crate::{
     observe::procfs::{self, SyscallState},
     syscalls::{Arg0, WATCHED},
 };
-use plegwatch_abi::{COMM_LEN, PATH_LEN, WAIT_BEFORE_ATTACH, WAIT_SWEPT_TAIL, Wait};
+use plegwatch_abi::{Wait, COMM_LEN, PATH_LEN, WAIT_BEFORE_ATTACH, WAIT_SWEPT_TAIL};
 use std::fs;
 
 /// A wait found by the sweep.
@@ -159,8 +159,8 @@ fn check_thread(b: &Blocked, clock: &AgeClock) -> Option<Swept> {
     let slot = WATCHED.iter().position(|w| w.nr == nr)?;
     let w = &WATCHED[slot];
     let start_ns = clock.blocked_since_ns(tid);
-    let tail = slot == plegwatch_abi::SLOT_UMOUNT2 as usize
-        && procfs::kernel_stack(tid).is_some_and(|s| s.iter().any(|f| f == "task_work_run"));
+    let tail =
+        slot == plegwatch_abi::SLOT_UMOUNT2 as usize && procfs::kernel_stack(tid).is_some_and(|s| s.iter().any(|f| f == "task_work_run"));
     let mut comm = [0u8; COMM_LEN];
     if let Some(c) = procfs::comm(tid) {
         let n = c.len().min(COMM_LEN - 1);

@@ -46,9 +46,8 @@ fn run() -> Result<(), String> {
     }
     let (bus, frozen) = (bus.ok_or("--bus is required")?, frozen.ok_or("--frozen is required")?);
     let mut lines = io::stdin().lock().lines();
-    let mut line = || -> Result<String, String> {
-        Ok(lines.next().ok_or("stdin ended")?.map_err(|e| format!("stdin: {e}"))?.trim().to_string())
-    };
+    let mut line =
+        || -> Result<String, String> { Ok(lines.next().ok_or("stdin ended")?.map_err(|e| format!("stdin: {e}"))?.trim().to_string()) };
     let hex = line()?;
     let member = line()?;
     let raw = (0..hex.len())
@@ -112,7 +111,12 @@ impl Conn {
         }
         s.write_all(b"BEGIN\r\n").map_err(|e| e.to_string())?;
         let mut c = Conn { s, serial: 0, name: String::new() };
-        let serial = c.send(METHOD_CALL, &[(1, 'o', "/org/freedesktop/DBus"), (2, 's', "org.freedesktop.DBus"), (3, 's', "Hello"), (6, 's', "org.freedesktop.DBus")], None, &[])?;
+        let serial = c.send(
+            METHOD_CALL,
+            &[(1, 'o', "/org/freedesktop/DBus"), (2, 's', "org.freedesktop.DBus"), (3, 's', "Hello"), (6, 's', "org.freedesktop.DBus")],
+            None,
+            &[],
+        )?;
         let reply = c.read_until(|m| m.reply_serial == Some(serial))?;
         let len = reply.body.get(..4).map(|l| u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize).ok_or("Hello's reply is empty")?;
         c.name = String::from_utf8_lossy(reply.body.get(4..4 + len).ok_or("Hello's reply is short")?).into_owned();
@@ -120,7 +124,12 @@ impl Conn {
     }
 
     fn call(&mut self, dest: &str, path: &str, member: &str, body: &[u8]) -> Result<u32, String> {
-        self.send(METHOD_CALL, &[(1, 'o', path), (2, 's', "com.example.Canary"), (3, 's', member), (6, 's', dest), (8, 'g', "say")], None, body)
+        self.send(
+            METHOD_CALL,
+            &[(1, 'o', path), (2, 's', "com.example.Canary"), (3, 's', member), (6, 's', dest), (8, 'g', "say")],
+            None,
+            body,
+        )
     }
 
     fn reply(&mut self, call: &Msg, body: &[u8]) -> Result<u32, String> {
@@ -181,7 +190,14 @@ impl Conn {
         let mut rest = vec![0u8; hdr_len - 16 + body_len];
         self.s.read_exact(&mut rest).map_err(|e| format!("read: {e}"))?;
         let fields = &rest[..fields_len];
-        let mut m = Msg { kind: fixed[1], serial: word(8) as u32, reply_serial: None, sender: None, member: None, body: rest[hdr_len - 16..].to_vec() };
+        let mut m = Msg {
+            kind: fixed[1],
+            serial: word(8) as u32,
+            reply_serial: None,
+            sender: None,
+            member: None,
+            body: rest[hdr_len - 16..].to_vec(),
+        };
         // Walk the fields: each at an 8-aligned offset of the message (16 + i).
         let mut i = 0;
         while i + 4 <= fields.len() {

@@ -211,24 +211,11 @@ fn recv_vec(fd: i32) -> Result<Vec<u8>, String> {
 fn parse_args() -> Result<Opts, String> {
     let mut args = std::env::args().skip(1);
     let mode = args.next().ok_or("usage: nl_client MODE [OPTIONS]")?;
-    let mut opts = Opts {
-        mode,
-        netns: None,
-        seq: 42,
-        portid: 0,
-        msg_type: 0x10,
-        reuse: String::new(),
-        reuse_seq: 43,
-        first_wait_ms: 3500,
-        fd: -1,
-    };
+    let mut opts =
+        Opts { mode, netns: None, seq: 42, portid: 0, msg_type: 0x10, reuse: String::new(), reuse_seq: 43, first_wait_ms: 3500, fd: -1 };
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
-        let number = || {
-            value
-                .parse::<u32>()
-                .map_err(|e| format!("{flag} {value}: {e}"))
-        };
+        let number = || value.parse::<u32>().map_err(|e| format!("{flag} {value}: {e}"));
         match flag.as_str() {
             "--netns" => opts.netns = Some(value.clone()),
             "--seq" => opts.seq = number()?,
@@ -237,9 +224,7 @@ fn parse_args() -> Result<Opts, String> {
             "--reuse-seq" => opts.reuse_seq = number()?,
             "--first-wait-ms" => opts.first_wait_ms = number()?,
             "--fd" => opts.fd = i32::try_from(number()?).map_err(|e| format!("--fd: {e}"))?,
-            "--type" => {
-                opts.msg_type = u16::try_from(number()?).map_err(|e| format!("--type: {e}"))?
-            }
+            "--type" => opts.msg_type = u16::try_from(number()?).map_err(|e| format!("--type: {e}"))?,
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -281,25 +266,13 @@ fn sockaddr_nl(portid: u32) -> libc::sockaddr_nl {
 /// A netlink socket of `protocol` bound to `portid` (0: the kernel picks one), no groups.
 fn netlink_socket(protocol: i32, portid: u32) -> Result<i32, String> {
     // SAFETY: socket(2) with constant arguments; the result is checked.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            protocol,
-        )
-    };
+    let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, protocol) };
     if fd < 0 {
         return Err(os_err(&format!("socket(AF_NETLINK, {protocol})")));
     }
     let sa = sockaddr_nl(portid);
     // SAFETY: sa is a valid sockaddr_nl and the length is its size.
-    let rc = unsafe {
-        libc::bind(
-            fd,
-            (&sa as *const libc::sockaddr_nl).cast(),
-            mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-        )
-    };
+    let rc = unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_nl).cast(), mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t) };
     if rc != 0 {
         return Err(os_err(&format!("bind netlink portid {portid}")));
     }
@@ -328,10 +301,7 @@ fn recv_once(fd: i32) -> isize {
 
 /// Blocks in `recvfrom` on `fd` for at most `ms` milliseconds; an error if anything comes.
 fn recv_until_timeout(fd: i32, ms: u32) -> Result<(), String> {
-    let tv = libc::timeval {
-        tv_sec: libc::time_t::from(ms / 1000),
-        tv_usec: libc::suseconds_t::from((ms % 1000) * 1000),
-    };
+    let tv = libc::timeval { tv_sec: libc::time_t::from(ms / 1000), tv_usec: libc::suseconds_t::from((ms % 1000) * 1000) };
     // SAFETY: tv is a valid timeval and the length is its size.
     let rc = unsafe {
         libc::setsockopt(
@@ -495,19 +465,13 @@ fn announce(what: &str, fd: i32) -> Result<(), String> {
     // SAFETY: getpid(2) and gettid(2) take no arguments and cannot fail.
     let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
     let mut out = io::stdout().lock();
-    writeln!(out, "{pid} {tid} {what} fd={fd}")
-        .and_then(|()| out.flush())
-        .map_err(|e| format!("stdout: {e}"))
+    writeln!(out, "{pid} {tid} {what} fd={fd}").and_then(|()| out.flush()).map_err(|e| format!("stdout: {e}"))
 }
 
 /// Blocks in one `recvfrom` on `fd`. Returning at all means the scenario went wrong.
 fn block_in_recv(fd: i32) -> ! {
     let n = recv_once(fd);
-    let what = if n < 0 {
-        os_err("recvfrom failed")
-    } else {
-        format!("received {n} bytes")
-    };
+    let what = if n < 0 { os_err("recvfrom failed") } else { format!("received {n} bytes") };
     println!("{what}");
     eprintln!("nl_client: the blocking recvfrom returned: {what}");
     std::process::exit(3);

@@ -56,20 +56,11 @@ fn run() -> Result<()> {
     let daemon = Containerd::start(Placement::TempDir)?;
     image::import_test_images(&daemon)?;
     let cri = daemon.cri()?;
-    let config = cri::host_network_pod(
-        "relist-bench",
-        daemon.cgroup_parent(),
-        &daemon.pod_log_dir(),
-    )?;
+    let config = cri::host_network_pod("relist-bench", daemon.cgroup_parent(), &daemon.pod_log_dir())?;
     let pod = Pod::run(&cri, config)?;
     for i in 0..containers {
-        let config = cri::container(
-            &format!("sleeper-{i}"),
-            image::BUSYBOX,
-            &["/bin/sleep", "2147483647"],
-        );
-        pod.run_container(&config)
-            .with_context(|| format!("run container sleeper-{i}\n{}", daemon.log_tail(20)))?;
+        let config = cri::container(&format!("sleeper-{i}"), image::BUSYBOX, &["/bin/sleep", "2147483647"]);
+        pod.run_container(&config).with_context(|| format!("run container sleeper-{i}\n{}", daemon.log_tail(20)))?;
     }
     let running = running_containers(&cri)?;
     if running != containers {
@@ -96,9 +87,7 @@ fn run() -> Result<()> {
                     .ok()
                     .filter(|s: &f64| *s > 0.0 && *s <= MAX_SECONDS)
                     .with_context(|| format!("bad SECONDS in {line:?}"))?;
-                let period_ms: u64 = period_ms
-                    .parse()
-                    .with_context(|| format!("bad PERIOD_MS in {line:?}"))?;
+                let period_ms: u64 = period_ms.parse().with_context(|| format!("bad PERIOD_MS in {line:?}"))?;
                 let phase = measure(&cri, label, seconds, period_ms)?;
                 emit(&phase)?;
             }
@@ -139,11 +128,7 @@ fn emit(value: &Value) -> Result<()> {
 /// The pod's containers that run.
 fn running_containers(cri: &Cri) -> Result<usize> {
     let running = cri::ContainerState::ContainerRunning as i32;
-    Ok(cri
-        .list_containers()?
-        .iter()
-        .filter(|c| c.state == running)
-        .count())
+    Ok(cri.list_containers()?.iter().filter(|c| c.state == running).count())
 }
 
 /// One phase: the relist driver for `seconds`, then the latency of each list call.
@@ -199,20 +184,14 @@ impl Stats {
     fn of(calls: &[TimedCall], call: ListCall) -> Self {
         let of_kind = calls.iter().filter(|c| c.call == call);
         let failed = of_kind.clone().filter(|c| c.error.is_some()).count();
-        let mut us: Vec<f64> = of_kind
-            .filter(|c| c.error.is_none())
-            .map(|c| c.latency.as_secs_f64() * 1e6)
-            .collect();
+        let mut us: Vec<f64> = of_kind.filter(|c| c.error.is_none()).map(|c| c.latency.as_secs_f64() * 1e6).collect();
         us.sort_by(f64::total_cmp);
         Self::from_sorted(&us, failed)
     }
 
     fn from_sorted(us: &[f64], failed: usize) -> Self {
         let Some(&max_us) = us.last() else {
-            return Self {
-                failed,
-                ..Self::default()
-            };
+            return Self { failed, ..Self::default() };
         };
         let rank = |q: f64| us[((q * us.len() as f64).ceil() as usize).clamp(1, us.len()) - 1];
         Self {
@@ -249,10 +228,7 @@ mod tests {
         let us: Vec<f64> = (1..=100).map(f64::from).collect();
         let s = Stats::from_sorted(&us, 2);
         assert_eq!((s.count, s.failed), (100, 2));
-        assert_eq!(
-            (s.p50_us, s.p90_us, s.p99_us, s.max_us),
-            (50.0, 90.0, 99.0, 100.0)
-        );
+        assert_eq!((s.p50_us, s.p90_us, s.p99_us, s.max_us), (50.0, 90.0, 99.0, 100.0));
         assert_eq!(s.mean_us, 50.5);
         let one = Stats::from_sorted(&[7.0], 0);
         assert_eq!((one.p50_us, one.p99_us), (7.0, 7.0));

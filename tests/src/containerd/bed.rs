@@ -69,38 +69,17 @@ impl Stage {
     }
 
     /// [`Stage::start`] on the containerd, shim and runc of `version`.
-    pub fn start_version(
-        version: Version,
-        placement: Placement,
-        runc: Runc,
-        pod_name: &str,
-    ) -> Result<Self> {
-        Self::on(
-            Containerd::start_version(version, placement, runc)?,
-            pod_name,
-        )
+    pub fn start_version(version: Version, placement: Placement, runc: Runc, pod_name: &str) -> Result<Self> {
+        Self::on(Containerd::start_version(version, placement, runc)?, pod_name)
     }
 
     /// [`Stage::start`] on a containerd started already (e.g. [`Containerd::start_systemd`]).
     pub fn on(containerd: Containerd, pod_name: &str) -> Result<Self> {
         image::import_test_images(&containerd)?;
         let cri = containerd.cri()?;
-        let pod = Pod::run(
-            &cri,
-            cri::host_network_pod(
-                pod_name,
-                containerd.cgroup_parent(),
-                &containerd.pod_log_dir(),
-            )?,
-        )
-        .with_context(|| containerd.log_tail(30))?;
-        Ok(Self {
-            relist: None,
-            throttle: None,
-            pod,
-            cri,
-            containerd,
-        })
+        let pod = Pod::run(&cri, cri::host_network_pod(pod_name, containerd.cgroup_parent(), &containerd.pod_log_dir())?)
+            .with_context(|| containerd.log_tail(30))?;
+        Ok(Self { relist: None, throttle: None, pod, cri, containerd })
     }
 
     /// Throttles writes to `dev` to `bytes_per_s` until the stage drops (before the pod).
@@ -134,19 +113,13 @@ impl Stage {
 
     /// The relist driver's calls so far.
     pub fn relist_calls(&self) -> Vec<TimedCall> {
-        self.relist
-            .as_ref()
-            .map(RelistDriver::calls)
-            .unwrap_or_default()
+        self.relist.as_ref().map(RelistDriver::calls).unwrap_or_default()
     }
 
     /// Runs `config` in the pod and finds its shim: the container's parent, checked to be a
     /// shim of this daemon, or else (with `or_pods_shim`) the shim serving the pod.
     pub fn run_container(&self, config: &ContainerConfig, or_pods_shim: bool) -> Result<Started> {
-        let id = self
-            .pod
-            .run_container(config)
-            .with_context(|| self.containerd.log_tail(30))?;
+        let id = self.pod.run_container(config).with_context(|| self.containerd.log_tail(30))?;
         let pid = self.cri.container_pid(&id)?;
         let shim = self.find_shim(pid, or_pods_shim)?;
         Ok(Started { id, pid, shim })
@@ -161,11 +134,7 @@ impl Stage {
             .or_else(|| ours.iter().find(|s| or_pods_shim && s.id == self.pod.id()))
             .cloned()
             .with_context(|| {
-                let or_pod = if or_pods_shim {
-                    format!(" or serves pod {}", self.pod.id())
-                } else {
-                    String::new()
-                };
+                let or_pod = if or_pods_shim { format!(" or serves pod {}", self.pod.id()) } else { String::new() };
                 format!(
                     "no shim of {} is the parent ({parent:?}) of container pid \
                      {container_pid}{or_pod}: {ours:?}",
@@ -173,12 +142,7 @@ impl Stage {
                 )
             })?;
         if shim.id != self.pod.id() {
-            eprintln!(
-                "note: shim {} has -id {}, not the pod's {}",
-                shim.pid,
-                shim.id,
-                self.pod.id()
-            );
+            eprintln!("note: shim {} has -id {}, not the pod's {}", shim.pid, shim.id, self.pod.id());
         }
         Ok(shim)
     }
@@ -197,36 +161,21 @@ impl Stage {
                 (Instant::now(), r)
             })
             .context("spawn the UpdateContainerResources caller")?;
-        Ok(Update {
-            sent,
-            sent_wall,
-            caller,
-        })
+        Ok(Update { sent, sent_wall, caller })
     }
 
     /// Lets the relist blocked behind the update finish and one more run after it, then
     /// measures the update against the relists.
     pub fn measure(&self, returned: Returned) -> Measured {
-        let period = self
-            .relist
-            .as_ref()
-            .map_or(Duration::ZERO, RelistDriver::period);
+        let period = self.relist.as_ref().map_or(Duration::ZERO, RelistDriver::period);
         thread::sleep(2 * period + Duration::from_millis(500));
         returned.measure(self.relist_calls())
     }
 
     /// Asserts that `shim` is one of this daemon's and serves the pod.
     pub fn assert_pods_shim(&self, shim: &Shim) {
-        assert_eq!(
-            shim.address,
-            self.containerd.socket().to_string_lossy(),
-            "the shim found is not this daemon's"
-        );
-        assert_eq!(
-            shim.id,
-            self.pod.id(),
-            "the shim found does not serve the pod"
-        );
+        assert_eq!(shim.address, self.containerd.socket().to_string_lossy(), "the shim found is not this daemon's");
+        assert_eq!(shim.id, self.pod.id(), "the shim found does not serve the pod");
     }
 }
 
@@ -253,16 +202,8 @@ impl Update {
 
     /// Waits for the call to return.
     pub fn join(self) -> Result<Returned> {
-        let (ended, result) = self
-            .caller
-            .join()
-            .map_err(|_| anyhow::anyhow!("the UpdateContainerResources caller panicked"))?;
-        Ok(Returned {
-            sent: self.sent,
-            sent_wall: self.sent_wall,
-            ended,
-            result,
-        })
+        let (ended, result) = self.caller.join().map_err(|_| anyhow::anyhow!("the UpdateContainerResources caller panicked"))?;
+        Ok(Returned { sent: self.sent, sent_wall: self.sent_wall, ended, result })
     }
 }
 
@@ -280,9 +221,7 @@ impl Returned {
     pub fn measure(self, calls: Vec<TimedCall>) -> Measured {
         let (sent, ended) = (self.sent, self.ended);
         let list_before = LatencyStats::of(&calls, ListCall::Containers, |c| c.started < sent);
-        let list_during = LatencyStats::of(&calls, ListCall::Containers, |c| {
-            c.started < ended && c.ended() > sent
-        });
+        let list_during = LatencyStats::of(&calls, ListCall::Containers, |c| c.started < ended && c.ended() > sent);
         Measured {
             sent,
             sent_wall: self.sent_wall,
@@ -335,15 +274,8 @@ impl Measured {
 
     /// Asserts that `ListContainers` was quick before the update, on an idle node: at least
     /// `min_calls` calls, none failed, a median under `median_max`.
-    pub fn assert_quiet_before(
-        &self,
-        min_calls: usize,
-        median_max: Duration,
-        context: impl Fn() -> String,
-    ) {
-        let before = self
-            .list_before
-            .unwrap_or_else(|| panic!("no ListContainers before the update\n{}", context()));
+    pub fn assert_quiet_before(&self, min_calls: usize, median_max: Duration, context: impl Fn() -> String) {
+        let before = self.list_before.unwrap_or_else(|| panic!("no ListContainers before the update\n{}", context()));
         assert!(
             before.count >= min_calls && before.failed == 0 && before.median < median_max,
             "ListContainers before the stall: {before} (want ≥ {min_calls} calls, none \
@@ -354,8 +286,7 @@ impl Measured {
 
     /// The `ListContainers` calls during the update; panics if there were none.
     pub fn during(&self, context: impl Fn() -> String) -> LatencyStats {
-        self.list_during
-            .unwrap_or_else(|| panic!("no ListContainers during the update\n{}", context()))
+        self.list_during.unwrap_or_else(|| panic!("no ListContainers during the update\n{}", context()))
     }
 }
 
@@ -376,11 +307,7 @@ pub trait StallBed {
 
     /// `outcome`'s summary and the tail of containerd's log, for failure messages.
     fn context(&self, outcome: &Self::Outcome) -> String {
-        format!(
-            "{}\n{}",
-            outcome.summary(),
-            self.stage().containerd().log_tail(40)
-        )
+        format!("{}\n{}", outcome.summary(), self.stage().containerd().log_tail(40))
     }
 }
 
@@ -463,9 +390,7 @@ impl<B: StallBed> Watched<B> {
     /// [`Watched::run_warn`] with plegwatch under `wrapper` (e.g. in namespaces of its own:
     /// [`crate::namespaces`]).
     pub fn run_under(bed: B, warn: Duration, wrapper: &[&str]) -> Result<Self> {
-        Self::run_until_warn(bed, warn, wrapper, |e| {
-            e.is("resolved") && e.str("/kind") == Some("go_lock")
-        })
+        Self::run_until_warn(bed, warn, wrapper, |e| e.is("resolved") && e.str("/kind") == Some("go_lock"))
     }
 
     /// [`Watched::run`], stopping plegwatch once it printed a line `done` accepts (or 5 s
@@ -519,23 +444,12 @@ impl<B: StallBed> Watched<B> {
             t.stop();
         }
         eprintln!("{}", outcome.summary());
-        Ok(Self {
-            bed,
-            outcome,
-            events,
-            containerd_pid,
-            kubelet,
-            warn,
-        })
+        Ok(Self { bed, outcome, events, containerd_pid, kubelet, warn })
     }
 
     /// The bed's summary and plegwatch's lines, for failure messages.
     pub fn all(&self) -> String {
-        format!(
-            "{}\n{}",
-            self.outcome.summary(),
-            dump(&self.events, self.outcome.origin())
-        )
+        format!("{}\n{}", self.outcome.summary(), dump(&self.events, self.outcome.origin()))
     }
 
     /// The stall lines of `kind` about process `pid`.
@@ -545,9 +459,7 @@ impl<B: StallBed> Watched<B> {
 
     /// containerd's `cri_call` stall of the CRI handler whose function ends with `handler`.
     pub fn cri_call(&self, handler: &str) -> Option<&Event> {
-        self.stalls("cri_call", self.containerd_pid)
-            .into_iter()
-            .find(|e| e.ends_with("/detail/function", handler))
+        self.stalls("cri_call", self.containerd_pid).into_iter().find(|e| e.ends_with("/detail/function", handler))
     }
 
     /// The go_lock stall held by `UpdateSync` in containerd, after checking that its
@@ -558,15 +470,8 @@ impl<B: StallBed> Watched<B> {
             .stalls("go_lock", self.containerd_pid)
             .into_iter()
             .find(|e| e.ends_with("/detail/holder_function", UPDATE_SYNC))
-            .unwrap_or_else(|| {
-                panic!(
-                    "no go_lock stall held by UpdateSync in containerd (pid {}):\n{}",
-                    self.containerd_pid,
-                    self.all()
-                )
-            });
-        let resolved = events::resolution(&self.events, lock)
-            .unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", self.all()));
+            .unwrap_or_else(|| panic!("no go_lock stall held by UpdateSync in containerd (pid {}):\n{}", self.containerd_pid, self.all()));
+        let resolved = events::resolution(&self.events, lock).unwrap_or_else(|| panic!("the lock hold never resolved:\n{}", self.all()));
         let held = resolved.f64("/waited_s").unwrap_or(f64::NAN);
         let blocked = self.outcome.update().latency.as_secs_f64();
         assert!(
@@ -580,11 +485,7 @@ impl<B: StallBed> Watched<B> {
 
     /// containerd kept running and answering under the probes.
     pub fn assert_containerd_answers(&self) {
-        assert!(
-            self.bed.stage().cri().version().is_ok(),
-            "containerd stopped answering CRI after the probes:\n{}",
-            self.all()
-        );
+        assert!(self.bed.stage().cri().version().is_ok(), "containerd stopped answering CRI after the probes:\n{}", self.all());
     }
 }
 
@@ -594,10 +495,7 @@ impl<B: StallBed> Watched<B> {
 pub fn reported(events: &[Event]) -> String {
     let mut out = Vec::new();
     for e in events.iter().filter(|e| e.is("target")) {
-        let functions = e
-            .get("/functions")
-            .and_then(|f| f.as_array())
-            .map_or(0, Vec::len);
+        let functions = e.get("/functions").and_then(|f| f.as_array()).map_or(0, Vec::len);
         out.push(format!(
             "  target {} {} pid {} {} ({}), {functions} functions{}",
             e.str("/target").unwrap_or("?"),
@@ -609,11 +507,8 @@ pub fn reported(events: &[Event]) -> String {
         ));
     }
     for e in events.iter().filter(|e| e.is("stall")) {
-        let function = e
-            .str("/detail/holder_function")
-            .or_else(|| e.str("/detail/function"))
-            .or_else(|| e.str("/detail/syscall"))
-            .unwrap_or("");
+        let function =
+            e.str("/detail/holder_function").or_else(|| e.str("/detail/function")).or_else(|| e.str("/detail/syscall")).unwrap_or("");
         out.push(format!(
             "  stall {} pid {} {} {function} waited {:.2}s",
             e.str("/kind").unwrap_or("?"),

@@ -26,8 +26,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tower::service_fn;
 
 pub use k8s_cri::v1::{
-    Container, ContainerConfig, ContainerState, ContainerStatusResponse, LinuxContainerResources,
-    PodSandbox, PodSandboxConfig,
+    Container, ContainerConfig, ContainerState, ContainerStatusResponse, LinuxContainerResources, PodSandbox, PodSandboxConfig,
 };
 
 /// A CRI client on one containerd socket. Cheap to clone (clones share the runtime and the
@@ -42,10 +41,7 @@ pub struct Cri {
 
 impl std::fmt::Debug for Cri {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cri")
-            .field("socket", &self.socket)
-            .field("timeout", &self.timeout)
-            .finish()
+        f.debug_struct("Cri").field("socket", &self.socket).field("timeout", &self.timeout).finish()
     }
 }
 
@@ -70,27 +66,17 @@ impl Cri {
                 Endpoint::try_from("http://[::]:50051")?
                     .connect_with_connector(service_fn(move |_: Uri| {
                         let path = path.clone();
-                        async move {
-                            Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?))
-                        }
+                        async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
                     }))
                     .await
             })
             .with_context(|| format!("connect to the CRI socket {}", socket.display()))?;
-        Ok(Self {
-            rt: Arc::new(rt),
-            channel,
-            socket: socket.to_path_buf(),
-            timeout: Self::DEFAULT_TIMEOUT,
-        })
+        Ok(Self { rt: Arc::new(rt), channel, socket: socket.to_path_buf(), timeout: Self::DEFAULT_TIMEOUT })
     }
 
     /// The same client with another per-request deadline.
     pub fn with_timeout(&self, timeout: Duration) -> Self {
-        Self {
-            timeout,
-            ..self.clone()
-        }
+        Self { timeout, ..self.clone() }
     }
 
     pub fn socket(&self) -> &Path {
@@ -120,149 +106,90 @@ impl Cri {
         self.wait(what, call(client, self.timeout))
     }
 
-    fn wait<T>(
-        &self,
-        what: &str,
-        answer: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    ) -> Result<T> {
+    fn wait<T>(&self, what: &str, answer: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T> {
         let limit = self.timeout + Self::CLIENT_GRACE;
         self.rt.block_on(async {
             match tokio::time::timeout(limit, answer).await {
                 Err(_) => bail!("CRI {what}: no answer within {limit:?}"),
-                Ok(Err(status)) => Err(anyhow!(
-                    "CRI {what} failed: {} ({:?})",
-                    status.message(),
-                    status.code()
-                )),
+                Ok(Err(status)) => Err(anyhow!("CRI {what} failed: {} ({:?})", status.message(), status.code())),
                 Ok(Ok(response)) => Ok(response.into_inner()),
             }
         })
     }
 
     pub fn version(&self) -> Result<api::VersionResponse> {
-        self.runtime_call("Version", |mut c, t| async move {
-            c.version(req(api::VersionRequest::default(), t)).await
-        })
+        self.runtime_call("Version", |mut c, t| async move { c.version(req(api::VersionRequest::default(), t)).await })
     }
 
     /// `RunPodSandbox` with the default runtime handler; returns the sandbox id.
     pub fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> Result<String> {
-        let request = api::RunPodSandboxRequest {
-            config: Some(config.clone()),
-            runtime_handler: String::new(),
-        };
-        let r = self.runtime_call("RunPodSandbox", |mut c, t| async move {
-            c.run_pod_sandbox(req(request, t)).await
-        })?;
+        let request = api::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() };
+        let r = self.runtime_call("RunPodSandbox", |mut c, t| async move { c.run_pod_sandbox(req(request, t)).await })?;
         Ok(r.pod_sandbox_id)
     }
 
     pub fn stop_pod_sandbox(&self, id: &str) -> Result<()> {
-        let request = api::StopPodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        };
-        self.runtime_call("StopPodSandbox", |mut c, t| async move {
-            c.stop_pod_sandbox(req(request, t)).await
-        })
-        .map(drop)
+        let request = api::StopPodSandboxRequest { pod_sandbox_id: id.into() };
+        self.runtime_call("StopPodSandbox", |mut c, t| async move { c.stop_pod_sandbox(req(request, t)).await }).map(drop)
     }
 
     pub fn remove_pod_sandbox(&self, id: &str) -> Result<()> {
-        let request = api::RemovePodSandboxRequest {
-            pod_sandbox_id: id.into(),
-        };
-        self.runtime_call("RemovePodSandbox", |mut c, t| async move {
-            c.remove_pod_sandbox(req(request, t)).await
-        })
-        .map(drop)
+        let request = api::RemovePodSandboxRequest { pod_sandbox_id: id.into() };
+        self.runtime_call("RemovePodSandbox", |mut c, t| async move { c.remove_pod_sandbox(req(request, t)).await }).map(drop)
     }
 
     pub fn list_pod_sandbox(&self) -> Result<Vec<PodSandbox>> {
         let r = self.runtime_call("ListPodSandbox", |mut c, t| async move {
-            c.list_pod_sandbox(req(api::ListPodSandboxRequest::default(), t))
-                .await
+            c.list_pod_sandbox(req(api::ListPodSandboxRequest::default(), t)).await
         })?;
         Ok(r.items)
     }
 
     /// `CreateContainer` in sandbox `pod_id` (created from `sandbox`); returns its id.
-    pub fn create_container(
-        &self,
-        pod_id: &str,
-        config: &ContainerConfig,
-        sandbox: &PodSandboxConfig,
-    ) -> Result<String> {
+    pub fn create_container(&self, pod_id: &str, config: &ContainerConfig, sandbox: &PodSandboxConfig) -> Result<String> {
         let request = api::CreateContainerRequest {
             pod_sandbox_id: pod_id.into(),
             config: Some(config.clone()),
             sandbox_config: Some(sandbox.clone()),
         };
-        let r = self.runtime_call("CreateContainer", |mut c, t| async move {
-            c.create_container(req(request, t)).await
-        })?;
+        let r = self.runtime_call("CreateContainer", |mut c, t| async move { c.create_container(req(request, t)).await })?;
         Ok(r.container_id)
     }
 
     pub fn start_container(&self, id: &str) -> Result<()> {
-        let request = api::StartContainerRequest {
-            container_id: id.into(),
-        };
-        self.runtime_call("StartContainer", |mut c, t| async move {
-            c.start_container(req(request, t)).await
-        })
-        .map(drop)
+        let request = api::StartContainerRequest { container_id: id.into() };
+        self.runtime_call("StartContainer", |mut c, t| async move { c.start_container(req(request, t)).await }).map(drop)
     }
 
     /// `StopContainer`: the stop signal, then SIGKILL after `grace` (0: SIGKILL at once).
     pub fn stop_container(&self, id: &str, grace: Duration) -> Result<()> {
-        let request = api::StopContainerRequest {
-            container_id: id.into(),
-            timeout: grace.as_secs() as i64,
-        };
-        self.runtime_call("StopContainer", |mut c, t| async move {
-            c.stop_container(req(request, t)).await
-        })
-        .map(drop)
+        let request = api::StopContainerRequest { container_id: id.into(), timeout: grace.as_secs() as i64 };
+        self.runtime_call("StopContainer", |mut c, t| async move { c.stop_container(req(request, t)).await }).map(drop)
     }
 
     pub fn remove_container(&self, id: &str) -> Result<()> {
-        let request = api::RemoveContainerRequest {
-            container_id: id.into(),
-        };
-        self.runtime_call("RemoveContainer", |mut c, t| async move {
-            c.remove_container(req(request, t)).await
-        })
-        .map(drop)
+        let request = api::RemoveContainerRequest { container_id: id.into() };
+        self.runtime_call("RemoveContainer", |mut c, t| async move { c.remove_container(req(request, t)).await }).map(drop)
     }
 
     pub fn list_containers(&self) -> Result<Vec<Container>> {
         let r = self.runtime_call("ListContainers", |mut c, t| async move {
-            c.list_containers(req(api::ListContainersRequest::default(), t))
-                .await
+            c.list_containers(req(api::ListContainersRequest::default(), t)).await
         })?;
         Ok(r.containers)
     }
 
     pub fn container_status(&self, id: &str, verbose: bool) -> Result<ContainerStatusResponse> {
-        let request = api::ContainerStatusRequest {
-            container_id: id.into(),
-            verbose,
-        };
-        self.runtime_call("ContainerStatus", |mut c, t| async move {
-            c.container_status(req(request, t)).await
-        })
+        let request = api::ContainerStatusRequest { container_id: id.into(), verbose };
+        self.runtime_call("ContainerStatus", |mut c, t| async move { c.container_status(req(request, t)).await })
     }
 
     /// The host PID of a running container's init process: containerd reports it in the
     /// verbose `ContainerStatus` info (`info["info"]`, JSON with `pid`).
     pub fn container_pid(&self, id: &str) -> Result<u32> {
         let status = self.container_status(id, true)?;
-        let info = status
-            .info
-            .get("info")
-            .with_context(|| format!("ContainerStatus of {id} has no verbose info"))?;
-        let info: serde_json::Value =
-            serde_json::from_str(info).context("parse ContainerStatus info")?;
+        let info = status.info.get("info").with_context(|| format!("ContainerStatus of {id} has no verbose info"))?;
+        let info: serde_json::Value = serde_json::from_str(info).context("parse ContainerStatus info")?;
         info.get("pid")
             .and_then(serde_json::Value::as_u64)
             .filter(|&pid| pid > 0)
@@ -273,42 +200,22 @@ impl Cri {
     /// The state of container `id` (`ContainerStatus`).
     pub fn container_state(&self, id: &str) -> Result<ContainerState> {
         let status = self.container_status(id, false)?;
-        let state = status
-            .status
-            .context("ContainerStatus without status")?
-            .state;
+        let state = status.status.context("ContainerStatus without status")?.state;
         ContainerState::try_from(state).map_err(|e| anyhow!("unknown container state: {e}"))
     }
 
     /// `UpdateContainerResources` with new Linux resources.
-    pub fn update_container_resources(
-        &self,
-        id: &str,
-        resources: &LinuxContainerResources,
-    ) -> Result<()> {
-        let request = api::UpdateContainerResourcesRequest {
-            container_id: id.into(),
-            linux: Some(resources.clone()),
-            ..Default::default()
-        };
-        self.runtime_call("UpdateContainerResources", |mut c, t| async move {
-            c.update_container_resources(req(request, t)).await
-        })
-        .map(drop)
+    pub fn update_container_resources(&self, id: &str, resources: &LinuxContainerResources) -> Result<()> {
+        let request =
+            api::UpdateContainerResourcesRequest { container_id: id.into(), linux: Some(resources.clone()), ..Default::default() };
+        self.runtime_call("UpdateContainerResources", |mut c, t| async move { c.update_container_resources(req(request, t)).await })
+            .map(drop)
     }
 
     /// Whether the CRI image service knows `image` (e.g. `docker.io/local/pause:1`).
     pub fn has_image(&self, image: &str) -> Result<bool> {
-        let request = api::ImageStatusRequest {
-            image: Some(api::ImageSpec {
-                image: image.into(),
-                ..Default::default()
-            }),
-            verbose: false,
-        };
-        let r = self.image_call("ImageStatus", |mut c, t| async move {
-            c.image_status(req(request, t)).await
-        })?;
+        let request = api::ImageStatusRequest { image: Some(api::ImageSpec { image: image.into(), ..Default::default() }), verbose: false };
+        let r = self.image_call("ImageStatus", |mut c, t| async move { c.image_status(req(request, t)).await })?;
         Ok(r.image.is_some())
     }
 }
@@ -322,27 +229,13 @@ fn req<T>(message: T, timeout: Duration) -> tonic::Request<T> {
 /// A pod sandbox config as kubelet would send it for a host-network pod: node network
 /// namespace, no hostname (a host-network pod shares the node's UTS namespace, and runc
 /// fails when asked to set one), a cgroup parent, and a log directory (created here).
-pub fn host_network_pod(
-    name: &str,
-    cgroup_parent: &str,
-    log_dir: &Path,
-) -> Result<PodSandboxConfig> {
+pub fn host_network_pod(name: &str, cgroup_parent: &str, log_dir: &Path) -> Result<PodSandboxConfig> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let uid = format!(
-        "{name}-{}-{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    );
+    let uid = format!("{name}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
     let log_directory = log_dir.join(&uid);
-    std::fs::create_dir_all(&log_directory)
-        .with_context(|| format!("create {}", log_directory.display()))?;
+    std::fs::create_dir_all(&log_directory).with_context(|| format!("create {}", log_directory.display()))?;
     Ok(PodSandboxConfig {
-        metadata: Some(api::PodSandboxMetadata {
-            name: name.into(),
-            uid,
-            namespace: "plegwatch".into(),
-            attempt: 0,
-        }),
+        metadata: Some(api::PodSandboxMetadata { name: name.into(), uid, namespace: "plegwatch".into(), attempt: 0 }),
         log_directory: log_directory.to_string_lossy().into_owned(),
         labels: HashMap::from([("app".into(), name.into())]),
         linux: Some(api::LinuxPodSandboxConfig {
@@ -366,33 +259,19 @@ pub fn host_network_pod(
 /// directory, with CPU shares and a CFS quota kubelet-like resources start from.
 pub fn container(name: &str, image: &str, argv: &[&str]) -> ContainerConfig {
     ContainerConfig {
-        metadata: Some(api::ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        image: Some(api::ImageSpec {
-            image: image.into(),
-            ..Default::default()
-        }),
+        metadata: Some(api::ContainerMetadata { name: name.into(), attempt: 0 }),
+        image: Some(api::ImageSpec { image: image.into(), ..Default::default() }),
         command: argv.iter().map(|a| a.to_string()).collect(),
         log_path: format!("{name}.log"),
         labels: HashMap::from([("container".into(), name.into())]),
-        linux: Some(api::LinuxContainerConfig {
-            resources: Some(resources(256, 100_000, 100_000)),
-            security_context: None,
-        }),
+        linux: Some(api::LinuxContainerConfig { resources: Some(resources(256, 100_000, 100_000)), security_context: None }),
         ..Default::default()
     }
 }
 
 /// Linux resources with these CPU shares, CFS period and quota (µs), the rest unset.
 pub fn resources(cpu_shares: i64, cpu_period: i64, cpu_quota: i64) -> LinuxContainerResources {
-    LinuxContainerResources {
-        cpu_shares,
-        cpu_period,
-        cpu_quota,
-        ..Default::default()
-    }
+    LinuxContainerResources { cpu_shares, cpu_period, cpu_quota, ..Default::default() }
 }
 
 /// A running pod sandbox. Dropping it stops and removes it (which removes its containers),
@@ -411,16 +290,8 @@ impl Pod {
     /// `RunPodSandbox`.
     pub fn run(cri: &Cri, config: PodSandboxConfig) -> Result<Self> {
         let id = cri.run_pod_sandbox(&config)?;
-        eprintln!(
-            "pod sandbox {} running: {id}",
-            config.metadata.as_ref().map_or("?", |m| m.name.as_str())
-        );
-        Ok(Self {
-            cri: cri.clone(),
-            id,
-            config,
-            removed: false,
-        })
+        eprintln!("pod sandbox {} running: {id}", config.metadata.as_ref().map_or("?", |m| m.name.as_str()));
+        Ok(Self { cri: cri.clone(), id, config, removed: false })
     }
 
     pub fn id(&self) -> &str {
@@ -457,10 +328,7 @@ impl Drop for Pod {
             return;
         }
         let cri = self.cri.with_timeout(crate::timing::scaled(Self::TEARDOWN_TIMEOUT));
-        if let Err(e) = cri
-            .stop_pod_sandbox(&self.id)
-            .and_then(|()| cri.remove_pod_sandbox(&self.id))
-        {
+        if let Err(e) = cri.stop_pod_sandbox(&self.id).and_then(|()| cri.remove_pod_sandbox(&self.id)) {
             eprintln!("cleanup: pod sandbox {}: {e:#}", self.id);
         }
     }
@@ -510,11 +378,7 @@ pub struct LatencyStats {
 
 impl LatencyStats {
     /// The stats of the `call` calls that `keep` accepts; `None` if there are none.
-    pub fn of(
-        calls: &[TimedCall],
-        call: ListCall,
-        keep: impl Fn(&TimedCall) -> bool,
-    ) -> Option<Self> {
+    pub fn of(calls: &[TimedCall], call: ListCall, keep: impl Fn(&TimedCall) -> bool) -> Option<Self> {
         let picked: Vec<&TimedCall> = calls.iter().filter(|c| c.call == call && keep(c)).collect();
         let mut latencies: Vec<Duration> = picked.iter().map(|c| c.latency).collect();
         latencies.sort();
@@ -573,20 +437,10 @@ impl RelistDriver {
                         let started = Instant::now();
                         *in_flight.lock().unwrap() = Some((call, started));
                         let error = match call {
-                            ListCall::PodSandbox => client
-                                .list_pod_sandbox(req(
-                                    api::ListPodSandboxRequest::default(),
-                                    timeout,
-                                ))
-                                .await
-                                .err(),
-                            ListCall::Containers => client
-                                .list_containers(req(
-                                    api::ListContainersRequest::default(),
-                                    timeout,
-                                ))
-                                .await
-                                .err(),
+                            ListCall::PodSandbox => {
+                                client.list_pod_sandbox(req(api::ListPodSandboxRequest::default(), timeout)).await.err()
+                            }
+                            ListCall::Containers => client.list_containers(req(api::ListContainersRequest::default(), timeout)).await.err(),
                         };
                         let latency = started.elapsed();
                         *in_flight.lock().unwrap() = None;
@@ -605,14 +459,7 @@ impl RelistDriver {
                 }
             }
         });
-        Self {
-            cri: cri.clone(),
-            period,
-            calls,
-            in_flight,
-            stop,
-            task: Some(task),
-        }
+        Self { cri: cri.clone(), period, calls, in_flight, stop, task: Some(task) }
     }
 
     pub fn period(&self) -> Duration {
@@ -635,14 +482,9 @@ impl RelistDriver {
         let _ = self.stop.send(true);
         if let Some(task) = self.task.take() {
             let abort = task.abort_handle();
-            let finished = self
-                .cri
-                .rt
-                .block_on(async { tokio::time::timeout(timeout, task).await.is_ok() });
+            let finished = self.cri.rt.block_on(async { tokio::time::timeout(timeout, task).await.is_ok() });
             if !finished {
-                eprintln!(
-                    "relist driver: a call was still under way after {timeout:?}; aborted it"
-                );
+                eprintln!("relist driver: a call was still under way after {timeout:?}; aborted it");
                 abort.abort();
             }
         }
@@ -663,13 +505,7 @@ mod tests {
     use super::*;
 
     fn call(call: ListCall, ms: u64) -> TimedCall {
-        TimedCall {
-            call,
-            relist: 0,
-            started: Instant::now(),
-            latency: Duration::from_millis(ms),
-            error: None,
-        }
+        TimedCall { call, relist: 0, started: Instant::now(), latency: Duration::from_millis(ms), error: None }
     }
 
     #[test]
@@ -692,13 +528,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pod = host_network_pod("p", "/x", dir.path()).unwrap();
         assert!(pod.hostname.is_empty());
-        let ns = pod
-            .linux
-            .unwrap()
-            .security_context
-            .unwrap()
-            .namespace_options
-            .unwrap();
+        let ns = pod.linux.unwrap().security_context.unwrap().namespace_options.unwrap();
         assert_eq!(ns.network, api::NamespaceMode::Node as i32);
         assert!(Path::new(&pod.log_directory).is_dir());
     }

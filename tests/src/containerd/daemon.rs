@@ -141,33 +141,15 @@ impl Containerd {
     }
 
     /// [`Containerd::start_systemd`] for the containerd, shim, `ctr` and runc of `version`.
-    pub fn start_systemd_version(
-        version: Version,
-        placement: Placement,
-        runc: Runc,
-        systemd: SystemdCgroups,
-    ) -> Result<Self> {
+    pub fn start_systemd_version(version: Version, placement: Placement, runc: Runc, systemd: SystemdCgroups) -> Result<Self> {
         Self::start_inner(version, placement, runc, Some(systemd))
     }
 
-    fn start_inner(
-        version: Version,
-        placement: Placement,
-        runc: Runc,
-        systemd: Option<SystemdCgroups>,
-    ) -> Result<Self> {
+    fn start_inner(version: Version, placement: Placement, runc: Runc, systemd: Option<SystemdCgroups>) -> Result<Self> {
         let ns_pid = systemd.map(|s| s.ns_pid);
-        let dir = tempfile::Builder::new()
-            .prefix("plegwatch-containerd-")
-            .tempdir()
-            .context("create a temp dir for containerd")?
-            .keep();
+        let dir = tempfile::Builder::new().prefix("plegwatch-containerd-").tempdir().context("create a temp dir for containerd")?.keep();
         let dir = dir.canonicalize()?;
-        let name = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .context("temp dir name")?
-            .to_string();
+        let name = dir.file_name().and_then(|n| n.to_str()).context("temp dir name")?.to_string();
         let placed = match &placement {
             Placement::TempDir => None,
             Placement::RootUnder(base) | Placement::SnapshotsUnder(base) => {
@@ -209,10 +191,9 @@ impl Containerd {
         let cgroup_parent = match systemd {
             None => format!("/{name}"),
             // A slice name's dashes are its hierarchy: keep only the random part.
-            Some(_) => format!(
-                "plegwatch{}.slice",
-                name.rsplit('-').next().unwrap_or_default().replace(|c: char| !c.is_ascii_alphanumeric(), "")
-            ),
+            Some(_) => {
+                format!("plegwatch{}.slice", name.rsplit('-').next().unwrap_or_default().replace(|c: char| !c.is_ascii_alphanumeric(), ""))
+            }
         };
         let setup = (|| -> Result<(File, Binaries)> {
             for d in ["tmp", "opt", "cni/bin", "cni/conf", "pod-logs"] {
@@ -222,10 +203,8 @@ impl Containerd {
             if let (Runc::StopBefore(subcommand), Some(wrapper)) = (runc, &runc_wrapper) {
                 write_runc_wrapper(wrapper, &real_runc, subcommand)?;
             }
-            std::fs::write(&config, config_toml(&paths))
-                .with_context(|| format!("write {}", config.display()))?;
-            let log_file =
-                File::create(&log).with_context(|| format!("create {}", log.display()))?;
+            std::fs::write(&config, config_toml(&paths)).with_context(|| format!("write {}", config.display()))?;
+            let log_file = File::create(&log).with_context(|| format!("create {}", log.display()))?;
             Ok((log_file, binaries))
         })();
         let (log_file, binaries) = match setup {
@@ -236,10 +215,7 @@ impl Containerd {
             }
         };
         // In a namespace of its own it makes them there, not here.
-        let new_run_dirs: Vec<&'static str> = RUN_DIRS
-            .into_iter()
-            .filter(|d| ns_pid.is_none() && !Path::new(d).exists())
-            .collect();
+        let new_run_dirs: Vec<&'static str> = RUN_DIRS.into_iter().filter(|d| ns_pid.is_none() && !Path::new(d).exists()).collect();
         let child = spawn_containerd(ns_pid, &bin_dir, &config, log_file);
         let child = match child {
             Ok(c) => c,
@@ -282,17 +258,10 @@ impl Containerd {
         let mut last_error = String::from("the socket never appeared");
         loop {
             if let Some(status) = self.child.try_wait()? {
-                bail!(
-                    "containerd exited ({status}) before it answered on {}\n{}",
-                    self.socket.display(),
-                    self.log_tail(40)
-                );
+                bail!("containerd exited ({status}) before it answered on {}\n{}", self.socket.display(), self.log_tail(40));
             }
             if self.socket.exists() {
-                match Cri::connect(&self.socket)
-                    .map(|c| c.with_timeout(Duration::from_secs(2)))
-                    .and_then(|c| c.version())
-                {
+                match Cri::connect(&self.socket).map(|c| c.with_timeout(Duration::from_secs(2))).and_then(|c| c.version()) {
                     Ok(v) => {
                         eprintln!(
                             "containerd answered after {:.2}s: {} {} (CRI {})",
@@ -336,10 +305,7 @@ impl Containerd {
             unsafe { libc::kill(old as libc::pid_t, libc::SIGKILL) };
         }
         let status = self.child.wait().context("reap the killed containerd")?;
-        let log_file = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&self.log)
-            .with_context(|| format!("open {}", self.log.display()))?;
+        let log_file = std::fs::OpenOptions::new().append(true).open(&self.log).with_context(|| format!("open {}", self.log.display()))?;
         self.child = spawn_containerd(self.ns_pid, &self.bin_dir, &self.config, log_file)
             .with_context(|| format!("respawn containerd ({})", self.version))?;
         self.started = Instant::now();
@@ -415,9 +381,7 @@ impl Containerd {
     /// `ctr --address SOCKET -n k8s.io` (the `ctr` of its version), ready for more arguments.
     pub fn ctr(&self) -> Command {
         let mut cmd = Command::new(self.bin_dir.join(BinName::Ctr.file_name()));
-        cmd.arg("--address")
-            .arg(&self.socket)
-            .args(["--namespace", K8S_NAMESPACE]);
+        cmd.arg("--address").arg(&self.socket).args(["--namespace", K8S_NAMESPACE]);
         cmd
     }
 
@@ -484,11 +448,7 @@ impl Containerd {
             }
             thread::sleep(Self::POLL);
         }
-        eprintln!(
-            "cleanup: containerd (pid {}) still runs {:?} after SIGTERM; SIGKILL",
-            self.pid(),
-            Self::STOP_TIMEOUT
-        );
+        eprintln!("cleanup: containerd (pid {}) still runs {:?} after SIGTERM; SIGKILL", self.pid(), Self::STOP_TIMEOUT);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -498,20 +458,12 @@ impl Containerd {
     fn clean_leftovers(&self) {
         let shims = self.shims();
         let ns_dir = self.runc_root.join(K8S_NAMESPACE);
-        let leftover: Vec<String> = std::fs::read_dir(&ns_dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let leftover: Vec<String> =
+            std::fs::read_dir(&ns_dir).map(|d| d.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()).unwrap_or_default();
         for id in &leftover {
             eprintln!("cleanup: runc delete --force {id}");
             // In its namespace: a systemd-driven runc needs that namespace's bus.
-            if let Err(e) = run(in_ns(self.ns_pid, self.runc())
-                .arg("--root")
-                .arg(&ns_dir)
-                .args(["delete", "--force", id]))
-            {
+            if let Err(e) = run(in_ns(self.ns_pid, self.runc()).arg("--root").arg(&ns_dir).args(["delete", "--force", id])) {
                 eprintln!("cleanup: {e:#}");
             }
         }
@@ -550,12 +502,7 @@ impl Containerd {
         };
         let name = self.cgroup_parent.trim_start_matches('/');
         let mut bases = vec![PathBuf::from("/sys/fs/cgroup")];
-        bases.extend(
-            controllers
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.path()),
-        );
+        bases.extend(controllers.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
         for base in bases {
             let dir = base.join(name);
             if dir.is_dir() {
@@ -588,10 +535,7 @@ impl Drop for Containerd {
         if clean {
             remove_dirs(&self.dir, self.placed.as_deref());
         } else {
-            eprintln!(
-                "cleanup: mounts remain under {}; leaving its files in place",
-                self.dir.display()
-            );
+            eprintln!("cleanup: mounts remain under {}; leaving its files in place", self.dir.display());
         }
     }
 }
@@ -617,8 +561,8 @@ struct Paths {
 /// any) with `bin_dir` first on its `PATH` and its output into `log_file`.
 fn spawn_containerd(ns_pid: Option<u32>, bin_dir: &Path, config: &Path, log_file: File) -> Result<Child> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let path = std::env::join_paths(std::iter::once(bin_dir.to_path_buf()).chain(std::env::split_paths(&path)))
-        .context("the daemon's PATH")?;
+    let path =
+        std::env::join_paths(std::iter::once(bin_dir.to_path_buf()).chain(std::env::split_paths(&path))).context("the daemon's PATH")?;
     Ok(in_ns(ns_pid, bin_dir.join(BinName::Containerd.file_name()))
         .env("PATH", path)
         .arg("--config")
@@ -653,11 +597,7 @@ struct Common {
 
 impl Common {
     fn of(p: &Paths) -> Self {
-        let snapshots = p
-            .snapshots
-            .as_ref()
-            .map(|s| format!("  root_path = {}\n", quoted(s)))
-            .unwrap_or_default();
+        let snapshots = p.snapshots.as_ref().map(|s| format!("  root_path = {}\n", quoted(s))).unwrap_or_default();
         let head = format!(
             r#"root = {root}
 state = {state}
@@ -700,11 +640,7 @@ disabled_plugins = [
             systemd_cgroup = p.systemd_cgroup,
             binary_name = quoted(&p.runc_binary),
         );
-        Self {
-            head,
-            snapshots,
-            options,
-        }
+        Self { head, snapshots, options }
     }
 }
 
@@ -714,8 +650,10 @@ fn config_v2(p: &Paths, c: &Common) -> String {
     // 1.7 has NRI (off by default); say so rather than rely on it. 1.6 has no such plugin.
     let nri = match p.release {
         ContainerdRelease::V1_6_20 => "",
-        _ => "\n# NRI would listen on /var/run/nri/nri.sock, the node's.\n\
-              [plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n",
+        _ => {
+            "\n# NRI would listen on /var/run/nri/nri.sock, the node's.\n\
+              [plugins.\"io.containerd.nri.v1.nri\"]\n  disable = true\n"
+        }
     };
     format!(
         r#"# plegwatch scenario harness: a private containerd; nothing here is the node's.
@@ -850,10 +788,8 @@ exec '{real}' "$@"
 fn write_runc_wrapper(path: &Path, real: &Path, stop_before: &str) -> Result<()> {
     let dir = path.parent().context("the runc wrapper's dir")?;
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    std::fs::write(path, runc_wrapper_script(real, stop_before))
-        .with_context(|| format!("write {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
-        .with_context(|| format!("chmod {}", path.display()))
+    std::fs::write(path, runc_wrapper_script(real, stop_before)).with_context(|| format!("write {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).with_context(|| format!("chmod {}", path.display()))
 }
 
 /// Where containerd 1.6 puts the socket of the shim for (`namespace`, `id`) of the daemon on
@@ -916,11 +852,7 @@ fn mounts_under(dir: &Path, ns_pid: Option<u32>) -> Vec<String> {
 }
 
 fn unescape(field: &str) -> String {
-    field
-        .replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
+    field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
 }
 
 /// Removes a cgroup dir and the cgroups below it (rmdir only, children first).
@@ -965,11 +897,7 @@ mod tests {
 
     #[test]
     fn config_names_private_paths() {
-        for release in [
-            ContainerdRelease::V1_6_20,
-            ContainerdRelease::V1_7_34,
-            ContainerdRelease::V2_3_4,
-        ] {
+        for release in [ContainerdRelease::V1_6_20, ContainerdRelease::V1_7_34, ContainerdRelease::V2_3_4] {
             let p = paths(release);
             let toml = config_toml(&p);
             assert!(toml.contains("root = \"/tmp/x/root\""), "{toml}");
@@ -978,18 +906,10 @@ mod tests {
             assert!(toml.contains("restrict_oom_score_adj = true"));
             assert!(toml.contains("\"docker.io/local/pause:1\""));
             assert!(!toml.contains("/var/lib/containerd"));
-            assert!(toml.contains(
-                "        SystemdCgroup = false\n        BinaryName = \"/tmp/x/bin/runc\"\n"
-            ));
-            let systemd = config_toml(&Paths {
-                systemd_cgroup: true,
-                ..p.clone()
-            });
+            assert!(toml.contains("        SystemdCgroup = false\n        BinaryName = \"/tmp/x/bin/runc\"\n"));
+            let systemd = config_toml(&Paths { systemd_cgroup: true, ..p.clone() });
             assert!(systemd.contains("        SystemdCgroup = true\n"));
-            let wrapped = config_toml(&Paths {
-                runc_binary: "/tmp/x/runc-wrapper/runc".into(),
-                ..p
-            });
+            let wrapped = config_toml(&Paths { runc_binary: "/tmp/x/runc-wrapper/runc".into(), ..p });
             assert!(wrapped.contains("        BinaryName = \"/tmp/x/runc-wrapper/runc\"\n"));
         }
     }
@@ -1025,41 +945,24 @@ mod tests {
     fn run_wrapper(args: &[&str]) -> (bool, String) {
         let dir = tempfile::tempdir().unwrap();
         let wrapper = dir.path().join("runc");
-        std::fs::write(
-            &wrapper,
-            runc_wrapper_script(Path::new("/bin/echo"), "update"),
-        )
-        .unwrap();
+        std::fs::write(&wrapper, runc_wrapper_script(Path::new("/bin/echo"), "update")).unwrap();
         // Run by sh rather than exec'd: a file just written may be ETXTBSY for a while when
         // other test threads fork.
-        let child = Command::new("/bin/sh")
-            .arg(&wrapper)
-            .args(args)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let child = Command::new("/bin/sh").arg(&wrapper).args(args).stdout(Stdio::piped()).spawn().unwrap();
         let pid = child.id();
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut stopped = false;
         while procs::alive(pid) && Instant::now() < deadline {
             if procs::state(pid) == Some('T') {
                 stopped = true;
-                assert!(procs::signal_child(
-                    pid,
-                    std::process::id(),
-                    "sh",
-                    libc::SIGCONT
-                ));
+                assert!(procs::signal_child(pid, std::process::id(), "sh", libc::SIGCONT));
                 break;
             }
             thread::sleep(Duration::from_millis(5));
         }
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "{}", out.status);
-        (
-            stopped,
-            String::from_utf8_lossy(&out.stdout).trim_end().to_string(),
-        )
+        (stopped, String::from_utf8_lossy(&out.stdout).trim_end().to_string())
     }
 
     #[test]

@@ -29,8 +29,8 @@ pub const BUSYBOX: &str = "docker.io/local/busybox:1";
 pub const BUSYBOX_BIN: &str = "/bin/busybox";
 /// The applets linked into `/bin` of the rootfs (busybox runs by the name it is called by).
 pub const APPLETS: &[&str] = &[
-    "sh", "sleep", "dd", "sync", "echo", "cat", "ls", "true", "false", "mkdir", "rm", "env", "ps",
-    "date", "head", "wc", "id", "hostname", "mount", "df", "kill", "touch",
+    "sh", "sleep", "dd", "sync", "echo", "cat", "ls", "true", "false", "mkdir", "rm", "env", "ps", "date", "head", "wc", "id", "hostname",
+    "mount", "df", "kill", "touch",
 ];
 /// A fixed mtime for every entry, so the layer digest never changes.
 const MTIME: u64 = 1_700_000_000;
@@ -51,9 +51,7 @@ pub fn digest(data: &[u8]) -> String {
 /// A layer tar of a minimal busybox rootfs: `/bin/busybox`, its applets as symlinks, the
 /// usual empty dirs, `/etc/passwd` and `/etc/group`.
 pub fn busybox_layer() -> Result<Vec<u8>> {
-    let busybox = std::fs::read(BUSYBOX_BIN).with_context(|| {
-        format!("read {BUSYBOX_BIN} (install the Debian package busybox-static)")
-    })?;
+    let busybox = std::fs::read(BUSYBOX_BIN).with_context(|| format!("read {BUSYBOX_BIN} (install the Debian package busybox-static)"))?;
     let mut b = tar::Builder::new(Vec::new());
     for (dir, mode) in [
         ("bin", 0o755),
@@ -77,10 +75,7 @@ pub fn busybox_layer() -> Result<Vec<u8>> {
         b.append_link(&mut h, format!("bin/{applet}"), "busybox")?;
     }
     for (file, text) in [
-        (
-            "etc/passwd",
-            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n",
-        ),
+        ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"),
         ("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
     ] {
         let mut h = header(EntryType::Regular, 0o644, text.len() as u64);
@@ -138,10 +133,7 @@ pub fn oci_archive(name: &str, layer: &[u8], argv: &[&str]) -> Result<Vec<u8>> {
         }],
     }))?;
     // Blobs by digest: a BTreeMap also dedups and orders them.
-    let blobs: BTreeMap<String, &[u8]> = [layer, &config, &manifest]
-        .into_iter()
-        .map(|blob| (digest(blob), blob))
-        .collect();
+    let blobs: BTreeMap<String, &[u8]> = [layer, &config, &manifest].into_iter().map(|blob| (digest(blob), blob)).collect();
     let mut b = tar::Builder::new(Vec::new());
     for dir in ["blobs/", "blobs/sha256/"] {
         let mut h = header(EntryType::Directory, 0o755, 0);
@@ -164,11 +156,8 @@ pub fn oci_archive(name: &str, layer: &[u8], argv: &[&str]) -> Result<Vec<u8>> {
 /// namespace (unpacked into overlayfs), and waits until CRI sees `name`.
 pub fn import(containerd: &Containerd, archive: &Path, name: &str) -> Result<()> {
     let started = Instant::now();
-    run(containerd
-        .ctr()
-        .args(["images", "import", "--snapshotter", "overlayfs"])
-        .arg(archive))
-    .with_context(|| format!("import {name}\n{}", containerd.log_tail(20)))?;
+    run(containerd.ctr().args(["images", "import", "--snapshotter", "overlayfs"]).arg(archive))
+        .with_context(|| format!("import {name}\n{}", containerd.log_tail(20)))?;
     let cri = containerd.cri()?;
     let deadline = Instant::now() + VISIBLE_TIMEOUT;
     while !cri.has_image(name)? {
@@ -193,15 +182,10 @@ pub fn images(containerd: &Containerd) -> Result<String> {
 /// Builds [`PAUSE`] and [`BUSYBOX`] and imports both.
 pub fn import_test_images(containerd: &Containerd) -> Result<()> {
     let layer = busybox_layer()?;
-    let images: [(&str, &[&str]); 2] = [
-        (PAUSE, &["/bin/sleep", "2147483647"]),
-        (BUSYBOX, &["/bin/sh"]),
-    ];
+    let images: [(&str, &[&str]); 2] = [(PAUSE, &["/bin/sleep", "2147483647"]), (BUSYBOX, &["/bin/sh"])];
     for (name, argv) in images {
         let archive = oci_archive(name, &layer, argv)?;
-        let file = containerd
-            .dir()
-            .join(format!("{}.oci.tar", name.replace(['/', ':'], "_")));
+        let file = containerd.dir().join(format!("{}.oci.tar", name.replace(['/', ':'], "_")));
         std::fs::write(&file, &archive).with_context(|| format!("write {}", file.display()))?;
         import(containerd, &file, name)?;
         std::fs::remove_file(&file).ok();
@@ -232,26 +216,17 @@ mod tests {
         let b = oci_archive(PAUSE, &layer, &["/bin/sleep", "1"]).unwrap();
         assert_eq!(digest(&a), digest(&b));
         let index = index_of(&a).unwrap();
-        assert_eq!(
-            index["manifests"][0]["annotations"]["io.containerd.image.name"],
-            PAUSE
-        );
+        assert_eq!(index["manifests"][0]["annotations"]["io.containerd.image.name"], PAUSE);
         let mut names = Vec::new();
         for e in tar::Archive::new(a.as_slice()).entries().unwrap() {
             names.push(e.unwrap().path().unwrap().to_string_lossy().into_owned());
         }
-        assert!(names.contains(&format!(
-            "blobs/sha256/{}",
-            digest(&layer).trim_start_matches("sha256:")
-        )));
+        assert!(names.contains(&format!("blobs/sha256/{}", digest(&layer).trim_start_matches("sha256:"))));
         assert!(names.contains(&"oci-layout".to_string()));
     }
 
     #[test]
     fn digest_of_empty() {
-        assert_eq!(
-            digest(b""),
-            "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-        );
+        assert_eq!(digest(b""), "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
     }
 }

@@ -212,9 +212,7 @@ impl StallOutcome for Outcome {
                 "shim thread {} in umount2 for {:.2}s (first seen {:.2}s after the exit){}",
                 u.tid,
                 u.duration().as_secs_f64(),
-                u.first_seen
-                    .saturating_duration_since(self.exited)
-                    .as_secs_f64(),
+                u.first_seen.saturating_duration_since(self.exited).as_secs_f64(),
                 u.snapshot
                     .as_ref()
                     .map(|s| format!(
@@ -232,19 +230,13 @@ impl StallOutcome for Outcome {
         let others: String = self
             .umount_spans
             .iter()
-            .filter(|s| {
-                self.umount
-                    .as_ref()
-                    .is_none_or(|u| u.tid != s.tid || u.first_seen != s.first_seen)
-            })
+            .filter(|s| self.umount.as_ref().is_none_or(|u| u.tid != s.tid || u.first_seen != s.first_seen))
             .map(|s| {
                 format!(
                     "\n  also: shim thread {} in umount2 for {:.2}s from {:.2}s after the exit",
                     s.tid,
                     s.duration().as_secs_f64(),
-                    s.first_seen
-                        .saturating_duration_since(self.exited)
-                        .as_secs_f64()
+                    s.first_seen.saturating_duration_since(self.exited).as_secs_f64()
                 )
             })
             .collect();
@@ -269,10 +261,7 @@ impl StallOutcome for Outcome {
             self.container_pid,
             self.exited.duration_since(self.started).as_secs_f64(),
             self.shim.pid,
-            self.update
-                .sent
-                .saturating_duration_since(self.exited)
-                .as_secs_f64(),
+            self.update.sent.saturating_duration_since(self.exited).as_secs_f64(),
             self.update.summary(),
         )
     }
@@ -302,12 +291,7 @@ impl Bed {
             OnDisk::Snapshots => Placement::SnapshotsUnder(base),
         };
         let stage = Stage::start_version(options.version, placement, Runc::Real, "stall9770")?;
-        let mut bed = Self {
-            stage,
-            fs,
-            options,
-            triggers: 0,
-        };
+        let mut bed = Self { stage, fs, options, triggers: 0 };
         // Only what the container writes is to be dirty when the throttle goes on.
         syncfs(bed.fs.mount_point())?;
         bed.stage.throttle(bed.fs.dev(), bed.options.throttle_bps)?;
@@ -329,20 +313,12 @@ impl Bed {
     /// bed, with a new container each time.
     pub fn trigger_with(&mut self, mid_stall: impl FnOnce(&MidStall)) -> Result<Outcome> {
         let o = self.options.clone();
-        let script = format!(
-            "dd if=/dev/zero of=/big bs=1M count={} 2>/dev/null; exec sleep {}",
-            o.dirty_mib,
-            o.run_for.as_secs_f64()
-        );
+        let script = format!("dd if=/dev/zero of=/big bs=1M count={} 2>/dev/null; exec sleep {}", o.dirty_mib, o.run_for.as_secs_f64());
         let name = format!("writer-{}", self.triggers);
         self.triggers += 1;
         let config = cri::container(&name, BUSYBOX, &["/bin/sh", "-c", &script]);
         let started = Instant::now();
-        let Started {
-            id: container_id,
-            pid: container_pid,
-            shim,
-        } = self.stage.run_container(&config, true)?;
+        let Started { id: container_id, pid: container_pid, shim } = self.stage.run_container(&config, true)?;
         eprintln!(
             "container {} (pid {container_pid}) started under shim {}; writing {} MiB, \
              exiting in {:?}",
@@ -356,21 +332,14 @@ impl Bed {
         let exit_deadline = Instant::now() + o.run_for + crate::timing::scaled(Duration::from_secs(30));
         while procs::alive(container_pid) {
             if Instant::now() >= exit_deadline {
-                bail!(
-                    "container pid {container_pid} still runs {:?} after its start",
-                    started.elapsed()
-                );
+                bail!("container pid {container_pid} still runs {:?} after its start", started.elapsed());
             }
             thread::sleep(Duration::from_millis(5));
         }
         let exited = Instant::now();
         let seen = watch.wait_open(Self::UMOUNT_SHOW_TIMEOUT);
         if seen.is_none() {
-            eprintln!(
-                "warning: no thread of shim {} was seen in umount2 within {:?} of the exit",
-                shim.pid,
-                Self::UMOUNT_SHOW_TIMEOUT
-            );
+            eprintln!("warning: no thread of shim {} was seen in umount2 within {:?} of the exit", shim.pid, Self::UMOUNT_SHOW_TIMEOUT);
         }
 
         let update = self.stage.send_update(&container_id)?;
@@ -382,38 +351,20 @@ impl Bed {
             update_sent_wall: update.sent_wall,
             stage: &self.stage,
         });
-        let containerd_blocked =
-            if update.wait_until(update.sent + Self::PROBE_AFTER, Duration::from_millis(20)) {
-                Vec::new()
-            } else {
-                procs::blocked_threads(self.stage.containerd().pid())
-            };
+        let containerd_blocked = if update.wait_until(update.sent + Self::PROBE_AFTER, Duration::from_millis(20)) {
+            Vec::new()
+        } else {
+            procs::blocked_threads(self.stage.containerd().pid())
+        };
         let returned = update.join()?;
         if !watch.wait_closed(o.expected_stall() + Duration::from_secs(30)) {
-            eprintln!(
-                "warning: shim {} still in umount2 long after the update returned",
-                shim.pid
-            );
+            eprintln!("warning: shim {} still in umount2 long after the update returned", shim.pid);
         }
         let spans = watch.stop();
         let update = self.stage.measure(returned);
 
-        let umount = spans
-            .iter()
-            .filter(|s| s.last_seen >= exited)
-            .max_by_key(|s| s.duration())
-            .cloned();
-        Ok(Outcome {
-            container_id,
-            container_pid,
-            shim,
-            started,
-            exited,
-            umount,
-            umount_spans: spans,
-            update,
-            containerd_blocked,
-        })
+        let umount = spans.iter().filter(|s| s.last_seen >= exited).max_by_key(|s| s.duration()).cloned();
+        Ok(Outcome { container_id, container_pid, shim, started, exited, umount, umount_spans: spans, update, containerd_blocked })
     }
 }
 
@@ -435,8 +386,7 @@ pub fn syncfs(path: &Path) -> Result<()> {
     let dir = File::open(path).with_context(|| format!("open {}", path.display()))?;
     // SAFETY: syncfs(2) on a file descriptor we own for the duration of the call.
     if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("syncfs {}", path.display()));
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("syncfs {}", path.display()));
     }
     Ok(())
 }

@@ -66,11 +66,7 @@ pub const TOOLS: &[&str] = &["containerd", "ctr", "containerd-shim-runc-v2", "ru
 pub fn require() {
     require_root_and_busybox();
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let missing: Vec<&str> = TOOLS
-        .iter()
-        .copied()
-        .filter(|tool| !std::env::split_paths(&path).any(|d| d.join(tool).is_file()))
-        .collect();
+    let missing: Vec<&str> = TOOLS.iter().copied().filter(|tool| !std::env::split_paths(&path).any(|d| d.join(tool).is_file())).collect();
     assert!(
         missing.is_empty(),
         "not found in PATH ({}): {} (Debian packages containerd and runc; `cargo xtask setup` \
@@ -107,9 +103,5 @@ fn require_root_and_busybox() {
         "the containerd scenarios need root (euid is {euid}): they run containerd and runc, \
          attach loop devices and mount filesystems"
     );
-    assert!(
-        std::path::Path::new(image::BUSYBOX_BIN).is_file(),
-        "{} is missing (Debian package busybox-static)",
-        image::BUSYBOX_BIN
-    );
+    assert!(std::path::Path::new(image::BUSYBOX_BIN).is_file(), "{} is missing (Debian package busybox-static)", image::BUSYBOX_BIN);
 }

@@ -35,12 +35,7 @@ pub fn cmdline(pid: u32) -> Option<Vec<String>> {
     if raw.is_empty() {
         return None;
     }
-    Some(
-        raw.split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect(),
-    )
+    Some(raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect())
 }
 
 /// The PIDs of all processes.
@@ -48,8 +43,7 @@ pub fn pids() -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
 }
 
 /// The shim `pid` is, if its argv says it is one.
@@ -65,22 +59,13 @@ pub fn shim(pid: u32) -> Option<Shim> {
             .and_then(|i| argv.get(i + 1))
             .cloned()
     };
-    Some(Shim {
-        pid,
-        id: arg("-id")?,
-        namespace: arg("-namespace").unwrap_or_default(),
-        address: arg("-address")?,
-    })
+    Some(Shim { pid, id: arg("-id")?, namespace: arg("-namespace").unwrap_or_default(), address: arg("-address")? })
 }
 
 /// Every running shim started by the containerd listening on `address` (its `-address`).
 pub fn shims_of(address: &Path) -> Vec<Shim> {
     let address = address.to_string_lossy();
-    pids()
-        .into_iter()
-        .filter_map(shim)
-        .filter(|s| s.address == address)
-        .collect()
+    pids().into_iter().filter_map(shim).filter(|s| s.address == address).collect()
 }
 
 /// A process's parent PID, from `/proc/PID/stat`.
@@ -134,20 +119,12 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
 
 /// All descendants of `pid` (children, their children, ...), found by walking parent PIDs.
 pub fn descendants(pid: u32) -> Vec<u32> {
-    let parents: Vec<(u32, u32)> = pids()
-        .into_iter()
-        .filter_map(|p| Some((p, ppid(p)?)))
-        .collect();
+    let parents: Vec<(u32, u32)> = pids().into_iter().filter_map(|p| Some((p, ppid(p)?))).collect();
     let mut found = vec![pid];
     let mut i = 0;
     while i < found.len() {
         let parent = found[i];
-        found.extend(
-            parents
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
+        found.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
         i += 1;
     }
     found.remove(0);
@@ -159,8 +136,7 @@ pub fn threads(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return Vec::new();
     };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()
 }
 
 /// Where a thread is, as `/proc/PID/task/TID/syscall` says.
@@ -216,10 +192,7 @@ pub struct ThreadSnapshot {
 impl ThreadSnapshot {
     pub fn take(pid: u32, tid: u32) -> Result<Self> {
         let base = format!("/proc/{pid}/task/{tid}");
-        let read = |name: &str| {
-            std::fs::read_to_string(format!("{base}/{name}"))
-                .with_context(|| format!("read {base}/{name}"))
-        };
+        let read = |name: &str| std::fs::read_to_string(format!("{base}/{name}")).with_context(|| format!("read {base}/{name}"));
         let status = read("status")?;
         Ok(Self {
             pid,
@@ -227,12 +200,7 @@ impl ThreadSnapshot {
             at: Instant::now(),
             comm: read("comm")?.trim().to_string(),
             syscall: read("syscall")?.trim().to_string(),
-            state: status
-                .lines()
-                .find_map(|l| l.strip_prefix("State:"))
-                .unwrap_or("?")
-                .trim()
-                .to_string(),
+            state: status.lines().find_map(|l| l.strip_prefix("State:")).unwrap_or("?").trim().to_string(),
             wchan: read("wchan").unwrap_or_default().trim().to_string(),
             stack: read("stack").unwrap_or_default(),
         })
@@ -252,11 +220,7 @@ impl ThreadSnapshot {
 /// The threads of `pid` in uninterruptible sleep (`D`) right now, with their stacks. Go
 /// threads parked on a futex sleep interruptibly and are not listed.
 pub fn blocked_threads(pid: u32) -> Vec<ThreadSnapshot> {
-    threads(pid)
-        .into_iter()
-        .filter_map(|tid| ThreadSnapshot::take(pid, tid).ok())
-        .filter(|s| s.state.starts_with('D'))
-        .collect()
+    threads(pid).into_iter().filter_map(|tid| ThreadSnapshot::take(pid, tid).ok()).filter(|s| s.state.starts_with('D')).collect()
 }
 
 impl ThreadSnapshot {
@@ -315,12 +279,7 @@ impl UmountWatch {
                 move || poll_umounts(pid, &stop, &spans)
             })
             .context("spawn the umount watch")?;
-        Ok(Self {
-            pid,
-            stop,
-            spans,
-            poller: Some(poller),
-        })
+        Ok(Self { pid, stop, spans, poller: Some(poller) })
     }
 
     pub fn pid(&self) -> u32 {
@@ -390,16 +349,10 @@ fn poll_umounts(pid: u32, stop: &AtomicBool, spans: &Mutex<Vec<UmountSpan>>) {
     let mut open: BTreeMap<u32, usize> = BTreeMap::new();
     while !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
-        let states: BTreeMap<u32, SyscallState> = threads(pid)
-            .into_iter()
-            .map(|tid| (tid, syscall_state(pid, tid)))
-            .collect();
+        let states: BTreeMap<u32, SyscallState> = threads(pid).into_iter().map(|tid| (tid, syscall_state(pid, tid))).collect();
         // Threads seen in umount2 now.
-        let confirmed: Vec<u32> = states
-            .iter()
-            .filter(|(_, state)| **state == SyscallState::In(SYS_UMOUNT2))
-            .map(|(tid, _)| *tid)
-            .collect();
+        let confirmed: Vec<u32> =
+            states.iter().filter(|(_, state)| **state == SyscallState::In(SYS_UMOUNT2)).map(|(tid, _)| *tid).collect();
         let Ok(mut spans) = spans.lock() else { return };
         open.retain(|tid, &mut i| {
             let still = confirmed.contains(tid) || states.get(tid) == Some(&SyscallState::Running);
@@ -450,10 +403,7 @@ mod tests {
 
     #[test]
     fn a_stopped_child_is_found_and_continued() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
         let me = std::process::id();
         assert!(signal_child(pid, me, "sleep", libc::SIGSTOP));
@@ -464,10 +414,7 @@ mod tests {
         assert_eq!(comm(pid).as_deref(), Some("sleep"));
         assert!(stopped_children(me, "sleep").contains(&pid));
         assert!(stopped_children(me, "runc").is_empty());
-        assert!(
-            !signal_child(pid, me, "runc", libc::SIGCONT),
-            "wrong comm: not signalled"
-        );
+        assert!(!signal_child(pid, me, "runc", libc::SIGCONT), "wrong comm: not signalled");
         assert!(signal_child(pid, me, "sleep", libc::SIGCONT));
         while state(pid) == Some('T') && Instant::now() < deadline {
             thread::sleep(Duration::from_millis(10));

@@ -122,14 +122,7 @@ impl StallOutcome for Outcome {
         let snapshot = self
             .runc_snapshot
             .as_ref()
-            .map(|s| {
-                format!(
-                    "\n  runc while stopped: state {}, wchan {}\n    stack: {}",
-                    s.state,
-                    s.wchan,
-                    s.stack_line()
-                )
-            })
+            .map(|s| format!("\n  runc while stopped: state {}, wchan {}\n    stack: {}", s.state, s.wchan, s.stack_line()))
             .unwrap_or_default();
         format!(
             "runc stopped under UpdateContainerResources: container {} (pid {}), shim pid {}\n  \
@@ -140,9 +133,7 @@ impl StallOutcome for Outcome {
             self.shim.pid,
             self.runc_pid,
             self.runc_argv.join(" "),
-            self.stop_seen
-                .duration_since(self.update.sent)
-                .as_secs_f64(),
+            self.stop_seen.duration_since(self.update.sent).as_secs_f64(),
             self.stopped_for().as_secs_f64(),
             self.update.summary(),
         )
@@ -169,10 +160,7 @@ impl Continue {
     fn now(&mut self) -> Instant {
         self.done = true;
         if !procs::signal_child(self.pid, self.shim, RUNC_COMM, libc::SIGCONT) {
-            eprintln!(
-                "warning: runc pid {} is gone or not the shim's child",
-                self.pid
-            );
+            eprintln!("warning: runc pid {} is gone or not the shim's child", self.pid);
         }
         Instant::now()
     }
@@ -196,27 +184,12 @@ impl Bed {
 
     /// Everything up to a running container, with the relist driver going.
     pub fn prepare(options: Options) -> Result<Self> {
-        let mut stage = Stage::start_version(
-            options.version,
-            Placement::TempDir,
-            Runc::StopBefore(FROZEN_SUBCOMMAND),
-            "runcstopped",
-        )?;
+        let mut stage = Stage::start_version(options.version, Placement::TempDir, Runc::StopBefore(FROZEN_SUBCOMMAND), "runcstopped")?;
         let config = cri::container("sleeper", BUSYBOX, &["/bin/sh", "-c", "exec sleep 3600"]);
         let container = stage.run_container(&config, false)?;
-        eprintln!(
-            "container {} (pid {}) running under shim {}",
-            short(&container.id),
-            container.pid,
-            container.shim.pid
-        );
+        eprintln!("container {} (pid {}) running under shim {}", short(&container.id), container.pid, container.shim.pid);
         stage.start_relist(options.relist_period);
-        Ok(Self {
-            stage,
-            container,
-            options,
-            prepared: Instant::now(),
-        })
+        Ok(Self { stage, container, options, prepared: Instant::now() })
     }
 
     pub fn container_id(&self) -> &str {
@@ -276,11 +249,7 @@ impl StallBed for Bed {
             thread::sleep(Bed::POLL);
         };
         let stop_seen = Instant::now();
-        let mut cont = Continue {
-            pid: runc_pid,
-            shim,
-            done: false,
-        };
+        let mut cont = Continue { pid: runc_pid, shim, done: false };
         let runc_argv = procs::cmdline(runc_pid).unwrap_or_default();
         let runc_snapshot = ThreadSnapshot::take(runc_pid, runc_pid).ok();
         eprintln!(

@@ -88,16 +88,8 @@ const POLL: Duration = Duration::from_millis(10);
 /// `dbus_next` module (Debian package python3-dbus-next, which `cargo xtask setup` installs).
 pub fn require() {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let missing: Vec<&str> = TOOLS
-        .iter()
-        .copied()
-        .filter(|t| !std::env::split_paths(&path).any(|d| d.join(t).is_file()))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "not found in PATH: {} (Debian packages util-linux, dbus-daemon, dbus-bin)",
-        missing.join(", ")
-    );
+    let missing: Vec<&str> = TOOLS.iter().copied().filter(|t| !std::env::split_paths(&path).any(|d| d.join(t).is_file())).collect();
+    assert!(missing.is_empty(), "not found in PATH: {} (Debian packages util-linux, dbus-daemon, dbus-bin)", missing.join(", "));
     let python = Command::new(PYTHON).args(["-c", "import dbus_next"]).output();
     assert!(
         python.as_ref().is_ok_and(|o| o.status.success()),
@@ -119,10 +111,7 @@ pub struct NodeRun {
 
 impl NodeRun {
     pub fn start() -> Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("plegwatch-run-")
-            .tempdir()
-            .context("make a temp dir for the namespace's /run")?;
+        let dir = tempfile::Builder::new().prefix("plegwatch-run-").tempdir().context("make a temp dir for the namespace's /run")?;
         for d in ["systemd/system", "dbus"] {
             std::fs::create_dir_all(dir.path().join(d))?;
         }
@@ -135,11 +124,7 @@ impl NodeRun {
             .stdout(Stdio::piped())
             .spawn()
             .context("spawn unshare --mount (Debian package util-linux)")?;
-        eprintln!(
-            "started the namespace holder (pid {}): /run is {} there",
-            holder.id(),
-            dir.path().display()
-        );
+        eprintln!("started the namespace holder (pid {}): /run is {} there", holder.id(), dir.path().display());
         let mut run = Self { holder, dir };
         let mut line = String::new();
         if let Some(out) = run.holder.stdout.take() {
@@ -161,11 +146,7 @@ impl NodeRun {
         );
         let there = std::fs::metadata(format!("/proc/{pid}/root/run"))?;
         let here = std::fs::metadata(self.dir.path())?;
-        ensure!(
-            (there.dev(), there.ino()) == (here.dev(), here.ino()),
-            "/run of pid {pid} is not {}",
-            self.dir.path().display()
-        );
+        ensure!((there.dev(), there.ino()) == (here.dev(), here.ino()), "/run of pid {pid} is not {}", self.dir.path().display());
         Ok(())
     }
 
@@ -208,10 +189,7 @@ impl FakeSystemd {
         let script = tempfile::Builder::new().prefix("plegwatch-systemd-").tempdir()?;
         let file = script.path().join("fake_systemd.py");
         std::fs::write(&file, STAND_IN).with_context(|| format!("write {}", file.display()))?;
-        let mut proc = dbus::spawn(
-            "fake systemd",
-            ns.command(PYTHON).arg(&file).arg(format!("unix:path={BUS_SOCKET}")),
-        )?;
+        let mut proc = dbus::spawn("fake systemd", ns.command(PYTHON).arg(&file).arg(format!("unix:path={BUS_SOCKET}")))?;
         ensure!(
             proc.wait_line(dbus::START_TIMEOUT, |l| l.starts_with("ready ")).is_some(),
             "the fake systemd (pid {}) did not say ready within {:?}",
@@ -239,11 +217,7 @@ impl FakeSystemd {
     }
 
     fn lines_after(&mut self, prefix: &str) -> Vec<String> {
-        self.proc
-            .lines()
-            .iter()
-            .filter_map(|(_, l)| l.strip_prefix(prefix).map(String::from))
-            .collect()
+        self.proc.lines().iter().filter_map(|(_, l)| l.strip_prefix(prefix).map(String::from)).collect()
     }
 
     /// SIGSTOP, and waits for state `T`.
@@ -383,19 +357,11 @@ impl Bed {
     /// created in it, not started.
     pub fn prepare(options: Options) -> Result<Self> {
         let ns = NodeRun::start()?;
-        let bus = PrivateBus::start_listening(
-            ns.command("dbus-daemon"),
-            Path::new(BUS_SOCKET),
-            &ns.host_path("dbus/system_bus_socket"),
-        )?;
+        let bus = PrivateBus::start_listening(ns.command("dbus-daemon"), Path::new(BUS_SOCKET), &ns.host_path("dbus/system_bus_socket"))?;
         let mut systemd = FakeSystemd::start(&ns, &bus)?;
         let monitor = BusMonitor::start(&bus, SYSTEMD)?;
-        let containerd = Containerd::start_systemd_version(
-            options.version,
-            Placement::TempDir,
-            Runc::Real,
-            SystemdCgroups { ns_pid: ns.pid() },
-        )?;
+        let containerd =
+            Containerd::start_systemd_version(options.version, Placement::TempDir, Runc::Real, SystemdCgroups { ns_pid: ns.pid() })?;
         let stage = Stage::on(containerd, "systemddbus")?;
         let calls = systemd.calls();
         ensure!(
@@ -404,22 +370,9 @@ impl Bed {
             stage.containerd().log_tail(30)
         );
         let config = cri::container("sleeper", BUSYBOX, &["/bin/sh", "-c", "exec sleep 3600"]);
-        let container_id = stage
-            .pod()
-            .create_container(&config)
-            .with_context(|| stage.containerd().log_tail(30))?;
+        let container_id = stage.pod().create_container(&config).with_context(|| stage.containerd().log_tail(30))?;
         eprintln!("container {} created, not started", short(&container_id));
-        Ok(Self {
-            stage,
-            monitor,
-            systemd,
-            bus,
-            ns,
-            container_id,
-            options,
-            prepared: Instant::now(),
-            warm_up: None,
-        })
+        Ok(Self { stage, monitor, systemd, bus, ns, container_id, options, prepared: Instant::now(), warm_up: None })
     }
 
     pub fn systemd_pid(&self) -> u32 {
@@ -462,10 +415,7 @@ impl Bed {
         let pid = runc.id();
         let probed = plegwatch.wait_probed(pid, Self::PROBE_TIMEOUT);
         // A reader lets runc's open return; it logs that there is no such container and exits.
-        let reader = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&fifo);
+        let reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo);
         let deadline = Instant::now() + Duration::from_secs(5);
         while runc.try_wait()?.is_none() {
             if Instant::now() >= deadline {
@@ -522,18 +472,18 @@ impl StallBed for Bed {
 
         let deadline = sent + Bed::CALL_SHOW_TIMEOUT;
         let call = loop {
-            let new = self.monitor.messages().into_iter().skip(earlier).find(|m| {
-                m.kind == MsgKind::Call && m.member.as_deref() == Some(START_UNIT)
-            });
+            let new = self
+                .monitor
+                .messages()
+                .into_iter()
+                .skip(earlier)
+                .find(|m| m.kind == MsgKind::Call && m.member.as_deref() == Some(START_UNIT));
             if let Some(m) = new {
                 break m;
             }
             if caller.is_finished() {
                 let r = caller.join().map(|(_, r)| r);
-                bail!(
-                    "StartContainer returned ({r:?}) before runc called {START_UNIT}\n{}",
-                    self.stage.containerd().log_tail(30)
-                );
+                bail!("StartContainer returned ({r:?}) before runc called {START_UNIT}\n{}", self.stage.containerd().log_tail(30));
             }
             // The caller thread is left to finish on its own once the bed is dropped.
             ensure!(
@@ -548,11 +498,7 @@ impl StallBed for Bed {
         let sender = call.sender.clone().context("the call has no sender")?;
         let runc_pid = self.bus.pid_of(&sender)?;
         let runc_argv = procs::cmdline(runc_pid).unwrap_or_default();
-        let shim = self
-            .stage
-            .containerd()
-            .shim_of_pod(self.stage.pod().id())
-            .context("no shim serves the pod")?;
+        let shim = self.stage.containerd().shim_of_pod(self.stage.pod().id()).context("no shim serves the pod")?;
         eprintln!(
             "runc pid {runc_pid} (parent {:?}, the pod's shim is {}) called {START_UNIT} (serial \
              {:?}) {:.3}s after StartContainer: {}",
@@ -580,9 +526,7 @@ impl StallBed for Bed {
             Bed::RETURN_TIMEOUT,
             self.stage.containerd().log_tail(30)
         );
-        let (ended, result) = caller
-            .join()
-            .map_err(|_| anyhow::anyhow!("the StartContainer caller panicked"))?;
+        let (ended, result) = caller.join().map_err(|_| anyhow::anyhow!("the StartContainer caller panicked"))?;
         let start = Returned { sent, sent_wall, ended, result }.measure(Vec::new());
         let container_pid = self.stage.cri().container_pid(&self.container_id).ok();
         let systemd_calls = self.systemd.calls().split_off(calls_before);

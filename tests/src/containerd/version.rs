@@ -26,9 +26,7 @@ pub const DEFAULT_SHARED_BIN: &str = "/work/shared/bin";
 
 /// The dir holding the release builds.
 pub fn shared_bin() -> PathBuf {
-    std::env::var_os(SHARED_BIN_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SHARED_BIN))
+    std::env::var_os(SHARED_BIN_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_SHARED_BIN))
 }
 
 /// A containerd release, with the shim and `ctr` of the same release.
@@ -93,16 +91,14 @@ impl ContainerdRelease {
             }),
             Self::V1_7_34 | Self::V2_3_4 => {
                 let path = shared.join(format!("{program}-{}", self.number()));
-                executable(&path)
-                    .then_some(path.clone())
-                    .ok_or_else(|| {
-                        format!(
-                            "{} (containerd {} release build) is missing or not executable \
+                executable(&path).then_some(path.clone()).ok_or_else(|| {
+                    format!(
+                        "{} (containerd {} release build) is missing or not executable \
                              (set {SHARED_BIN_ENV} to the dir holding it)",
-                            path.display(),
-                            self.number()
-                        )
-                    })
+                        path.display(),
+                        self.number()
+                    )
+                })
             }
         }
     }
@@ -158,20 +154,11 @@ pub struct Binaries {
 
 impl Version {
     /// Debian 12's containerd 1.6.20 and runc 1.1.5: what the beds first ran on.
-    pub const DEBIAN: Self = Self {
-        containerd: ContainerdRelease::V1_6_20,
-        runc: RuncRelease::V1_1_5,
-    };
+    pub const DEBIAN: Self = Self { containerd: ContainerdRelease::V1_6_20, runc: RuncRelease::V1_1_5 };
     /// containerd 1.7.34 with runc 1.4.3.
-    pub const V1_7: Self = Self {
-        containerd: ContainerdRelease::V1_7_34,
-        runc: RuncRelease::V1_4_3,
-    };
+    pub const V1_7: Self = Self { containerd: ContainerdRelease::V1_7_34, runc: RuncRelease::V1_4_3 };
     /// containerd 2.3.4 with runc 1.4.3.
-    pub const V2_3: Self = Self {
-        containerd: ContainerdRelease::V2_3_4,
-        runc: RuncRelease::V1_4_3,
-    };
+    pub const V2_3: Self = Self { containerd: ContainerdRelease::V2_3_4, runc: RuncRelease::V1_4_3 };
     /// Every version a bed is run on.
     pub const ALL: [Self; 3] = [Self::DEBIAN, Self::V1_7, Self::V2_3];
 
@@ -192,20 +179,12 @@ impl Version {
             self.containerd.program("ctr", shared),
             self.runc.program(shared),
         ];
-        let missing: Vec<&str> = found
-            .iter()
-            .filter_map(|r| r.as_ref().err().map(String::as_str))
-            .collect();
+        let missing: Vec<&str> = found.iter().filter_map(|r| r.as_ref().err().map(String::as_str)).collect();
         if !missing.is_empty() {
             return Err(format!("{self}: {}", missing.join("; ")));
         }
         let [containerd, shim, ctr, runc] = found.map(|r| r.unwrap_or_default());
-        Ok(Binaries {
-            containerd,
-            shim,
-            ctr,
-            runc,
-        })
+        Ok(Binaries { containerd, shim, ctr, runc })
     }
 
     /// Makes `dir` (if need be) and fills it with symlinks to this version's binaries named as
@@ -215,16 +194,11 @@ impl Version {
     pub fn link_into(self, dir: &Path) -> Result<Binaries> {
         let b = self.binaries().map_err(anyhow::Error::msg)?;
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-        for (name, target) in [
-            (BinName::Containerd, &b.containerd),
-            (BinName::Shim, &b.shim),
-            (BinName::Ctr, &b.ctr),
-            (BinName::Runc, &b.runc),
-        ] {
+        for (name, target) in
+            [(BinName::Containerd, &b.containerd), (BinName::Shim, &b.shim), (BinName::Ctr, &b.ctr), (BinName::Runc, &b.runc)]
+        {
             let link = dir.join(name.file_name());
-            std::os::unix::fs::symlink(target, &link).with_context(|| {
-                format!("symlink {} -> {}", link.display(), target.display())
-            })?;
+            std::os::unix::fs::symlink(target, &link).with_context(|| format!("symlink {} -> {}", link.display(), target.display()))?;
         }
         Ok(b)
     }
@@ -238,12 +212,7 @@ impl Default for Version {
 
 impl fmt::Display for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "containerd {} + runc {}",
-            self.containerd.number(),
-            self.runc.number()
-        )
+        write!(f, "containerd {} + runc {}", self.containerd.number(), self.runc.number())
     }
 }
 
@@ -275,10 +244,7 @@ fn executable(path: &Path) -> bool {
 /// The absolute, canonical path of `program` in PATH.
 pub fn which(program: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| p.is_file())
-        .and_then(|p| p.canonicalize().ok())
+    std::env::split_paths(&path).map(|d| d.join(program)).find(|p| p.is_file()).and_then(|p| p.canonicalize().ok())
 }
 
 #[cfg(test)]

@@ -90,12 +90,7 @@ pub fn measure(config: &Config) -> Result<Results> {
     );
     driver.measure("warmup", WARMUP_SECONDS, 0)?;
 
-    let mut results = Results {
-        calls: Vec::new(),
-        cpu: Vec::new(),
-        warnings: Vec::new(),
-        load: (load_average(), None),
-    };
+    let mut results = Results { calls: Vec::new(), cpu: Vec::new(), warnings: Vec::new(), load: (load_average(), None) };
     for round in 1..=config.rounds {
         let mut phases = |driver: &mut Driver, label: &str, plegwatch: Option<u32>| {
             let own: Vec<u32> = plegwatch.into_iter().collect();
@@ -116,11 +111,7 @@ pub fn measure(config: &Config) -> Result<Results> {
             measured
         };
         let before = phases(&mut driver, "untraced", None)?;
-        let pw = plegwatch_on_containerd(
-            config.plegwatch,
-            config.log_dir,
-            driver.ready.containerd_pid,
-        )?;
+        let pw = plegwatch_on_containerd(config.plegwatch, config.log_dir, driver.ready.containerd_pid)?;
         let traced = phases(&mut driver, "plegwatch", Some(pw.pid()));
         pw.stop();
         let traced = traced?;
@@ -177,12 +168,7 @@ pub fn measure(config: &Config) -> Result<Results> {
 
 /// The 1-minute load average (`/proc/loadavg`): what else ran on the machine meanwhile.
 fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// A phase, with the CPU time containerd (and plegwatch, if it ran) used meanwhile.
@@ -212,12 +198,7 @@ fn per_relist_us(cpu: Duration, relists: u64) -> f64 {
 }
 
 /// One phase of each mode, in [`MODES`] order, with containerd's and plegwatch's CPU time.
-fn measure_modes(
-    driver: &mut Driver,
-    label: &str,
-    seconds: f64,
-    plegwatch: Option<u32>,
-) -> Result<Vec<Measured>> {
+fn measure_modes(driver: &mut Driver, label: &str, seconds: f64, plegwatch: Option<u32>) -> Result<Vec<Measured>> {
     let containerd = driver.ready.containerd_pid;
     MODES
         .iter()
@@ -229,11 +210,7 @@ fn measure_modes(
                 (Some(pid), Some(before)) => Some(cpu_time(pid)?.saturating_sub(before)),
                 _ => None,
             };
-            Ok(Measured {
-                phase,
-                containerd_cpu,
-                plegwatch_cpu,
-            })
+            Ok(Measured { phase, containerd_cpu, plegwatch_cpu })
         })
         .collect()
 }
@@ -254,9 +231,7 @@ fn cpu_time_of_stat(stat: &str) -> Option<Duration> {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let ticks = u64::try_from(ticks).ok().filter(|&t| t > 0)?;
-    Some(Duration::from_secs_f64(
-        (utime + stime) as f64 / ticks as f64,
-    ))
+    Some(Duration::from_secs_f64((utime + stime) as f64 / ticks as f64))
 }
 
 /// `plegwatch watch --json`, ready, and having said on stdout that it probes containerd's
@@ -265,32 +240,23 @@ fn cpu_time_of_stat(stat: &str) -> Option<Duration> {
 /// every process running a binary). plegwatch looks for Go binaries before it is ready, then
 /// on every exec and poll.
 fn plegwatch_on_containerd(bin: &Path, log_dir: &Path, containerd: u32) -> Result<Tracer> {
-    let exe = std::fs::read_link(format!("/proc/{containerd}/exe")).with_context(|| {
-        format!("containerd (pid {containerd}): readlink /proc/{containerd}/exe")
-    })?;
+    let exe = std::fs::read_link(format!("/proc/{containerd}/exe"))
+        .with_context(|| format!("containerd (pid {containerd}): readlink /proc/{containerd}/exe"))?;
     let exe = exe.to_string_lossy().into_owned();
     let mut pw = tracer::plegwatch(bin, log_dir)?;
-    let line = pw.wait_for(
-        PROBED_TIMEOUT,
-        &format!("{{\"type\":\"target\",\"target\":\"containerd\"}} line for {exe}"),
-        |l| containerd_target(l, &exe).is_some(),
-    )?;
-    let target = containerd_target(&line, &exe)
-        .with_context(|| format!("plegwatch's target line changed: {line}"))?;
+    let line = pw.wait_for(PROBED_TIMEOUT, &format!("{{\"type\":\"target\",\"target\":\"containerd\"}} line for {exe}"), |l| {
+        containerd_target(l, &exe).is_some()
+    })?;
+    let target = containerd_target(&line, &exe).with_context(|| format!("plegwatch's target line changed: {line}"))?;
     match target.status.as_str() {
         "probed" | "traced" => {}
-        status => bail!(
-            "plegwatch did not probe containerd ({exe}): status {status}: {}",
-            target.why.as_deref().unwrap_or("(no reason given)")
-        ),
+        status => {
+            bail!("plegwatch did not probe containerd ({exe}): status {status}: {}", target.why.as_deref().unwrap_or("(no reason given)"))
+        }
     }
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        eprintln!(
-            "bench: plegwatch probes containerd ({exe}, {}): {}",
-            target.status,
-            target.functions.join(", ")
-        );
+        eprintln!("bench: plegwatch probes containerd ({exe}, {}): {}", target.status, target.functions.join(", "));
     });
     Ok(pw)
 }
@@ -325,11 +291,7 @@ fn wait_for_other_tracers(own: &[u32]) -> Vec<String> {
             return others;
         }
         if !said {
-            eprintln!(
-                "bench: waiting up to {}s for other tracers to exit: {}",
-                OTHER_TRACERS_TIMEOUT.as_secs(),
-                others.join(", ")
-            );
+            eprintln!("bench: waiting up to {}s for other tracers to exit: {}", OTHER_TRACERS_TIMEOUT.as_secs(), others.join(", "));
             said = true;
         }
         thread::sleep(Duration::from_millis(500));
@@ -372,10 +334,7 @@ pub struct Phase {
 
 impl Phase {
     fn call(&self, call: &str) -> Result<CallStats> {
-        self.calls
-            .get(call)
-            .copied()
-            .with_context(|| format!("phase {} has no {call} stats", self.label))
+        self.calls.get(call).copied().with_context(|| format!("phase {} has no {call} stats", self.label))
     }
 }
 
@@ -406,44 +365,26 @@ impl Driver {
             .process_group(0)
             .spawn()
             .with_context(|| format!("cannot start `{line}`"))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
         let stdin = child.stdin.take();
         let lines = tracer::tee_lines(stdout, stdout_file);
-        let mut driver = Self {
-            line,
-            child,
-            stdin,
-            lines,
-            stderr_log,
-            ready: Ready {
-                containerd_pid: 0,
-                containers: 0,
-            },
-        };
+        let mut driver = Self { line, child, stdin, lines, stderr_log, ready: Ready { containerd_pid: 0, containers: 0 } };
         let ready = driver.wait_line(READY_TIMEOUT, "ready")?;
-        driver.ready = serde_json::from_str(&ready)
-            .with_context(|| format!("`{}` printed a bad ready line: {ready}", driver.line))?;
+        driver.ready = serde_json::from_str(&ready).with_context(|| format!("`{}` printed a bad ready line: {ready}", driver.line))?;
         Ok(driver)
     }
 
     /// `measure LABEL SECONDS PERIOD_MS`, and its answer.
     fn measure(&mut self, label: &str, seconds: f64, period_ms: u64) -> Result<Phase> {
         let command = format!("measure {label} {seconds} {period_ms}\n");
-        let stdin = self
-            .stdin
-            .as_mut()
-            .context("the driver's stdin is closed")?;
+        let stdin = self.stdin.as_mut().context("the driver's stdin is closed")?;
         stdin
             .write_all(command.as_bytes())
             .and_then(|()| stdin.flush())
             .with_context(|| format!("`{}`: write {:?}", self.line, command.trim()))?;
         let timeout = Duration::from_secs_f64(seconds) + PHASE_GRACE;
         let answer = self.wait_line(timeout, "phase")?;
-        serde_json::from_str(&answer)
-            .with_context(|| format!("`{}` printed a bad phase line: {answer}", self.line))
+        serde_json::from_str(&answer).with_context(|| format!("`{}` printed a bad phase line: {answer}", self.line))
     }
 
     /// The next stdout line of `"type": kind`.
@@ -485,12 +426,7 @@ impl Driver {
         loop {
             if let Some(status) = self.child.try_wait().context("waitpid")? {
                 if !status.success() {
-                    bail!(
-                        "`{}` exited with {status} (stderr: {}; log: {})",
-                        self.line,
-                        self.stderr_tail(),
-                        self.stderr_log.display()
-                    );
+                    bail!("`{}` exited with {status} (stderr: {}; log: {})", self.line, self.stderr_tail(), self.stderr_log.display());
                 }
                 return Ok(());
             }
@@ -536,10 +472,7 @@ mod tests {
         let t = containerd_target(probed, exe).unwrap();
         assert_eq!((t.status.as_str(), t.functions.len()), ("probed", 2));
         let failed = r#"{"type":"target","target":"containerd","status":"failed","pid":12,"binary":"/usr/bin/containerd","found_by":"startup","functions":[],"why":"load go_entry: denied"}"#;
-        assert_eq!(
-            containerd_target(failed, exe).unwrap().why.as_deref(),
-            Some("load go_entry: denied")
-        );
+        assert_eq!(containerd_target(failed, exe).unwrap().why.as_deref(), Some("load go_entry: denied"));
         let shim = r#"{"type":"target","target":"containerd-shim","status":"probed","pid":13,"binary":"/usr/bin/containerd-shim-runc-v2","found_by":"startup","functions":[]}"#;
         assert!(containerd_target(shim, exe).is_none());
         assert!(containerd_target(probed, "/usr/local/bin/containerd").is_none());

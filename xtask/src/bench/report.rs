@@ -4,13 +4,7 @@ use std::fmt::Write as _;
 
 /// The tracers each loop runs under, besides untraced, in table order: plegwatch, then
 /// the references it is judged against (see [`super::tracer::REFERENCES`]).
-pub const COLUMNS: &[&str] = &[
-    "plegwatch",
-    "bpftrace",
-    "floor-raw",
-    "floor-unused",
-    "hook-free",
-];
+pub const COLUMNS: &[&str] = &["plegwatch", "bpftrace", "floor-raw", "floor-unused", "hook-free"];
 
 /// One (mode, round) measurement, in ns per loop iteration.
 #[derive(Clone, Debug)]
@@ -25,11 +19,7 @@ pub struct Sample {
 impl Sample {
     /// The column's time over the untraced one, if measured.
     pub fn ratio(&self, column: usize) -> Option<f64> {
-        self.traced
-            .get(column)
-            .copied()
-            .flatten()
-            .map(|t| t / self.untraced)
+        self.traced.get(column).copied().flatten().map(|t| t / self.untraced)
     }
 }
 
@@ -53,10 +43,7 @@ pub fn render(samples: &[Sample], modes: &[&str]) -> String {
         }
         let _ = writeln!(out);
     }
-    let _ = writeln!(
-        out,
-        "\nmedian ratio (lowest-highest) per mode, traced / untraced, same run:"
-    );
+    let _ = writeln!(out, "\nmedian ratio (lowest-highest) per mode, traced / untraced, same run:");
     for mode in modes {
         let of_mode: Vec<&Sample> = samples.iter().filter(|s| s.mode == *mode).collect();
         let _ = write!(out, "{mode:<6}");
@@ -141,45 +128,16 @@ fn calls(s: &CallStats) -> f64 {
 /// per mode and call.
 pub fn render_relist(samples: &[RelistSample], modes: &[(&str, u64)], calls_of: &[&str]) -> String {
     let mut out = String::new();
+    let _ = writeln!(out, "CRI list calls under the relist driver (untr = mean of the untraced phases before and after plegwatch)");
     let _ = writeln!(
         out,
-        "CRI list calls under the relist driver (untr = mean of the untraced phases before and after plegwatch)"
+        "{:<6} {:<15} {:>5} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6}",
+        "mode", "call", "round", "calls", "calls", "p50", "p50", "", "p99", "p99", "", "mean", "mean", ""
     );
     let _ = writeln!(
         out,
         "{:<6} {:<15} {:>5} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6}",
-        "mode",
-        "call",
-        "round",
-        "calls",
-        "calls",
-        "p50",
-        "p50",
-        "",
-        "p99",
-        "p99",
-        "",
-        "mean",
-        "mean",
-        ""
-    );
-    let _ = writeln!(
-        out,
-        "{:<6} {:<15} {:>5} {:>8} {:>8} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6} {:>9} {:>9} {:>6}",
-        "",
-        "",
-        "",
-        "untr",
-        "pw",
-        "untr µs",
-        "pw µs",
-        "pw/u",
-        "untr µs",
-        "pw µs",
-        "pw/u",
-        "untr µs",
-        "pw µs",
-        "pw/u"
+        "", "", "", "untr", "pw", "untr µs", "pw µs", "pw/u", "untr µs", "pw µs", "pw/u", "untr µs", "pw µs", "pw/u"
     );
     for s in samples {
         let _ = writeln!(
@@ -201,10 +159,7 @@ pub fn render_relist(samples: &[RelistSample], modes: &[(&str, u64)], calls_of: 
             s.ratio(mean),
         );
     }
-    let failed: u64 = samples
-        .iter()
-        .map(|s| s.before.failed + s.plegwatch.failed + s.after.failed)
-        .sum();
+    let failed: u64 = samples.iter().map(|s| s.before.failed + s.plegwatch.failed + s.after.failed).sum();
     if failed > 0 {
         let _ = writeln!(out, "({failed} failed calls left out of the figures)");
     }
@@ -215,13 +170,8 @@ median ratios (plegwatch / untraced, same run) and added µs per call:"
     );
     for &(mode, period_ms) in modes {
         for &call in calls_of {
-            let of: Vec<&RelistSample> = samples
-                .iter()
-                .filter(|s| s.mode == mode && s.call == call)
-                .collect();
-            let med = |f: fn(&RelistSample, CallFigure) -> f64, figure| {
-                median(of.iter().map(|s| f(s, figure)).collect())
-            };
+            let of: Vec<&RelistSample> = samples.iter().filter(|s| s.mode == mode && s.call == call).collect();
+            let med = |f: fn(&RelistSample, CallFigure) -> f64, figure| median(of.iter().map(|s| f(s, figure)).collect());
             let pause = match period_ms {
                 0 => "back to back".to_owned(),
                 ms => format!("{ms} ms apart"),
@@ -269,20 +219,13 @@ impl CpuSample {
 /// The CPU table: per relist, containerd untraced and under plegwatch, and plegwatch's own.
 pub fn render_cpu(samples: &[CpuSample], modes: &[(&str, u64)]) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "CPU time per relist (ListPodSandbox + ListContainers), from /proc/PID/stat"
-    );
+    let _ = writeln!(out, "CPU time per relist (ListPodSandbox + ListContainers), from /proc/PID/stat");
     let _ = writeln!(
         out,
         "{:<6} {:>5} {:>14} {:>14} {:>9} {:>14} {:>10}",
         "mode", "round", "containerd", "containerd", "added", "plegwatch", "plegwatch"
     );
-    let _ = writeln!(
-        out,
-        "{:<6} {:>5} {:>14} {:>14} {:>9} {:>14} {:>10}",
-        "", "", "untr µs", "pw µs", "µs", "own µs", "% of core"
-    );
+    let _ = writeln!(out, "{:<6} {:>5} {:>14} {:>14} {:>9} {:>14} {:>10}", "", "", "untr µs", "pw µs", "µs", "own µs", "% of core");
     for s in samples {
         let _ = writeln!(
             out,
@@ -301,11 +244,7 @@ pub fn render_cpu(samples: &[CpuSample], modes: &[(&str, u64)]) -> String {
         if of.is_empty() {
             continue;
         }
-        let added = median(
-            of.iter()
-                .map(|s| s.containerd_plegwatch_us - s.containerd_untraced_us())
-                .collect(),
-        );
+        let added = median(of.iter().map(|s| s.containerd_plegwatch_us - s.containerd_untraced_us()).collect());
         let own = median(of.iter().map(|s| s.plegwatch_us).collect());
         let share = median(of.iter().map(|s| s.plegwatch_share * 100.0).collect());
         let _ = writeln!(
@@ -336,11 +275,7 @@ pub fn median(mut values: Vec<f64>) -> Option<f64> {
     }
     values.sort_by(f64::total_cmp);
     let mid = values.len() / 2;
-    Some(if values.len().is_multiple_of(2) {
-        (values[mid - 1] + values[mid]) / 2.0
-    } else {
-        values[mid]
-    })
+    Some(if values.len().is_multiple_of(2) { (values[mid - 1] + values[mid]) / 2.0 } else { values[mid] })
 }
 
 #[cfg(test)]
@@ -355,16 +290,9 @@ mod tests {
             Figure::new("maps", "MiB", vec![9.4], Target::Stated),
             Figure::new("soak", "MiB", vec![], Target::AtMost(64.0)),
         ];
-        assert_eq!(
-            figures.iter().map(Figure::met).collect::<Vec<_>>(),
-            [Some(true), Some(false), None, None]
-        );
+        assert_eq!(figures.iter().map(Figure::met).collect::<Vec<_>>(), [Some(true), Some(false), None, None]);
         let text = render_figures(&figures);
-        let verdict = |name: &str| {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .map(|l| l.rsplit("  ").next().unwrap_or("").to_owned())
-        };
+        let verdict = |name: &str| text.lines().find(|l| l.starts_with(name)).map(|l| l.rsplit("  ").next().unwrap_or("").to_owned());
         assert_eq!(verdict("fast").as_deref(), Some("met"), "{text}");
         assert_eq!(verdict("slow").as_deref(), Some("NOT met"), "{text}");
         assert_eq!(verdict("maps").as_deref(), Some("stated"), "{text}");
@@ -374,16 +302,8 @@ mod tests {
 
     #[test]
     fn loop_figures_compare_with_bpftrace_round_by_round() {
-        let s = |mode, untraced, pw, bt| Sample {
-            mode,
-            round: 1,
-            untraced,
-            traced: vec![Some(pw), Some(bt), None, None, None],
-        };
-        let f = loop_figures(&[
-            s("unix", 100.0, 120.0, 200.0),
-            s("fsync", 100.0, 300.0, 350.0),
-        ]);
+        let s = |mode, untraced, pw, bt| Sample { mode, round: 1, untraced, traced: vec![Some(pw), Some(bt), None, None, None] };
+        let f = loop_figures(&[s("unix", 100.0, 120.0, 200.0), s("fsync", 100.0, 300.0, 350.0)]);
         assert_eq!(f[0].values, [1.2]);
         assert_eq!(f[0].met(), Some(false));
         assert_eq!(f[2].values, [3.0]);
@@ -400,15 +320,7 @@ mod tests {
     }
 
     fn stats(p50_us: f64, count: u64) -> CallStats {
-        CallStats {
-            count,
-            p50_us,
-            p90_us: p50_us * 1.5,
-            p99_us: p50_us * 3.0,
-            mean_us: p50_us * 1.1,
-            max_us: p50_us * 10.0,
-            failed: 0,
-        }
+        CallStats { count, p50_us, p90_us: p50_us * 1.5, p99_us: p50_us * 3.0, mean_us: p50_us * 1.1, max_us: p50_us * 10.0, failed: 0 }
     }
 
     #[test]
@@ -434,12 +346,7 @@ mod tests {
 
     #[test]
     fn table_shows_missing_tracers_as_dash_and_the_spread() {
-        let sample = |round, pw| Sample {
-            mode: "unix",
-            round,
-            untraced: 600.0,
-            traced: vec![Some(pw), None, Some(660.0), None, None],
-        };
+        let sample = |round, pw| Sample { mode: "unix", round, untraced: 600.0, traced: vec![Some(pw), None, Some(660.0), None, None] };
         let samples = [sample(1, 900.0), sample(2, 690.0), sample(3, 720.0)];
         let text = render(&samples, &["unix"]);
         assert!(text.contains("900 [1.50]"), "{text}");
@@ -469,12 +376,7 @@ pub struct Figure {
 
 impl Figure {
     pub fn new(name: &str, unit: &'static str, values: Vec<f64>, target: Target) -> Self {
-        Figure {
-            name: name.to_owned(),
-            unit,
-            values,
-            target,
-        }
+        Figure { name: name.to_owned(), unit, values, target }
     }
 
     /// `Some(true)` when the median meets the target; `None` when there is no value or no bound.
@@ -490,19 +392,12 @@ impl Figure {
 /// The figures as one table: median, spread over the rounds, target, and whether it is met.
 pub fn render_figures(figures: &[Figure]) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{:<58} {:>10} {:>19} {:>10}  verdict",
-        "figure", "median", "spread (lo-hi)", "target"
-    );
+    let _ = writeln!(out, "{:<58} {:>10} {:>19} {:>10}  verdict", "figure", "median", "spread (lo-hi)", "target");
     for f in figures {
         let lo = f.values.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = f.values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let (med, spread) = match median(f.values.clone()) {
-            Some(m) => (
-                format!("{} {}", short(m), f.unit),
-                format!("{}-{} (n={})", short(lo), short(hi), f.values.len()),
-            ),
+            Some(m) => (format!("{} {}", short(m), f.unit), format!("{}-{} (n={})", short(lo), short(hi), f.values.len())),
             None => ("-".to_owned(), "not measured".to_owned()),
         };
         let target = match f.target {
@@ -515,11 +410,7 @@ pub fn render_figures(figures: &[Figure]) -> String {
             (Some(false), _) => "NOT met",
             (None, _) => "stated",
         };
-        let _ = writeln!(
-            out,
-            "{:<58} {med:>10} {spread:>19} {target:>10}  {verdict}",
-            f.name
-        );
+        let _ = writeln!(out, "{:<58} {med:>10} {spread:>19} {target:>10}  {verdict}", f.name);
     }
     out
 }
@@ -536,65 +427,26 @@ fn short(v: f64) -> String {
 /// The loops' figures: each mode's plegwatch ratio against its target, and, for `unix`,
 /// against bpftrace's in the same rounds.
 pub fn loop_figures(samples: &[Sample]) -> Vec<Figure> {
-    let ratios = |mode: &str, column: usize| -> Vec<f64> {
-        samples
-            .iter()
-            .filter(|s| s.mode == mode)
-            .filter_map(|s| s.ratio(column))
-            .collect()
-    };
+    let ratios =
+        |mode: &str, column: usize| -> Vec<f64> { samples.iter().filter(|s| s.mode == mode).filter_map(|s| s.ratio(column)).collect() };
     let mut out = Vec::new();
     for (mode, what, target) in [
         ("unix", "socketpair send/recvfrom loop, ratio", 1.10),
-        (
-            "unixrw",
-            "unix-socket write/read loop (not D-Bus), ratio",
-            1.05,
-        ),
+        ("unixrw", "unix-socket write/read loop (not D-Bus), ratio", 1.05),
         ("fsync", "fsync on tmpfs loop, ratio", 1.25),
     ] {
-        out.push(Figure::new(
-            what,
-            "x",
-            ratios(mode, 0),
-            Target::AtMost(target),
-        ));
+        out.push(Figure::new(what, "x", ratios(mode, 0), Target::AtMost(target)));
     }
-    let vs_bpftrace: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.mode == "unix")
-        .filter_map(|s| Some(s.ratio(0)? / s.ratio(1)?))
-        .collect();
-    out.push(Figure::new(
-        "socketpair loop, plegwatch / bpftrace (same round)",
-        "x",
-        vs_bpftrace,
-        Target::AtMost(1.0),
-    ));
+    let vs_bpftrace: Vec<f64> = samples.iter().filter(|s| s.mode == "unix").filter_map(|s| Some(s.ratio(0)? / s.ratio(1)?)).collect();
+    out.push(Figure::new("socketpair loop, plegwatch / bpftrace (same round)", "x", vs_bpftrace, Target::AtMost(1.0)));
     out
 }
 
 /// The relist figures: ListContainers p50 and p99 under plegwatch, ratio to untraced.
 pub fn relist_figures(samples: &[RelistSample]) -> Vec<Figure> {
-    let of = |figure: CallFigure| -> Vec<f64> {
-        samples
-            .iter()
-            .filter(|s| s.call == "ListContainers")
-            .map(|s| s.ratio(figure))
-            .collect()
-    };
+    let of = |figure: CallFigure| -> Vec<f64> { samples.iter().filter(|s| s.call == "ListContainers").map(|s| s.ratio(figure)).collect() };
     vec![
-        Figure::new(
-            "ListContainers p50 under the relist driver, ratio",
-            "x",
-            of(p50),
-            Target::AtMost(1.05),
-        ),
-        Figure::new(
-            "ListContainers p99 under the relist driver, ratio",
-            "x",
-            of(p99),
-            Target::AtMost(1.05),
-        ),
+        Figure::new("ListContainers p50 under the relist driver, ratio", "x", of(p50), Target::AtMost(1.05)),
+        Figure::new("ListContainers p99 under the relist driver, ratio", "x", of(p99), Target::AtMost(1.05)),
     ]
 }

@@ -41,13 +41,7 @@ const TREE_FILES: usize = 30_000;
 const GIT_RUNS: usize = 5;
 
 /// The service figures over `rounds` rounds (and a soak when `soak_minutes` > 0).
-pub fn measure(
-    plegwatch: &Path,
-    loop_bin: &Path,
-    bench_dir: &Path,
-    rounds: u32,
-    soak_minutes: u32,
-) -> Result<(Vec<Figure>, String)> {
+pub fn measure(plegwatch: &Path, loop_bin: &Path, bench_dir: &Path, rounds: u32, soak_minutes: u32) -> Result<(Vec<Figure>, String)> {
     let tree = git_tree(bench_dir)?;
     let _node = Node::start(bench_dir)?;
     let mut f = Figures::default();
@@ -55,32 +49,21 @@ pub fn measure(
     for round in 1..=rounds {
         let untraced_git = git_status_s(&tree)?;
         let t0 = Instant::now();
-        let mut pw =
-            tracer::plegwatch_with(plegwatch, bench_dir, "plegwatch-service", &["--warn", "1s"])?;
+        let mut pw = tracer::plegwatch_with(plegwatch, bench_dir, "plegwatch-service", &["--warn", "1s"])?;
         f.start_s.push(t0.elapsed().as_secs_f64());
         let pid = pw.pid();
 
         let cpu0 = cpu_time(pid)?;
         thread::sleep(IDLE);
-        f.idle_pct
-            .push(100.0 * (cpu_time(pid)? - cpu0).as_secs_f64() / IDLE.as_secs_f64());
+        f.idle_pct.push(100.0 * (cpu_time(pid)? - cpu0).as_secs_f64() / IDLE.as_secs_f64());
 
         let staged = Instant::now();
-        let mut waiter = Command::new(loop_bin)
-            .args(["childwait", "3"])
-            .spawn()
-            .context("loop childwait")?;
+        let mut waiter = Command::new(loop_bin).args(["childwait", "3"]).spawn().context("loop childwait")?;
         let parent = waiter.id();
         let about = format!("\"pid\":{parent},");
-        let flagged = pw.wait_for(
-            Duration::from_secs(3),
-            "an incident about the staged child wait",
-            |l| {
-                l.contains("\"type\":\"incident\"")
-                    && l.contains("child_wait")
-                    && l.contains(&about)
-            },
-        );
+        let flagged = pw.wait_for(Duration::from_secs(3), "an incident about the staged child wait", |l| {
+            l.contains("\"type\":\"incident\"") && l.contains("child_wait") && l.contains(&about)
+        });
         let late = staged.elapsed().saturating_sub(WARN);
         let _ = waiter.wait();
         flagged?;
@@ -90,8 +73,7 @@ pub fn measure(
         let t = Instant::now();
         let ns_per_request = super::time_loop(loop_bin, "netlink", NETLINK_REQUESTS)?;
         let busy = t.elapsed().as_secs_f64();
-        f.busy_pct
-            .push(100.0 * (cpu_time(pid)? - cpu0).as_secs_f64() / busy);
+        f.busy_pct.push(100.0 * (cpu_time(pid)? - cpu0).as_secs_f64() / busy);
         f.events_per_s.push(2.0 * 1e9 / ns_per_request);
 
         f.git_ratio.push(git_status_s(&tree)? / untraced_git);
@@ -102,9 +84,7 @@ pub fn measure(
             maps = listing;
         }
         pw.stop();
-        f.late_p99_ms.push(summary_late_p99_ms(
-            &bench_dir.join("plegwatch-service.stdout.log"),
-        )?);
+        f.late_p99_ms.push(summary_late_p99_ms(&bench_dir.join("plegwatch-service.stdout.log"))?);
         eprintln!(
             "bench: service round {round}: ready {:.2}s, idle {:.2}% cpu, flagged {:.2}s after --warn, busy {:.1}% cpu at {:.0} ev/s, git status x{:.3}, rss {:.1} MiB",
             f.start_s[f.start_s.len() - 1],
@@ -120,12 +100,7 @@ pub fn measure(
     if soak_minutes > 0 {
         figures.extend(soak(plegwatch, loop_bin, bench_dir, soak_minutes)?);
     } else {
-        figures.push(Figure::new(
-            "RSS over a soak, peak (--soak-minutes 10 to run)",
-            "MiB",
-            vec![],
-            Target::AtMost(64.0),
-        ));
+        figures.push(Figure::new("RSS over a soak, peak (--soak-minutes 10 to run)", "MiB", vec![], Target::AtMost(64.0)));
     }
     Ok((figures, maps))
 }
@@ -147,57 +122,19 @@ impl Figures {
     fn into_figures(self) -> Vec<Figure> {
         let events = super::report::median(self.events_per_s.clone()).unwrap_or(0.0);
         vec![
+            Figure::new("start to ready (probes attached, sweep done)", "s", self.start_s, Target::AtMost(2.0)),
+            Figure::new(&format!("collector CPU idle, {SHIMS} shims + {SLEEPERS} processes"), "% core", self.idle_pct, Target::AtMost(1.0)),
             Figure::new(
-                "start to ready (probes attached, sweep done)",
-                "s",
-                self.start_s,
-                Target::AtMost(2.0),
-            ),
-            Figure::new(
-                &format!("collector CPU idle, {SHIMS} shims + {SLEEPERS} processes"),
-                "% core",
-                self.idle_pct,
-                Target::AtMost(1.0),
-            ),
-            Figure::new(
-                &format!(
-                    "collector CPU at {:.0}k watched events/s (netlink)",
-                    events / 1e3
-                ),
+                &format!("collector CPU at {:.0}k watched events/s (netlink)", events / 1e3),
                 "% core",
                 self.busy_pct,
                 Target::AtMost(1.0),
             ),
-            Figure::new(
-                "time to flag a wait past --warn",
-                "s",
-                self.flag_s,
-                Target::AtMost(1.0),
-            ),
-            Figure::new(
-                "scan lateness p99",
-                "ms",
-                self.late_p99_ms,
-                Target::AtMost(50.0),
-            ),
-            Figure::new(
-                &format!("git status on {TREE_FILES} files, wall, ratio"),
-                "x",
-                self.git_ratio,
-                Target::AtMost(1.03),
-            ),
-            Figure::new(
-                "RSS at the end of a round",
-                "MiB",
-                self.rss_mib,
-                Target::AtMost(64.0),
-            ),
-            Figure::new(
-                "BPF map memory (bytes_memlock)",
-                "MiB",
-                self.maps_mib,
-                Target::Stated,
-            ),
+            Figure::new("time to flag a wait past --warn", "s", self.flag_s, Target::AtMost(1.0)),
+            Figure::new("scan lateness p99", "ms", self.late_p99_ms, Target::AtMost(50.0)),
+            Figure::new(&format!("git status on {TREE_FILES} files, wall, ratio"), "x", self.git_ratio, Target::AtMost(1.03)),
+            Figure::new("RSS at the end of a round", "MiB", self.rss_mib, Target::AtMost(64.0)),
+            Figure::new("BPF map memory (bytes_memlock)", "MiB", self.maps_mib, Target::Stated),
         ]
     }
 }
@@ -211,20 +148,12 @@ impl Node {
     fn start(bench_dir: &Path) -> Result<Self> {
         let sleep = Path::new("/bin/sleep");
         let shim = bench_dir.join("containerd-shim-runc-v2");
-        std::fs::copy(sleep, &shim)
-            .with_context(|| format!("cannot copy {} to {}", sleep.display(), shim.display()))?;
-        let mut node = Node {
-            children: Vec::new(),
-        };
+        std::fs::copy(sleep, &shim).with_context(|| format!("cannot copy {} to {}", sleep.display(), shim.display()))?;
+        let mut node = Node { children: Vec::new() };
         for i in 0..SHIMS + SLEEPERS {
             let bin: &Path = if i < SHIMS { &shim } else { sleep };
-            let child = Command::new(bin)
-                .arg("100000")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .spawn();
-            node.children
-                .push(child.with_context(|| format!("cannot start {}", bin.display()))?);
+            let child = Command::new(bin).arg("100000").stdin(Stdio::null()).stdout(Stdio::null()).spawn();
+            node.children.push(child.with_context(|| format!("cannot start {}", bin.display()))?);
         }
         Ok(node)
     }
@@ -246,26 +175,16 @@ fn git_tree(bench_dir: &Path) -> Result<PathBuf> {
         return Ok(tree);
     }
     let _ = std::fs::remove_dir_all(&tree);
-    eprintln!(
-        "bench: making a git tree of {TREE_FILES} files in {}",
-        tree.display()
-    );
+    eprintln!("bench: making a git tree of {TREE_FILES} files in {}", tree.display());
     for i in 0..TREE_FILES {
         let dir = tree.join(format!("d{:03}", i / 100));
         if i % 100 == 0 {
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
         }
         std::fs::write(dir.join(format!("f{i}.txt")), format!("file {i}\n"))?;
     }
     let git = |args: &[&str]| {
-        cmd::run(
-            Command::new("git")
-                .arg("-C")
-                .arg(&tree)
-                .args(["-c", "user.name=bench", "-c", "user.email=bench@localhost"])
-                .args(args),
-        )
+        cmd::run(Command::new("git").arg("-C").arg(&tree).args(["-c", "user.name=bench", "-c", "user.email=bench@localhost"]).args(args))
     };
     git(&["init", "-q"])?;
     git(&["add", "."])?;
@@ -279,12 +198,7 @@ fn git_status_s(tree: &Path) -> Result<f64> {
     let mut times = Vec::new();
     for i in 0..=GIT_RUNS {
         let t = Instant::now();
-        cmd::output(Command::new("git").arg("-C").arg(tree).args([
-            "-c",
-            "core.untrackedCache=false",
-            "status",
-            "--porcelain",
-        ]))?;
+        cmd::output(Command::new("git").arg("-C").arg(tree).args(["-c", "core.untrackedCache=false", "status", "--porcelain"]))?;
         if i > 0 {
             times.push(t.elapsed().as_secs_f64());
         }
@@ -293,8 +207,7 @@ fn git_status_s(tree: &Path) -> Result<f64> {
 }
 
 fn rss_mib(pid: u32) -> Result<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("cannot read /proc/{pid}/status"))?;
     let kib: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -308,8 +221,7 @@ fn rss_mib(pid: u32) -> Result<f64> {
 /// total in MiB and one line per map, largest first.
 fn map_memory(pid: u32) -> Result<(f64, String)> {
     let out = cmd::output(Command::new("bpftool").args(["-j", "map", "show"]))?;
-    let listed: serde_json::Value =
-        serde_json::from_str(&out).context("bpftool -j map show: not JSON")?;
+    let listed: serde_json::Value = serde_json::from_str(&out).context("bpftool -j map show: not JSON")?;
     let name_of = |id: u64| {
         listed
             .as_array()
@@ -323,18 +235,11 @@ fn map_memory(pid: u32) -> Result<(f64, String)> {
     let dir = format!("/proc/{pid}/fdinfo");
     let mut mine: Vec<(u64, String, u64)> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for entry in std::fs::read_dir(&dir)
-        .with_context(|| format!("cannot read {dir}"))?
-        .flatten()
-    {
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {dir}"))?.flatten() {
         let Ok(text) = std::fs::read_to_string(entry.path()) else {
             continue;
         };
-        let field = |key: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
+        let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse::<u64>().ok());
         let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) else {
             continue;
         };
@@ -347,24 +252,17 @@ fn map_memory(pid: u32) -> Result<(f64, String)> {
     }
     mine.sort_unstable_by(|a, b| b.cmp(a));
     let total: u64 = mine.iter().map(|m| m.0).sum();
-    let mut listing = format!(
-        "BPF maps of plegwatch (memlock from fdinfo), {} maps, {:.1} MiB in all:\n",
-        mine.len(),
-        total as f64 / 1048576.0
-    );
+    let mut listing =
+        format!("BPF maps of plegwatch (memlock from fdinfo), {} maps, {:.1} MiB in all:\n", mine.len(), total as f64 / 1048576.0);
     for (bytes, name, entries) in &mine {
-        listing += &format!(
-            "  {name:<16} {entries:>8} entries  {:>9.1} KiB\n",
-            *bytes as f64 / 1024.0
-        );
+        listing += &format!("  {name:<16} {entries:>8} entries  {:>9.1} KiB\n", *bytes as f64 / 1024.0);
     }
     Ok((total as f64 / 1048576.0, listing))
 }
 
 /// `scans.late_p99_ms` of the last summary line in a `watch --json` stdout log.
 fn summary_late_p99_ms(log: &Path) -> Result<f64> {
-    let text =
-        std::fs::read_to_string(log).with_context(|| format!("cannot read {}", log.display()))?;
+    let text = std::fs::read_to_string(log).with_context(|| format!("cannot read {}", log.display()))?;
     text.lines()
         .rev()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -376,21 +274,13 @@ fn summary_late_p99_ms(log: &Path) -> Result<f64> {
 /// RSS every 10 s over `minutes` of the loops in turn: its peak, and its growth from the
 /// start of the second half to the end.
 fn soak(plegwatch: &Path, loop_bin: &Path, bench_dir: &Path, minutes: u32) -> Result<Vec<Figure>> {
-    cmd::header(&format!(
-        "soak: {minutes} minute(s) of mixed load under plegwatch"
-    ));
-    let pw: Tracer =
-        tracer::plegwatch_with(plegwatch, bench_dir, "plegwatch-soak", &["--warn", "1s"])?;
+    cmd::header(&format!("soak: {minutes} minute(s) of mixed load under plegwatch"));
+    let pw: Tracer = tracer::plegwatch_with(plegwatch, bench_dir, "plegwatch-soak", &["--warn", "1s"])?;
     let pid = pw.pid();
     let end = Instant::now() + Duration::from_secs(u64::from(minutes) * 60);
     let mut samples = Vec::new();
     let mut next = Instant::now();
-    let modes = [
-        ("netlink", 100_000),
-        ("fsync", 100_000),
-        ("unix", 200_000),
-        ("unixrw", 200_000),
-    ];
+    let modes = [("netlink", 100_000), ("fsync", 100_000), ("unix", 200_000), ("unixrw", 200_000)];
     let mut i = 0;
     while Instant::now() < end {
         let (mode, n) = modes[i % modes.len()];
@@ -408,17 +298,7 @@ fn soak(plegwatch: &Path, loop_bin: &Path, bench_dir: &Path, minutes: u32) -> Re
     let peak = samples.iter().copied().fold(0.0, f64::max);
     eprintln!("bench: soak RSS samples (MiB, every 10 s): {samples:.1?}");
     Ok(vec![
-        Figure::new(
-            &format!("RSS over a {minutes}-minute soak, peak"),
-            "MiB",
-            vec![peak],
-            Target::AtMost(64.0),
-        ),
-        Figure::new(
-            "RSS growth over the soak's second half",
-            "MiB",
-            vec![growth],
-            Target::AtMost(1.0),
-        ),
+        Figure::new(&format!("RSS over a {minutes}-minute soak, peak"), "MiB", vec![peak], Target::AtMost(64.0)),
+        Figure::new("RSS growth over the soak's second half", "MiB", vec![growth], Target::AtMost(1.0)),
     ])
 }

@@ -64,19 +64,13 @@ pub const REFERENCES: &[(&str, &str)] = &[
 
 /// A bpftrace script of [`REFERENCES`] (`name`), attached and settled.
 pub fn reference(log_dir: &Path, name: &'static str) -> Result<Tracer> {
-    let script = REFERENCES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, s)| *s)
-        .ok_or_else(|| anyhow!("no reference tracer {name}"))?;
+    let script = REFERENCES.iter().find(|(n, _)| *n == name).map(|(_, s)| *s).ok_or_else(|| anyhow!("no reference tracer {name}"))?;
     let path = log_dir.join(format!("{name}.bt"));
     std::fs::write(&path, script).with_context(|| format!("cannot write {}", path.display()))?;
     let mut command = Command::new("bpftrace");
     command.arg(&path);
     let mut tracer = Tracer::spawn(name, command, log_dir)?;
-    tracer.wait_for(BPFTRACE_ATTACH_TIMEOUT, "its \"Attaching\" line", |l| {
-        l.starts_with("Attaching")
-    })?;
+    tracer.wait_for(BPFTRACE_ATTACH_TIMEOUT, "its \"Attaching\" line", |l| l.starts_with("Attaching"))?;
     thread::sleep(BPFTRACE_SETTLE);
     Ok(tracer)
 }
@@ -98,30 +92,17 @@ pub fn plegwatch(bin: &Path, log_dir: &Path) -> Result<Tracer> {
     let mut command = Command::new(bin);
     command.args(["watch", "--json"]);
     let mut tracer = Tracer::spawn("plegwatch", command, log_dir)?;
-    tracer.wait_for(
-        PLEGWATCH_READY_TIMEOUT,
-        "a {\"type\":\"ready\"} line",
-        is_ready_line,
-    )?;
+    tracer.wait_for(PLEGWATCH_READY_TIMEOUT, "a {\"type\":\"ready\"} line", is_ready_line)?;
     Ok(tracer)
 }
 
 /// Start `plegwatch watch --json ARGS`, logging as `<log_dir>/<name>.*.log`, and wait for
 /// its ready line.
-pub fn plegwatch_with(
-    bin: &Path,
-    log_dir: &Path,
-    name: &'static str,
-    args: &[&str],
-) -> Result<Tracer> {
+pub fn plegwatch_with(bin: &Path, log_dir: &Path, name: &'static str, args: &[&str]) -> Result<Tracer> {
     let mut command = Command::new(bin);
     command.args(["watch", "--json"]).args(args);
     let mut tracer = Tracer::spawn(name, command, log_dir)?;
-    tracer.wait_for(
-        PLEGWATCH_READY_TIMEOUT,
-        "a {\"type\":\"ready\"} line",
-        is_ready_line,
-    )?;
+    tracer.wait_for(PLEGWATCH_READY_TIMEOUT, "a {\"type\":\"ready\"} line", is_ready_line)?;
     Ok(tracer)
 }
 
@@ -129,14 +110,11 @@ pub fn plegwatch_with(
 /// line and can be rerun by hand), start it and wait until it has attached.
 pub fn bpftrace(log_dir: &Path) -> Result<Tracer> {
     let script = log_dir.join("overhead.bt");
-    std::fs::write(&script, BPFTRACE_SCRIPT)
-        .with_context(|| format!("cannot write {}", script.display()))?;
+    std::fs::write(&script, BPFTRACE_SCRIPT).with_context(|| format!("cannot write {}", script.display()))?;
     let mut command = Command::new("bpftrace");
     command.arg(&script);
     let mut tracer = Tracer::spawn("bpftrace", command, log_dir)?;
-    tracer.wait_for(BPFTRACE_ATTACH_TIMEOUT, "its \"Attaching\" line", |l| {
-        l.starts_with("Attaching")
-    })?;
+    tracer.wait_for(BPFTRACE_ATTACH_TIMEOUT, "its \"Attaching\" line", |l| l.starts_with("Attaching"))?;
     thread::sleep(BPFTRACE_SETTLE);
     Ok(tracer)
 }
@@ -154,37 +132,18 @@ impl Tracer {
     fn spawn(name: &'static str, mut command: Command, log_dir: &Path) -> Result<Self> {
         let line = cmd::display(&command);
         let (stderr_log, stderr, stdout_file) = log_files(log_dir, name)?;
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("cannot start `{line}`"))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
+        let mut child =
+            command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr).spawn().with_context(|| format!("cannot start `{line}`"))?;
+        let stdout = child.stdout.take().ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
         let lines = tee_lines(stdout, stdout_file);
-        Ok(Tracer {
-            name,
-            line,
-            child,
-            stderr_log,
-            lines,
-            seen: Vec::new(),
-        })
+        Ok(Tracer { name, line, child, stderr_log, lines, seen: Vec::new() })
     }
 
     /// Wait for a stdout line matching `wanted`, also among those already received (a line
     /// printed before the one waited for first), and return it. On timeout or early exit the
     /// error names the command line and the last line of its stderr; the guard then kills
     /// the child.
-    pub fn wait_for(
-        &mut self,
-        timeout: Duration,
-        what: &str,
-        wanted: impl Fn(&str) -> bool,
-    ) -> Result<String> {
+    pub fn wait_for(&mut self, timeout: Duration, what: &str, wanted: impl Fn(&str) -> bool) -> Result<String> {
         if let Some(l) = self.seen.iter().find(|l| wanted(l)) {
             return Ok(l.clone());
         }
@@ -229,8 +188,7 @@ impl Tracer {
     }
 
     fn interrupt_and_wait(&mut self) -> Result<()> {
-        let pid = libc::pid_t::try_from(self.child.id())
-            .with_context(|| format!("pid {} out of range", self.child.id()))?;
+        let pid = libc::pid_t::try_from(self.child.id()).with_context(|| format!("pid {} out of range", self.child.id()))?;
         // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
         if unsafe { libc::kill(pid, libc::SIGINT) } != 0 {
             bail!("kill -INT {pid}: {}", std::io::Error::last_os_error());
@@ -242,11 +200,7 @@ impl Tracer {
             }
             if Instant::now() >= deadline {
                 self.kill();
-                bail!(
-                    "`{}` did not exit within {}s of SIGINT; killed it",
-                    self.line,
-                    STOP_TIMEOUT.as_secs()
-                );
+                bail!("`{}` did not exit within {}s of SIGINT; killed it", self.line, STOP_TIMEOUT.as_secs());
             }
             thread::sleep(Duration::from_millis(50));
         }
@@ -278,10 +232,8 @@ impl Drop for Tracer {
 pub fn log_files(log_dir: &Path, name: &str) -> Result<(PathBuf, File, File)> {
     let stderr_log = log_dir.join(format!("{name}.stderr.log"));
     let stdout_log = log_dir.join(format!("{name}.stdout.log"));
-    let stderr = File::create(&stderr_log)
-        .with_context(|| format!("cannot create {}", stderr_log.display()))?;
-    let stdout = File::create(&stdout_log)
-        .with_context(|| format!("cannot create {}", stdout_log.display()))?;
+    let stderr = File::create(&stderr_log).with_context(|| format!("cannot create {}", stderr_log.display()))?;
+    let stdout = File::create(&stdout_log).with_context(|| format!("cannot create {}", stdout_log.display()))?;
     Ok((stderr_log, stderr, stdout))
 }
 

@@ -304,8 +304,8 @@ mod tests {
     use super::*;
     use crate::dbus::header::{
         build::{call, reply, Builder},
-        Endian, FIELD_DESTINATION, FIELD_ERROR_NAME, FIELD_INTERFACE, FIELD_MEMBER, FIELD_PATH, FIELD_REPLY_SERIAL,
-        FIELD_SENDER, FIELD_SIGNATURE, FLAG_NO_REPLY_EXPECTED,
+        Endian, FIELD_DESTINATION, FIELD_ERROR_NAME, FIELD_INTERFACE, FIELD_MEMBER, FIELD_PATH, FIELD_REPLY_SERIAL, FIELD_SENDER,
+        FIELD_SIGNATURE, FLAG_NO_REPLY_EXPECTED,
     };
 
     fn hello() -> Vec<u8> {
@@ -371,10 +371,7 @@ mod tests {
         assert_eq!(out[0].call.destination.as_deref(), Some("org.freedesktop.systemd1"));
 
         let a = read(&mut c, &reply(Endian::Little, 7, 2, ":1.42").build(), 2_000);
-        assert_eq!(
-            (a[0].call.serial, a[0].reply, a[0].latency),
-            (2, MessageKind::MethodReturn, Duration::from_nanos(1_900))
-        );
+        assert_eq!((a[0].call.serial, a[0].reply, a[0].latency), (2, MessageKind::MethodReturn, Duration::from_nanos(1_900)));
         let err = Builder::new(Endian::Little, MessageKind::Error, 8)
             .u32(FIELD_REPLY_SERIAL, 4)
             .str(FIELD_ERROR_NAME, "s", "org.freedesktop.systemd1.UnitExists")
@@ -415,12 +412,7 @@ mod tests {
     fn server_side_calls_read_until_answered() {
         // systemd on /run/systemd/private: no bus, no names.
         let mut c = Connection::new(Side::Server);
-        read(
-            &mut c,
-            &[b"\0AUTH EXTERNAL 0\r\nBEGIN\r\n".as_slice(), &call(Endian::Little, 5, "StartTransientUnit").build()]
-                .concat(),
-            0,
-        );
+        read(&mut c, &[b"\0AUTH EXTERNAL 0\r\nBEGIN\r\n".as_slice(), &call(Endian::Little, 5, "StartTransientUnit").build()].concat(), 0);
         let open = c.calls().unanswered_incoming(10);
         assert_eq!(open.len(), 1);
         assert_eq!(open[0].call.serial, 5);

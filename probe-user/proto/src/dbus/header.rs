@@ -134,8 +134,7 @@ pub struct Fixed {
 impl Fixed {
     /// Checks and reads the first 16 bytes of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Fixed, HeaderError> {
-        let b: &[u8; FIXED_LEN] =
-            buf.get(..FIXED_LEN).and_then(|s| s.try_into().ok()).ok_or(HeaderError::Short(buf.len()))?;
+        let b: &[u8; FIXED_LEN] = buf.get(..FIXED_LEN).and_then(|s| s.try_into().ok()).ok_or(HeaderError::Short(buf.len()))?;
         let endian = Endian::from_byte(b[0]).ok_or(HeaderError::Endianness(b[0]))?;
         let kind = MessageKind::from_byte(b[1]).ok_or(HeaderError::Type(b[1]))?;
         if b[3] != 1 {
@@ -485,10 +484,7 @@ mod tests {
 
             let r = reply(endian, 9, 7, ":1.42").build();
             let m = parse(&r).unwrap();
-            assert_eq!(
-                (m.kind, m.reply_serial, m.destination.as_deref()),
-                (MessageKind::MethodReturn, Some(7), Some(":1.42"))
-            );
+            assert_eq!((m.kind, m.reply_serial, m.destination.as_deref()), (MessageKind::MethodReturn, Some(7), Some(":1.42")));
         }
     }
 
@@ -523,18 +519,14 @@ mod tests {
         let p = parse(&m).unwrap();
         assert_eq!((p.path.as_deref(), p.member.as_deref(), p.fields_complete), (Some("/a"), None, false));
         // A known code with the wrong type is skipped, not taken.
-        let m =
-            Builder::new(Endian::Little, MessageKind::MethodReturn, 5).raw(FIELD_REPLY_SERIAL, "y", vec![9]).build();
+        let m = Builder::new(Endian::Little, MessageKind::MethodReturn, 5).raw(FIELD_REPLY_SERIAL, "y", vec![9]).build();
         assert_eq!(parse(&m).unwrap().reply_serial, None);
     }
 
     #[test]
     fn long_strings_are_cut() {
         let long = "/a".repeat(1000);
-        let m = Builder::new(Endian::Little, MessageKind::Signal, 1)
-            .str(FIELD_PATH, "o", &long)
-            .str(FIELD_MEMBER, "s", "M")
-            .build();
+        let m = Builder::new(Endian::Little, MessageKind::Signal, 1).str(FIELD_PATH, "o", &long).str(FIELD_MEMBER, "s", "M").build();
         let p = parse(&m).unwrap();
         assert_eq!(p.path.as_deref(), Some(&long[..MAX_KEPT_STRING]));
         assert_eq!(p.member.as_deref(), Some("M"));

@@ -227,11 +227,7 @@ impl Stream {
 
     /// SASL: consumes up to the end of one line, or switches to messages.
     fn auth_step(&mut self, data: &[u8], seen_ok: bool) -> usize {
-        if self.direction == Direction::ClientToServer
-            && self.line.is_empty()
-            && self.auth.lines == 0
-            && data.first() == Some(&0)
-        {
+        if self.direction == Direction::ClientToServer && self.line.is_empty() && self.auth.lines == 0 && data.first() == Some(&0) {
             // The client's credentials byte.
             return 1;
         }
@@ -544,10 +540,7 @@ mod tests {
     #[test]
     fn oversized_header_is_bounded_and_keeps_sync() {
         let long = "x".repeat(MAX_HEADER_FIELDS + 100);
-        let big = Builder::new(Endian::Little, MessageKind::Signal, 5)
-            .str(FIELD_MEMBER, "s", "Big")
-            .str(FIELD_PATH, "o", &long)
-            .build();
+        let big = Builder::new(Endian::Little, MessageKind::Signal, 5).str(FIELD_MEMBER, "s", "Big").str(FIELD_PATH, "o", &long).build();
         let mut s = Stream::new(Direction::ServerToClient);
         let first = reply(Endian::Little, 4, 1, ":1.1").build();
         let mut got = s.feed(&first, first.len()).messages;

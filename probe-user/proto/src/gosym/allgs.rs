@@ -84,9 +84,7 @@ pub fn find_allgs(syms: &GoSymbols, data: &[u8]) -> Result<AllGs, AllGsError> {
     })?;
     let found = from_code(bytes, f.entry).map_err(|what| AllGsError::NotRecognised { binary: binary.clone(), what })?;
     for (what, va, size) in [("allgs", found.allgs, 24), ("allglen", found.allglen, 8), ("allgptr", found.allgptr, 8)] {
-        let writable = elf
-            .load_segments()
-            .any(|s| s.flags & PF_W != 0 && va >= s.vaddr && va + size <= s.vaddr + s.memsz);
+        let writable = elf.load_segments().any(|s| s.flags & PF_W != 0 && va >= s.vaddr && va + size <= s.vaddr + s.memsz);
         if !writable {
             return Err(AllGsError::NotInData { binary, what, va });
         }
@@ -190,16 +188,9 @@ pub fn from_code(bytes: &[u8], ip: u64) -> Result<AllGs, &'static str> {
         .filter(|a| rip_rel.contains(&(a + 8)) && rip_rel.contains(&(a + 16)))
         .min()
         .ok_or("the allgs slice (three words accessed together)")?;
-    let allglen = xchgs
-        .iter()
-        .find(|(_, v)| *v == Some(Val::Word(allgs + 8)))
-        .map(|(t, _)| *t)
-        .ok_or("allglen (an XCHG of allgs' length)")?;
-    let allgptr = xchgs
-        .iter()
-        .find(|(_, v)| *v == Some(Val::Word(allgs)))
-        .map(|(t, _)| *t)
-        .ok_or("allgptr (an XCHG of allgs' array)")?;
+    let allglen =
+        xchgs.iter().find(|(_, v)| *v == Some(Val::Word(allgs + 8))).map(|(t, _)| *t).ok_or("allglen (an XCHG of allgs' length)")?;
+    let allgptr = xchgs.iter().find(|(_, v)| *v == Some(Val::Word(allgs))).map(|(t, _)| *t).ok_or("allgptr (an XCHG of allgs' array)")?;
     Ok(AllGs { allgs, allglen, allgptr })
 }
 
@@ -285,10 +276,18 @@ mod tests {
             self.code.extend(disp.to_le_bytes());
             self
         }
-        fn load(&mut self, reg: u8, from: u64) -> &mut Self { self.rip(0x8b, reg, from) }
-        fn store(&mut self, reg: u8, to: u64) -> &mut Self { self.rip(0x89, reg, to) }
-        fn cmp(&mut self, reg: u8, with: u64) -> &mut Self { self.rip(0x39, reg, with) }
-        fn lea(&mut self, reg: u8, of: u64) -> &mut Self { self.rip(0x8d, reg, of) }
+        fn load(&mut self, reg: u8, from: u64) -> &mut Self {
+            self.rip(0x8b, reg, from)
+        }
+        fn store(&mut self, reg: u8, to: u64) -> &mut Self {
+            self.rip(0x89, reg, to)
+        }
+        fn cmp(&mut self, reg: u8, with: u64) -> &mut Self {
+            self.rip(0x39, reg, with)
+        }
+        fn lea(&mut self, reg: u8, of: u64) -> &mut Self {
+            self.rip(0x8d, reg, of)
+        }
         /// `xchg [base], reg`.
         fn xchg(&mut self, base: u8, reg: u8) -> &mut Self {
             self.code.extend([0x48, 0x87, (reg << 3) | base]);

@@ -72,9 +72,7 @@ impl Elf {
         match FileKind::parse(data) {
             Ok(FileKind::Elf64) => parse_generic::<elf::FileHeader64<Endianness>>(data, binary),
             Ok(FileKind::Elf32) => parse_generic::<elf::FileHeader32<Endianness>>(data, binary),
-            _ => Err(GoSymError::NotElf {
-                binary: binary.to_string(),
-            }),
+            _ => Err(GoSymError::NotElf { binary: binary.to_string() }),
         }
     }
 
@@ -139,10 +137,7 @@ impl Elf {
     /// slot for `g` sits at a negative offset from the thread pointer computed
     /// from these (for `runtime.tlsg` in cgo or externally linked binaries).
     pub fn tls_segment(&self) -> Option<(u64, u64, u64)> {
-        self.segments
-            .iter()
-            .find(|s| s.p_type == elf::PT_TLS)
-            .map(|s| (s.vaddr, s.memsz, s.align))
+        self.segments.iter().find(|s| s.p_type == elf::PT_TLS).map(|s| (s.vaddr, s.memsz, s.align))
     }
 
     /// Maps a virtual address to a file offset through the PT_LOAD segments:
@@ -156,8 +151,7 @@ impl Elf {
 
     /// The PT_LOAD segment whose file-backed part holds `va`.
     pub fn load_segment_at(&self, va: u64) -> Option<&Segment> {
-        self.load_segments()
-            .find(|s| va >= s.vaddr && va - s.vaddr < s.filesz)
+        self.load_segments().find(|s| va >= s.vaddr && va - s.vaddr < s.filesz)
     }
 
     /// The bytes at `[va, va + len)`, if they are all file-backed in one
@@ -200,17 +194,14 @@ impl Elf {
     /// beyond 4 GiB.
     pub fn code_place(&self, offset: u64) -> Option<(u32, u32)> {
         let (start, end) = self.code_span()?;
-        let seg = self
-            .load_segments()
-            .find(|s| s.flags & PF_X != 0 && offset >= s.offset && offset - s.offset < s.filesz)?;
+        let seg = self.load_segments().find(|s| s.flags & PF_X != 0 && offset >= s.offset && offset - s.offset < s.filesz)?;
         let va = offset - seg.offset + seg.vaddr;
         Some((u32::try_from(end - start).ok()?, u32::try_from(va - start).ok()?))
     }
 
     /// True if `va` is inside an executable PT_LOAD segment's file-backed part.
     pub fn is_executable(&self, va: u64) -> bool {
-        self.load_segment_at(va)
-            .is_some_and(|s| s.flags & PF_X != 0)
+        self.load_segment_at(va).is_some_and(|s| s.flags & PF_X != 0)
     }
 
     /// Reads a pointer-sized word at `va` in the file's byte order.
@@ -254,11 +245,7 @@ impl Elf {
                     continue;
                 }
                 let r_info = read_uint(bytes, base + usize::from(w), w, self.big_endian)?;
-                let ty = if self.is_64 {
-                    (r_info & 0xffff_ffff) as u32
-                } else {
-                    (r_info & 0xff) as u32
-                };
+                let ty = if self.is_64 { (r_info & 0xffff_ffff) as u32 } else { (r_info & 0xff) as u32 };
                 if ty == r_type {
                     return read_uint(bytes, base + 2 * usize::from(w), w, self.big_endian);
                 }
@@ -313,23 +300,11 @@ pub fn file_offset(elf: &Elf, va: u64) -> Option<u64> {
     elf.file_offset(va)
 }
 
-fn parse_generic<H: FileHeader<Endian = Endianness>>(
-    data: &[u8],
-    binary: &str,
-) -> Result<Elf, GoSymError> {
-    let malformed = |reason: &str| GoSymError::MalformedElf {
-        binary: binary.to_string(),
-        reason: reason.to_string(),
-    };
-    let header = H::parse(data).map_err(|_| GoSymError::NotElf {
-        binary: binary.to_string(),
-    })?;
-    let endian = header
-        .endian()
-        .map_err(|_| malformed("unsupported byte order"))?;
-    let phdrs = header
-        .program_headers(endian, data)
-        .map_err(|e| malformed(&format!("program headers: {e}")))?;
+fn parse_generic<H: FileHeader<Endian = Endianness>>(data: &[u8], binary: &str) -> Result<Elf, GoSymError> {
+    let malformed = |reason: &str| GoSymError::MalformedElf { binary: binary.to_string(), reason: reason.to_string() };
+    let header = H::parse(data).map_err(|_| GoSymError::NotElf { binary: binary.to_string() })?;
+    let endian = header.endian().map_err(|_| malformed("unsupported byte order"))?;
+    let phdrs = header.program_headers(endian, data).map_err(|e| malformed(&format!("program headers: {e}")))?;
     let segments = phdrs
         .iter()
         .filter(|p| matches!(p.p_type(endian), elf::PT_LOAD | elf::PT_TLS))
@@ -346,10 +321,7 @@ fn parse_generic<H: FileHeader<Endian = Endianness>>(
     let mut sections = Vec::new();
     if let Ok(table) = header.sections(endian, data) {
         for sh in table.iter() {
-            let name = table
-                .section_name(endian, sh)
-                .map(|n| String::from_utf8_lossy(n).into_owned())
-                .unwrap_or_default();
+            let name = table.section_name(endian, sh).map(|n| String::from_utf8_lossy(n).into_owned()).unwrap_or_default();
             sections.push(Section {
                 name,
                 sh_type: sh.sh_type(endian),

@@ -97,4 +97,3 @@ pub fn decode_g(layout: &GLayout, g: u64, buf: &[u8], now: u64) -> Result<Option
         m: u64_at(layout.m)?,
     }))
 }
-

@@ -49,8 +49,8 @@ pub use allgs::{find_allgs, AllGs, AllGsError};
 pub use elf::{file_offset, Elf};
 pub use gstruct::{layout_for, GLayout, GStatus, GStructError};
 pub use pclntab::{PclnVersion, Pclntab, TableSource};
-pub use rets::{probe_points, probe_points_in, ret_addresses, ret_addresses_in, ProbePoints};
 pub use pcvalue::{PcRun, PcValueError};
+pub use rets::{probe_points, probe_points_in, ret_addresses, ret_addresses_in, ProbePoints};
 pub use tls::{g_tls_offset, GTls, TlsSource};
 pub use unwind::{unwind, unwind_frame_pointers, Frame, ReadMem, Regs, Stop, Unwound};
 pub use version::{BuildInfo, Module};
@@ -76,38 +76,20 @@ pub enum GoSymError {
     #[error("{binary}: malformed ELF: {reason}")]
     MalformedElf { binary: String, reason: String },
     /// Neither a `.gopclntab` section nor a valid pclntab header anywhere.
-    #[error(
-        "{binary}: a stripped or non-Go binary: no .gopclntab and no pclntab magic in .data.rel.ro"
-    )]
+    #[error("{binary}: a stripped or non-Go binary: no .gopclntab and no pclntab magic in .data.rel.ro")]
     NoPclntab { binary: String },
     /// A `.gopclntab` section with a magic this parser does not know.
     #[error(
         "{binary}: {section}: unsupported pclntab version (magic {magic:#010x}; \
          known: Go 1.2-1.15, 1.16-1.17, 1.18-1.19, 1.20+)"
     )]
-    UnsupportedVersion {
-        binary: String,
-        section: String,
-        magic: u32,
-    },
+    UnsupportedVersion { binary: String, section: String, magic: u32 },
     /// An offset or count in the table points outside it.
-    #[error(
-        "{binary}: {section}: {what} at {offset:#x} is out of bounds ({len:#x} bytes available)"
-    )]
-    OutOfBounds {
-        binary: String,
-        section: String,
-        what: String,
-        offset: u64,
-        len: u64,
-    },
+    #[error("{binary}: {section}: {what} at {offset:#x} is out of bounds ({len:#x} bytes available)")]
+    OutOfBounds { binary: String, section: String, what: String, offset: u64, len: u64 },
     /// The table is inconsistent.
     #[error("{binary}: {section}: corrupt pclntab: {reason}")]
-    CorruptPclntab {
-        binary: String,
-        section: String,
-        reason: String,
-    },
+    CorruptPclntab { binary: String, section: String, reason: String },
     /// No function has that exact name.
     #[error("{binary}: function {function} not found in the pclntab")]
     FunctionNotFound { binary: String, function: String },
@@ -116,32 +98,18 @@ pub enum GoSymError {
     NoGTls { binary: String },
     /// An address of the function is not backed by the file (or not in an
     /// executable segment).
-    #[error(
-        "{binary}: {function}: address {va:#x} is not in an executable PT_LOAD segment of the file"
-    )]
-    NotInFile {
-        binary: String,
-        function: String,
-        va: u64,
-    },
+    #[error("{binary}: {function}: address {va:#x} is not in an executable PT_LOAD segment of the file")]
+    NotInFile { binary: String, function: String, va: u64 },
     /// The function's bytes do not decode as instructions.
     #[error("{binary}: {function}: undecodable instruction at {va:#x}; refusing to place probes")]
-    Decode {
-        binary: String,
-        function: String,
-        va: u64,
-    },
+    Decode { binary: String, function: String, va: u64 },
     /// A branch inside the function lands between decoded instructions:
     /// data in the code (hand-written assembly), so the RETs are unknown.
     #[error(
         "{binary}: {function}: branch target {va:#x} is not an instruction start \
          (data in code?); refusing to place probes"
     )]
-    DataInCode {
-        binary: String,
-        function: String,
-        va: u64,
-    },
+    DataInCode { binary: String, function: String, va: u64 },
     /// The function is not a plain string getter (`return x.Field`).
     #[error("{binary}: {function} is not a string field getter (no `mov r, [rax+off]` pair)")]
     NotAGetter { binary: String, function: String },
@@ -184,11 +152,7 @@ impl GoSymbols {
         let elf = Elf::parse(data, binary)?;
         let table = Pclntab::from_elf(&elf, data)?;
         let build_info = BuildInfo::from_elf(&elf, data);
-        Ok(GoSymbols {
-            elf,
-            table,
-            build_info,
-        })
+        Ok(GoSymbols { elf, table, build_info })
     }
 
     /// Every function, in address order.
@@ -210,11 +174,7 @@ impl GoSymbols {
 
     /// As [`GoSymbols::lookup`], with an error naming the binary and function.
     pub fn require(&self, name: &str) -> Result<GoFunc, GoSymError> {
-        self.lookup(name)
-            .ok_or_else(|| GoSymError::FunctionNotFound {
-                binary: self.elf.binary().to_string(),
-                function: name.to_string(),
-            })
+        self.lookup(name).ok_or_else(|| GoSymError::FunctionNotFound { binary: self.elf.binary().to_string(), function: name.to_string() })
     }
 
     /// The function whose `[entry, end)` holds the link-time address `va`.
@@ -260,10 +220,7 @@ impl GoSymbols {
 
     /// The link-time address of the byte at file offset `offset` (a load segment's bytes).
     pub fn va_of_file_offset(&self, offset: u64) -> Option<u64> {
-        self.elf
-            .load_segments()
-            .find(|s| offset >= s.offset && offset - s.offset < s.filesz)
-            .map(|s| offset - s.offset + s.vaddr)
+        self.elf.load_segments().find(|s| offset >= s.offset && offset - s.offset < s.filesz).map(|s| offset - s.offset + s.vaddr)
     }
 
     /// Number of functions in the table.
@@ -329,16 +286,9 @@ impl GoBinary {
     /// Reads and parses `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<GoBinary, GoSymError> {
         let path = path.as_ref().display().to_string();
-        let data = std::fs::read(&path).map_err(|source| GoSymError::Io {
-            binary: path.clone(),
-            source,
-        })?;
+        let data = std::fs::read(&path).map_err(|source| GoSymError::Io { binary: path.clone(), source })?;
         let symbols = GoSymbols::from_elf_named(&data, &path)?;
-        Ok(GoBinary {
-            path,
-            data,
-            symbols,
-        })
+        Ok(GoBinary { path, data, symbols })
     }
 
     /// The path it was read from.

@@ -83,14 +83,10 @@ pub(crate) fn text_start(elf: &Elf, data: &[u8], want: Expect) -> Option<(u64, S
                 v => Some(v),
             }
         };
-        let ok = word(0)? == want.table_va
-            && word(1)? == want.table_va.checked_add(want.funcname_off)?
-            && elf.is_executable(word(22)?);
+        let ok = word(0)? == want.table_va && word(1)? == want.table_va.checked_add(want.funcname_off)? && elf.is_executable(word(22)?);
         let text = word(22)?;
-        let ok = ok
-            && word(20)? == text.checked_add(want.first_off)?
-            && word(21)? == text.checked_add(want.end_off)?
-            && word(23)? >= word(21)?;
+        let ok =
+            ok && word(20)? == text.checked_add(want.first_off)? && word(21)? == text.checked_add(want.end_off)? && word(23)? >= word(21)?;
         ok.then_some((text, from))
     })
 }

@@ -163,11 +163,7 @@ impl Ctx<'_> {
     }
 
     fn corrupt(&self, reason: String) -> GoSymError {
-        GoSymError::CorruptPclntab {
-            binary: self.binary.to_string(),
-            section: self.region.to_string(),
-            reason,
-        }
+        GoSymError::CorruptPclntab { binary: self.binary.to_string(), section: self.region.to_string(), reason }
     }
 
     fn uint(&self, b: &[u8], off: usize, size: u8, what: &str) -> Result<u64, GoSymError> {
@@ -195,9 +191,7 @@ fn parse_header(ctx: &Ctx<'_>, t: &[u8]) -> Result<Option<Header>, GoSymError> {
         _ => return Err(ctx.oob("header", 4, t.len())),
     };
     if pad1 != 0 || pad2 != 0 || !matches!(min_lc, 1 | 2 | 4) || !matches!(ptr_size, 4 | 8) {
-        return Err(ctx.corrupt(format!(
-            "bad header after magic {magic:#x}: pad {pad1},{pad2} minLC {min_lc} ptrSize {ptr_size}"
-        )));
+        return Err(ctx.corrupt(format!("bad header after magic {magic:#x}: pad {pad1},{pad2} minLC {min_lc} ptrSize {ptr_size}")));
     }
     let ps = usize::from(ptr_size);
     let word = |i: usize, what: &str| ctx.uint(t, 8 + i * ps, ptr_size, what);
@@ -209,32 +203,13 @@ fn parse_header(ctx: &Ctx<'_>, t: &[u8]) -> Result<Option<Header>, GoSymError> {
     let header = match version {
         PclnVersion::Go12 => {
             let functab = 8 + ps;
-            Header {
-                version,
-                min_lc,
-                ptr_size,
-                nfunc,
-                text_start: None,
-                names: (0, t.len()),
-                pctab: (0, t.len()),
-                functab,
-                funcdata: 0,
-            }
+            Header { version, min_lc, ptr_size, nfunc, text_start: None, names: (0, t.len()), pctab: (0, t.len()), functab, funcdata: 0 }
         }
         PclnVersion::Go116 | PclnVersion::Go118 | PclnVersion::Go120 => {
-            let (text_start, first) = if version == PclnVersion::Go116 {
-                (None, 2)
-            } else {
-                (Some((word(2, "textStart")?, 8 + 2 * ps)), 3)
-            };
+            let (text_start, first) =
+                if version == PclnVersion::Go116 { (None, 2) } else { (Some((word(2, "textStart")?, 8 + 2 * ps)), 3) };
             let mut offs = [0usize; 5];
-            let names = [
-                "funcnameOffset",
-                "cuOffset",
-                "filetabOffset",
-                "pctabOffset",
-                "pclnOffset",
-            ];
+            let names = ["funcnameOffset", "cuOffset", "filetabOffset", "pctabOffset", "pclnOffset"];
             let header_len = 8 + (first + 5) * ps;
             for (i, slot) in offs.iter_mut().enumerate() {
                 let v = word(first + i, names[i])?;
@@ -242,9 +217,7 @@ fn parse_header(ctx: &Ctx<'_>, t: &[u8]) -> Result<Option<Header>, GoSymError> {
             }
             // The linker writes the tables in this order, right after the header.
             if offs[0] < header_len || offs.windows(2).any(|w| w[0] > w[1]) {
-                return Err(ctx.corrupt(format!(
-                    "header offsets out of order: {offs:x?} (header is {header_len} bytes)"
-                )));
+                return Err(ctx.corrupt(format!("header offsets out of order: {offs:x?} (header is {header_len} bytes)")));
             }
             Header {
                 version,
@@ -261,20 +234,11 @@ fn parse_header(ctx: &Ctx<'_>, t: &[u8]) -> Result<Option<Header>, GoSymError> {
     };
     // functab: nfunc pairs plus the end sentinel. Checked before anything is
     // reserved, so nfunc is bounded by the input size.
-    let need = header
-        .nfunc
-        .checked_mul(2)
-        .and_then(|n| n.checked_add(1))
-        .and_then(|n| n.checked_mul(fw as u64));
+    let need = header.nfunc.checked_mul(2).and_then(|n| n.checked_add(1)).and_then(|n| n.checked_mul(fw as u64));
     let room = (t.len() - header.functab.min(t.len())) as u64;
     match need {
         Some(n) if n <= room => {}
-        _ => {
-            return Err(ctx.corrupt(format!(
-                "nfunc {} needs a functab larger than the {room} bytes left",
-                header.nfunc
-            )))
-        }
+        _ => return Err(ctx.corrupt(format!("nfunc {} needs a functab larger than the {room} bytes left", header.nfunc))),
     }
     Ok(Some(header))
 }
@@ -305,17 +269,8 @@ impl Pclntab {
                     len: data.len() as u64,
                 });
             };
-            let ctx = Ctx {
-                binary,
-                region: name,
-                big: elf.is_big_endian(),
-            };
-            let source = TableSource {
-                region: name.to_string(),
-                va: sec.addr,
-                file_offset: sec.offset,
-                scanned: false,
-            };
+            let ctx = Ctx { binary, region: name, big: elf.is_big_endian() };
+            let source = TableSource { region: name.to_string(), va: sec.addr, file_offset: sec.offset, scanned: false };
             return match parse_header(&ctx, bytes)? {
                 Some(h) => parse_table(&ctx, elf, data, bytes, h, source),
                 None => Err(GoSymError::UnsupportedVersion {
@@ -339,21 +294,12 @@ impl Pclntab {
         segs.sort_by_key(|s| s.flags & PF_X != 0);
         for seg in segs {
             let b = elf.segment_data(data, seg);
-            regions.push((
-                format!("PT_LOAD@{:#x}", seg.vaddr),
-                seg.vaddr,
-                seg.offset,
-                b,
-            ));
+            regions.push((format!("PT_LOAD@{:#x}", seg.vaddr), seg.vaddr, seg.offset, b));
         }
         let mut first_err = None;
         let mut attempts = 0usize;
         'regions: for (region, va, off, bytes) in &regions {
-            let ctx = Ctx {
-                binary,
-                region,
-                big: elf.is_big_endian(),
-            };
+            let ctx = Ctx { binary, region, big: elf.is_big_endian() };
             // The header is at least 4-aligned in every layout.
             let mut pos = ((4 - (va % 4)) % 4) as usize;
             while pos + 8 <= bytes.len() {
@@ -389,9 +335,7 @@ impl Pclntab {
         // "not Go", but only if no section table exists to tell us otherwise.
         match first_err {
             Some(e) if elf.sections().is_empty() => Err(e),
-            _ => Err(GoSymError::NoPclntab {
-                binary: binary.to_string(),
-            }),
+            _ => Err(GoSymError::NoPclntab { binary: binary.to_string() }),
         }
     }
 
@@ -435,19 +379,13 @@ impl Pclntab {
             return &[];
         };
         let start = f.name_off as usize;
-        self.names
-            .get(start..start + f.name_len as usize)
-            .unwrap_or(&[])
+        self.names.get(start..start + f.name_len as usize).unwrap_or(&[])
     }
 
     fn func(&self, i: usize) -> Option<GoFunc> {
         let f = self.funcs.get(i)?;
         let end = self.funcs.get(i + 1).map_or(self.end, |n| n.entry);
-        Some(GoFunc {
-            name: String::from_utf8_lossy(self.name_bytes(i)).into_owned(),
-            entry: f.entry,
-            end,
-        })
+        Some(GoFunc { name: String::from_utf8_lossy(self.name_bytes(i)).into_owned(), entry: f.entry, end })
     }
 
     /// Every function, in address order.
@@ -459,11 +397,7 @@ impl Pclntab {
     fn name_index(&self) -> &[u32] {
         self.by_name.get_or_init(|| {
             let mut idx: Vec<u32> = (0..self.funcs.len() as u32).collect();
-            idx.sort_unstable_by(|&a, &b| {
-                self.name_bytes(a as usize)
-                    .cmp(self.name_bytes(b as usize))
-                    .then(a.cmp(&b))
-            });
+            idx.sort_unstable_by(|&a, &b| self.name_bytes(a as usize).cmp(self.name_bytes(b as usize)).then(a.cmp(&b)));
             idx
         })
     }
@@ -486,11 +420,7 @@ impl Pclntab {
         let index = self.name_index();
         let target = name.as_bytes();
         let pos = index.partition_point(|&i| self.name_bytes(i as usize) < target);
-        index[pos..]
-            .iter()
-            .take_while(|&&i| self.name_bytes(i as usize) == target)
-            .filter_map(|&i| self.func(i as usize))
-            .collect()
+        index[pos..].iter().take_while(|&&i| self.name_bytes(i as usize) == target).filter_map(|&i| self.func(i as usize)).collect()
     }
 
     /// The index of the function whose `[entry, end)` holds `va`.
@@ -583,14 +513,7 @@ fn resolve_text_start(
     Err(ctx.corrupt("textStart is 0, with no relocation, no moduledata and no .text section".to_string()))
 }
 
-fn parse_table(
-    ctx: &Ctx<'_>,
-    elf: &Elf,
-    data: &[u8],
-    t: &[u8],
-    h: Header,
-    source: TableSource,
-) -> Result<Pclntab, GoSymError> {
+fn parse_table(ctx: &Ctx<'_>, elf: &Elf, data: &[u8], t: &[u8], h: Header, source: TableSource) -> Result<Pclntab, GoSymError> {
     let ps = h.ptr_size;
     let psz = usize::from(ps);
     let text_start = match h.text_start {
@@ -609,15 +532,11 @@ fn parse_table(
     let new_layout = matches!(h.version, PclnVersion::Go118 | PclnVersion::Go120);
     // Header validation guaranteed the functab fits, so nfunc ≤ t.len().
     let nfunc = usize::try_from(h.nfunc).map_err(|_| ctx.oob("nfunc", h.nfunc, t.len()))?;
-    let names = t
-        .get(h.names.0..h.names.1)
-        .ok_or_else(|| ctx.oob("funcnametab", h.names.0 as u64, t.len()))?;
+    let names = t.get(h.names.0..h.names.1).ok_or_else(|| ctx.oob("funcnametab", h.names.0 as u64, t.len()))?;
     if u32::try_from(names.len()).is_err() {
         return Err(ctx.corrupt("funcnametab larger than 4 GiB".to_string()));
     }
-    let pctab = t
-        .get(h.pctab.0..h.pctab.1)
-        .ok_or_else(|| ctx.oob("pctab", h.pctab.0 as u64, t.len()))?;
+    let pctab = t.get(h.pctab.0..h.pctab.1).ok_or_else(|| ctx.oob("pctab", h.pctab.0 as u64, t.len()))?;
     if u32::try_from(pctab.len()).is_err() {
         return Err(ctx.corrupt("pctab larger than 4 GiB".to_string()));
     }
@@ -630,9 +549,7 @@ fn parse_table(
     let entry_at = |i: usize| -> Result<u64, GoSymError> {
         if new_layout {
             let off = ctx.uint(t, ft + i * 8, 4, "functab entryoff")?;
-            text_start
-                .checked_add(off)
-                .ok_or_else(|| ctx.corrupt(format!("entryoff {off:#x} overflows")))
+            text_start.checked_add(off).ok_or_else(|| ctx.corrupt(format!("entryoff {off:#x} overflows")))
         } else {
             ctx.uint(t, ft + i * 2 * psz, ps, "functab entry")
         }
@@ -670,31 +587,19 @@ fn parse_table(
             PclnVersion::Go116 | PclnVersion::Go118 => name_at.checked_add(32),
             PclnVersion::Go120 => name_at.checked_add(36),
         };
-        let func_id = func_id_at
-            .and_then(|at| read_uint(fd, at, 1, ctx.big))
-            .map_or(0, |v| v as u8);
+        let func_id = func_id_at.and_then(|at| read_uint(fd, at, 1, ctx.big)).map_or(0, |v| v as u8);
         if fentry != entry {
-            return Err(ctx.corrupt(format!(
-                "function {i}: functab entry {entry:#x} but _func entry {fentry:#x}"
-            )));
+            return Err(ctx.corrupt(format!("function {i}: functab entry {entry:#x} but _func entry {fentry:#x}")));
         }
         if entry < prev {
-            return Err(ctx.corrupt(format!(
-                "function {i}: entry {entry:#x} below the previous {prev:#x}"
-            )));
+            return Err(ctx.corrupt(format!("function {i}: entry {entry:#x} below the previous {prev:#x}")));
         }
         prev = entry;
         let name_off = u32::try_from(nameoff)
             .ok()
             .filter(|&o| (o as usize) < names.len())
             .ok_or_else(|| ctx.oob("_func.nameoff", nameoff as u64, names.len()))?;
-        funcs.push(FuncRec {
-            entry,
-            name_off,
-            name_len: 0,
-            pcsp,
-            func_id,
-        });
+        funcs.push(FuncRec { entry, name_off, name_len: 0, pcsp, func_id });
         offs.push(name_off);
     }
     let end = entry_at(nfunc)?;

@@ -90,10 +90,7 @@ impl PcRuns<'_> {
         self.value = self.value.checked_add(vdelta).ok_or(PcValueError::Overflow(at))?;
         let pcdelta = uvarint(self.bytes, &mut self.pos)?;
         let start = self.pc;
-        self.pc = pcdelta
-            .checked_mul(self.quantum)
-            .and_then(|d| start.checked_add(d))
-            .ok_or(PcValueError::Overflow(at))?;
+        self.pc = pcdelta.checked_mul(self.quantum).and_then(|d| start.checked_add(d)).ok_or(PcValueError::Overflow(at))?;
         Ok(Some(PcRun { start, end: self.pc, value: self.value }))
     }
 }

@@ -57,12 +57,7 @@ pub fn ret_addresses_in(elf: &Elf, data: &[u8], func: &GoFunc) -> Result<Vec<u64
     let bitness = match elf.machine() {
         EM_X86_64 => 64,
         EM_386 => 32,
-        m => {
-            return Err(GoSymError::UnsupportedArch {
-                binary: elf.binary().to_string(),
-                machine: m,
-            })
-        }
+        m => return Err(GoSymError::UnsupportedArch { binary: elf.binary().to_string(), machine: m }),
     };
     let bytes = function_bytes(elf, data, func)?;
     let mut decoder = Decoder::with_ip(bitness, bytes, func.entry, DecoderOptions::NONE);
@@ -75,17 +70,10 @@ pub fn ret_addresses_in(elf: &Elf, data: &[u8], func: &GoFunc) -> Result<Vec<u64
     while decoder.can_decode() {
         decoder.decode_out(&mut instr);
         if instr.code() == Code::INVALID {
-            return Err(GoSymError::Decode {
-                binary: elf.binary().to_string(),
-                function: func.name.clone(),
-                va: instr.ip(),
-            });
+            return Err(GoSymError::Decode { binary: elf.binary().to_string(), function: func.name.clone(), va: instr.ip() });
         }
         starts.push(instr.ip());
-        if matches!(
-            instr.op0_kind(),
-            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-        ) {
+        if matches!(instr.op0_kind(), OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64) {
             let t = instr.near_branch_target();
             if t >= func.entry && t < func.end {
                 targets.push(t);
@@ -99,11 +87,7 @@ pub fn ret_addresses_in(elf: &Elf, data: &[u8], func: &GoFunc) -> Result<Vec<u64
     // markers do); a branch into the middle of a decoded instruction means
     // the sweep read data as code, and its RETs cannot be trusted.
     if let Some(&t) = targets.iter().find(|t| starts.binary_search(t).is_err()) {
-        return Err(GoSymError::DataInCode {
-            binary: elf.binary().to_string(),
-            function: func.name.clone(),
-            va: t,
-        });
+        return Err(GoSymError::DataInCode { binary: elf.binary().to_string(), function: func.name.clone(), va: t });
     }
     Ok(rets)
 }
@@ -117,42 +101,24 @@ pub fn probe_points(data: &[u8], func: &GoFunc) -> Result<ProbePoints, GoSymErro
 /// [`probe_points`] with already parsed headers.
 pub fn probe_points_in(elf: &Elf, data: &[u8], func: &GoFunc) -> Result<ProbePoints, GoSymError> {
     let entry_offset = offset_of(elf, func, func.entry)?;
-    let ret_offsets = ret_addresses_in(elf, data, func)?
-        .into_iter()
-        .map(|va| offset_of(elf, func, va))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(ProbePoints {
-        entry_offset,
-        ret_offsets,
-    })
+    let ret_offsets = ret_addresses_in(elf, data, func)?.into_iter().map(|va| offset_of(elf, func, va)).collect::<Result<Vec<_>, _>>()?;
+    Ok(ProbePoints { entry_offset, ret_offsets })
 }
 
 fn offset_of(elf: &Elf, func: &GoFunc, va: u64) -> Result<u64, GoSymError> {
-    elf.file_offset(va).ok_or_else(|| GoSymError::NotInFile {
-        binary: elf.binary().to_string(),
-        function: func.name.clone(),
-        va,
-    })
+    elf.file_offset(va).ok_or_else(|| GoSymError::NotInFile { binary: elf.binary().to_string(), function: func.name.clone(), va })
 }
 
 /// The file bytes of `[entry, end)`, which must lie in one executable
 /// segment's file-backed part.
 fn function_bytes<'d>(elf: &Elf, data: &'d [u8], func: &GoFunc) -> Result<&'d [u8], GoSymError> {
-    let not_in_file = |va| GoSymError::NotInFile {
-        binary: elf.binary().to_string(),
-        function: func.name.clone(),
-        va,
-    };
+    let not_in_file = |va| GoSymError::NotInFile { binary: elf.binary().to_string(), function: func.name.clone(), va };
     if func.end < func.entry {
         return Err(not_in_file(func.end));
     }
-    let seg = elf
-        .load_segment_at(func.entry)
-        .filter(|s| s.flags & super::elf::PF_X != 0)
-        .ok_or_else(|| not_in_file(func.entry))?;
+    let seg = elf.load_segment_at(func.entry).filter(|s| s.flags & super::elf::PF_X != 0).ok_or_else(|| not_in_file(func.entry))?;
     if func.end - seg.vaddr > seg.filesz {
         return Err(not_in_file(func.end));
     }
-    elf.read_va(data, func.entry, func.end - func.entry)
-        .ok_or_else(|| not_in_file(func.entry))
+    elf.read_va(data, func.entry, func.end - func.entry).ok_or_else(|| not_in_file(func.entry))
 }

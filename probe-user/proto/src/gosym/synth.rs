@@ -107,11 +107,7 @@ fn text(funcs: &[(&'static str, Vec<u8>)]) -> (Vec<u8>, Vec<(String, u64, u64)>)
     }
     let n = out.len();
     for i in 0..n {
-        out[i].2 = if i + 1 < n {
-            out[i + 1].1
-        } else {
-            TEXT_VA + t.len() as u64
-        };
+        out[i].2 = if i + 1 < n { out[i + 1].1 } else { TEXT_VA + t.len() as u64 };
     }
     (t, out)
 }
@@ -148,11 +144,7 @@ fn pcsp_tables(funcs: &[(String, u64, u64)]) -> (Vec<u8>, Vec<u32>) {
 
 /// A pclntab for `funcs` (ranges from [`text`]). Returns the table and the
 /// offset of the `textStart` word (1.18+).
-pub fn pclntab(
-    layout: Layout,
-    funcs: &[(String, u64, u64)],
-    text_start_word: u64,
-) -> (Vec<u8>, usize) {
+pub fn pclntab(layout: Layout, funcs: &[(String, u64, u64)], text_start_word: u64) -> (Vec<u8>, usize) {
     let n = funcs.len();
     let end = funcs.last().map_or(TEXT_VA, |f| f.2);
     let mut names = Vec::new();
@@ -333,15 +325,7 @@ pub fn build(spec: &Spec) -> Built {
     align(&mut f, 16, 0);
     let data_off = f.len() as u64;
     let mut secs: Vec<Sec> = Vec::new();
-    secs.push(Sec {
-        name: ".text",
-        sh_type: 1,
-        flags: 6,
-        addr: TEXT_VA,
-        off: text_off,
-        size: code.len() as u64,
-        entsize: 0,
-    });
+    secs.push(Sec { name: ".text", sh_type: 1, flags: 6, addr: TEXT_VA, off: text_off, size: code.len() as u64, entsize: 0 });
     // Data: [prefix][pclntab][buildinfo][rela]
     let prefix = match spec.placement {
         Placement::DataRelRo => 0x40,
@@ -383,15 +367,9 @@ pub fn build(spec: &Spec) -> Built {
             size: table.len() as u64,
             entsize: 0,
         }),
-        Placement::DataRelRo => secs.push(Sec {
-            name: ".data.rel.ro",
-            sh_type: 1,
-            flags: 3,
-            addr: DATA_VA,
-            off: data_off,
-            size: table_sec_size,
-            entsize: 0,
-        }),
+        Placement::DataRelRo => {
+            secs.push(Sec { name: ".data.rel.ro", sh_type: 1, flags: 3, addr: DATA_VA, off: data_off, size: table_sec_size, entsize: 0 })
+        }
         Placement::NoSections => {}
     }
     if !bi.is_empty() {
@@ -477,10 +455,7 @@ pub fn build(spec: &Spec) -> Built {
     put_u16(&mut h, shnum);
     put_u16(&mut h, if with_sections { shnum - 1 } else { 0 });
     // Program headers: text (R X), data (R W).
-    for (flags, off, va, size) in [
-        (5u32, text_off, TEXT_VA, code.len() as u64),
-        (6u32, data_off, DATA_VA, data_size),
-    ] {
+    for (flags, off, va, size) in [(5u32, text_off, TEXT_VA, code.len() as u64), (6u32, data_off, DATA_VA, data_size)] {
         put_u32(&mut h, 1);
         put_u32(&mut h, flags);
         put_u64(&mut h, off);

@@ -19,14 +19,10 @@ fn check_synthetic(layout: Layout, placement: Placement, pie: bool) {
     let mut spec = synth::spec(layout, placement);
     spec.pie_unrelocated = pie;
     let built = synth::build(&spec);
-    let syms = GoSymbols::from_elf(&built.bytes)
-        .unwrap_or_else(|e| panic!("{layout:?}/{placement:?}/pie={pie}: {e}"));
+    let syms = GoSymbols::from_elf(&built.bytes).unwrap_or_else(|e| panic!("{layout:?}/{placement:?}/pie={pie}: {e}"));
     let got: Vec<(String, u64, u64)> = syms.functions().map(|f| (f.name, f.entry, f.end)).collect();
     assert_eq!(got, built.funcs, "{layout:?}/{placement:?}");
-    assert_eq!(
-        syms.pclntab().source().scanned,
-        placement != Placement::Section
-    );
+    assert_eq!(syms.pclntab().source().scanned, placement != Placement::Section);
     let want_version = match layout {
         Layout::Go12 => PclnVersion::Go12,
         Layout::Go116 => PclnVersion::Go116,
@@ -39,10 +35,7 @@ fn check_synthetic(layout: Layout, placement: Placement, pie: bool) {
         let f = syms.lookup(name).unwrap_or_else(|| panic!("lookup {name}"));
         assert_eq!((f.entry, f.end), (*entry, *end));
         assert_eq!(syms.function_at(*entry).map(|f| f.name), Some(name.clone()));
-        assert_eq!(
-            syms.function_at(*end - 1).map(|f| f.name),
-            Some(name.clone())
-        );
+        assert_eq!(syms.function_at(*end - 1).map(|f| f.name), Some(name.clone()));
     }
     // pcsp, at the per-layout place in `_func` and from the right base.
     for (i, (name, entry, end)) in built.funcs.iter().enumerate() {
@@ -57,10 +50,7 @@ fn check_synthetic(layout: Layout, placement: Placement, pie: bool) {
     assert!(syms.lookup("main.main2").is_none());
     assert!(syms.lookup("").is_none());
     assert!(syms.function_at(synth::TEXT_VA - 1).is_none());
-    assert!(matches!(
-        syms.require("main.nothere"),
-        Err(GoSymError::FunctionNotFound { .. })
-    ));
+    assert!(matches!(syms.require("main.nothere"), Err(GoSymError::FunctionNotFound { .. })));
     // RETs at exactly the expected places, and file offsets that hold them.
     for ((name, _, want), (_, entry, _)) in synth::sample_funcs().iter().zip(&built.funcs) {
         let f = syms.require(name).unwrap();
@@ -70,10 +60,7 @@ fn check_synthetic(layout: Layout, placement: Placement, pie: bool) {
         let pts = syms.probe_points(&built.bytes, name).unwrap();
         assert_eq!(pts.entry_offset, syms.elf().file_offset(*entry).unwrap());
         for off in &pts.ret_offsets {
-            assert!(matches!(
-                built.bytes[*off as usize],
-                0xc3 | 0xc2 | 0xcb | 0xca
-            ));
+            assert!(matches!(built.bytes[*off as usize], 0xc3 | 0xc2 | 0xcb | 0xca));
         }
     }
     // Build info.
@@ -81,17 +68,9 @@ fn check_synthetic(layout: Layout, placement: Placement, pie: bool) {
     let bi = syms.build_info().unwrap();
     assert_eq!(bi.path.as_deref(), Some("example.com/tiny"));
     assert_eq!(syms.main_module(), Some(("example.com/tiny", "(devel)")));
-    assert_eq!(
-        bi.module_version("github.com/containerd/containerd"),
-        Some("v1.7.13")
-    );
+    assert_eq!(bi.module_version("github.com/containerd/containerd"), Some("v1.7.13"));
     assert_eq!(bi.module_version("github.com/x/y"), Some(""));
-    assert_eq!(
-        bi.module("github.com/x/y")
-            .and_then(|m| m.replace.as_ref())
-            .map(|r| r.path.as_str()),
-        Some("../y")
-    );
+    assert_eq!(bi.module("github.com/x/y").and_then(|m| m.replace.as_ref()).map(|r| r.path.as_str()), Some("../y"));
     assert_eq!(bi.setting("CGO_ENABLED"), Some("0"));
     assert_eq!(bi.setting("-ldflags"), Some("-s -w"));
     assert_eq!(syms.elf().is_pie(), pie);
@@ -100,11 +79,7 @@ fn check_synthetic(layout: Layout, placement: Placement, pie: bool) {
 #[test]
 fn synthetic_every_layout_and_placement() {
     for layout in [Layout::Go12, Layout::Go116, Layout::Go118, Layout::Go120] {
-        for placement in [
-            Placement::Section,
-            Placement::DataRelRo,
-            Placement::NoSections,
-        ] {
+        for placement in [Placement::Section, Placement::DataRelRo, Placement::NoSections] {
             check_synthetic(layout, placement, false);
         }
     }
@@ -149,20 +124,9 @@ fn modinfo_lines() {
          build\t-tags=seccomp\n\
          garbage line\n\tdep\n",
     );
-    assert_eq!(
-        bi.module_version("github.com/containerd/containerd/v2"),
-        Some("v2.0.3")
-    );
-    assert_eq!(
-        bi.module("github.com/containerd/containerd/v2")
-            .unwrap()
-            .version,
-        "v2.0.2"
-    );
-    assert_eq!(
-        bi.module_version("github.com/opencontainers/runc"),
-        Some("v1.2.4")
-    );
+    assert_eq!(bi.module_version("github.com/containerd/containerd/v2"), Some("v2.0.3"));
+    assert_eq!(bi.module("github.com/containerd/containerd/v2").unwrap().version, "v2.0.2");
+    assert_eq!(bi.module_version("github.com/opencontainers/runc"), Some("v1.2.4"));
     assert_eq!(bi.setting("-tags"), Some("seccomp"));
     assert_eq!(bi.module("nope"), None);
 }
@@ -178,10 +142,8 @@ fn synthetic_shared_name_suffixes() {
     let src = syms.pclntab().source().clone();
     // Point main.pick's nameoff at "main.main"+5 ("main").
     let t = src.file_offset as usize;
-    let pcln =
-        u64::from_le_bytes(bytes[t + 8 + 7 * 8..t + 16 + 7 * 8].try_into().unwrap()) as usize;
-    let funcoff =
-        u32::from_le_bytes(bytes[t + pcln + 12..t + pcln + 16].try_into().unwrap()) as usize;
+    let pcln = u64::from_le_bytes(bytes[t + 8 + 7 * 8..t + 16 + 7 * 8].try_into().unwrap()) as usize;
+    let funcoff = u32::from_le_bytes(bytes[t + pcln + 12..t + pcln + 16].try_into().unwrap()) as usize;
     let at = t + pcln + funcoff + 4;
     bytes[at..at + 4].copy_from_slice(&5u32.to_le_bytes());
     let syms = GoSymbols::from_elf(&bytes).unwrap();
@@ -201,16 +163,7 @@ fn synthetic_errors_are_clean() {
     let mut b = built.bytes.clone();
     b[t..t + 4].copy_from_slice(&0xffff_fff7u32.to_le_bytes());
     let e = GoSymbols::from_elf(&b).unwrap_err();
-    assert!(
-        matches!(
-            e,
-            GoSymError::UnsupportedVersion {
-                magic: 0xffff_fff7,
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, GoSymError::UnsupportedVersion { magic: 0xffff_fff7, .. }), "{e}");
     assert!(e.to_string().contains(".gopclntab"), "{e}");
 
     // A huge nfunc: rejected before anything is reserved.
@@ -254,20 +207,9 @@ fn synthetic_errors_are_clean() {
     assert!(e.to_string().contains("main.main"), "{e}");
 
     // A function range outside the file.
-    let bogus = GoFunc {
-        name: "x".into(),
-        entry: 0x10,
-        end: 0x20,
-    };
-    assert!(matches!(
-        probe_points(&built.bytes, &bogus),
-        Err(GoSymError::NotInFile { .. })
-    ));
-    let backwards = GoFunc {
-        name: "x".into(),
-        entry: f.end,
-        end: f.entry,
-    };
+    let bogus = GoFunc { name: "x".into(), entry: 0x10, end: 0x20 };
+    assert!(matches!(probe_points(&built.bytes, &bogus), Err(GoSymError::NotInFile { .. })));
+    let backwards = GoFunc { name: "x".into(), entry: f.end, end: f.entry };
     assert!(ret_addresses(&built.bytes, &backwards).is_err());
 }
 
@@ -296,11 +238,7 @@ fn exercise(data: &[u8]) {
 #[test]
 fn synthetic_truncations_and_mutations_never_panic() {
     for layout in [Layout::Go12, Layout::Go116, Layout::Go118, Layout::Go120] {
-        for placement in [
-            Placement::Section,
-            Placement::DataRelRo,
-            Placement::NoSections,
-        ] {
+        for placement in [Placement::Section, Placement::DataRelRo, Placement::NoSections] {
             let b = synth::build(&synth::spec(layout, placement)).bytes;
             for n in 0..b.len() {
                 exercise(&b[..n]);
@@ -325,19 +263,10 @@ fn not_an_elf() {
     let e = GoSymbols::from_elf(&junk).unwrap_err();
     assert!(matches!(e, GoSymError::NotElf { .. }), "{e}");
     assert!(e.to_string().contains("not an ELF"), "{e}");
-    assert!(matches!(
-        GoSymbols::from_elf(&[]),
-        Err(GoSymError::NotElf { .. })
-    ));
-    assert!(matches!(
-        GoSymbols::from_elf(b"\x7fELF"),
-        Err(GoSymError::NotElf { .. })
-    ));
+    assert!(matches!(GoSymbols::from_elf(&[]), Err(GoSymError::NotElf { .. })));
+    assert!(matches!(GoSymbols::from_elf(b"\x7fELF"), Err(GoSymError::NotElf { .. })));
     let e = GoBinary::open("/nonexistent/plegwatch-gosym").unwrap_err();
-    assert!(
-        e.to_string().contains("/nonexistent/plegwatch-gosym"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("/nonexistent/plegwatch-gosym"), "{e}");
 }
 
 /// Writes the fuzz seeds when `PLEGWATCH_WRITE_GOSYM_SEEDS=dir` is set
@@ -345,23 +274,14 @@ fn not_an_elf() {
 #[test]
 fn fuzz_seeds() {
     let seeds = [
-        (
-            "go118_section",
-            synth::build(&synth::spec(Layout::Go118, Placement::Section)).bytes,
-        ),
+        ("go118_section", synth::build(&synth::spec(Layout::Go118, Placement::Section)).bytes),
         ("go120_data_rel_ro", {
             let mut s = synth::spec(Layout::Go120, Placement::DataRelRo);
             s.pie_unrelocated = true;
             synth::build(&s).bytes
         }),
-        (
-            "go116_no_sections",
-            synth::build(&synth::spec(Layout::Go116, Placement::NoSections)).bytes,
-        ),
-        (
-            "go12_section",
-            synth::build(&synth::spec(Layout::Go12, Placement::Section)).bytes,
-        ),
+        ("go116_no_sections", synth::build(&synth::spec(Layout::Go116, Placement::NoSections)).bytes),
+        ("go12_section", synth::build(&synth::spec(Layout::Go12, Placement::Section)).bytes),
         ("go118_truncated", {
             let b = synth::build(&synth::spec(Layout::Go118, Placement::Section)).bytes;
             b[..b.len() * 2 / 3].to_vec()
@@ -421,11 +341,7 @@ fn first_instruction(syms: &GoSymbols, data: &[u8], va: u64) -> Instruction {
 /// `cmp rsp, [r14+0x10]` (or `lea r12, [rsp-N]` before `cmp r12, [r14+0x10]`
 /// for big frames), or for NOSPLIT functions a frame setup.
 fn is_go_prologue(i: &Instruction) -> bool {
-    let mem_r14_0x10 = |k: u32| {
-        i.op_kind(k) == OpKind::Memory
-            && i.memory_base() == Register::R14
-            && i.memory_displacement64() == 0x10
-    };
+    let mem_r14_0x10 = |k: u32| i.op_kind(k) == OpKind::Memory && i.memory_base() == Register::R14 && i.memory_displacement64() == 0x10;
     match i.mnemonic() {
         Mnemonic::Cmp => i.op0_kind() == OpKind::Register && mem_r14_0x10(1),
         Mnemonic::Lea => i.op0_register() == Register::R12 && i.memory_base() == Register::RSP,
@@ -463,38 +379,23 @@ fn check_real_function(data: &[u8], syms: &GoSymbols, name: &str) -> ProbePoints
 /// Checks one function; `prologue` is false for frameless leaf functions,
 /// which start straight with their body.
 fn check_function(data: &[u8], syms: &GoSymbols, name: &str, prologue: bool) -> ProbePoints {
-    let f = syms
-        .lookup(name)
-        .unwrap_or_else(|| panic!("{name} not found"));
+    let f = syms.lookup(name).unwrap_or_else(|| panic!("{name} not found"));
     assert!(f.entry < f.end, "{name}: {f:?}");
     assert!(syms.elf().is_executable(f.entry), "{name}");
     let first = first_instruction(syms, data, f.entry);
-    assert!(
-        !prologue || is_go_prologue(&first),
-        "{name}: first instruction {:?} at {:#x} is no Go prologue",
-        first.mnemonic(),
-        f.entry
-    );
+    assert!(!prologue || is_go_prologue(&first), "{name}: first instruction {:?} at {:#x} is no Go prologue", first.mnemonic(), f.entry);
     // The byte before the entry: INT3 padding, or the end of the previous
     // function's last instruction.
     let off = syms.elf().file_offset(f.entry).unwrap() as usize;
     let prev = syms.function_at(f.entry - 1).unwrap();
     assert_eq!(prev.end, f.entry);
-    assert!(
-        data[off - 1] == 0xcc || decodes_to_end(data, syms, &prev),
-        "{name}: byte before entry is {:#x}",
-        data[off - 1]
-    );
+    assert!(data[off - 1] == 0xcc || decodes_to_end(data, syms, &prev), "{name}: byte before entry is {:#x}", data[off - 1]);
     assert!(decodes_to_end(data, syms, &f), "{name}");
     let pts = syms.probe_points(data, name).unwrap();
     assert_eq!(pts.entry_offset, off as u64);
     assert!(!pts.ret_offsets.is_empty(), "{name} has no RET");
     for &r in &pts.ret_offsets {
-        assert!(
-            matches!(data[r as usize], 0xc3 | 0xc2 | 0xcb | 0xca),
-            "{name}: byte {:#x} at RET offset {r:#x}",
-            data[r as usize]
-        );
+        assert!(matches!(data[r as usize], 0xc3 | 0xc2 | 0xcb | 0xca), "{name}: byte {:#x} at RET offset {r:#x}", data[r as usize]);
         assert!(r > pts.entry_offset && r < pts.entry_offset + (f.end - f.entry));
     }
     assert!(pts.ret_offsets.windows(2).all(|w| w[0] < w[1]));
@@ -546,10 +447,7 @@ fn containerd_symbols_and_probe_points() {
     let v = syms.version().unwrap();
     assert!(v.starts_with("go1.19."), "{v}");
     let bi = syms.build_info().unwrap();
-    assert_eq!(
-        bi.path.as_deref(),
-        Some("github.com/containerd/containerd/cmd/containerd")
-    );
+    assert_eq!(bi.path.as_deref(), Some("github.com/containerd/containerd/cmd/containerd"));
     assert_eq!(bi.setting("CGO_ENABLED"), Some("1"));
     assert_eq!(bi.setting("GOARCH"), Some("amd64"));
     // PT_TLS: a cgo binary has one (the 8-byte runtime.tlsg slot).
@@ -583,21 +481,13 @@ fn containerd_symbols_and_probe_points() {
         assert!(every.contains(f), "{}", f.name);
         assert!(every.windows(2).all(|w| w[0].entry < w[1].entry));
         if every.len() > 1 {
-            assert!(
-                f.name.contains("[...]"),
-                "{} is listed {} times",
-                f.name,
-                every.len()
-            );
+            assert!(f.name.contains("[...]"), "{} is listed {} times", f.name, every.len());
             dups += 1;
         }
     }
     println!("  {dups} sampled names are shared generic instantiations");
     assert!(matches!(
-        syms.probe_points(
-            &data,
-            "github.com/containerd/containerd/v2/internal/cri/server.handleContainerExit"
-        ),
+        syms.probe_points(&data, "github.com/containerd/containerd/v2/internal/cri/server.handleContainerExit"),
         Err(GoSymError::FunctionNotFound { .. })
     ));
 }
@@ -621,20 +511,10 @@ fn containerd_every_function_decodes() {
             Err(e) => failed.push((f.name.clone(), e.to_string())),
         }
     }
-    println!(
-        "{path}: {} functions, {rets} RETs, decoded in {:?}; {} refused: {failed:#?}",
-        syms.len(),
-        t0.elapsed(),
-        failed.len()
-    );
+    println!("{path}: {} functions, {rets} RETs, decoded in {:?}; {} refused: {failed:#?}", syms.len(), t0.elapsed(), failed.len());
     // Only the BoringCrypto/StandardCrypto marker functions (assembly that
     // jumps over a byte signature) may be refused.
-    assert!(
-        failed
-            .iter()
-            .all(|(n, _)| n.starts_with("crypto/internal/boring/sig.")),
-        "{failed:#?}"
-    );
+    assert!(failed.iter().all(|(n, _)| n.starts_with("crypto/internal/boring/sig.")), "{failed:#?}");
     assert!(rets > syms.len());
 }
 
@@ -646,19 +526,7 @@ fn containerd_truncated_errors_cleanly() {
     };
     let syms = GoSymbols::from_elf(&data).unwrap();
     let table_at = syms.pclntab().source().file_offset as usize;
-    for n in [
-        0,
-        1,
-        4,
-        16,
-        63,
-        64,
-        120,
-        4096,
-        0x10_0000,
-        table_at,
-        table_at + 4096,
-    ] {
+    for n in [0, 1, 4, 16, 63, 64, 120, 4096, 0x10_0000, table_at, table_at + 4096] {
         let e = GoSymbols::from_elf(&data[..n]).unwrap_err();
         println!("  first {n:#x} bytes: {e}");
     }
@@ -668,10 +536,7 @@ fn containerd_truncated_errors_cleanly() {
         match GoSymbols::from_elf(&data[..n]) {
             Ok(s) => {
                 assert!(s.pclntab().source().scanned);
-                assert_eq!(
-                    s.lookup("runtime.main").map(|f| f.entry),
-                    syms.lookup("runtime.main").map(|f| f.entry)
-                );
+                assert_eq!(s.lookup("runtime.main").map(|f| f.entry), syms.lookup("runtime.main").map(|f| f.entry));
             }
             Err(e) => println!("  first {n:#x} bytes: {e}"),
         }
@@ -698,11 +563,7 @@ fn shim_symbols() {
     ] {
         check_real_function(&data, &syms, name);
     }
-    println!(
-        "{path}: {} functions, {}",
-        syms.len(),
-        syms.version().unwrap()
-    );
+    println!("{path}: {} functions, {}", syms.len(), syms.version().unwrap());
 }
 
 #[test]
@@ -727,11 +588,7 @@ fn runc_symbols() {
     // runc is externally linked (cgo): C code precedes runtime.text in .text.
     let text = syms.elf().section(".text").unwrap().addr;
     assert!(syms.pclntab().text_start() >= text);
-    println!(
-        "{path}: {} functions, textStart {:#x} (.text at {text:#x})",
-        syms.len(),
-        syms.pclntab().text_start()
-    );
+    println!("{path}: {} functions, textStart {:#x} (.text at {text:#x})", syms.len(), syms.pclntab().text_start());
 }
 
 #[test]
@@ -743,10 +600,7 @@ fn non_go_elf_is_reported_as_such() {
     let e = GoSymbols::from_elf_named(&data, path).unwrap_err();
     assert!(matches!(e, GoSymError::NoPclntab { .. }), "{e}");
     let msg = e.to_string();
-    assert!(
-        msg.contains("/bin/true") && msg.contains("stripped or non-Go"),
-        "{msg}"
-    );
+    assert!(msg.contains("/bin/true") && msg.contains("stripped or non-Go"), "{msg}");
 }
 
 // ------------------------------------------------- Go binaries built here
@@ -755,14 +609,8 @@ fn non_go_elf_is_reported_as_such() {
 struct TempDir(PathBuf);
 impl TempDir {
     fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let p = std::env::temp_dir().join(format!(
-            "plegwatch-gosym-{tag}-{}-{nanos}",
-            std::process::id()
-        ));
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let p = std::env::temp_dir().join(format!("plegwatch-gosym-{tag}-{}-{nanos}", std::process::id()));
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
     }
@@ -807,29 +655,12 @@ fn go_cmd(dir: &Path, cache: &Path) -> Command {
 
 /// RET addresses of `func` per `go tool objdump` on an unstripped build.
 fn objdump_rets(dir: &Path, cache: &Path, bin: &Path, func: &str) -> Vec<u64> {
-    let out = go_cmd(dir, cache)
-        .args([
-            "tool",
-            "objdump",
-            "-s",
-            &format!("^{}$", func.replace('.', "\\.")),
-        ])
-        .arg(bin)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = go_cmd(dir, cache).args(["tool", "objdump", "-s", &format!("^{}$", func.replace('.', "\\."))]).arg(bin).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
-            let f: Vec<&str> = l
-                .split('\t')
-                .map(str::trim)
-                .filter(|x| !x.is_empty())
-                .collect();
+            let f: Vec<&str> = l.split('\t').map(str::trim).filter(|x| !x.is_empty()).collect();
             // "  main.go:7\t\t0x460820\t\t4883f803\t\tCMPQ $0x3, AX\t\t"
             let addr = f.get(1)?.strip_prefix("0x")?;
             let asm = f.get(3)?;
@@ -840,11 +671,7 @@ fn objdump_rets(dir: &Path, cache: &Path, bin: &Path, func: &str) -> Vec<u64> {
 
 /// `go tool nm` address of `sym` in an unstripped build.
 fn nm_addr(dir: &Path, cache: &Path, bin: &Path, sym: &str) -> Option<u64> {
-    let out = go_cmd(dir, cache)
-        .args(["tool", "nm"])
-        .arg(bin)
-        .output()
-        .ok()?;
+    let out = go_cmd(dir, cache).args(["tool", "nm"]).arg(bin).output().ok()?;
     String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         (f.len() == 3 && f[2] == sym && f[1] == "T").then(|| u64::from_str_radix(f[0], 16).ok())?
@@ -862,19 +689,11 @@ fn go_built_binaries() {
     std::fs::write(dir.0.join("main.go"), TINY_GO).unwrap();
     std::fs::write(dir.0.join("go.mod"), "module example.com/tiny\n\ngo 1.19\n").unwrap();
     let build = |out: &str, extra: &[&str]| -> Option<PathBuf> {
-        let o = go_cmd(&dir.0, &cache)
-            .args(["build", "-o", out])
-            .args(extra)
-            .arg(".")
-            .output()
-            .unwrap();
+        let o = go_cmd(&dir.0, &cache).args(["build", "-o", out]).args(extra).arg(".").output().unwrap();
         if o.status.success() {
             Some(dir.0.join(out))
         } else {
-            println!(
-                "SKIP variant {out}: go build failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
+            println!("SKIP variant {out}: go build failed: {}", String::from_utf8_lossy(&o.stderr));
             None
         }
     };
@@ -887,10 +706,7 @@ fn go_built_binaries() {
     let variants = [
         ("stripped", vec!["-ldflags=-s -w"]),
         ("pie", vec!["-buildmode=pie", "-ldflags=-s -w"]),
-        (
-            "pie_external",
-            vec!["-buildmode=pie", "-ldflags=-s -w -linkmode=external"],
-        ),
+        ("pie_external", vec!["-buildmode=pie", "-ldflags=-s -w -linkmode=external"]),
     ];
     // The unstripped build itself.
     let data = std::fs::read(&full).unwrap();
@@ -905,16 +721,7 @@ fn go_built_binaries() {
         let data = std::fs::read(&bin).unwrap();
         let syms = GoSymbols::from_elf_named(&data, name).unwrap();
         let v = syms.version().unwrap();
-        let go = String::from_utf8_lossy(
-            &Command::new("go")
-                .arg("env")
-                .arg("GOVERSION")
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .trim()
-        .to_string();
+        let go = String::from_utf8_lossy(&Command::new("go").arg("env").arg("GOVERSION").output().unwrap().stdout).trim().to_string();
         assert_eq!(v, go, "{name}");
         assert_eq!(syms.main_module(), Some(("example.com/tiny", "(devel)")));
         let src = syms.pclntab().source().clone();
@@ -953,10 +760,7 @@ fn go_built_binaries() {
             assert_eq!(tls.offset, -8, "{name}");
         }
         if name == "pie_external" {
-            assert!(
-                src.scanned && src.region.starts_with(".data.rel.ro"),
-                "{src:?}"
-            );
+            assert!(src.scanned && src.region.starts_with(".data.rel.ro"), "{src:?}");
         }
     }
 }
@@ -1002,7 +806,10 @@ fn check_goroutine_list(path: &str, data: &[u8]) -> (AllGs, &'static GLayout) {
     let version = syms.version().unwrap_or_else(|| panic!("{path}: no Go version"));
     let layout = layout_for(&version).unwrap_or_else(|e| panic!("{path}: {e}"));
     assert_eq!(allgs::atomicstatus_offset(&syms, data), Some(layout.atomicstatus), "{path} ({version})");
-    println!("{path} ({version}): allgs {:#x} allglen {:#x} allgptr {:#x}, atomicstatus at +{} ({took:?})", vars.allgs, vars.allglen, vars.allgptr, layout.atomicstatus);
+    println!(
+        "{path} ({version}): allgs {:#x} allglen {:#x} allgptr {:#x}, atomicstatus at +{} ({took:?})",
+        vars.allgs, vars.allglen, vars.allgptr, layout.atomicstatus
+    );
     (vars, layout)
 }
 
@@ -1013,8 +820,16 @@ fn check_goroutine_list(path: &str, data: &[u8]) -> (AllGs, &'static GLayout) {
 fn real_binaries_goroutine_list() {
     let shared = std::env::var("PLEGWATCH_SHARED_BIN").unwrap_or_else(|_| "/work/shared/bin".into());
     let mut paths: Vec<String> = ["/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/sbin/runc"].map(String::from).to_vec();
-    for name in ["containerd-1.7.34", "containerd-shim-runc-v2-1.7.34", "ctr-1.7.34", "containerd-2.3.4",
-                 "containerd-shim-runc-v2-2.3.4", "ctr-2.3.4", "runc-1.4.3", "node-problem-detector"] {
+    for name in [
+        "containerd-1.7.34",
+        "containerd-shim-runc-v2-1.7.34",
+        "ctr-1.7.34",
+        "containerd-2.3.4",
+        "containerd-shim-runc-v2-2.3.4",
+        "ctr-2.3.4",
+        "runc-1.4.3",
+        "node-problem-detector",
+    ] {
         paths.push(format!("{shared}/{name}"));
     }
     let mut minors = std::collections::BTreeSet::new();
@@ -1032,7 +847,9 @@ fn real_binaries_goroutine_list() {
 fn toolchains() -> Vec<(String, PathBuf)> {
     let dir = std::env::var_os("PLEGWATCH_GO_TOOLCHAINS").map(PathBuf::from).unwrap_or_else(|| {
         let cache = std::env::var_os("XDG_CACHE_HOME").filter(|c| !c.is_empty()).map(PathBuf::from);
-        cache.unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")).join("plegwatch/go")
+        cache
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache"))
+            .join("plegwatch/go")
     });
     let mut out = vec![("debian".to_string(), PathBuf::from("go"))];
     for v in ["1.21.13", "1.23.9", "1.25.5", "1.27.3"] {

@@ -100,8 +100,9 @@ fn from_code(elf: &Elf, data: &[u8], bytes: &[u8], ip: u64) -> Option<GTls> {
             let disp = instr.memory_displacement64() as i64;
             return match loads.iter().rev().find(|(r, _)| *r == base).map(|(_, l)| *l)? {
                 Loaded::Imm(v) => Some(GTls { offset: v.wrapping_add(disp), source: TlsSource::LocalExec }),
-                Loaded::Slot(slot) => got_slot_value(elf, data, slot)
-                    .map(|v| GTls { offset: v.wrapping_add(disp), source: TlsSource::InitialExec }),
+                Loaded::Slot(slot) => {
+                    got_slot_value(elf, data, slot).map(|v| GTls { offset: v.wrapping_add(disp), source: TlsSource::InitialExec })
+                }
             };
         }
         if instr.is_ip_rel_memory_operand() && instr.op0_kind() == OpKind::Register {

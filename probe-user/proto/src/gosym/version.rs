@@ -83,29 +83,19 @@ impl BuildInfo {
 
     /// The module `path`: the main module or a dependency.
     pub fn module(&self, path: &str) -> Option<&Module> {
-        self.main
-            .iter()
-            .chain(self.deps.iter())
-            .find(|m| m.path == path)
+        self.main.iter().chain(self.deps.iter()).find(|m| m.path == path)
     }
 
     /// The version of module `path` as built (the replacement's version if
     /// it was replaced), e.g. to tell containerd 1.6 from 1.7 or 2.x.
     pub fn module_version(&self, path: &str) -> Option<&str> {
         let m = self.module(path)?;
-        Some(
-            m.replace
-                .as_deref()
-                .map_or(m.version.as_str(), |r| r.version.as_str()),
-        )
+        Some(m.replace.as_deref().map_or(m.version.as_str(), |r| r.version.as_str()))
     }
 
     /// A `build` setting, e.g. `setting("CGO_ENABLED")`.
     pub fn setting(&self, key: &str) -> Option<&str> {
-        self.settings
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.settings.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }
 
     /// Parses the module info text (with or without its sentinel framing)
@@ -131,11 +121,7 @@ impl BuildInfo {
                 }
                 Some("=>") => {
                     let r = module_fields(f).map(Box::new);
-                    let target = if last_dep {
-                        self.deps.last_mut()
-                    } else {
-                        self.main.as_mut()
-                    };
+                    let target = if last_dep { self.deps.last_mut() } else { self.main.as_mut() };
                     if let Some(m) = target {
                         m.replace = r;
                     }
@@ -143,8 +129,7 @@ impl BuildInfo {
                 Some("build") => {
                     if let Some(kv) = f.next() {
                         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                        self.settings
-                            .push((k.to_string(), v.trim_matches('"').to_string()));
+                        self.settings.push((k.to_string(), v.trim_matches('"').to_string()));
                     }
                 }
                 _ => {}
@@ -157,12 +142,7 @@ fn module_fields<'a>(mut f: impl Iterator<Item = &'a str>) -> Option<Module> {
     let path = f.next().filter(|p| !p.is_empty())?.to_string();
     let version = f.next().unwrap_or("").to_string();
     let sum = f.next().filter(|s| !s.is_empty()).map(str::to_string);
-    Some(Module {
-        path,
-        version,
-        sum,
-        replace: None,
-    })
+    Some(Module { path, version, sum, replace: None })
 }
 
 /// Parses the header at the start of `b` (which starts with the magic).
@@ -190,10 +170,7 @@ fn parse_at(elf: &Elf, data: &[u8], b: &[u8]) -> Option<BuildInfo> {
     if !(go_version.starts_with("go") || go_version.starts_with("devel")) {
         return None;
     }
-    let mut info = BuildInfo {
-        go_version,
-        ..BuildInfo::default()
-    };
+    let mut info = BuildInfo { go_version, ..BuildInfo::default() };
     let modinfo = String::from_utf8_lossy(strip_framing(&modinfo));
     info.parse_modinfo(&modinfo);
     Some(info)

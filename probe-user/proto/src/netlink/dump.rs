@@ -126,10 +126,7 @@ pub fn run(
 /// SO_RCVTIMEO = [`QUERY_TIMEOUT`] on a netlink socket.
 fn set_recv_timeout(sock: &netlink_sys::Socket) -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;
-    let tv = libc::timeval {
-        tv_sec: QUERY_TIMEOUT.as_secs() as libc::time_t,
-        tv_usec: QUERY_TIMEOUT.subsec_micros() as libc::suseconds_t,
-    };
+    let tv = libc::timeval { tv_sec: QUERY_TIMEOUT.as_secs() as libc::time_t, tv_usec: QUERY_TIMEOUT.subsec_micros() as libc::suseconds_t };
     // SAFETY: a valid fd, and a pointer to a timeval of the size passed.
     let rc = unsafe {
         libc::setsockopt(
@@ -157,11 +154,7 @@ mod tests {
 
     /// Feeds `datagrams` in turn, as [`run`] would; returns how it ended
     /// (`None`: it wants more) and the families `each` was given.
-    fn replay(
-        seq: u32,
-        datagrams: &[Vec<u8>],
-        stop_after: Option<usize>,
-    ) -> (Option<Result<(), DumpError>>, Vec<String>, usize) {
+    fn replay(seq: u32, datagrams: &[Vec<u8>], stop_after: Option<usize>) -> (Option<Result<(), DumpError>>, Vec<String>, usize) {
         let mut dump = Dump::new(NETLINK_GENERIC, seq);
         let mut got = Vec::new();
         let mut each = |m: &NlMsg<'_>, raw: &[u8]| {

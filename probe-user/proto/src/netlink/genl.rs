@@ -7,10 +7,7 @@
 
 use super::{
     dump::{self, DumpError},
-    header::{
-        self, CTRL_CMD_DELFAMILY, CTRL_CMD_NEWFAMILY, GENL_ID_CTRL, NLM_F_DUMP,
-        NLM_F_REQUEST,
-    },
+    header::{self, CTRL_CMD_DELFAMILY, CTRL_CMD_NEWFAMILY, GENL_ID_CTRL, NLM_F_DUMP, NLM_F_REQUEST},
     names::NETLINK_GENERIC,
     NetlinkError,
 };
@@ -102,7 +99,8 @@ impl GenlFamilies {
             if let Ok(msg) = NetlinkMessage::<GenlMessage<GenlCtrl>>::deserialize(raw) {
                 if let NetlinkPayload::InnerMessage(genl) = msg.payload {
                     let id = genl.payload.nlas.iter().find_map(|a| if let GenlCtrlAttrs::FamilyId(id) = a { Some(*id) } else { None });
-                    let name = genl.payload.nlas.iter().find_map(|a| if let GenlCtrlAttrs::FamilyName(n) = a { Some(n.as_str()) } else { None });
+                    let name =
+                        genl.payload.nlas.iter().find_map(|a| if let GenlCtrlAttrs::FamilyName(n) = a { Some(n.as_str()) } else { None });
                     if let (Some(id), Some(name)) = (id, name) {
                         fams.insert(id, name);
                     }
@@ -116,9 +114,7 @@ impl GenlFamilies {
             Err(DumpError::Kernel(errno)) => {
                 Err(NetlinkError::Kernel { protocol: PROTOCOL, request: REQUEST, source: DumpError::kernel_io(errno) })
             }
-            Err(DumpError::Unfinished(messages)) => {
-                Err(NetlinkError::Unfinished { protocol: PROTOCOL, request: REQUEST, messages })
-            }
+            Err(DumpError::Unfinished(messages)) => Err(NetlinkError::Unfinished { protocol: PROTOCOL, request: REQUEST, messages }),
         }
     }
 }

@@ -164,8 +164,7 @@ pub fn parse(buf: &[u8], protocol: u32) -> Parsed<'_> {
         let complete = len <= rest.len();
         let end = len.min(rest.len());
         let payload = &rest[NLMSG_HDRLEN..end];
-        let mut msg =
-            NlMsg { header, offset: off, payload, complete, errno: None, request: None, genl_cmd: None, family: None };
+        let mut msg = NlMsg { header, offset: off, payload, complete, errno: None, request: None, genl_cmd: None, family: None };
         decode_payload(&mut msg, protocol);
         out.messages.push(msg);
         if !complete {
@@ -315,13 +314,7 @@ mod tests {
 
     #[test]
     fn ack_and_error() {
-        let req = NlHeader {
-            len: 40,
-            msg_type: RTM_NEWADDR,
-            flags: NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
-            seq: 9,
-            pid: 0,
-        };
+        let req = NlHeader { len: 40, msg_type: RTM_NEWADDR, flags: NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE, seq: 9, pid: 0 };
         let ack = error(0, &req, 77);
         let p = parse(&ack, NETLINK_ROUTE);
         assert_eq!(p.messages.len(), 1);

@@ -8,9 +8,9 @@
 use super::{
     genl::GenlFamilies,
     header::{
-        NLMSG_DONE, NLMSG_ERROR, NLMSG_MIN_TYPE, NLMSG_NOOP, NLMSG_OVERRUN, NLM_F_ACK, NLM_F_ACK_TLVS, NLM_F_APPEND,
-        NLM_F_ATOMIC, NLM_F_BULK, NLM_F_CAPPED, NLM_F_CREATE, NLM_F_DUMP_FILTERED, NLM_F_DUMP_INTR, NLM_F_ECHO,
-        NLM_F_EXCL, NLM_F_MATCH, NLM_F_MULTI, NLM_F_NONREC, NLM_F_REPLACE, NLM_F_REQUEST, NLM_F_ROOT,
+        NLMSG_DONE, NLMSG_ERROR, NLMSG_MIN_TYPE, NLMSG_NOOP, NLMSG_OVERRUN, NLM_F_ACK, NLM_F_ACK_TLVS, NLM_F_APPEND, NLM_F_ATOMIC,
+        NLM_F_BULK, NLM_F_CAPPED, NLM_F_CREATE, NLM_F_DUMP_FILTERED, NLM_F_DUMP_INTR, NLM_F_ECHO, NLM_F_EXCL, NLM_F_MATCH, NLM_F_MULTI,
+        NLM_F_NONREC, NLM_F_REPLACE, NLM_F_REQUEST, NLM_F_ROOT,
     },
 };
 use std::borrow::Cow;
@@ -253,15 +253,8 @@ pub fn flag_names(flags: u16, ctx: FlagContext) -> String {
         take(bit, name, &mut left, &mut names);
     }
     let upper: &[(u16, &'static str)] = match ctx {
-        FlagContext::Get => &[
-            (NLM_F_ROOT | NLM_F_MATCH, "DUMP"),
-            (NLM_F_ROOT, "ROOT"),
-            (NLM_F_MATCH, "MATCH"),
-            (NLM_F_ATOMIC, "ATOMIC"),
-        ],
-        FlagContext::New => {
-            &[(NLM_F_REPLACE, "REPLACE"), (NLM_F_EXCL, "EXCL"), (NLM_F_CREATE, "CREATE"), (NLM_F_APPEND, "APPEND")]
-        }
+        FlagContext::Get => &[(NLM_F_ROOT | NLM_F_MATCH, "DUMP"), (NLM_F_ROOT, "ROOT"), (NLM_F_MATCH, "MATCH"), (NLM_F_ATOMIC, "ATOMIC")],
+        FlagContext::New => &[(NLM_F_REPLACE, "REPLACE"), (NLM_F_EXCL, "EXCL"), (NLM_F_CREATE, "CREATE"), (NLM_F_APPEND, "APPEND")],
         FlagContext::Delete => &[(NLM_F_NONREC, "NONREC"), (NLM_F_BULK, "BULK")],
         FlagContext::Ack => &[(NLM_F_CAPPED, "CAPPED"), (NLM_F_ACK_TLVS, "ACK_TLVS")],
         FlagContext::Other => &[(NLM_F_ROOT | NLM_F_MATCH, "DUMP")],

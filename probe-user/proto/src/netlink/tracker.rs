@@ -25,8 +25,7 @@
 use super::{
     genl::GenlFamilies,
     header::{
-        self, NlMsg, CTRL_CMD_GETFAMILY, GENL_ID_CTRL, NLMSG_DONE, NLMSG_ERROR, NLMSG_MIN_TYPE, NLM_F_ACK, NLM_F_DUMP,
-        NLM_F_REQUEST,
+        self, NlMsg, CTRL_CMD_GETFAMILY, GENL_ID_CTRL, NLMSG_DONE, NLMSG_ERROR, NLMSG_MIN_TYPE, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
     },
     names::{self, FlagContext, NETLINK_GENERIC, NETLINK_ROUTE, NETLINK_SOCK_DIAG},
 };
@@ -109,9 +108,7 @@ pub fn expects_reply(protocol: u32, msg: &NlMsg<'_>) -> bool {
     }
     match protocol {
         NETLINK_ROUTE | NETLINK_SOCK_DIAG => ctx == FlagContext::Get,
-        NETLINK_GENERIC => {
-            h.msg_type == GENL_ID_CTRL && matches!(msg.genl_cmd, Some(CTRL_CMD_GETFAMILY | CTRL_CMD_GETPOLICY))
-        }
+        NETLINK_GENERIC => h.msg_type == GENL_ID_CTRL && matches!(msg.genl_cmd, Some(CTRL_CMD_GETFAMILY | CTRL_CMD_GETPOLICY)),
         _ => false,
     }
 }
@@ -272,10 +269,7 @@ impl SocketTracker {
 
     /// The open requests, oldest first, with their age at `now_ns`.
     pub fn outstanding(&self, now_ns: u64) -> Vec<Outstanding> {
-        self.open
-            .iter()
-            .map(|r| Outstanding { request: r.clone(), age: Duration::from_nanos(now_ns.saturating_sub(r.sent_ns)) })
-            .collect()
+        self.open.iter().map(|r| Outstanding { request: r.clone(), age: Duration::from_nanos(now_ns.saturating_sub(r.sent_ns)) }).collect()
     }
 
     fn learn_portid(&mut self, msgs: &[NlMsg<'_>]) {
@@ -544,10 +538,7 @@ mod tests {
         assert_eq!(all.on_send(1, NETLINK_GENERIC, &fam, fam.len(), 6), 0);
         let fam = msg(0x18, NLM_F_REQUEST | NLM_F_ACK, 11, 0, &[1, 1, 0, 0]);
         assert_eq!(all.on_send(1, NETLINK_GENERIC, &fam, fam.len(), 6), 1);
-        assert_eq!(
-            all.outstanding(7)[0].1.request.describe(Some(all.families())),
-            "wireguard cmd 1 REQUEST|ACK seq 11"
-        );
+        assert_eq!(all.outstanding(7)[0].1.request.describe(Some(all.families())), "wireguard cmd 1 REQUEST|ACK seq 11");
     }
 
     #[test]

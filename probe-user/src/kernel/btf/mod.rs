@@ -58,9 +58,7 @@ pub enum BtfError {
         /// The struct or union searched, e.g. "struct thread_struct".
         container: String,
     },
-    #[error(
-        "BTF: `{struct_name}.{path}`: `{member}` is a {kind}, not a struct or union, so it has no member `{next}`"
-    )]
+    #[error("BTF: `{struct_name}.{path}`: `{member}` is a {kind}, not a struct or union, so it has no member `{next}`")]
     NotComposite { struct_name: String, path: String, member: String, kind: &'static str, next: String },
     #[error("BTF: `{struct_name}.{path}`: `{member}` is a bitfield ({bits} bits at bit offset {bit_offset}), not byte-addressable")]
     Bitfield { struct_name: String, path: String, member: String, bit_offset: u64, bits: u32 },

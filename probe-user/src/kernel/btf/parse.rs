@@ -234,9 +234,8 @@ impl Btf {
             return Err(BtfError::Version(version));
         }
         let field = |i: usize| {
-            u32_at(&data, 4 + 4 * i).ok_or_else(|| {
-                malformed(format!("truncated: {} bytes, shorter than the {HEADER_LEN}-byte header", data.len()))
-            })
+            u32_at(&data, 4 + 4 * i)
+                .ok_or_else(|| malformed(format!("truncated: {} bytes, shorter than the {HEADER_LEN}-byte header", data.len())))
         };
         let hdr_len = field(0)? as usize;
         let (type_off, type_len, str_off, str_len) = (field(1)?, field(2)?, field(3)?, field(4)?);
@@ -244,10 +243,7 @@ impl Btf {
             return Err(malformed(format!("header length {hdr_len} is shorter than {HEADER_LEN}")));
         }
         if hdr_len > data.len() {
-            return Err(malformed(format!(
-                "truncated: header length {hdr_len} is longer than the {}-byte blob",
-                data.len()
-            )));
+            return Err(malformed(format!("truncated: header length {hdr_len} is longer than the {}-byte blob", data.len())));
         }
         let (types_start, types_end) = section("type", hdr_len, type_off, type_len, data.len())?;
         let strs = section("string", hdr_len, str_off, str_len, data.len())?;
@@ -258,17 +254,15 @@ impl Btf {
         while pos < types_end {
             let id = types.len() + 1;
             let extra = pos + TYPE_LEN;
-            let record = (extra <= types_end)
-                .then(|| Some((u32_at(&data, pos)?, u32_at(&data, pos + 4)?, u32_at(&data, pos + 8)?)))
-                .flatten();
+            let record =
+                (extra <= types_end).then(|| Some((u32_at(&data, pos)?, u32_at(&data, pos + 4)?, u32_at(&data, pos + 8)?))).flatten();
             let Some((name_off, info, size_or_type)) = record else {
                 return Err(malformed(format!(
                     "truncated: type id {id} at byte {pos} runs past the end of the type section (byte {types_end})"
                 )));
             };
             let raw_kind = (info >> 24) & 0x1f;
-            let kind = Kind::from_raw(raw_kind)
-                .ok_or_else(|| malformed(format!("type id {id} has unknown kind {raw_kind}")))?;
+            let kind = Kind::from_raw(raw_kind).ok_or_else(|| malformed(format!("type id {id} has unknown kind {raw_kind}")))?;
             let vlen = (info & 0xffff) as u16;
             let next = extra + kind.trailing_len(vlen as usize);
             if next > types_end {
@@ -322,10 +316,10 @@ impl Btf {
     /// The id of the first struct named `name`, else of the first such union.
     fn struct_id(&self, name: &str) -> Result<u32, BtfError> {
         let named = |want: Kind| {
-            self.composites.iter().copied().find(|&id| {
-                self.ty(id)
-                    .is_ok_and(|t| t.kind == want && self.str_bytes(t.name_off).is_ok_and(|n| n == name.as_bytes()))
-            })
+            self.composites
+                .iter()
+                .copied()
+                .find(|&id| self.ty(id).is_ok_and(|t| t.kind == want && self.str_bytes(t.name_off).is_ok_and(|n| n == name.as_bytes())))
         };
         named(Kind::Struct).or_else(|| named(Kind::Union)).ok_or_else(|| BtfError::NoStruct(name.to_string()))
     }
@@ -374,8 +368,7 @@ impl Btf {
 
     fn raw_member(&self, t: &Type, i: usize) -> Result<RawMember, BtfError> {
         let pos = t.extra + i * MEMBER_LEN;
-        let read =
-            |at: usize| u32_at(&self.data, pos + at).ok_or_else(|| malformed(format!("member {i} out of bounds")));
+        let read = |at: usize| u32_at(&self.data, pos + at).ok_or_else(|| malformed(format!("member {i} out of bounds")));
         let (name_off, type_id, offset) = (read(0)?, read(4)?, read(8)?);
         let (bit_offset, bitfield_size) = if t.kind_flag { (offset & 0xff_ffff, offset >> 24) } else { (offset, 0) };
         Ok(RawMember { name_off, type_id, bit_offset, bitfield_size })
@@ -391,15 +384,12 @@ impl Btf {
         }
         let t = self.ty(id)?;
         for i in 0..t.vlen as usize {
-            *budget = budget
-                .checked_sub(1)
-                .ok_or_else(|| malformed(format!("more than {MEMBER_BUDGET} members searched for one name")))?;
+            *budget = budget.checked_sub(1).ok_or_else(|| malformed(format!("more than {MEMBER_BUDGET} members searched for one name")))?;
             let m = self.raw_member(t, i)?;
             let member_name = if m.name_off == 0 { &[][..] } else { self.str_bytes(m.name_off)? };
             if !member_name.is_empty() {
                 if member_name == name {
-                    let found =
-                        Found { bit_offset: m.bit_offset.into(), bitfield_size: m.bitfield_size, type_id: m.type_id };
+                    let found = Found { bit_offset: m.bit_offset.into(), bitfield_size: m.bitfield_size, type_id: m.type_id };
                     return Ok(Some(found));
                 }
                 continue;
@@ -417,8 +407,7 @@ impl Btf {
 
     /// Walks `path` from struct `struct_name`: the byte offset and the member's type id.
     fn resolve(&self, struct_name: &str, path: &str) -> Result<(u32, u32), BtfError> {
-        let path_err =
-            |reason: String| BtfError::Path { struct_name: struct_name.to_string(), path: path.to_string(), reason };
+        let path_err = |reason: String| BtfError::Path { struct_name: struct_name.to_string(), path: path.to_string(), reason };
         if path.is_empty() || path.split('.').any(str::is_empty) {
             return Err(path_err("empty member name in path".to_string()));
         }
@@ -438,13 +427,12 @@ impl Btf {
                 });
             }
             let mut budget = MEMBER_BUDGET;
-            let found =
-                self.find_member(container, member.as_bytes(), 0, &mut budget)?.ok_or_else(|| BtfError::NoMember {
-                    struct_name: struct_name.to_string(),
-                    path: path.to_string(),
-                    member: member.to_string(),
-                    container: self.describe(container),
-                })?;
+            let found = self.find_member(container, member.as_bytes(), 0, &mut budget)?.ok_or_else(|| BtfError::NoMember {
+                struct_name: struct_name.to_string(),
+                path: path.to_string(),
+                member: member.to_string(),
+                container: self.describe(container),
+            })?;
             let int_bits = self.int_bitfield(found.type_id)?;
             if found.bitfield_size != 0 || found.bit_offset % 8 != 0 || int_bits.is_some() {
                 let width = match (found.bitfield_size, int_bits) {
@@ -496,18 +484,12 @@ impl Btf {
             }
             let t = self.ty(id)?;
             let size = match t.kind {
-                Kind::Int | Kind::Struct | Kind::Union | Kind::Enum | Kind::Enum64 | Kind::Float | Kind::Datasec => {
-                    t.size_or_type
-                }
+                Kind::Int | Kind::Struct | Kind::Union | Kind::Enum | Kind::Enum64 | Kind::Float | Kind::Datasec => t.size_or_type,
                 Kind::Ptr => 8,
                 Kind::Array => {
-                    let nelems = u32_at(&self.data, t.extra + 8)
-                        .ok_or_else(|| malformed(format!("array type id {id} out of bounds")))?;
-                    count = count
-                        .checked_mul(nelems)
-                        .ok_or_else(|| malformed(format!("array type id {id} is too large")))?;
-                    id = u32_at(&self.data, t.extra)
-                        .ok_or_else(|| malformed(format!("array type id {id} out of bounds")))?;
+                    let nelems = u32_at(&self.data, t.extra + 8).ok_or_else(|| malformed(format!("array type id {id} out of bounds")))?;
+                    count = count.checked_mul(nelems).ok_or_else(|| malformed(format!("array type id {id} is too large")))?;
+                    id = u32_at(&self.data, t.extra).ok_or_else(|| malformed(format!("array type id {id} out of bounds")))?;
                     continue;
                 }
                 other => return Err(malformed(format!("{} (type id {id}) has no size", other.name()))),

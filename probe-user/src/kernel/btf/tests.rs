@@ -339,13 +339,7 @@ fn kernel_offsets_keep_the_rest_when_fields_are_missing() {
     let char_ = b.int("char", 1, 8);
     let comm = b.array(char_, int, 16);
     // An old kernel: `state` rather than `__state`, and no `thread`.
-    b.composite(
-        STRUCT,
-        "task_struct",
-        false,
-        64,
-        &[("state", long, 0), ("pid", int, 64), ("tgid", int, 96), ("comm", comm, 128)],
-    );
+    b.composite(STRUCT, "task_struct", false, 64, &[("state", long, 0), ("pid", int, 64), ("tgid", int, 96), ("comm", comm, 128)]);
     let u8_ = b.int("u8", 1, 8);
     b.composite(STRUCT, "sock", true, 16, &[("sk_type", u8_, 8 << 24 | 64), ("sk_protocol", u8_, 8 << 24 | 72)]);
     let btf = Btf::parse(b.finish()).unwrap_or_else(|e| panic!("{e}"));

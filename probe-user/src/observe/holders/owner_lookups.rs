@@ -114,7 +114,11 @@ mod tests {
 
     fn slow(_: &Path, name: &str) -> Owner {
         std::thread::sleep(Duration::from_millis(200));
-        if name == "com.example.Gone" { Owner::Unknown("no such name".into()) } else { Owner::Pid(42) }
+        if name == "com.example.Gone" {
+            Owner::Unknown("no such name".into())
+        } else {
+            Owner::Pid(42)
+        }
     }
 
     #[test]

@@ -234,10 +234,7 @@ impl SocketOwners {
         let root = &self.proc_root;
         let holders = self.by_inode.get_mut(&inode)?;
         holders.retain(|&(pid, fd)| {
-            fs::read_link(root.join(format!("{pid}/fd/{fd}")))
-                .ok()
-                .and_then(|t| parse_socket_link(t.as_os_str().as_bytes()))
-                == Some(inode)
+            fs::read_link(root.join(format!("{pid}/fd/{fd}"))).ok().and_then(|t| parse_socket_link(t.as_os_str().as_bytes())) == Some(inode)
         });
         if holders.is_empty() {
             self.by_inode.remove(&inode);
@@ -319,11 +316,7 @@ mod tests {
         if !sock_diag_available() {
             return;
         }
-        let path = std::env::temp_dir().join(format!(
-            "plegwatch-test-{}-{:?}.sock",
-            std::process::id(),
-            std::thread::current().id()
-        ));
+        let path = std::env::temp_dir().join(format!("plegwatch-test-{}-{:?}.sock", std::process::id(), std::thread::current().id()));
         let _ = std::fs::remove_file(&path);
         let _guard = TempSock(path.clone());
         let listener = UnixListener::bind(&path).unwrap();

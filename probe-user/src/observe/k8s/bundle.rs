@@ -167,10 +167,11 @@ mod tests {
 
     #[test]
     fn shim_arguments_and_bundles() {
-        let argv: Vec<String> = ["/usr/bin/containerd-shim-runc-v2", "-namespace", "k8s.io", "-id", "abc", "-address", "/run/containerd/containerd.sock"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let argv: Vec<String> =
+            ["/usr/bin/containerd-shim-runc-v2", "-namespace", "k8s.io", "-id", "abc", "-address", "/run/containerd/containerd.sock"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         assert_eq!(shim_id(&argv).as_deref(), Some("abc"));
         assert!(is_shim_comm("containerd-shim"));
         assert!(!is_shim_comm("containerd"));

@@ -21,8 +21,8 @@ use std::{
     collections::HashMap,
     path::PathBuf,
     sync::{
-        Arc, Mutex,
         mpsc::{self, RecvTimeoutError, SyncSender},
+        Arc, Mutex,
     },
     time::{Duration, Instant},
 };
@@ -48,7 +48,11 @@ pub struct BadEndpoint(String);
 /// The socket path of a CRI endpoint.
 pub fn socket_path(endpoint: &str) -> Result<PathBuf, BadEndpoint> {
     let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
-    if path.starts_with('/') { Ok(PathBuf::from(path)) } else { Err(BadEndpoint(endpoint.to_string())) }
+    if path.starts_with('/') {
+        Ok(PathBuf::from(path))
+    } else {
+        Err(BadEndpoint(endpoint.to_string()))
+    }
 }
 
 /// What the runtime last said: sandbox id → pod names, container id → names.
@@ -192,7 +196,10 @@ enum RefreshError {
     Status(&'static str, String),
 }
 
-async fn call<T>(what: &'static str, f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>) -> Result<T, RefreshError> {
+async fn call<T>(
+    what: &'static str,
+    f: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, RefreshError> {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
         Err(_) => Err(RefreshError::Timeout(what)),
         Ok(Err(s)) => Err(RefreshError::Status(what, format!("{} ({:?})", s.message(), s.code()))),
@@ -232,14 +239,27 @@ mod tests {
             ..Default::default()
         }];
         let ctrs = [
-            api::Container { id: "c1".into(), pod_sandbox_id: "sb".into(), metadata: Some(api::ContainerMetadata { name: "app".into(), attempt: 0 }), ..Default::default() },
-            api::Container { id: "c2".into(), pod_sandbox_id: "gone".into(), metadata: Some(api::ContainerMetadata { name: "orphan".into(), attempt: 0 }), ..Default::default() },
+            api::Container {
+                id: "c1".into(),
+                pod_sandbox_id: "sb".into(),
+                metadata: Some(api::ContainerMetadata { name: "app".into(), attempt: 0 }),
+                ..Default::default()
+            },
+            api::Container {
+                id: "c2".into(),
+                pod_sandbox_id: "gone".into(),
+                metadata: Some(api::ContainerMetadata { name: "orphan".into(), attempt: 0 }),
+                ..Default::default()
+            },
         ];
         let t = Table::build(&pods, &ctrs);
         assert_eq!(t.sandboxes["sb"].pod.as_deref(), Some("web-0"));
         assert_eq!(t.sandboxes["sb"].container, None);
         let c1 = &t.containers["c1"];
-        assert_eq!((c1.pod.as_deref(), c1.namespace.as_deref(), c1.pod_uid.as_deref(), c1.container.as_deref()), (Some("web-0"), Some("shop"), Some("u-1"), Some("app")));
+        assert_eq!(
+            (c1.pod.as_deref(), c1.namespace.as_deref(), c1.pod_uid.as_deref(), c1.container.as_deref()),
+            (Some("web-0"), Some("shop"), Some("u-1"), Some("app"))
+        );
         assert_eq!((t.containers["c2"].pod.as_deref(), t.containers["c2"].container.as_deref()), (None, Some("orphan")));
     }
 

@@ -53,7 +53,9 @@ impl Pods {
     /// Lookups that ask the runtime on `socket` (off the loop), or bundles only with none.
     pub fn new(socket: Option<std::path::PathBuf>) -> Self {
         let cri = socket.and_then(|s| {
-            cri::CriNames::start(s).map_err(|e| tracing::warn!(error = %e, "CRI names: worker not started; pod names come from bundles only")).ok()
+            cri::CriNames::start(s)
+                .map_err(|e| tracing::warn!(error = %e, "CRI names: worker not started; pod names come from bundles only"))
+                .ok()
         });
         Pods { cri, ..Default::default() }
     }
@@ -99,9 +101,10 @@ impl Pods {
                 }
             }
         }
-        let names = shim.id.as_deref().and_then(|id| {
-            self.cri.as_ref().and_then(|c| c.sandbox(id)).or_else(|| self.bundle_names(id, || Some(shim.clone())))
-        });
+        let names = shim
+            .id
+            .as_deref()
+            .and_then(|id| self.cri.as_ref().and_then(|c| c.sandbox(id)).or_else(|| self.bundle_names(id, || Some(shim.clone()))));
         let mut r = pod_ref(names, None);
         r.container = None;
         r

@@ -216,7 +216,8 @@ mod tests {
         s.apply(&Event::Incident(Box::new(incident_9770(3, 20.0))), t0);
         s.apply(&Event::Summary(summary()), t0);
         let text = exit_text(&s, t0 + Duration::from_secs(2));
-        let (open, incident, sum) = (text.find("1 incident(s) still open"), text.find("incident #3 waited 22s"), text.find("summary: ran 42s"));
+        let (open, incident, sum) =
+            (text.find("1 incident(s) still open"), text.find("incident #3 waited 22s"), text.find("summary: ran 42s"));
         assert!(open < incident && incident < sum && open.is_some(), "{text}");
         assert!(text.contains("ROOT 4. umount") && text.contains("incidents: 2 raised, 1 resolved"), "{text}");
         assert!(text.ends_with('\n'));

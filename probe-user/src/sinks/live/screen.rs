@@ -12,13 +12,12 @@
 
 use super::state::LiveState;
 use ratatui::{
-    Terminal,
     backend::CrosstermBackend,
     crossterm::{
-        cursor,
-        execute,
+        cursor, execute,
         terminal::{EnterAlternateScreen, LeaveAlternateScreen},
     },
+    Terminal,
 };
 use std::collections::VecDeque;
 use std::fs::File;

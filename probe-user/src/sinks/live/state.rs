@@ -8,16 +8,16 @@
 
 use crate::events::{Event, Ready, Summary};
 use crate::graph::{
-    incidents::{Incident, IncidentResolved, weakest},
+    incidents::{weakest, Incident, IncidentResolved},
     model::Hop,
 };
 use crate::levels::{Level, PLEG_BUDGET};
 use ratatui::{
-    Frame,
     layout::{Constraint, Layout},
     style::{Color, Modifier, Style},
     text::{Line, Span},
     widgets::Paragraph,
+    Frame,
 };
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -111,8 +111,7 @@ impl LiveState {
         let area = frame.area();
         let footer = self.footer(now);
         let footer_h = (footer.len() as u16).min(area.height / 3);
-        let [header, body, foot] =
-            Layout::vertical([Constraint::Length(1), Constraint::Min(0), Constraint::Length(footer_h)]).areas(area);
+        let [header, body, foot] = Layout::vertical([Constraint::Length(1), Constraint::Min(0), Constraint::Length(footer_h)]).areas(area);
         let paint = |lines: Vec<Line<'static>>| if self.monochrome { lines.into_iter().map(uncoloured).collect() } else { lines };
         frame.render_widget(Paragraph::new(paint(vec![self.header()])), header);
         frame.render_widget(Paragraph::new(paint(self.body(now, body.height as usize))), body);
@@ -189,9 +188,7 @@ impl LiveState {
             let text = match r.item.merged_into {
                 Some(into) => format!("  #{} merged into #{into} {ago} ago", r.item.id),
                 None => {
-                    let root = root_of(&r.item.longest_chain)
-                        .map(|h| format!("; root was {}  [{}]", h.what, h.who()))
-                        .unwrap_or_default();
+                    let root = root_of(&r.item.longest_chain).map(|h| format!("; root was {}  [{}]", h.what, h.who())).unwrap_or_default();
                     format!("  #{} resolved {ago} ago, after {:.1}s{root}", r.item.id, r.item.waited_s)
                 }
             };
@@ -208,9 +205,9 @@ impl LiveState {
 /// text, `"level":"WARN"` in JSON.
 fn is_warning(line: &str) -> bool {
     let level = match line.trim_start().starts_with('{') {
-        true => serde_json::from_str::<serde_json::Value>(line)
-            .ok()
-            .and_then(|v| v.get("level").and_then(|l| l.as_str()).map(str::to_string)),
+        true => {
+            serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v.get("level").and_then(|l| l.as_str()).map(str::to_string))
+        }
         false => line.split_whitespace().nth(1).map(str::to_string),
     };
     matches!(level.as_deref(), Some("WARN" | "ERROR"))
@@ -304,7 +301,6 @@ fn incident_lines(i: &Incident) -> Vec<Line<'static>> {
     out
 }
 
-
 /// The root of a chain: the hop marked so, else its deepest wait.
 fn root_of(chain: &[Hop]) -> Option<&Hop> {
     chain.iter().find(|h| h.root).or_else(|| chain.iter().rev().find(|h| h.wait_id.is_some()))
@@ -321,12 +317,20 @@ fn clock_of(rfc3339: &str) -> String {
 /// `1.2%` below 10 %, `34%` above.
 fn percent(share: f64) -> String {
     let p = share * 100.0;
-    if p < 10.0 { format!("{p:.1}%") } else { format!("{p:.0}%") }
+    if p < 10.0 {
+        format!("{p:.1}%")
+    } else {
+        format!("{p:.0}%")
+    }
 }
 
 /// `2s`, `1.5s`.
 fn secs_text(s: f64) -> String {
-    if s.fract() == 0.0 { format!("{s:.0}s") } else { format!("{s}s") }
+    if s.fract() == 0.0 {
+        format!("{s:.0}s")
+    } else {
+        format!("{s}s")
+    }
 }
 
 /// `4s`, `2m05s`, `1h02m`.
@@ -344,7 +348,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::events::{ProbeChoice, Target};
     use crate::graph::model::{EdgeKind, Exactness};
-    use ratatui::{Terminal, backend::TestBackend};
+    use ratatui::{backend::TestBackend, Terminal};
 
     pub(crate) fn ready() -> Event {
         let probe = |p: &str, v: &str| ProbeChoice { probe: p.into(), variant: v.into(), ..Default::default() };
@@ -363,7 +367,8 @@ pub(crate) mod tests {
 
     fn hop(id: Option<u64>, kind: &str, what: &str, comm: &str, pid: u32, waited: Option<f64>, edge: Option<(EdgeKind, Exactness)>) -> Hop {
         Hop {
-            pod: Default::default(), start: Default::default(),
+            pod: Default::default(),
+            start: Default::default(),
             wait_id: id,
             kind: kind.into(),
             pid: Some(pid),
@@ -386,7 +391,15 @@ pub(crate) mod tests {
         let chain = vec![
             hop(Some(1), "pleg_relist", "relist", "kubelet", 10, Some(waited_s - 5.0), Some((EdgeKind::CriCall, Exactness::Inferred))),
             hop(Some(2), "cri_call", "ListContainers", "containerd", 20, Some(waited_s - 4.0), Some((EdgeKind::GoLock, Exactness::Exact))),
-            hop(Some(3), "go_lock", "UpdateSync holds Status lock", "containerd", 20, Some(waited_s - 1.0), Some((EdgeKind::Ttrpc, Exactness::Exact))),
+            hop(
+                Some(3),
+                "go_lock",
+                "UpdateSync holds Status lock",
+                "containerd",
+                20,
+                Some(waited_s - 1.0),
+                Some((EdgeKind::Ttrpc, Exactness::Exact)),
+            ),
             root.clone(),
         ];
         Incident {
@@ -437,9 +450,7 @@ pub(crate) mod tests {
         let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
         t.draw(|f| state.render(f, now)).unwrap();
         let buf = t.backend().buffer().clone();
-        (0..h)
-            .map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string())
-            .collect()
+        (0..h).map(|y| (0..w).map(|x| buf[(x, y)].symbol().to_string()).collect::<String>().trim_end().to_string()).collect()
     }
 
     /// `--color never` / `NO_COLOR`: the same screen, and not one coloured cell.

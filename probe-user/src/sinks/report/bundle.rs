@@ -132,7 +132,6 @@ impl PodNames {
     }
 }
 
-
 /// A wait of an incident, with what its stall lines said of its thread.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct WaitRecord {
@@ -229,7 +228,11 @@ pub fn duration_s(s: f64) -> std::time::Duration {
 }
 
 fn secs_ns(s: f64) -> u64 {
-    if s.is_finite() && s > 0.0 { (s * 1e9).round() as u64 } else { 0 }
+    if s.is_finite() && s > 0.0 {
+        (s * 1e9).round() as u64
+    } else {
+        0
+    }
 }
 
 impl Ledger {
@@ -510,4 +513,3 @@ pub fn folded(samples: &[Sample]) -> String {
 pub fn folded_total(folded: &str) -> u64 {
     folded.lines().filter_map(|l| l.rsplit_once(' ')).filter_map(|(_, v)| v.trim().parse::<u64>().ok()).sum()
 }
-

@@ -20,6 +20,7 @@
 //! runs under `catch_unwind`: a panic becomes an error for this one file.
 
 use super::bundle::{Bundle, HopRecord, IncidentRecord};
+use layout::adt::dag::NodeHandle;
 use layout::backends::svg::SVGWriter;
 use layout::core::base::Orientation;
 use layout::core::color::Color;
@@ -27,7 +28,6 @@ use layout::core::geometry::Point;
 use layout::core::style::{LineStyleKind, StyleAttr};
 use layout::std_shapes::shapes::{Arrow, Element, LineEndKind, ShapeKind};
 use layout::topo::layout::VisualGraph;
-use layout::adt::dag::NodeHandle;
 
 /// Characters per line of a box's `what`.
 pub const WRAP: usize = 44;
@@ -124,7 +124,8 @@ fn edge(g: &mut VisualGraph, from: NodeHandle, to: NodeHandle, label: &str, exac
     attr.font_size = EDGE_FONT;
     attr.line_width = 2;
     attr.line_color = Color::new(0x444444ff);
-    let arrow = Arrow::with_properties(LineEndKind::None, LineEndKind::Arrow, style, label, &attr, format!("class=\"{class}\""), &None, &None);
+    let arrow =
+        Arrow::with_properties(LineEndKind::None, LineEndKind::Arrow, style, label, &attr, format!("class=\"{class}\""), &None, &None);
     g.add_edge(arrow, from, to);
 }
 
@@ -215,7 +216,12 @@ pub fn wrap(text: &str, width: usize, max: usize) -> Vec<String> {
             break;
         }
         let window = &rest[..width];
-        let cut = window.iter().rposition(|c| matches!(c, ' ' | '/' | '.' | ',' | '(')).filter(|&p| p >= width / 2).map(|p| p + 1).unwrap_or(width);
+        let cut = window
+            .iter()
+            .rposition(|c| matches!(c, ' ' | '/' | '.' | ',' | '('))
+            .filter(|&p| p >= width / 2)
+            .map(|p| p + 1)
+            .unwrap_or(width);
         out.push(rest[..cut].iter().collect::<String>().trim().to_string());
         rest = &rest[cut..];
     }

@@ -38,12 +38,12 @@ pub mod timeline;
 
 use crate::events::{Event, Sink};
 use bundle::{Bundle, Ledger};
+use safe_dir::{BundleDir, ReportRoot};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use safe_dir::{BundleDir, ReportRoot};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
@@ -100,14 +100,16 @@ impl ReportSink {
             .spawn(move || {
                 for job in rx {
                     match job {
-                        Job::Bundle(name, b) => match root.bundle_dir(&name).map_err(|e| WriteError::Io(name.clone(), e)).and_then(|d| write_bundle(&d, &b)) {
-                            Ok(()) => {
-                                if let Some(keep) = keep {
-                                    retention::prune(&root, keep, &name);
+                        Job::Bundle(name, b) => {
+                            match root.bundle_dir(&name).map_err(|e| WriteError::Io(name.clone(), e)).and_then(|d| write_bundle(&d, &b)) {
+                                Ok(()) => {
+                                    if let Some(keep) = keep {
+                                        retention::prune(&root, keep, &name);
+                                    }
                                 }
+                                Err(e) => tracing::warn!("report bundle {name}: {e}; watching goes on"),
                             }
-                            Err(e) => tracing::warn!("report bundle {name}: {e}; watching goes on"),
-                        },
+                        }
                         Job::Latency(names, v) => {
                             for name in names {
                                 let d = match root.existing_bundle(&name) {

@@ -17,7 +17,7 @@
 //! `namespace` and `container` when the hop's process is in a known pod.
 
 use super::bundle::Sample;
-use flate2::{Compression, write::GzEncoder};
+use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 use std::collections::HashMap;
 use std::io::Write;

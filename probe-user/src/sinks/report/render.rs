@@ -3,8 +3,8 @@
 
 use super::bundle::{folded, Bundle};
 use super::{chain_svg, page, pprof};
-use serde_json::Value;
 use inferno::flamegraph::{self, color, Options};
+use serde_json::Value;
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -73,14 +73,40 @@ pub fn json(b: &Bundle) -> serde_json::Result<Vec<u8>> {
 pub fn text(b: &Bundle) -> String {
     let mut out = String::new();
     let total: u64 = b.samples.iter().map(|s| s.blocked_ns).sum();
-    let _ = writeln!(out, "plegwatch {} bundle ({}), written {}: {} incident(s), {:.3}s blocked in all", b.scope, b.reason, b.written_at, b.incidents.len(), total as f64 / 1e9);
+    let _ = writeln!(
+        out,
+        "plegwatch {} bundle ({}), written {}: {} incident(s), {:.3}s blocked in all",
+        b.scope,
+        b.reason,
+        b.written_at,
+        b.incidents.len(),
+        total as f64 / 1e9
+    );
     for i in &b.incidents {
-        let _ = writeln!(out, "\nincident #{} {} ({}), since {}, oldest wait {:.3}s, PLEG budget {:.1}% used{}", i.id, i.level.to_uppercase(), i.state, i.started_at, i.waited_s, i.budget_used * 100.0, if i.cycle { ", a cycle (deadlock)" } else { "" });
+        let _ = writeln!(
+            out,
+            "\nincident #{} {} ({}), since {}, oldest wait {:.3}s, PLEG budget {:.1}% used{}",
+            i.id,
+            i.level.to_uppercase(),
+            i.state,
+            i.started_at,
+            i.waited_s,
+            i.budget_used * 100.0,
+            if i.cycle { ", a cycle (deadlock)" } else { "" }
+        );
         for (n, h) in i.chain.iter().enumerate() {
-            let mark = if h.root { "ROOT" } else if h.wait_id.is_none() { " END" } else { "    " };
+            let mark = if h.root {
+                "ROOT"
+            } else if h.wait_id.is_none() {
+                " END"
+            } else {
+                "    "
+            };
             let waited = h.waited_s.map(|s| format!("{s:.1}s")).unwrap_or_default();
             let who = match (h.comm.as_deref(), h.pid) {
-                (Some(c), Some(p)) => format!("  [{c} pid={p}{}]", h.tid.filter(|t| Some(*t) != h.pid).map(|t| format!(" tid={t}")).unwrap_or_default()),
+                (Some(c), Some(p)) => {
+                    format!("  [{c} pid={p}{}]", h.tid.filter(|t| Some(*t) != h.pid).map(|t| format!(" tid={t}")).unwrap_or_default())
+                }
                 _ => String::new(),
             };
             let _ = writeln!(out, "  {mark} {}. {:<16} {waited:>7}  {}{who}", n + 1, h.kind, h.what);

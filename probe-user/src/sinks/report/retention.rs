@@ -47,7 +47,9 @@ pub fn to_remove(mut bundles: Vec<OnDisk>, keep: Retention, current: &str) -> Ve
 pub fn prune(root: &ReportRoot, keep: Retention, current: &str) {
     for name in to_remove(root.bundles(), keep, current) {
         match root.remove(&name) {
-            Ok(()) => tracing::info!(bundle = %name, "report bundle removed (retention: {} bundles, {} bytes)", keep.max_bundles, keep.max_bytes),
+            Ok(()) => {
+                tracing::info!(bundle = %name, "report bundle removed (retention: {} bundles, {} bytes)", keep.max_bundles, keep.max_bytes)
+            }
             Err(e) => tracing::warn!("report bundle {name}: cannot remove it for retention: {e}"),
         }
     }

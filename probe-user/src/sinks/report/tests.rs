@@ -12,7 +12,8 @@ const UMOUNT_STACK: [&str; 4] = ["folio_wait_bit", "sync_filesystem", "cleanup_m
 
 fn hop(id: Option<u64>, kind: &str, pid: u32, what: &str, waited: Option<f64>, edge: Option<EdgeKind>, root: bool) -> Hop {
     Hop {
-        pod: Default::default(), start: Default::default(),
+        pod: Default::default(),
+        start: Default::default(),
         wait_id: id,
         kind: kind.into(),
         pid: Some(pid),
@@ -34,7 +35,22 @@ fn chain(waited: f64) -> Vec<Hop> {
         hop(Some(7), "pleg_relist", 10, "pleg.(*GenericPLEG).Relist", Some(waited - 0.5), Some(EdgeKind::CriCall), false),
         hop(Some(8), "cri_call", 20, "server.(*criService).ListContainers", Some(waited - 0.5), Some(EdgeKind::SameGoroutine), false),
         hop(Some(1), "umount", 30, "umount2 /mnt (task_work after the syscall returned)", Some(waited), Some(EdgeKind::Device), true),
-        Hop { wait_id: None, kind: "device".into(), pid: None, tid: None, comm: None, goroutine: None, what: "block device 7:0 (loop0)".into(), waited_s: None, edge: None, evidence: None, exactness: None, root: false, pod: Default::default(), start: Default::default() },
+        Hop {
+            wait_id: None,
+            kind: "device".into(),
+            pid: None,
+            tid: None,
+            comm: None,
+            goroutine: None,
+            what: "block device 7:0 (loop0)".into(),
+            waited_s: None,
+            edge: None,
+            evidence: None,
+            exactness: None,
+            root: false,
+            pod: Default::default(),
+            start: Default::default(),
+        },
     ]
 }
 
@@ -127,7 +143,9 @@ fn blocked_time_folds_from_the_symptom_up_to_the_kernel_stack() {
     assert!(lines.contains(&format!("{relist} 5500000000").as_str()), "{f}");
     assert!(lines.contains(&format!("{relist};{list} 5500000000").as_str()), "{f}");
     // The root on the whole chain, then its kernel stack outermost first; its end record's 8 s.
-    let root = format!("{relist};{list};{umount};entry_SYSCALL_64_after_hwframe_[k];cleanup_mnt_[k];sync_filesystem_[k];folio_wait_bit_[k] 8000000000");
+    let root = format!(
+        "{relist};{list};{umount};entry_SYSCALL_64_after_hwframe_[k];cleanup_mnt_[k];sync_filesystem_[k];folio_wait_bit_[k] 8000000000"
+    );
     assert!(lines.contains(&root.as_str()), "{f}");
     // The wait behind the same root, off the chain, on a frame of its own.
     assert!(lines.iter().any(|l| l.starts_with("sync c40: behind the same root") && l.ends_with(";wait_on_page_[k] 2500000000")), "{f}");
@@ -192,7 +210,12 @@ fn the_flamegraph_is_well_formed_and_names_the_hops() {
     let svg = render::svg(&b).unwrap();
     assert_well_formed(&svg);
     let text = String::from_utf8(svg).unwrap();
-    for hop in ["pleg_relist c10: pleg.(*GenericPLEG).Relist", "cri_call c20: server.(*criService).ListContainers", "umount c30: umount2 /mnt", "folio_wait_bit ("] {
+    for hop in [
+        "pleg_relist c10: pleg.(*GenericPLEG).Relist",
+        "cri_call c20: server.(*criService).ListContainers",
+        "umount c30: umount2 /mnt",
+        "folio_wait_bit (",
+    ] {
         assert!(text.contains(hop), "the SVG does not name {hop}");
     }
     // Kernel frames keep their `_[k]` mark for the palette, and inferno shows them without it.
@@ -308,12 +331,17 @@ fn bad_bundles_are_refused_in_one_line() {
     assert!(e.contains("plegwatch-bundle/99") && !e.contains('\n'), "{e}");
 }
 
-
 /// The text of every `<text>` element of an SVG (its tspans joined by newlines).
 fn svg_texts(doc: &roxmltree::Document) -> Vec<String> {
     doc.descendants()
         .filter(|n| n.has_tag_name("text"))
-        .map(|n| n.descendants().filter(|d| d.has_tag_name("tspan") || d.has_tag_name("textPath")).filter_map(|d| d.text()).collect::<Vec<_>>().join("\n"))
+        .map(|n| {
+            n.descendants()
+                .filter(|d| d.has_tag_name("tspan") || d.has_tag_name("textPath"))
+                .filter_map(|d| d.text())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
         .collect()
 }
 
@@ -326,7 +354,8 @@ fn rich_bundle() -> super::bundle::Bundle {
     i.chain[1].exactness = Some(Exactness::Inferred);
     i.chain[1].goroutine = Some(0x2a);
     i.chain[2].what = format!("{HOSTILE}umount2 /run/containerd/io.containerd.runtime.v2.task/k8s.io/{}/rootfs", "f".repeat(64));
-    let mut attached = hop(Some(9), "go_lock", 50, "store.(*Store).Get (parked beside UpdateSync)", Some(2.5), Some(EdgeKind::SameGoroutine), false);
+    let mut attached =
+        hop(Some(9), "go_lock", 50, "store.(*Store).Get (parked beside UpdateSync)", Some(2.5), Some(EdgeKind::SameGoroutine), false);
     attached.exactness = Some(Exactness::Heuristic);
     i.attached = vec![attached];
     let mut l = Ledger::default();
@@ -359,7 +388,10 @@ fn the_chain_svg_parses_names_every_hop_and_marks_the_root() {
         }
     }
     // The goroutine, the root, the symptom, the side waiter; edges named with exactness.
-    assert!(all.contains("g=0x2a") && all.contains("ROOT: umount") && all.contains("SYMPTOM: pleg_relist") && all.contains("ATTACHED: go_lock"), "{all}");
+    assert!(
+        all.contains("g=0x2a") && all.contains("ROOT: umount") && all.contains("SYMPTOM: pleg_relist") && all.contains("ATTACHED: go_lock"),
+        "{all}"
+    );
     assert!(all.contains("cri_call\n(exact)") && all.contains("same_goroutine\n(inferred)") && all.contains("device\n(exact)"), "{all}");
     assert!(all.contains(HOSTILE.trim()), "the hostile text is shown as text: {all}");
     // Long whats are cut: no line over the wrap width.
@@ -447,7 +479,18 @@ fn the_page_embeds_both_pictures_and_fetches_nothing() {
     let decoded = String::from_utf8(decoded).unwrap();
     assert!(decoded.contains("plegwatch incident #3: blocked time") && decoded.contains("ListContainers"), "not blocked.svg");
     // Summary, chain list, drops.
-    for want in ["IMMINENT", "PLEG budget 3%", "waited 6.0s", "started 2026-11-23T03:00:00.000Z", "server.(*criService).ListContainers", "ROOT", "id=\"drops\"", ">7<", ">11<", "umount2"] {
+    for want in [
+        "IMMINENT",
+        "PLEG budget 3%",
+        "waited 6.0s",
+        "started 2026-11-23T03:00:00.000Z",
+        "server.(*criService).ListContainers",
+        "ROOT",
+        "id=\"drops\"",
+        ">7<",
+        ">11<",
+        "umount2",
+    ] {
         assert!(html.contains(want), "the page lacks {want}");
     }
 }

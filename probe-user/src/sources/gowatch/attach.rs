@@ -15,19 +15,22 @@
 //! the binary's code ([`plegwatch_abi::GoAddrKey`]). The mode is chosen once,
 //! at start, by loading the cookie program ([`GoUprobes`]).
 
-use super::late::{Job as LateJob, LateFunc, LateScanner};
 use super::inspector::{Done, Inspector, Job};
-use super::targets::{Arg, GoFuncSpec, Role, Target, short, target_named, target_of};
-use crate::{kernel::loader::take_map, kernel::loader::WatchError, proto::gosym::GoBinary, events::Event, events::Sink, observe::procfs, observe::proclist::ProcList};
+use super::late::{Job as LateJob, LateFunc, LateScanner};
+use super::targets::{short, target_named, target_of, Arg, GoFuncSpec, Role, Target};
+use crate::{
+    events::Event, events::Sink, kernel::loader::take_map, kernel::loader::WatchError, observe::procfs, observe::proclist::ProcList,
+    proto::gosym::GoBinary,
+};
 use aya::{
-    Ebpf,
     maps::{Array, HashMap as BpfHashMap, MapData},
     programs::{
-        UProbe,
         uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        UProbe,
     },
+    Ebpf,
 };
-use plegwatch_abi::{GO_FUNCS_MAX, GoAddrKey, GoArgSpec, GoProc, go_maps};
+use plegwatch_abi::{go_maps, GoAddrKey, GoArgSpec, GoProc, GO_FUNCS_MAX};
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     os::unix::fs::MetadataExt as _,
@@ -113,7 +116,15 @@ enum Binary {
     /// Probed; processes running it get `g_tls` in `GO_PROCS`. Its function
     /// ids and links are kept so that they can be given back (see [`retire`]).
     /// `addrs` are its points in `GO_ADDRS` (address mode only).
-    Probed { target: &'static Target, g_tls: Option<i64>, ids: Vec<u32>, links: Vec<Link>, addrs: Vec<(GoAddrKey, u32)>, path: PathBuf, by_flag: bool },
+    Probed {
+        target: &'static Target,
+        g_tls: Option<i64>,
+        ids: Vec<u32>,
+        links: Vec<Link>,
+        addrs: Vec<(GoAddrKey, u32)>,
+        path: PathBuf,
+        by_flag: bool,
+    },
     /// Looked at and left alone.
     Skipped,
 }
@@ -183,9 +194,7 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto:
                 own += usize::from(!group.runtime);
                 // The argument's field offset as this binary lays it out.
                 let arg = spec.arg.and_then(|a| {
-                    a.resolve(&bin)
-                        .inspect_err(|e| tracing::warn!(symbol = spec.symbol, "{} not captured: {e}", a.name))
-                        .ok()
+                    a.resolve(&bin).inspect_err(|e| tracing::warn!(symbol = spec.symbol, "{} not captured: {e}", a.name)).ok()
                 });
                 found.push((GoFuncSpec { arg, ..*spec }, p));
             }
@@ -352,7 +361,9 @@ impl Attacher {
             pending: HashMap::new(),
             attaching: VecDeque::new(),
             late: LateScanner::start()
-                .inspect_err(|e| tracing::warn!("no worker thread to read goroutines: calls begun before plegwatch started are not seen: {e}"))
+                .inspect_err(|e| {
+                    tracing::warn!("no worker thread to read goroutines: calls begun before plegwatch started are not seen: {e}")
+                })
                 .ok(),
             late_queued: HashSet::new(),
             last_why: None,
@@ -554,10 +565,7 @@ impl Attacher {
             return;
         }
         let Some(late) = &self.late else { return };
-        let funcs = ids
-            .iter()
-            .filter_map(|id| self.funcs.get(id).map(|f| LateFunc { id: *id, symbol: f.symbol, role: f.role }))
-            .collect();
+        let funcs = ids.iter().filter_map(|id| self.funcs.get(id).map(|f| LateFunc { id: *id, symbol: f.symbol, role: f.role })).collect();
         if late.submit(LateJob { pid, target: target.name, funcs }) {
             self.late_queued.insert(pid);
         }
@@ -677,7 +685,10 @@ impl Attacher {
                     plan.addrs.push((GoAddrKey { code_len, rel }, id));
                 }
             }
-            self.funcs.insert(id, ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() });
+            self.funcs.insert(
+                id,
+                ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() },
+            );
             plan.ids.push(id);
             plan.line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
         }
@@ -742,7 +753,10 @@ impl Attacher {
                 }
                 let links = std::mem::take(&mut plan.links);
                 let addrs = std::mem::take(&mut plan.addrs);
-                self.binaries.insert(plan.key, Binary::Probed { target, g_tls: plan.g_tls, ids: plan.ids, links, addrs, path, by_flag: plan.found_by == "flag" });
+                self.binaries.insert(
+                    plan.key,
+                    Binary::Probed { target, g_tls: plan.g_tls, ids: plan.ids, links, addrs, path, by_flag: plan.found_by == "flag" },
+                );
             }
             Some(why) => {
                 detach_all(ebpf, std::mem::take(&mut plan.links));

@@ -15,9 +15,13 @@
 //! 4. failing all that, the shim with the oldest open wait among those
 //!    containerd is connected to, marked `exact: false`.
 
-use super::{GoOpen, attach::ProbedFunc, targets::{Role, short}};
+use super::{
+    attach::ProbedFunc,
+    targets::{short, Role},
+    GoOpen,
+};
 use crate::observe::procfs;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 use std::collections::HashMap;
 
 /// The kernel waits open at the last scan.
@@ -166,11 +170,8 @@ fn wait_cause(pid: u32, tid: u32, w: &Value, via: Option<&str>, why: &str) -> Va
 /// A child of `pid` that is stopped or blocked (a runc the shim waits for).
 fn child_cause(pid: u32) -> Option<Value> {
     let kids: Vec<(u32, char)> = procfs::children(pid).into_iter().filter_map(|c| Some((c, procfs::state(c)?))).collect();
-    let pick = kids
-        .iter()
-        .find(|(_, s)| *s == 'T' || *s == 't')
-        .or_else(|| kids.iter().find(|(_, s)| *s == 'D'))
-        .or_else(|| kids.first())?;
+    let pick =
+        kids.iter().find(|(_, s)| *s == 'T' || *s == 't').or_else(|| kids.iter().find(|(_, s)| *s == 'D')).or_else(|| kids.first())?;
     let (child, state) = *pick;
     let kind = match state {
         'T' | 't' => "process_stopped",
@@ -230,7 +231,10 @@ fn inferred_shim(shims: &[u32], waits: &KernelWaits<'_>) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::gowatch::{attach::ProbedFunc, targets::{Arg, Role}};
+    use crate::sources::gowatch::{
+        attach::ProbedFunc,
+        targets::{Arg, Role},
+    };
     use std::path::PathBuf;
 
     /// A pid no process has, so /proc lookups find nothing.
@@ -248,7 +252,17 @@ mod tests {
     }
 
     fn call(g: u64, func: u32, start_ns: u64, arg: Option<&str>) -> GoOpen {
-        GoOpen { g, func, tgid: NO_PID, tid: NO_PID, comm: "containerd".into(), start_ns, receiver: 0xc000, arg: arg.map(String::from), start: Default::default() }
+        GoOpen {
+            g,
+            func,
+            tgid: NO_PID,
+            tid: NO_PID,
+            comm: "containerd".into(),
+            start_ns,
+            receiver: 0xc000,
+            arg: arg.map(String::from),
+            start: Default::default(),
+        }
     }
 
     #[test]
@@ -276,7 +290,12 @@ mod tests {
     fn the_shim_is_found_by_container_and_its_goroutine_wait_is_the_cause() {
         const SHIM: u32 = NO_PID - 1;
         let funcs = funcs();
-        let shim_call = |g, func, start_ns, arg: &str| GoOpen { tgid: SHIM, tid: SHIM, comm: "containerd-shim".into(), ..call(g, func, start_ns, Some(arg)) };
+        let shim_call = |g, func, start_ns, arg: &str| GoOpen {
+            tgid: SHIM,
+            tid: SHIM,
+            comm: "containerd-shim".into(),
+            ..call(g, func, start_ns, Some(arg))
+        };
         let open = vec![
             call(0x10, 2, 1_000, Some("abc123")),
             call(0x10, 1, 2_000, None),

@@ -11,7 +11,7 @@
 //! milliseconds) or a binary replaced on disk meanwhile does not matter, the
 //! inode is the one that ran.
 
-use super::attach::{Inspection, inspect};
+use super::attach::{inspect, Inspection};
 use super::targets::Target;
 use crate::proto::gosym::GoSymError;
 use std::{

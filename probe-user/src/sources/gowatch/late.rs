@@ -42,7 +42,7 @@ use crate::proto::gosym::{AllGs, GLayout, GStatus, GoSymbols};
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt as _,
-    sync::{Arc, mpsc},
+    sync::{mpsc, Arc},
     time::Instant,
 };
 
@@ -113,17 +113,20 @@ pub fn probed_frames<'a>(names: &[&str], funcs: &'a [LateFunc]) -> Vec<(usize, &
 /// The receiver of the probed call at frame `i` (see the module doc): `names`
 /// innermost first, `cfa(j)` the address of frame `j`'s argument slots (the caller's
 /// SP), `read_word` the process's memory. 0 when not found or not confirmed.
-pub fn receiver_of(role: Role, i: usize, names: &[&str], cfa: &dyn Fn(usize) -> Option<u64>, read_word: &dyn Fn(u64) -> Option<u64>) -> u64 {
+pub fn receiver_of(
+    role: Role,
+    i: usize,
+    names: &[&str],
+    cfa: &dyn Fn(usize) -> Option<u64>,
+    read_word: &dyn Fn(u64) -> Option<u64>,
+) -> u64 {
     let arg0 = |j: usize| cfa(j).and_then(read_word);
     match role {
         Role::StatusUpdate => arg0(i).filter(|s| writer_holds(read_word, *s)).unwrap_or(0),
         Role::LockWait => {
             let inner = i.checked_sub(1).filter(|j| names.get(*j) == Some(&"runtime.semacquire1"));
             let candidates = inner.into_iter().chain(std::iter::once(i));
-            candidates
-                .filter_map(arg0)
-                .find(|sem| writer_holds(read_word, sem.wrapping_sub(super::targets::READER_SEM_OFF)))
-                .unwrap_or(0)
+            candidates.filter_map(arg0).find(|sem| writer_holds(read_word, sem.wrapping_sub(super::targets::READER_SEM_OFF))).unwrap_or(0)
         }
         _ => 0,
     }
@@ -286,7 +289,14 @@ mod tests {
 
     #[test]
     fn names_the_probed_frames_innermost_first() {
-        let names = ["runtime.gopark", "runtime.semacquire1", "sync.runtime_SemacquireRWMutexR", "sync.(*RWMutex).RLock", "pkg.(*criService).ListContainers", "runtime.goexit"];
+        let names = [
+            "runtime.gopark",
+            "runtime.semacquire1",
+            "sync.runtime_SemacquireRWMutexR",
+            "sync.(*RWMutex).RLock",
+            "pkg.(*criService).ListContainers",
+            "runtime.goexit",
+        ];
         let f = funcs();
         let p: Vec<(usize, u32)> = probed_frames(&names, &f).into_iter().map(|(i, f)| (i, f.id)).collect();
         assert_eq!(p, vec![(2, 2), (4, 3)]);

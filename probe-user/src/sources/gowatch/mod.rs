@@ -22,29 +22,29 @@ pub mod targets;
 
 use crate::{
     clock::wall_of,
-    kernel::loader::{WatchError, take_map},
+    events::{Event, Sink, Stall},
     graph::{
         model::{OpenWait, StartTiming, WaitKey, Who},
         resolvers::{CallRole, GoCallFact, GoFacts},
     },
-    sources::inflight::{Action, Filter, Item, Registry},
+    kernel::loader::{take_map, WatchError},
     latency::{LatencyRow, LatencyTables},
     levels::Thresholds,
-    events::{Event, Sink, Stall},
     observe::procfs,
+    sources::inflight::{Action, Filter, Item, Registry},
     syscalls::WaitKind,
 };
 use attach::Attacher;
 pub use attach::GoUprobes;
 use aya::{
-    Ebpf,
     maps::{HashMap as BpfHashMap, MapData},
+    Ebpf,
 };
 use chain::{Blame, Calls, KernelWaits};
-use plegwatch_abi::{EventHeader, EventKind, ExecEvent, GoCall, GoCallEnd, GoCallKey, GoExit, go_maps};
-use serde_json::{Value, json};
+use plegwatch_abi::{go_maps, EventHeader, EventKind, ExecEvent, GoCall, GoCallEnd, GoCallKey, GoExit};
+use serde_json::{json, Value};
 use std::{collections::HashMap, path::PathBuf, time::Duration};
-use targets::{READER_SEM_OFF, Role, arg_text, short};
+use targets::{arg_text, short, Role, READER_SEM_OFF};
 
 /// An open Go call: the registry's item for kinds `pleg_relist`, `go_lock`,
 /// `cri_call` and `go_call`.
@@ -324,7 +324,15 @@ impl GoWatch {
                 continue;
             }
             let key = GoCallKey { g: c.g, func: c.func, tgid: pid };
-            let call = GoCall { start_ns: c.start_ns, receiver: c.receiver, tgid: pid, tid: c.tid, arg_len: 0, _pad: 0, arg: [0; plegwatch_abi::GO_ARG_LEN] };
+            let call = GoCall {
+                start_ns: c.start_ns,
+                receiver: c.receiver,
+                tgid: pid,
+                tid: c.tid,
+                arg_len: 0,
+                _pad: 0,
+                arg: [0; plegwatch_abi::GO_ARG_LEN],
+            };
             if self.calls.insert(key, call, BPF_NOEXIST).is_ok() {
                 self.late.insert((pid, c.g, c.func), (c.start_ns, c.timing));
                 seeded.push((key, c.start_ns));
@@ -726,7 +734,10 @@ impl GoWatch {
                 key: WaitKey::RelistOverdue { tgid: *pid, since_ns: due },
                 who: Who { pid: *pid, tid: *pid, comm: procfs::comm(*pid).unwrap_or_default(), goroutine: None },
                 kind: WaitKind::PlegRelist,
-                what: format!("no relist started since one was due ({:.1}s after the last ended): the relist loop is stuck outside Relist", period as f64 / 1e9),
+                what: format!(
+                    "no relist started since one was due ({:.1}s after the last ended): the relist loop is stuck outside Relist",
+                    period as f64 / 1e9
+                ),
                 start_ns: due,
                 start: StartTiming::Exact,
                 pleg_path: true,
@@ -825,9 +836,8 @@ impl GoWatch {
             .relists
             .iter()
             .map(|(pid, c)| {
-                let open = self.open.iter().any(|o| {
-                    o.tgid == *pid && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::Relist)
-                });
+                let open =
+                    self.open.iter().any(|o| o.tgid == *pid && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::Relist));
                 let at = |ns: u64| (ns != 0).then(|| humantime::format_rfc3339_millis(wall_of(ns)).to_string());
                 json!({
                     "pid": pid,
@@ -867,10 +877,7 @@ mod tests {
 
     #[test]
     fn parked_goroutines_name_the_lock_only_where_the_function_says_it_is_one() {
-        assert_eq!(
-            parked_what(Some("sync.runtime_SemacquireRWMutexR"), 0xc0000a6010),
-            "parked on sync.RWMutex 0xc0000a6010's read lock"
-        );
+        assert_eq!(parked_what(Some("sync.runtime_SemacquireRWMutexR"), 0xc0000a6010), "parked on sync.RWMutex 0xc0000a6010's read lock");
         // Go ≤ 1.19: the same function parks Mutex.Lock, RLock and a waiting writer.
         assert_eq!(
             parked_what(Some("sync.runtime_SemacquireMutex"), 0xc0000a6010),

@@ -45,7 +45,7 @@
 //! | containerd `ttrpc.(*Client).send` (ttrpc 1.1 only; entry only, program `ttrpc_send`) | `func (c *Client) send(streamID uint32, mtype messageType, msg interface{}) error` (v1.1.1): the sender goroutine writes the request next | RBX = stream id, RCX = type, RSI = msg's data word (the `*Request`) |
 //! | `runtime.goexit0` (every probed binary, entry only: it never returns) | `func goexit0(gp *g)`: the goroutine `gp` ended; runs on g0 through `mcall` | RAX = gp (R14 is g0 here): calls still open on it are dropped |
 
-use plegwatch_abi::{GO_ARG_NONE, GoArgSpec};
+use plegwatch_abi::{GoArgSpec, GO_ARG_NONE};
 
 /// What a probed function means for the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,8 +158,11 @@ macro_rules! cri {
 const fn cri_arg(name: &'static str, getters: &'static [&'static str], gogo: &'static [&'static str]) -> Arg {
     Arg { name, reg: 3, off: 0, getters, gogo }
 }
-const UPDATE_RESOURCES: Arg =
-    cri_arg("container", cri!("UpdateContainerResourcesRequest", "GetContainerId"), cri!("UpdateContainerResourcesRequest", "XXX_Unmarshal"));
+const UPDATE_RESOURCES: Arg = cri_arg(
+    "container",
+    cri!("UpdateContainerResourcesRequest", "GetContainerId"),
+    cri!("UpdateContainerResourcesRequest", "XXX_Unmarshal"),
+);
 const CONTAINER_STATUS: Arg =
     cri_arg("container", cri!("ContainerStatusRequest", "GetContainerId"), cri!("ContainerStatusRequest", "XXX_Unmarshal"));
 const SANDBOX_STATUS: Arg =
@@ -281,10 +284,7 @@ pub const CONTAINERD: &[Group] = &[
     ]),
     need(&[
         spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
-        spec(
-            "github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).UpdateSync",
-            Role::StatusUpdate,
-        ),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
     ]),
     need(&[
         spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListContainers", Role::CriHandler),
@@ -296,14 +296,26 @@ pub const CONTAINERD: &[Group] = &[
     ]),
     need(&[
         with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).ContainerStatus", Role::CriHandler, CONTAINER_STATUS),
-        with_arg("github.com/containerd/containerd/v2/internal/cri/server.(*criService).ContainerStatus", Role::CriHandler, CONTAINER_STATUS),
+        with_arg(
+            "github.com/containerd/containerd/v2/internal/cri/server.(*criService).ContainerStatus",
+            Role::CriHandler,
+            CONTAINER_STATUS,
+        ),
     ]),
     need(&[
         with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).PodSandboxStatus", Role::CriHandler, SANDBOX_STATUS),
-        with_arg("github.com/containerd/containerd/v2/internal/cri/server.(*criService).PodSandboxStatus", Role::CriHandler, SANDBOX_STATUS),
+        with_arg(
+            "github.com/containerd/containerd/v2/internal/cri/server.(*criService).PodSandboxStatus",
+            Role::CriHandler,
+            SANDBOX_STATUS,
+        ),
     ]),
     need(&[
-        with_arg("github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources", Role::CriHandler, UPDATE_RESOURCES),
+        with_arg(
+            "github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources",
+            Role::CriHandler,
+            UPDATE_RESOURCES,
+        ),
         with_arg(
             "github.com/containerd/containerd/v2/internal/cri/server.(*criService).UpdateContainerResources",
             Role::CriHandler,
@@ -312,12 +324,28 @@ pub const CONTAINERD: &[Group] = &[
     ]),
     need(&[
         with_arg("github.com/containerd/containerd/pkg/cri/server.handleContainerExit", Role::CriHandler, EXIT_CONTAINER),
-        with_arg("github.com/containerd/containerd/v2/internal/cri/server.(*criService).handleContainerExit", Role::CriHandler, EXIT_CONTAINER_V2),
+        with_arg(
+            "github.com/containerd/containerd/v2/internal/cri/server.(*criService).handleContainerExit",
+            Role::CriHandler,
+            EXIT_CONTAINER_V2,
+        ),
     ]),
     need(&[
-        with_arg("github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).StartContainer", Role::CriHandler, START_CONTAINER),
-        with_arg("github.com/containerd/containerd/pkg/cri/instrument.(*instrumentedService).StartContainer", Role::CriHandler, START_CONTAINER),
-        with_arg("github.com/containerd/containerd/v2/internal/cri/instrument.(*instrumentedService).StartContainer", Role::CriHandler, START_CONTAINER),
+        with_arg(
+            "github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).StartContainer",
+            Role::CriHandler,
+            START_CONTAINER,
+        ),
+        with_arg(
+            "github.com/containerd/containerd/pkg/cri/instrument.(*instrumentedService).StartContainer",
+            Role::CriHandler,
+            START_CONTAINER,
+        ),
+        with_arg(
+            "github.com/containerd/containerd/v2/internal/cri/instrument.(*instrumentedService).StartContainer",
+            Role::CriHandler,
+            START_CONTAINER,
+        ),
     ]),
     need(&[
         spec("github.com/containerd/containerd/pkg/cri/server.(*instrumentedService).CreateContainer", Role::CriHandler),

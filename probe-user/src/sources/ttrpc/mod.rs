@@ -39,12 +39,12 @@ pub mod tracker;
 use crate::{
     graph::ttrpc::{TtrpcFacts, TtrpcRequest},
     observe::{
-        holders::{SocketOwners, UnixPeers, unix_peer::parse_socket_link},
+        holders::{unix_peer::parse_socket_link, SocketOwners, UnixPeers},
         procfs,
     },
     proto::ttrpc::Header,
 };
-use plegwatch_abi::{EventKind, SOCK_FIRST_RECV, TTRPC_FRAMES, TtrpcBind, TtrpcIo};
+use plegwatch_abi::{EventKind, TtrpcBind, TtrpcIo, SOCK_FIRST_RECV, TTRPC_FRAMES};
 use std::{collections::HashMap, os::unix::ffi::OsStrExt as _};
 use tracker::{Io, SockKey, Tracker};
 

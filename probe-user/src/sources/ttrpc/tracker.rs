@@ -75,7 +75,8 @@ impl Tracker {
 
     pub fn on_io(&mut self, io: &Io) {
         let key = sock_key(io.tgid, io.fd);
-        let conn = self.conns.entry(key).or_insert_with(|| Conn { tgid: io.tgid, fd: io.fd, comm: io.comm.to_string(), pending: BTreeMap::new() });
+        let conn =
+            self.conns.entry(key).or_insert_with(|| Conn { tgid: io.tgid, fd: io.fd, comm: io.comm.to_string(), pending: BTreeMap::new() });
         for h in io.headers {
             if io.send {
                 if h.kind != FrameKind::Request {
@@ -89,7 +90,10 @@ impl Tracker {
                     }
                 }
                 self.requests += 1;
-                conn.pending.insert(h.stream, Outstanding { stream: h.stream, writer_tid: io.tid, writer_g: io.g, caller_g, start_ns: io.start_ns });
+                conn.pending.insert(
+                    h.stream,
+                    Outstanding { stream: h.stream, writer_tid: io.tid, writer_g: io.g, caller_g, start_ns: io.start_ns },
+                );
             } else if h.closes() && conn.pending.remove(&h.stream).is_some() {
                 self.answered += 1;
             }
