@@ -54,15 +54,35 @@ pub fn poll<T>(timeout: Duration, what: &str, mut f: impl FnMut() -> Option<T>) 
     }
 }
 
+/// `GET path` on a unix socket (HTTP/1.0): (status, body).
+pub fn http_get_unix(socket: &Path, path: &str) -> Result<(u16, String)> {
+    let mut s = std::os::unix::net::UnixStream::connect(socket).with_context(|| format!("connect {}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).with_context(|| format!("read {}{path}", socket.display()))?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or_else(|| anyhow!("{}{path}: no HTTP header end", socket.display()))?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| anyhow!("{}{path}: bad status line {head:?}", socket.display()))?;
+    Ok((code, body.to_string()))
+}
+
 /// Whether a Debian tool is on the PATH.
 pub fn which(tool: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(tool)).find(|p| p.is_file())
 }
 
-/// A running `plegwatch daemon --listen 127.0.0.1:PORT ARGS...`.
+/// A running `plegwatch daemon --listen 127.0.0.1:PORT --socket DIR/plegwatch.sock ARGS...`.
 pub struct Daemon {
     pub proc: Proc,
     pub addr: SocketAddr,
+    /// Its local socket (what `plegwatch check --socket` reads), in a private temp dir.
+    pub socket: PathBuf,
+    _socket_dir: tempfile::TempDir,
 }
 
 impl Daemon {
@@ -71,8 +91,10 @@ impl Daemon {
         let bin = plegwatch_bin()?;
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
         let listen = addr.to_string();
+        let socket_dir = tempfile::Builder::new().prefix("plegwatch-socket-").tempdir()?;
+        let socket = socket_dir.path().join("plegwatch.sock");
         let mut cmd = Command::new(&bin);
-        cmd.args(["--log-format", "json", "daemon", "--listen", &listen]).args(args);
+        cmd.args(["--log-format", "json", "daemon", "--listen", &listen, "--socket"]).arg(&socket).args(args);
         let mut proc = Proc::spawn_with("plegwatch-daemon", &mut cmd, Options { stderr: Stderr::Echo, ..Options::default() })?;
         let deadline = Instant::now() + ready_timeout;
         loop {
@@ -87,7 +109,7 @@ impl Daemon {
             }
             std::thread::sleep(POLL);
         }
-        Ok(Self { proc, addr })
+        Ok(Self { proc, addr, socket, _socket_dir: socket_dir })
     }
 
     /// The current OpenMetrics text.

@@ -49,15 +49,15 @@ fn series(text: &str, name: &str) -> Option<f64> {
 
 /// node-problem-detector with only our custom plugin, the Kubernetes exporter off and its
 /// Prometheus exporter on a loopback port.
-fn start_npd(daemon: SocketAddr, dir: &std::path::Path) -> Result<(Proc, SocketAddr)> {
+fn start_npd(socket: &std::path::Path, dir: &std::path::Path) -> Result<(Proc, SocketAddr)> {
     let npd = canary::repo_root().join(NPD);
     let text = std::fs::read_to_string(canary::repo_root().join("deploy/npd-plegwatch-test.json"))?;
     let mut cfg: serde_json::Value = serde_json::from_str(&text)?;
     let rule = &mut cfg["rules"][0];
     rule["path"] = preflight::plegwatch_bin()?.display().to_string().into();
     let args = rule["args"].as_array_mut().context("rules[0].args")?;
-    let at = args.iter().position(|a| a == "--listen").context("--listen in args")?;
-    args[at + 1] = daemon.to_string().into();
+    let at = args.iter().position(|a| a == "--socket").context("--socket in args")?;
+    args[at + 1] = socket.display().to_string().into();
     let file = dir.join("npd-plegwatch-test.json");
     std::fs::write(&file, serde_json::to_string_pretty(&cfg)?)?;
     let metrics: SocketAddr = format!("127.0.0.1:{}", canary::free_port()?).parse()?;
@@ -111,7 +111,7 @@ fn daemon_metrics_in_prometheus_and_npd_condition_follow_a_staged_stall() -> Res
     // Only this test's umount: other scenarios may run beside it.
     let daemon = Daemon::start(&["--warn", "2s", "--comm", COMM, "--report-dir", &reports_arg, "--report-keep", "1"], READY_TIMEOUT)?;
     let prom = Prometheus::start(&[("plegwatch", daemon.addr)], None)?;
-    let (_npd, npd_metrics) = start_npd(daemon.addr, dir.path())?;
+    let (_npd, npd_metrics) = start_npd(&daemon.socket, dir.path())?;
 
     // Quiet first: scraped, nothing open, NPD's condition off (its plugin ran and said 0).
     canary::poll(Duration::from_secs(30), "Prometheus scraping the daemon", || {

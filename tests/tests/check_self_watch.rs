@@ -19,11 +19,6 @@ const DIRTY: usize = 10 * MIB;
 const THROTTLE_BPS: u64 = 1 << 20;
 const HEAD_START: Duration = Duration::from_secs(2);
 
-/// A loopback port nobody listens on: no daemon there.
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// Runs `plegwatch check ARGS`: (exit code, stdout, stderr).
 fn check(args: &[&str]) -> anyhow::Result<(i32, String, String)> {
     let out = Command::new(plegwatch_bin()?).arg("check").args(args).output().context("run plegwatch check")?;
@@ -41,9 +36,11 @@ fn check_traces_by_itself_when_no_daemon_runs() -> anyhow::Result<()> {
         preflight::skip("check_self_watch", &why);
         return Ok(());
     }
-    let listen = format!("127.0.0.1:{}", free_port()?);
+    // A private directory with no daemon's socket in it.
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("plegwatch.sock").display().to_string();
 
-    let (code, line, _) = check(&["--listen", &listen, "--timeout", "2s"])?;
+    let (code, line, _) = check(&["--socket", &socket, "--timeout", "2s"])?;
     assert_eq!(code, 2, "no daemon, no --self-watch: NPD's Unknown; said {line:?}");
     assert!(line.contains("--self-watch"), "the line says how to trace instead: {line:?}");
 
@@ -56,7 +53,7 @@ fn check_traces_by_itself_when_no_daemon_runs() -> anyhow::Result<()> {
     std::thread::sleep(HEAD_START);
     assert!(umount.try_wait()?.is_none(), "the umount ended within the {HEAD_START:?} head start: no stall to find");
 
-    let args = ["--listen", &listen, "--self-watch", "3s", "--level", "warn", "--warn", "1s", "--critical", "2m", "--imminent", "3m"];
+    let args = ["--socket", &socket, "--self-watch", "3s", "--level", "warn", "--warn", "1s", "--critical", "2m", "--imminent", "3m"];
     let (code, line, stderr) = check(&args)?;
     let still_running = umount.try_wait()?.is_none();
     let status = umount.wait()?;

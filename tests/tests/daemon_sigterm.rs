@@ -35,7 +35,7 @@ fn series(text: &str, name: &str) -> Option<f64> {
 
 /// The open incident whose root is process `pid`, from `/incidents`.
 fn incident_of(daemon: &Daemon, pid: u32) -> Option<Value> {
-    let (code, body) = canary::http_get(daemon.addr, "/incidents").ok()?;
+    let (code, body) = canary::http_get_unix(&daemon.socket, "/incidents").ok()?;
     let doc: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
     let needle = format!("pid={pid}");
     doc["incidents"].as_array()?.iter().find(|i| i["root"].as_str().is_some_and(|r| r.contains(&needle))).cloned()

@@ -1,6 +1,6 @@
 //! `plegwatch check`: a node-problem-detector custom plugin. It asks the
-//! daemon running on this node (`--listen`, its local endpoint) for its open
-//! incidents. With `--self-watch DURATION`, when no daemon listens there, it
+//! daemon running on this node (`--socket`, its local unix socket, root's alone) for
+//! its open incidents. With `--self-watch DURATION`, when no daemon listens there, it
 //! traces by itself for that long instead (as root), and judges the incidents
 //! open at the end: the startup sweep finds kernel waits that began before it
 //! started, with their age as a lower bound.
@@ -14,7 +14,7 @@ use crate::{
     sinks::metrics,
 };
 use clap::{Args, ValueEnum};
-use std::{net::SocketAddr, time::Duration};
+use std::time::Duration;
 
 /// The level that counts as a problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -38,19 +38,19 @@ impl From<AtLevel> for Level {
 /// daemon, or not ready). One line on stdout, naming the root.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:
-  plegwatch check                        exit 1 at critical or worse, from the daemon on 127.0.0.1:9792
-  plegwatch check --level imminent --listen 127.0.0.1:19792")]
+  plegwatch check                        exit 1 at critical or worse, from the daemon on /run/plegwatch/plegwatch.sock
+  plegwatch check --level imminent --socket /run/plegwatch/plegwatch.sock")]
 pub struct CheckArgs {
-    /// The daemon's endpoint.
-    #[arg(long, value_name = "ADDR", default_value = super::daemon::DEFAULT_LISTEN)]
-    pub listen: SocketAddr,
+    /// The daemon's local socket (`plegwatch daemon --socket`).
+    #[arg(long, value_name = "PATH", default_value = super::daemon::DEFAULT_SOCKET)]
+    pub socket: std::path::PathBuf,
     /// An incident at this level or worse is a problem.
     #[arg(long, value_enum, default_value = "critical")]
     pub level: AtLevel,
     /// Give up (exit 2) after this long.
     #[arg(long, default_value = "3s", value_parser = durations::parse, allow_negative_numbers = true)]
     pub timeout: Duration,
-    /// When no daemon listens at --listen, trace for this long by itself (as root)
+    /// When no daemon listens at --socket, trace for this long by itself (as root)
     /// instead of answering "cannot tell"; --warn, --critical and --imminent set its levels.
     #[arg(long, value_name = "DURATION", value_parser = durations::parse, allow_negative_numbers = true)]
     pub self_watch: Option<Duration>,
@@ -61,7 +61,7 @@ pub struct CheckArgs {
 
 /// Runs the check: prints its line, returns its exit code.
 pub async fn run(args: CheckArgs) -> i32 {
-    let answer = match (check::ask(args.listen, args.timeout).await, args.self_watch) {
+    let answer = match (check::ask(&args.socket, args.timeout).await, args.self_watch) {
         (Err(e), Some(d)) if e.is_no_daemon() => self_watch(&args, d).await,
         (Err(e), None) if e.is_no_daemon() => Err(format!("{e} (--self-watch 5s traces by itself instead)")),
         (answer, _) => answer.map_err(|e| e.to_string()),
@@ -147,9 +147,9 @@ mod tests {
 
     #[tokio::test]
     async fn no_daemon_and_no_self_watch_cannot_tell_and_says_how() {
-        // A port nobody listens on: bind one, learn it, close it.
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let c = check(&["--listen", &format!("127.0.0.1:{port}"), "--timeout", "1s"]);
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("none.sock");
+        let c = check(&["--socket", socket.to_str().unwrap(), "--timeout", "1s"]);
         assert_eq!(super::run(c).await, crate::export::check::UNKNOWN);
     }
 }

@@ -1,6 +1,8 @@
 //! `plegwatch daemon`: the canary mode. The same engine as `watch`; incidents
 //! go to the logs (`--log-format text|json`) and to `/metrics` (Prometheus text, or OpenMetrics),
-//! `/healthz` and `/incidents` on `--listen`.
+//! `/healthz` on `--listen` (TCP, what an exporter serves), and all of those with
+//! `/incidents` (pod names, paths: for `plegwatch check`) on `--socket`, a unix socket
+//! root's alone.
 //!
 //! Settings come from `--config FILE` (TOML, every key optional), then the
 //! flags, which win. An unknown key or a bad value stops it at start, named.
@@ -17,6 +19,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 /// Where the endpoint listens unless told: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9792";
+/// The local socket: everything the TCP port serves, and `/incidents` (root's alone).
+pub const DEFAULT_SOCKET: &str = "/run/plegwatch/plegwatch.sock";
 
 /// The daemon's flags; each overrides the same key of `--config`.
 #[derive(Debug, Args, Default)]
@@ -27,6 +31,7 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9792";
 
 Config file (TOML; every key optional, flags win):
   listen = \"127.0.0.1:9792\"
+  socket = \"/run/plegwatch/plegwatch.sock\"
   warn = \"10s\"
   critical = \"60s\"
   imminent = \"150s\"
@@ -42,9 +47,13 @@ pub struct DaemonArgs {
     /// TOML config file.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address of the HTTP endpoint [default: 127.0.0.1:9792].
+    /// Address of the HTTP endpoint: /metrics and /healthz [default: 127.0.0.1:9792].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// The local unix socket (mode 0600 in a directory of mode 0700): /metrics, /healthz
+    /// and /incidents, which `plegwatch check` reads [default: /run/plegwatch/plegwatch.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
     /// Raise an incident once its oldest wait has lasted this long [default: 10s].
     #[arg(long, value_parser = durations::level, allow_negative_numbers = true)]
     pub warn: Option<Duration>,
@@ -89,6 +98,7 @@ pub struct DaemonArgs {
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub listen: Option<String>,
+    pub socket: Option<PathBuf>,
     pub warn: Option<String>,
     pub critical: Option<String>,
     pub imminent: Option<String>,
@@ -106,6 +116,7 @@ pub struct FileConfig {
 #[derive(Debug)]
 pub struct DaemonConfig {
     pub listen: SocketAddr,
+    pub socket: PathBuf,
     pub watch: collector::WatchConfig,
     pub report_dir: Option<PathBuf>,
     /// How many bundles, and bytes of them, `report_dir` keeps.
@@ -196,10 +207,14 @@ impl DaemonArgs {
         }
         if listen.port() == 0 {
             return Err(format!(
-                "listen (--listen) {listen}: port 0 picks a port `plegwatch check` cannot find; name one (default {DEFAULT_LISTEN}){from}"
+                "listen (--listen) {listen}: port 0 picks a port no scraper can find; name one (default {DEFAULT_LISTEN}){from}"
             ));
         }
-        Ok(DaemonConfig { listen, watch, report_dir, retention })
+        let socket = self.socket.clone().or(file.socket).unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET));
+        if !socket.is_absolute() {
+            return Err(format!("socket (--socket) {}: want an absolute path{from}", socket.display()));
+        }
+        Ok(DaemonConfig { listen, socket, watch, report_dir, retention })
     }
 }
 
@@ -224,13 +239,15 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
         None => None,
     };
     let listener = tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("--listen {}: cannot listen", cfg.listen))?;
+    let local = export::http::bind_local(&cfg.socket).map_err(super::UsageError)?;
     let listen = listener.local_addr().unwrap_or(cfg.listen);
     if !listen.ip().is_loopback() {
-        tracing::warn!(%listen, "the endpoint listens beyond loopback, as told");
+        tracing::warn!(%listen, "the endpoint listens beyond loopback, as told (/metrics and /healthz only)");
     }
-    tracing::info!(%listen, "serving /metrics, /healthz and /incidents");
+    tracing::info!(%listen, socket = %cfg.socket.display(), "serving /metrics and /healthz on the port; /incidents too on the socket");
     let (mut metrics, exposition) = metrics::metrics();
-    let server = tokio::spawn(export::http::serve(listener, exposition));
+    let server = tokio::spawn(export::http::serve(listener, exposition.clone()));
+    let local_server = tokio::spawn(export::http::serve_local(local, exposition));
     let mut log = LogSink;
 
     let result = {
@@ -242,6 +259,8 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     };
     drop(report);
     server.abort();
+    local_server.abort();
+    let _ = std::fs::remove_file(&cfg.socket);
     result?;
     Ok(())
 }

@@ -1,5 +1,11 @@
 //! `plegwatch check`: node-problem-detector's custom-plugin protocol, answered
-//! by asking a running daemon's `/incidents` on its local endpoint.
+//! by asking a running daemon's `/incidents` on its local unix socket.
+//!
+//! Only a daemon it can trust is asked: the socket's directory must belong to root (or
+//! to the user running the check) and be writable by nobody else, and the process
+//! that answers must run as root (or as that user: `SO_PEERCRED`). A TCP port could be
+//! squatted by any local user while the daemon is down, and a replayed "all is well"
+//! would hide a stall. The answer is read up to [`MAX_ANSWER`] bytes.
 //!
 //! Exit 0: no incident at the level asked (or worse); 1: one is; 2: it can't
 //! tell (no daemon, or the daemon not ready): NPD's Unknown. One line on
@@ -7,10 +13,34 @@
 
 use crate::levels::Level;
 use crate::sinks::metrics::{IncidentView, IncidentsDoc};
-use http_body_util::{BodyExt as _, Empty};
+use http_body_util::{BodyExt as _, Empty, Limited};
 use hyper::{body::Bytes, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use std::{net::SocketAddr, time::Duration};
+use std::{path::Path, time::Duration};
+
+/// The most of an answer read: a node's open incidents take a few KiB.
+pub const MAX_ANSWER: usize = 1 << 20;
+
+/// Whether uid `uid` may own what check trusts: root, or the user running it.
+fn trusted_uid(uid: u32) -> bool {
+    uid == 0 || uid == rustix::process::geteuid().as_raw()
+}
+
+/// Why `dir` cannot hold a socket this user may trust, if it cannot.
+pub fn trusted_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !m.is_dir() {
+        return Err(format!("{} is not a directory", dir.display()));
+    }
+    if !trusted_uid(m.uid()) {
+        return Err(format!("{} belongs to uid {}, not root: not trusted", dir.display(), m.uid()));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(format!("{} is writable by group or others (mode {:04o}): not trusted", dir.display(), m.mode() & 0o7777));
+    }
+    Ok(())
+}
 
 /// NPD's custom-plugin exit codes.
 pub const OK: i32 = 0;
@@ -40,36 +70,49 @@ impl std::fmt::Display for AskError {
     }
 }
 
-/// Asks the daemon at `addr` for its open incidents, within `timeout`.
-pub async fn ask(addr: SocketAddr, timeout: Duration) -> Result<IncidentsDoc, AskError> {
-    tokio::time::timeout(timeout, ask_now(addr)).await.map_err(|_| AskError::Other(format!("no answer from {addr} within {timeout:?}")))?
+/// Asks the daemon on the unix socket `socket` for its open incidents, within `timeout`.
+pub async fn ask(socket: &Path, timeout: Duration) -> Result<IncidentsDoc, AskError> {
+    let shown = socket.display();
+    tokio::time::timeout(timeout, ask_now(socket)).await.map_err(|_| AskError::Other(format!("no answer on {shown} within {timeout:?}")))?
 }
 
-async fn ask_now(addr: SocketAddr) -> Result<IncidentsDoc, AskError> {
-    let stream = tokio::net::TcpStream::connect(addr).await.map_err(|e| {
-        let line = format!("no daemon at {addr}: {e}");
-        if e.kind() == std::io::ErrorKind::ConnectionRefused {
-            AskError::NoDaemon(line)
-        } else {
-            AskError::Other(line)
+async fn ask_now(socket: &Path) -> Result<IncidentsDoc, AskError> {
+    let shown = socket.display();
+    let dir = socket.parent().unwrap_or(Path::new("/"));
+    if !dir.exists() || !socket.exists() {
+        return Err(AskError::NoDaemon(format!("no daemon at {shown} (no such socket)")));
+    }
+    trusted_dir(dir).map_err(|why| AskError::Other(format!("{shown}: {why}")))?;
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+        let line = format!("no daemon at {shown}: {e}");
+        match e.kind() {
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound => AskError::NoDaemon(line),
+            _ => AskError::Other(line),
         }
     })?;
-    ask_on(addr, stream).await.map_err(AskError::Other)
+    let peer = stream.peer_cred().map_err(|e| AskError::Other(format!("{shown}: who answers: {e}")))?;
+    if !trusted_uid(peer.uid()) {
+        return Err(AskError::Other(format!("{shown}: answered by uid {}, not root: not trusted", peer.uid())));
+    }
+    ask_on(&shown.to_string(), stream).await.map_err(AskError::Other)
 }
 
-async fn ask_on(addr: SocketAddr, stream: tokio::net::TcpStream) -> Result<IncidentsDoc, String> {
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("{addr}: {e}"))?;
+async fn ask_on(shown: &str, stream: tokio::net::UnixStream) -> Result<IncidentsDoc, String> {
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("{shown}: {e}"))?;
     let driver = tokio::spawn(conn);
-    let req =
-        Request::get("/incidents").header(hyper::header::HOST, addr.to_string()).body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
-    let res = send.send_request(req).await.map_err(|e| format!("{addr}/incidents: {e}"))?;
+    let req = Request::get("/incidents").header(hyper::header::HOST, "localhost").body(Empty::<Bytes>::new()).map_err(|e| e.to_string())?;
+    let res = send.send_request(req).await.map_err(|e| format!("{shown} /incidents: {e}"))?;
     let status = res.status();
-    let body = res.into_body().collect().await.map_err(|e| format!("{addr}/incidents: {e}"))?.to_bytes();
+    let body = Limited::new(res.into_body(), MAX_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| format!("{shown} /incidents: {e} (at most {MAX_ANSWER} bytes read)"))?
+        .to_bytes();
     driver.abort();
     if status != StatusCode::OK {
-        return Err(format!("{addr}/incidents answered {status}"));
+        return Err(format!("{shown} /incidents answered {status}"));
     }
-    serde_json::from_slice(&body).map_err(|e| format!("{addr}/incidents: not plegwatch's answer: {e}"))
+    serde_json::from_slice(&body).map_err(|e| format!("{shown} /incidents: not plegwatch's answer: {e}"))
 }
 
 fn level_of(v: &IncidentView) -> Option<Level> {

@@ -5,17 +5,40 @@
 //!   OpenMetrics only; [`classic`] rewrites its few differences (the counter's `_total`
 //!   family name, no `# UNIT`, no `# EOF`) by hand: no maintained crate does that;
 //! - `GET /healthz`: `200 ok` once the probes are attached, `503` before;
-//! - `GET /incidents`: the open incidents as JSON (what `plegwatch check` reads).
+//! - `GET /incidents`: the open incidents as JSON (what `plegwatch check` reads): pod
+//!   names, container ids, comms and paths, so **only on the local unix socket**
+//!   ([`Scope::Local`], root's alone), never on the TCP port ([`Scope::Public`]), which
+//!   serves what an exporter serves.
 //!
-//! Each connection is its own task; a scrape encodes the registry under its
-//! locks and never waits on the scan loop.
+//! Each connection is its own task; a scrape encodes the registry under its locks and
+//! never waits on the scan loop. At most [`MAX_CONNECTIONS`] are served at once (more
+//! are closed at once); a connection gets [`HEADER_TIMEOUT`] for each request's headers
+//! and lives [`CONNECTION_LIFETIME`] at most, keep-alive included.
 
 use crate::sinks::Exposition;
 use http_body_util::Full;
 use hyper::{body::Bytes, header, server::conn::http1, service::service_fn, Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::{convert::Infallible, time::Duration};
-use tokio::net::TcpListener;
+use std::{convert::Infallible, path::Path, sync::Arc, time::Duration};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Semaphore;
+
+/// Connections served at once, per listener.
+pub const MAX_CONNECTIONS: usize = 32;
+/// How long a request's headers may take to arrive.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection is kept, keep-alive included.
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(30);
+
+/// What a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The TCP port: `/metrics` and `/healthz`, as an exporter.
+    Public,
+    /// The unix socket (root's alone): everything, `/incidents` too.
+    Local,
+}
 
 /// The content type of OpenMetrics text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -62,34 +85,83 @@ pub fn classic(openmetrics: &str) -> String {
     out
 }
 
-/// Serves until the task is aborted.
+/// Serves the TCP port until the task is aborted.
 pub async fn serve(listener: TcpListener, exposition: Exposition) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of file descriptors and the like: back off rather than spin.
-                tracing::warn!(error = %e, "HTTP endpoint: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let exposition = exposition.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let response = route(&exposition, &req);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let served = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-            if let Err(e) = served {
-                tracing::debug!(error = %e, "HTTP endpoint: connection ended with an error");
-            }
-        });
+        match listener.accept().await {
+            Ok((stream, _)) => spawn_connection(stream, exposition.clone(), Scope::Public, &slots),
+            Err(e) => accept_failed(e).await,
+        }
     }
+}
+
+/// Serves the unix socket until the task is aborted.
+pub async fn serve_local(listener: UnixListener, exposition: Exposition) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => spawn_connection(stream, exposition.clone(), Scope::Local, &slots),
+            Err(e) => accept_failed(e).await,
+        }
+    }
+}
+
+/// Out of file descriptors and the like: back off rather than spin.
+async fn accept_failed(e: std::io::Error) {
+    tracing::warn!(error = %e, "HTTP endpoint: accept failed");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+/// Serves one connection on a task of its own, if a slot is free (else closes it).
+fn spawn_connection<S>(stream: S, exposition: Exposition, scope: Scope, slots: &Arc<Semaphore>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok(slot) = slots.clone().try_acquire_owned() else {
+        tracing::debug!("HTTP endpoint: {MAX_CONNECTIONS} connections open, one more closed");
+        return;
+    };
+    tokio::spawn(async move {
+        let _slot = slot;
+        let service = service_fn(move |req| {
+            let response = route_in(scope, &exposition, &req);
+            async move { Ok::<_, Infallible>(response) }
+        });
+        let conn = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .serve_connection(TokioIo::new(stream), service);
+        match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
+            Ok(Err(e)) => tracing::debug!(error = %e, "HTTP endpoint: connection ended with an error"),
+            Err(_) => tracing::debug!("HTTP endpoint: connection closed after {CONNECTION_LIFETIME:?}"),
+            Ok(Ok(())) => {}
+        }
+    });
+}
+
+/// Binds the local socket at `path`: its directory made root's alone (mode 0700), a
+/// stale socket file replaced, the socket mode 0600. The error is one line.
+pub fn bind_local(path: &Path) -> Result<UnixListener, String> {
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+    let shown = path.display();
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).ok_or_else(|| format!("--socket {shown}: no directory"))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| format!("--socket {shown}: cannot create its directory: {e}"))?;
+    if let Err(why) = super::check::trusted_dir(dir) {
+        return Err(format!("--socket {shown}: {why}"));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path).map_err(|e| format!("--socket {shown}: a stale socket: {e}"))?,
+        Ok(_) => return Err(format!("--socket {shown}: something else than a socket is there")),
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path).map_err(|e| format!("--socket {shown}: cannot listen: {e}"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| format!("--socket {shown}: {e}"))?;
+    Ok(listener)
 }
 
 fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
@@ -101,8 +173,13 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
     r
 }
 
-/// The response to one request.
+/// The response to one request on the local socket.
 pub fn route<B>(exposition: &Exposition, req: &Request<B>) -> Response<Full<Bytes>> {
+    route_in(Scope::Local, exposition, req)
+}
+
+/// The response to one request on a listener of `scope`.
+pub fn route_in<B>(scope: Scope, exposition: &Exposition, req: &Request<B>) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "only GET\n".into());
@@ -117,6 +194,9 @@ pub fn route<B>(exposition: &Exposition, req: &Request<B>) -> Response<Full<Byte
             true => reply(StatusCode::OK, TEXT, "ok\n".into()),
             false => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "starting: probes not attached yet\n".into()),
         },
+        "/incidents" if scope == Scope::Public => {
+            reply(StatusCode::NOT_FOUND, TEXT, "/incidents is served on the daemon's local socket only (plegwatch check reads it)\n".into())
+        }
         "/incidents" => match serde_json::to_string(&exposition.incidents()) {
             Ok(json) => reply(StatusCode::OK, "application/json", json),
             Err(e) => reply(StatusCode::INTERNAL_SERVER_ERROR, TEXT, format!("{e}\n")),
@@ -189,15 +269,100 @@ mod tests {
         assert!(out.status.success() && !said.contains("error"), "promtool: {said}\n{body}");
     }
 
-    #[tokio::test]
-    async fn serves_over_tcp() {
+    fn ready_exposition() -> Exposition {
         let (mut sink, exp) = crate::sinks::metrics::metrics();
         sink.emit(&Event::Ready(Ready { pid: 1, probes: vec![], warn_s: 1.0, critical_s: 2.0, imminent_s: 3.0 }));
+        exp
+    }
+
+    /// A raw `GET path` over TCP: the status code, or 0 when the connection closed.
+    async fn tcp_get(addr: std::net::SocketAddr, path: &str) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _ = s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    }
+
+    /// /incidents on the local socket (what check reads), never on the TCP port.
+    #[tokio::test]
+    async fn incidents_are_served_on_the_local_socket_only() {
+        let exp = ready_exposition();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("run/plegwatch.sock");
+        let local = tokio::spawn(serve_local(bind_local(&socket).unwrap(), exp.clone()));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(socket.parent().unwrap()).unwrap().permissions().mode() & 0o777, 0o700);
+        let doc = super::super::check::ask(&socket, Duration::from_secs(5)).await.unwrap();
+        assert!(doc.ready && doc.incidents.is_empty(), "{doc:?}");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(serve(listener, exp));
-        let doc = super::super::check::ask(addr, Duration::from_secs(5)).await.unwrap();
-        assert!(doc.ready && doc.incidents.is_empty(), "{doc:?}");
+        let public = tokio::spawn(serve(listener, exp));
+        assert_eq!(tcp_get(addr, "/incidents").await, 404);
+        assert_eq!(tcp_get(addr, "/healthz").await, 200);
+        assert_eq!(tcp_get(addr, "/metrics").await, 200);
+        local.abort();
+        public.abort();
+    }
+
+    /// Past MAX_CONNECTIONS open at once, a new connection is closed at once.
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve(listener, ready_exposition()));
+        let mut idle = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        // Once the server has taken them all (polled: a loaded machine is slow), one more
+        // is closed unanswered.
+        let until = |want: u16| async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                if tcp_get(addr, "/healthz").await == want {
+                    return true;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        assert!(until(0).await, "served past the cap");
+        drop(idle);
+        assert!(until(200).await, "slots not given back");
         server.abort();
+    }
+
+    /// check trusts a socket only in a directory nobody else may write, and reads a
+    /// bounded answer.
+    #[tokio::test]
+    async fn check_refuses_an_open_directory_and_an_endless_answer() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("run/plegwatch.sock");
+        let local = tokio::spawn(serve_local(bind_local(&socket).unwrap(), ready_exposition()));
+        std::fs::set_permissions(socket.parent().unwrap(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = super::super::check::ask(&socket, Duration::from_secs(5)).await.unwrap_err().to_string();
+        assert!(e.contains("not trusted") && !e.contains('\n'), "{e}");
+        local.abort();
+        // A server (in a trusted directory) that answers 2 MiB.
+        let socket = dir.path().join("big/plegwatch.sock");
+        let listener = bind_local(&socket).unwrap();
+        let big = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            let body = vec![b' '; 2 << 20];
+            let _ = s.write_all(format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).as_bytes()).await;
+            let _ = s.write_all(&body).await;
+        });
+        let e = super::super::check::ask(&socket, Duration::from_secs(5)).await.unwrap_err().to_string();
+        assert!(e.contains("at most") && !e.contains('\n'), "{e}");
+        big.abort();
     }
 }
