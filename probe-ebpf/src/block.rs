@@ -46,7 +46,9 @@ fn add(dev: u32, issued: u64, completed: u64, write_bytes: u64) {
             (*p).write_bytes += write_bytes;
         }
     } else {
-        let _ = DEV_IO.insert(&dev, &DevIo { issued, completed, write_bytes }, 0);
+        if DEV_IO.insert(&dev, &DevIo { issued, completed, write_bytes }, 0).is_err() {
+            crate::waits::count(plegwatch_abi::Stat::DevIoFull);
+        }
     }
 }
 

@@ -81,7 +81,7 @@ fn try_enter(ctx: &TracePointContext) -> Result<(), i32> {
         _pad: 0,
     };
     if crate::gate::insert_counted(&CHILD_WAITS, &w.tid, &w, &CHILD_GATE, 0).is_err() {
-        count(Stat::InflightFull);
+        count(Stat::ChildWaitsFull);
     }
     Ok(())
 }

@@ -194,7 +194,7 @@ fn entry(ctx: &ProbeContext, func: u32) -> u32 {
     };
     capture_arg(ctx, k.func, &mut call);
     if GO_CALLS.insert(&k, &call, 0).is_err() {
-        count(Stat::InflightFull);
+        count(Stat::GoCallsFull);
     }
     0
 }
@@ -241,7 +241,7 @@ fn ret(ctx: &ProbeContext, func: u32) -> u32 {
     // reported stall, so it wakes userspace at once.
     let flags = if rec.end_ns.saturating_sub(rec.start_ns) >= report_min_ns() { BPF_RB_FORCE_WAKEUP } else { BPF_RB_NO_WAKEUP };
     if GO_EVENTS.output::<GoCallEnd>(&rec, flags).is_err() {
-        count(Stat::RingbufFull);
+        count(Stat::GoEventsFull);
     }
     0
 }
@@ -269,7 +269,7 @@ pub fn go_exit(ctx: ProbeContext) -> u32 {
         _pad: 0,
     };
     if GO_EVENTS.output::<GoExit>(&rec, BPF_RB_NO_WAKEUP).is_err() {
-        count(Stat::RingbufFull);
+        count(Stat::GoEventsFull);
     }
     0
 }
@@ -293,7 +293,7 @@ pub fn proc_exec(_ctx: TracePointContext) -> u32 {
         comm: bpf_get_current_comm().unwrap_or([0u8; COMM_LEN]),
     };
     if GO_EVENTS.output::<ExecEvent>(&rec, 0).is_err() {
-        count(Stat::RingbufFull);
+        count(Stat::GoEventsFull);
     }
     0
 }

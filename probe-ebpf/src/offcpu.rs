@@ -61,7 +61,9 @@ pub(crate) static INTERESTING: HashMap<u32, u8> = HashMap::with_max_entries(4_09
 pub(crate) fn mark_interesting(tgid: u32) {
     // SAFETY: read-only peek.
     if unsafe { INTERESTING.get(&tgid) }.is_none() {
-        let _ = INTERESTING.insert(&tgid, &2, 0);
+        if INTERESTING.insert(&tgid, &2, 0).is_err() {
+            count(Stat::InterestingFull);
+        }
     }
 }
 #[map]

@@ -297,7 +297,9 @@ pub fn socket_enter(ctx: TracePointContext) -> u32 {
     }
     let proto: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG2) };
     let tid = bpf_get_current_pid_tgid() as u32;
-    let _ = SOCKET_CALLS.insert(&tid, &(proto as u32), 0);
+    if SOCKET_CALLS.insert(&tid, &(proto as u32), 0).is_err() {
+        count(Stat::SocketCallsFull);
+    }
     0
 }
 
@@ -373,8 +375,12 @@ pub fn dup_enter(ctx: TracePointContext) -> u32 {
     }
     // SAFETY: read-only peeks.
     let tracked = unsafe { SOCKS.get(&key(tgid, old)).is_some() || SOCKS.get(&key(tgid, new)).is_some() };
-    if tracked {
-        let _ = DUP_CALLS.insert(&(pid_tgid as u32), &(((old as u64) << 32) | new as u64), 0);
+    if tracked && DUP_CALLS.insert(&(pid_tgid as u32), &(((old as u64) << 32) | new as u64), 0).is_err() {
+        // dup_exit will not see this call: newfd must not keep the class of the
+        // file this call replaces. Forgotten now (if the call fails, newfd goes
+        // untracked: a loss counted, never a wrong class).
+        count(Stat::DupCallsFull);
+        forget(tgid, new);
     }
     0
 }
@@ -597,7 +603,9 @@ fn try_sock_exit<const HELPER_LOOP: bool>(ctx: &TracePointContext) -> Result<(),
         class.kind = SockKind::Dbus as u32;
         let _ = SOCKS.insert(&k, &class, 0);
         // Seen from its first byte: both ways start in the handshake.
-        let _ = DBUS_POS.insert(&k, &DbusPos::fresh(class.gen), 0);
+        if DBUS_POS.insert(&k, &DbusPos::fresh(class.gen), 0).is_err() {
+            count(Stat::DbusPosFull);
+        }
     }
     let Some(scratch) = SOCK_SCRATCH.get_ptr_mut(0) else { return Ok(()) };
     // SAFETY: this CPU's scratch slot; programs don't nest on one CPU here.
@@ -651,6 +659,7 @@ fn dbus_copy_headers<const HELPER_LOOP: bool>(scratch: &mut SockScratch, call: &
             // A connection older than plegwatch (seeded), or forgotten by
             // the LRU: joined in the middle.
             if DBUS_POS.insert(&k, &DbusPos::lost(call.class.gen), 0).is_err() {
+                count(Stat::DbusPosFull);
                 return 0;
             }
             match DBUS_POS.get_ptr_mut(&k) {

@@ -110,7 +110,10 @@ fn walk_call(call: &SockCall, ret: i64, key: u64, tid: u32) -> Result<(), ()> {
     let pos = match TTRPC_POS.get_ptr_mut(&key) {
         Some(p) => p,
         None => {
-            TTRPC_POS.insert(&key, &fresh, 0).map_err(|_| ())?;
+            if TTRPC_POS.insert(&key, &fresh, 0).is_err() {
+                crate::waits::count(plegwatch_abi::Stat::TtrpcPosFull);
+                return Err(());
+            }
             TTRPC_POS.get_ptr_mut(&key).ok_or(())?
         }
     };
@@ -196,7 +199,9 @@ pub fn ttrpc_dispatch(ctx: ProbeContext) -> u32 {
     }
     // SAFETY: `regs` is the probed task's saved registers, readable here.
     let (req, g) = unsafe { ((*ctx.regs).rdi, (*ctx.regs).r14) };
-    let _ = TTRPC_CALLERS.insert(&TtrpcReqKey { req, tgid, _pad: 0 }, &g, 0);
+    if TTRPC_CALLERS.insert(&TtrpcReqKey { req, tgid, _pad: 0 }, &g, 0).is_err() {
+        crate::waits::count(plegwatch_abi::Stat::TtrpcCallersFull);
+    }
     0
 }
 

@@ -918,9 +918,30 @@ pub enum Stat {
     /// being attached or retired, or a code size the loader computed
     /// differently from userspace).
     GoAddrUnknown = 17,
+    /// Go calls not recorded: `GO_CALLS` was full.
+    GoCallsFull = 18,
+    /// Go call ends, goroutine exits or execs lost: the `GO_EVENTS` ring was full.
+    GoEventsFull = 19,
+    /// Child waits (wait4/waitid) not recorded: `CHILD_WAITS` was full.
+    ChildWaitsFull = 20,
+    /// netlink `socket()` calls not followed: `SOCKET_CALLS` was full.
+    SocketCallsFull = 21,
+    /// dup2/dup3 calls on a tracked fd not followed: `DUP_CALLS` was full (the
+    /// target fd is forgotten at once, rather than left with its old class).
+    DupCallsFull = 22,
+    /// Block devices not counted: `DEV_IO` was full.
+    DevIoFull = 23,
+    /// Processes not marked for D-sleep recording: `INTERESTING` was full.
+    InterestingFull = 24,
+    /// ttrpc sockets not followed: `TTRPC_POS` was full.
+    TtrpcPosFull = 25,
+    /// ttrpc requests whose caller goroutine was not noted: `TTRPC_CALLERS` was full.
+    TtrpcCallersFull = 26,
+    /// D-Bus sockets not followed: `DBUS_POS` was full.
+    DbusPosFull = 27,
 }
 /// Number of [`Stat`] slots (one more than the last [`Stat`]).
-pub const STAT_COUNT: u32 = Stat::GoAddrUnknown as u32 + 1;
+pub const STAT_COUNT: u32 = Stat::DbusPosFull as u32 + 1;
 
 /// The histogram bucket of a duration: floor(log2(µs)), clamped to the table.
 /// Written without loops or `leading_zeros` so the eBPF verifier takes it as is.

@@ -106,6 +106,16 @@ pub fn drops(all: &[u64; STAT_COUNT as usize]) -> Vec<DropCount> {
         ("lock_contention", "lock_waits_full", Stat::LockWaitsFull),
         ("lock_contention", "stack_failed", Stat::LockStackFailed),
         ("go_uprobes", "address_unknown", Stat::GoAddrUnknown),
+        ("go_uprobes", "go_calls_full", Stat::GoCallsFull),
+        ("go_uprobes", "go_events_full", Stat::GoEventsFull),
+        ("go_uprobes", "ttrpc_callers_full", Stat::TtrpcCallersFull),
+        ("child_wait", "child_waits_full", Stat::ChildWaitsFull),
+        ("socket_classify", "socket_calls_full", Stat::SocketCallsFull),
+        ("socket_reuse", "dup_calls_full", Stat::DupCallsFull),
+        ("socket_io", "ttrpc_pos_full", Stat::TtrpcPosFull),
+        ("socket_io", "dbus_pos_full", Stat::DbusPosFull),
+        ("block_io", "dev_io_full", Stat::DevIoFull),
+        ("offcpu", "interesting_full", Stat::InterestingFull),
     ]
     .into_iter()
     .map(|(probe, reason, s)| DropCount { probe, reason, count: counter(all, s) })
