@@ -699,3 +699,20 @@ fn unknown_version_is_named() {
     println!("{err}");
     assert!(err.contains(&format!("Go version {want}:")) && err.contains("known: 1.19, 1.21-1.27"), "{err}");
 }
+
+/// A target that exits while its goroutines are being read: the reader was made (its
+/// `/proc/PID/mem` open) and the process is gone before the reads. The scan fails in one
+/// line naming the pid; it never panics nor returns goroutines of nothing.
+#[test]
+fn a_target_that_exits_mid_read_fails_in_one_line() {
+    let Some(go) = toolchain(None, "1.19") else { return };
+    let bin = build(&go, "go1.19", false);
+    let mut p = Parked::start(&bin, 1000, false);
+    let binary = GoBinary::open(&bin).unwrap();
+    let reader = GoroutineReader::new(p.pid, binary.symbols(), binary.data()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(reader.scan().is_ok(), "read while alive");
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    let e = reader.scan().expect_err("goroutines read from a process that exited").to_string();
+    assert!(e.contains(&p.pid.to_string()) && !e.contains('\n'), "{e}");
+}
