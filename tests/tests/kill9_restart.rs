@@ -44,11 +44,16 @@ fn killed_mid_incident_and_restarted_it_finds_the_stall_again() -> anyhow::Resul
     kubelet.release()?;
     let events = again.stop()?;
     kubelet.quit()?;
-    let incident = found.with_context(|| format!("the restarted plegwatch raised no incident for the parked relist:\n{}", dump(&events, origin)))?;
+    let incident =
+        found.with_context(|| format!("the restarted plegwatch raised no incident for the parked relist:\n{}", dump(&events, origin)))?;
     assert_eq!(incident.get("/started_before_attach"), Some(&serde_json::json!(true)), "{}", incident.json);
     let scan = events.iter().find(|e| e.is("goroutine_scan") && e.u64("/pid") == Some(u64::from(pid)));
     let scan = scan.with_context(|| format!("no goroutine scan of the fixture:\n{}", dump(&events, origin)))?;
     assert_eq!(scan.get("/error"), None, "{}", scan.json);
-    eprintln!("after the restart: incident #{:?} {:.3}s after start", incident.u64("/id"), incident.at.duration_since(origin).as_secs_f64());
+    eprintln!(
+        "after the restart: incident #{:?} {:.3}s after start",
+        incident.u64("/id"),
+        incident.at.duration_since(origin).as_secs_f64()
+    );
     Ok(())
 }

@@ -357,10 +357,11 @@ impl ReqWatch {
                     let tid = o.recv_tid.unwrap_or(o.tid);
                     let protocol = crate::proto::netlink::names::protocol_name(o.protocol).unwrap_or("netlink");
                     let detail = o.detail(&self.sockets.families, now_ns);
+                    let holder = netlink_holder(o, protocol, &mut self.holders.owners);
                     sink.emit(&Event::Stall(Stall {
                         tid,
                         started_before_attach: o.before_attach,
-                        holder: Some(netlink_holder(o, protocol)),
+                        holder: Some(holder),
                         kernel_stack: procfs::kernel_stack(tid).unwrap_or_default(),
                         ..crate::sources::inflight::stall_line(o, level, t.id, WaitKind::NetlinkRequest, waited, detail)
                     }));
@@ -437,7 +438,11 @@ impl ReqWatch {
                 continue;
             }
             let key = Item::wait_key(&o);
-            let a = self.answerers.entry(key).or_insert_with(|| Some(netlink_answerer(&o))).clone();
+            if !self.answerers.contains_key(&key) {
+                let a = netlink_answerer(&o, &mut self.holders.owners);
+                self.answerers.insert(key, Some(a));
+            }
+            let a = self.answerers.get(&key).cloned().flatten();
             out.extend(a.map(|a| answer_edge(key, a, waits, procs)));
         }
         for o in self.last_dbus.clone() {
@@ -506,17 +511,18 @@ fn dbus_node(o: &DbusOpen) -> OpenWait {
     }
 }
 
-/// The process holding a netlink request's destination port id (0: the kernel).
-fn netlink_peer(o: &NetlinkOpen) -> Option<u32> {
+/// The process holding a netlink request's destination port id (0: the kernel), from
+/// the watch's one socket-owner table (its /proc scan is rate-limited).
+fn netlink_peer(o: &NetlinkOpen, owners: &mut SocketOwners) -> Option<u32> {
     procfs::netlink_sockets(o.tgid)
         .into_iter()
         .find(|s| s.portid == o.dst_portid && s.protocol == o.protocol)
-        .and_then(|s| SocketOwners::new().pids_of(s.inode).into_iter().next())
+        .and_then(|s| owners.pids_of(s.inode).into_iter().next())
 }
 
-fn netlink_answerer(o: &NetlinkOpen) -> Answerer {
+fn netlink_answerer(o: &NetlinkOpen, owners: &mut SocketOwners) -> Answerer {
     if o.dst_portid != 0 {
-        return match netlink_peer(o) {
+        return match netlink_peer(o, owners) {
             Some(pid) => Answerer {
                 pid: Some(pid),
                 kind: EdgeKind::NetlinkPeer,
@@ -584,9 +590,9 @@ fn answer_edge(from: WaitKey, a: Answerer, waits: &[OpenWait], procs: &mut dyn P
 
 /// Who should answer a netlink request: the kernel, or for a request sent to
 /// a process's port id (NETLINK_USERSOCK, ...), the process holding that socket.
-fn netlink_holder(o: &NetlinkOpen, protocol: &str) -> Value {
+fn netlink_holder(o: &NetlinkOpen, protocol: &str, owners: &mut SocketOwners) -> Value {
     if o.dst_portid != 0 {
-        if let Some(pid) = netlink_peer(o) {
+        if let Some(pid) = netlink_peer(o, owners) {
             let mut m = process(pid);
             m.insert("kind".into(), json!("netlink_peer"));
             m.insert("portid".into(), json!(o.dst_portid));

@@ -49,6 +49,8 @@ pub struct Calls<'a> {
     pub open: &'a [GoOpen],
     pub funcs: &'a HashMap<u32, ProbedFunc>,
     pub now_ns: u64,
+    /// The watch's one socket-owner table (its /proc scan is rate-limited).
+    pub owners: &'a std::cell::RefCell<crate::observe::holders::SocketOwners>,
 }
 
 impl Calls<'_> {
@@ -87,7 +89,7 @@ pub fn lock_blame(o: &GoOpen, calls: &Calls<'_>, waits: &KernelWaits<'_>) -> Bla
     // The socket-peer walk (every fd of containerd, then sock_diag) is only
     // needed without a container id, or for the fallback: done at most once.
     let shims = std::cell::OnceCell::new();
-    let peers = || shims.get_or_init(|| connected_shims(o.tgid));
+    let peers = || shims.get_or_init(|| connected_shims(o.tgid, &mut calls.owners.borrow_mut()));
     // With a container id the match is exact wherever the shim is; without
     // one, only shims containerd is connected to, called after the lock was taken.
     let shim_calls: Vec<&GoOpen> = calls
@@ -192,9 +194,8 @@ fn child_cause(pid: u32) -> Option<Value> {
 
 /// The processes whose comm is `containerd-shim*` at the other end of
 /// `containerd`'s unix sockets (containerd is the client of each shim's ttrpc socket).
-fn connected_shims(containerd: u32) -> Vec<u32> {
+fn connected_shims(containerd: u32, owners: &mut crate::observe::holders::SocketOwners) -> Vec<u32> {
     let mut peers = crate::observe::holders::UnixPeers::new();
-    let mut owners = crate::observe::holders::SocketOwners::new();
     let mut shims: Vec<u32> = Vec::new();
     for (_, inode) in procfs::socket_fds(containerd) {
         let Some(peer) = peers.peer_of(inode) else { continue };
@@ -274,7 +275,8 @@ mod tests {
         let by_g = HashMap::from([((NO_PID, 0x10), (4242, fdatasync))]);
         let longest = HashMap::new();
         let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
-        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000_000_000 };
+        let owners = Default::default();
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000_000_000, owners: &owners };
         let b = lock_blame(&open[1], &calls, &waits);
         assert_eq!(b.container.as_deref(), Some("abc123"), "the CRI call on the same goroutine names it");
         let cause = b.cause.expect("a cause");
@@ -308,7 +310,8 @@ mod tests {
         let by_g = HashMap::from([((SHIM, 0x40), (777, umount))]);
         let longest = HashMap::new();
         let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
-        let calls = Calls { open: &open, funcs: &funcs, now_ns: 30_000_000_000 };
+        let owners = Default::default();
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 30_000_000_000, owners: &owners };
         let b = lock_blame(&open[1], &calls, &waits);
         let holder = b.holder.expect("the shim");
         assert_eq!(holder["pid"], SHIM);
@@ -330,7 +333,8 @@ mod tests {
         let by_g = HashMap::from([((NO_PID, 0x99), (1, json!({"kind": "sync", "waited_s": 9.0})))]);
         let longest = HashMap::new();
         let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
-        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000 };
+        let owners = Default::default();
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000, owners: &owners };
         let b = lock_blame(&open[0], &calls, &waits);
         assert!(b.cause.is_none() && b.holder.is_none() && b.container.is_none(), "{b:?}");
     }

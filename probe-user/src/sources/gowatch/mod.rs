@@ -261,6 +261,8 @@ pub struct GoWatch {
     /// Calls found open by the goroutine scan and put in `GO_CALLS`: their start and how
     /// exact it is, until they end.
     late: HashMap<CallKey, (u64, StartTiming)>,
+    /// Which processes hold which sockets (`/proc/*/fd`), rescanned at most once a second.
+    owners: std::cell::RefCell<crate::observe::holders::SocketOwners>,
 }
 
 impl GoWatch {
@@ -279,6 +281,7 @@ impl GoWatch {
             orphaned: 0,
             locks: HashMap::new(),
             late: HashMap::new(),
+            owners: Default::default(),
         })
     }
 
@@ -570,7 +573,7 @@ impl GoWatch {
                     let o = t.info.clone();
                     let id = t.id;
                     let Some(f) = self.attacher.funcs.get(&o.func).cloned() else { continue };
-                    let calls = Calls { open: &self.open, funcs: &self.attacher.funcs, now_ns };
+                    let calls = Calls { open: &self.open, funcs: &self.attacher.funcs, now_ns, owners: &self.owners };
                     let thread_wait = waits.by_g.get(&(o.tgid, o.g)).map(|(_, w)| w).or_else(|| waits.by_tid.get(&o.tid));
                     let common = json!({
                         "function": f.symbol,
