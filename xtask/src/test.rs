@@ -189,6 +189,8 @@ fn guest_stage<'a>(
     if let Some(secs) = soak_secs {
         script.push_str(&format!("export {SOAK_ENV}={secs}\n"));
     }
+    // What plegwatch itself says of this kernel, for the log (the matrix's table).
+    script.push_str(&format!("echo '==> guest {kernel}: plegwatch doctor' >&2; {} doctor >&2 || true\n", plegwatch.display()));
     for t in tests {
         let exe = exes.get(t.file).with_context(|| format!("no scenario test binary named {}", t.file))?;
         let runs: Vec<(String, String)> = if t.tests.is_empty() {
