@@ -87,7 +87,8 @@ pub fn choose_mode(ebpf: &mut Ebpf, want: GoUprobes) -> (GoUprobes, Option<Strin
             // names the missing helper (`invalid func unknown#174`: bpf_get_attach_cookie).
             let first = e.lines().next().unwrap_or_default();
             let first = first.split(". Verifier output").next().unwrap_or(first);
-            let helper = e.lines().find(|l| l.starts_with("invalid func")).map(|l| format!(" ({l}: no bpf_get_attach_cookie)")).unwrap_or_default();
+            let helper =
+                e.lines().find(|l| l.starts_with("invalid func")).map(|l| format!(" ({l}: no bpf_get_attach_cookie)")).unwrap_or_default();
             let why = format!("no uprobe attach cookies on this kernel (before Linux 5.15): {first}{helper}");
             tracing::info!("Go probes find their function by address: {why}");
             (GoUprobes::Address, Some(why))
