@@ -881,11 +881,9 @@ mod tests {
         assert!(raised(&c).iter().all(|i| !i.changed.contains(&"level")), "printed the escalation again: {c:?}");
     }
 
-    /// An incident whose waits all ended is over, even when a new, unrelated wait on the
-    /// same holder (a stopped process) is open in the same scan: that is a new incident.
-    #[test]
-    fn a_new_group_at_the_same_holder_is_a_new_incident() {
-        let stopped = |w: &OpenWait| Edge {
+    /// `w`'s D-Bus call → its owner, process 9, stopped.
+    fn owned_by_stopped_process(w: &OpenWait) -> Edge {
+        Edge {
             from: w.key,
             to: HeldBy::Terminal(Terminal {
                 id: Some(HolderId::Process(9)),
@@ -897,7 +895,14 @@ mod tests {
             kind: EdgeKind::DbusOwner,
             evidence: "owner".into(),
             exactness: Exactness::Exact,
-        };
+        }
+    }
+
+    /// An incident whose waits all ended is over, even when a new, unrelated wait on the
+    /// same holder (a stopped process) is open in the same scan: that is a new incident.
+    #[test]
+    fn a_new_group_at_the_same_holder_is_a_new_incident() {
+        let stopped = owned_by_stopped_process;
         let first = wait(1, WaitKind::DbusCall, "Ping", 100);
         let mut b = builder();
         let c = run(&mut b, std::slice::from_ref(&first), &[stopped(&first)], 111);
@@ -917,19 +922,7 @@ mod tests {
         let b_ = wait(2, WaitKind::DbusCall, "Introspect", 102);
         let kernel_a = wait(3, WaitKind::NetlinkRequest, "RTM_NEWADDR", 100);
         let kernel_b = wait(4, WaitKind::NetlinkRequest, "RTM_GETLINK", 100);
-        let svc = |w: &OpenWait| Edge {
-            from: w.key,
-            to: HeldBy::Terminal(Terminal {
-                id: Some(HolderId::Process(9)),
-                kind: "process",
-                pid: Some(9),
-                comm: None,
-                what: "stopped (state T)".into(),
-            }),
-            kind: EdgeKind::DbusOwner,
-            evidence: "owner".into(),
-            exactness: Exactness::Exact,
-        };
+        let svc = owned_by_stopped_process;
         let kernel = |w: &OpenWait| Edge {
             from: w.key,
             to: HeldBy::Terminal(Terminal { id: None, kind: "kernel", pid: None, comm: None, what: "no reply".into() }),
