@@ -160,6 +160,17 @@ const GUEST_TIME_SCALE: u32 = 4;
 /// Guest memory: containerd's loop-mounted roots live in the guest's /tmp tmpfs (RAM).
 const GUEST_MEMORY: &str = "8G";
 
+/// A shell function that prints, after each guest test, what a test can leave behind in
+/// the guest: memory, the /tmp tmpfs (containerd's roots), loop devices, mounts, pinned
+/// BPF objects and the commonest processes. A slow leak across tests shows as a trend.
+const GUEST_STATE: &str = r#"guest_state() {
+  echo "guest state: $(awk '/MemAvailable/{printf "%d MiB available", $2/1024}' /proc/meminfo), \
+/tmp $(df -m --output=used /tmp | tail -1 | tr -d ' ') MiB, $(losetup -a 2>/dev/null | wc -l) loop devices, \
+$(wc -l < /proc/mounts) mounts, $(ls /sys/fs/bpf 2>/dev/null | wc -l) pinned, $(ls /proc | grep -c '^[0-9]') processes: \
+$(ps --ppid 2 -p 2 --deselect -o comm= | sort | uniq -c | sort -rn | head -6 | awk '{printf "%s %s, ", $2, $1}')" >&2
+}
+"#;
+
 /// Builds the scenario binaries and `plegwatch` here, boots `kernel` and runs `tests` in
 /// it, one by one, each with its time; fails when any fails. The guest is stopped from
 /// here after `limit`, or by default after every test's own limit and [`GUEST_BOOT_SLACK`].
@@ -180,6 +191,7 @@ fn guest_stage<'a>(
     let exes = scenario_executables()?;
     let plegwatch = run::release_binary();
     let mut script = String::from("pass=0; fail=0; failed=''\n");
+    script.push_str(GUEST_STATE);
     let mut count = 0u32;
     script.push_str(&format!("export {}={}\n", crate::test::BIN_ENV, plegwatch.display()));
     script.push_str(&format!("export PLEGWATCH_TEST_TIME_SCALE={GUEST_TIME_SCALE}\n"));
@@ -204,7 +216,7 @@ fn guest_stage<'a>(
                 "echo '==> guest {kernel}: {label}' >&2; s=$(date +%s)\n\
                  if timeout -k 30 {GUEST_TEST_TIMEOUT_S} {exe} {filter} --test-threads=1 --nocapture; then pass=$((pass+1)); r=ok; \
                  else fail=$((fail+1)); r=FAILED; failed=\"$failed {label}\"; fi\n\
-                 echo \"guest {kernel}: {label}: $r in $(( $(date +%s) - s )) s\" >&2\n",
+                 echo \"guest {kernel}: {label}: $r in $(( $(date +%s) - s )) s\" >&2; guest_state\n",
                 exe = exe.display()
             ));
         }

@@ -343,6 +343,9 @@ else
   cg=v1
 fi
 echo "guest: Linux $(uname -r), cgroup $cg, $(nproc) CPUs" >&2
+# A task stuck in D state is named with its stack after 60 s (not Debian's 120 s), and a
+# soft lockup shows every CPU's backtrace: what a hang leaves on the console.
+sysctl -qw kernel.hung_task_timeout_secs=60 kernel.softlockup_all_cpu_backtrace=1 2>/dev/null || true
 "#;
 
 /// Boots `kernel` with `memory` and runs `line` as root after [`GUEST_PREP`]; returns
@@ -374,6 +377,10 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Opti
     vng.arg("--run")
         .arg(&kernel.vmlinuz)
         .args(["--disable-kvm", "--cpus", "2", "--memory", memory])
+        // The kernel's own warnings on stderr, with their stacks (printed at the default
+        // level, 4: hence 5): soft lockups, RCU stalls, hung tasks, OOM, a panic's last
+        // words. Without them a guest that hangs or reboots says nothing.
+        .args(["--verbose", "--append", "loglevel=5"])
         .arg(format!("--rwdir={}", target.display()))
         .arg(format!("--overlay-rwdir={home}"))
         .arg(format!("--cwd={}", root.display()))
