@@ -93,6 +93,11 @@ impl UnixPeers {
         Some(found)
     }
 
+    /// The socket `inode` as the cache has it (never asks the kernel).
+    pub fn cached(&self, inode: u64) -> Option<&UnixSocketInfo> {
+        self.cache.get(&inode)
+    }
+
     /// The peer of the connected socket `inode`.
     pub fn peer_of(&mut self, inode: u64) -> Option<PeerInfo> {
         let me = self.info(inode)?;
