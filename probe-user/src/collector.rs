@@ -45,7 +45,7 @@ use crate::{
     syscalls::{by_slot, WaitKind},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
-use plegwatch_abi::{child_maps, go_maps, maps, sock_maps, EventKind, ExecEvent, Stat, Wait, WaitEnd};
+use plegwatch_abi::{child_maps, go_maps, maps, sock_maps, EventKind, Stat, Wait, WaitEnd};
 use serde_json::{Map, Value};
 use std::{
     collections::HashMap,
@@ -98,7 +98,9 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
 
     let mut engine = Engine::new(&cfg, mounts, &choices, inflight, raced, tails);
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
-    let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone(), cfg.go_uprobes)?;
+    // `/proc` listed off the loop, once for every reader.
+    let lister = crate::observe::lister::Lister::start();
+    let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone(), cfg.go_uprobes, lister.clone())?;
     let go_paths: Vec<(&str, std::path::PathBuf)> = cfg.go_paths.iter().map(|(t, p)| (*t, p.clone())).collect();
     go.start(&mut ebpf, &go_paths, sink)?;
     let mut go_ring = async_ring(&mut ebpf, go_maps::GO_EVENTS)?;
@@ -113,7 +115,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         }
     }
     let mut offcpu = match choices.iter().any(|c| c.probe == "offcpu" && !c.is_off()) {
-        true => Some(OffCpu::new(&mut ebpf, &cfg.filter.comms)?),
+        true => Some(OffCpu::new(&mut ebpf, &cfg.filter.comms, lister.clone())?),
         false => None,
     };
     if choices.iter().any(|c| c.probe == "socket_io" && !c.is_off()) {
@@ -138,7 +140,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         false => None,
     };
     let mut incidents = Incidents::new(cfg.thresholds);
-    let mut observe = Observe::default();
+    let mut observe = Observe::new(lister);
     let mut pods = Pods::new(cfg.runtime_socket.clone());
     let mut scans = ScanClock::default();
     let mut devices = match choices.iter().any(|c| c.probe == "block_io" && !c.is_off()) {
@@ -187,9 +189,6 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 }
                 // Short Go calls are queued without a wakeup: take them now.
                 while let Some(item) = go_ring.get_mut().next() {
-                    if let (Some(o), Some(pid)) = (offcpu.as_mut(), exec_pid(&item)) {
-                        o.on_exec(pid);
-                    }
                     go.on_record(&mut ebpf, &item, sink);
                 }
                 // So are socket records (the kernel wakes us only once a quarter full).
@@ -224,9 +223,6 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
                 let mut guard = guard.map_err(|e| WatchError::Io("polling the Go ring buffer", e))?;
                 let ring = guard.get_inner_mut();
                 while let Some(item) = ring.next() {
-                    if let (Some(o), Some(pid)) = (offcpu.as_mut(), exec_pid(&item)) {
-                        o.on_exec(pid);
-                    }
                     go.on_record(&mut ebpf, &item, sink);
                 }
                 guard.clear_ready();
@@ -376,17 +372,6 @@ fn seed_swept(inflight: &mut BpfHashMap<MapData, u32, Wait>, tails: &mut Array<M
         n.push(s.wait);
     }
     (n, raced)
-}
-
-/// The process a `GO_EVENTS` record says called `execve`, if it is an exec record.
-fn exec_pid(bytes: &[u8]) -> Option<u32> {
-    let kind = u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?);
-    if kind != EventKind::Exec as u32 || bytes.len() < std::mem::size_of::<ExecEvent>() {
-        return None;
-    }
-    // SAFETY: length checked; plain old data; read_unaligned copies.
-    let rec: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-    Some(rec.tgid)
 }
 
 /// A ring buffer map, registered with the runtime to wake the loop when it has records.

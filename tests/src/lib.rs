@@ -38,6 +38,7 @@
 //! (`containerd::require`). `cargo xtask test` provides both and runs them with
 //! `--test-threads=1`.
 
+pub mod bpfmap;
 pub mod canary;
 pub mod child;
 pub mod chromium;

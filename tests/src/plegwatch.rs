@@ -258,6 +258,7 @@ impl Plegwatch {
         for reader in self.readers.drain(..) {
             let _ = reader.join();
         }
+        wait_exit_handoffs();
         self.events.extend(self.lines.try_iter());
         if !status.success() {
             return Err(self.failure(format!("plegwatch exited with {status} after signal {signal}, not 0")));
@@ -338,6 +339,40 @@ impl Drop for Plegwatch {
         }
     }
 }
+
+/// plegwatch leaves the last closes of its probes to a child (`plegwatch-exit`, see
+/// `kernel/handoff.rs`), which outlives it by up to several seconds. The next test does not
+/// start a plegwatch while one is still unregistering probes: in TCG guests (5.10, 6.1,
+/// 6.12) the kernel hung twice, and a guest died once, right at such a start. Waits up
+/// to a minute (scaled), saying so when it waited at all.
+pub fn wait_exit_handoffs() {
+    let began = Instant::now();
+    let limit = crate::timing::scaled(Duration::from_secs(60));
+    let lingering = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                    .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == HANDOFF_COMM))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut left = lingering();
+    while !left.is_empty() && began.elapsed() < limit {
+        thread::sleep(Duration::from_millis(50));
+        left = lingering();
+    }
+    if began.elapsed() >= Duration::from_millis(500) || !left.is_empty() {
+        eprintln!(
+            "plegwatch's exit hand-off: waited {:.2}s for it to close the probes; still there: {left:?}",
+            began.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// The comm of plegwatch's exit hand-off child.
+const HANDOFF_COMM: &str = "plegwatch-exit";
 
 /// Whether process `pid` is `ancestor` or runs under it (its parent chain in `/proc`).
 fn descends_from(mut pid: u32, ancestor: u32) -> bool {

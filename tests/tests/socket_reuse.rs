@@ -38,11 +38,22 @@ const HOLD_AFTER_REUSE: Duration = Duration::from_millis(4500);
 const FIRST_SEQ: u32 = 0x5eed_0101;
 const REUSE_SEQ: u32 = 0x5eed_0102;
 
-fn reused_fd_is_not_netlink(how: &str) -> anyhow::Result<()> {
+/// Keys no thread can have (above Linux's largest pid_max, 2^22): they fill `DUP_CALLS`.
+const FAKE_TIDS: u32 = 1 << 23;
+
+/// `full_dup_calls`: the kernel's table of dup2/dup3 calls in flight is filled first, so
+/// the reuse's `dup2` finds no room (issue 19: the fd then kept the replaced socket's class).
+fn reused_fd_is_not_netlink_with(how: &str, full_dup_calls: bool) -> anyhow::Result<()> {
     preflight::require();
     let ns = NetNs::new(&format!("reuse-{how}"))?;
     let mut plegwatch = Plegwatch::start(&["--warn", WARN])?;
     plegwatch.wait_ready(READY_TIMEOUT)?;
+    if full_dup_calls {
+        let id = plegwatch_scenarios::bpfmap::map_id(plegwatch.pid(), "DUP_CALLS")?;
+        let (entries, max) = plegwatch_scenarios::bpfmap::fill_u32_keys(id, FAKE_TIDS, 1024, 8)?;
+        anyhow::ensure!(entries as u64 == max, "DUP_CALLS (map {id}) holds {entries} of {max} entries after the fill");
+        eprintln!("DUP_CALLS (map {id}) is full: {entries} of {max}");
+    }
     let mut client = Client::start(
         NL_CLIENT.as_ref(),
         &format!("nl_client reuse by {how}"),
@@ -118,12 +129,30 @@ fn reused_fd_is_not_netlink(how: &str) -> anyhow::Result<()> {
         first.u64("/id"),
         all()
     );
+    if full_dup_calls {
+        let summary = events.iter().find(|e| e.is("summary")).unwrap_or_else(|| panic!("no summary line:\n{}", all()));
+        let full = summary
+            .get("/dropped")
+            .and_then(|d| d.as_array())
+            .and_then(|d| d.iter().find(|x| x["reason"] == "dup_calls_full"))
+            .and_then(|x| x["count"].as_u64());
+        assert!(full.is_some_and(|n| n >= 1), "the dup2 that found DUP_CALLS full was not counted (dup_calls_full {full:?})");
+    }
     Ok(())
+}
+
+fn reused_fd_is_not_netlink(how: &str) -> anyhow::Result<()> {
+    reused_fd_is_not_netlink_with(how, false)
 }
 
 #[test]
 fn dup2_onto_a_netlink_fd() -> anyhow::Result<()> {
     reused_fd_is_not_netlink("dup2")
+}
+
+#[test]
+fn dup2_onto_a_netlink_fd_while_the_dup_table_is_full() -> anyhow::Result<()> {
+    reused_fd_is_not_netlink_with("dup2", true)
 }
 
 #[test]

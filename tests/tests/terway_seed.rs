@@ -21,6 +21,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure, Context, Result};
+use plegwatch_scenarios::child::{Options, Proc};
 use plegwatch_scenarios::containerd::{self, image, Containerd, Placement};
 use plegwatch_scenarios::incidents::{self, Incident};
 use plegwatch_scenarios::netlink::NetNs;
@@ -137,5 +138,82 @@ fn one_incident_from_run_pod_sandbox_to_the_daemons_netlink_request() -> Result<
         ensure!(!other.any_hop(mine), "another incident #{} has a hop of this stall:\n{}", other.id, all());
     }
     eprintln!("resolved {:?} after the lift", i.resolved.as_ref().map(|r| r.at.duration_since(lifted)));
+    Ok(())
+}
+
+/// Issue 19: the client's hop was lost when the client was no child of an anchor (a
+/// plugin run by hand, a node agent, a CLI): the sampler only followed unix receives
+/// *from* a sampled process to its peer, so a client blocked on the daemon was never
+/// sampled, and the incident held only the daemon's netlink wait. Now the sampler also
+/// follows each long-waiting process's accepted unix connections back to their clients.
+///
+/// The same fixtures, no containerd: the plugin runs as a child of this test (ADD on the
+/// daemon's socket), the daemon's serving thread takes the mutex into an unanswered
+/// netlink request, two more threads wait on the mutex. Expected: one incident whose
+/// chain starts at the plugin (`unix_recv`, `unix_peer` exact, by sock_diag inode) and
+/// runs to the daemon's netlink request and the kernel.
+#[test]
+fn a_client_outside_containerd_is_the_top_of_the_daemons_incident() -> Result<()> {
+    preflight::require();
+    terway::require();
+    let (daemon_bin, plugin_bin) = terway::build()?;
+    const WAITERS: usize = 2;
+    let netns = NetNs::new("terway-client")?;
+    let dir = tempfile::tempdir()?;
+    let socket = dir.path().join("terwayd.sock");
+    let mut daemon = Daemon::start(&daemon_bin, &socket, &netns, WAITERS as u32)?;
+    let mut pw = Plegwatch::start(&["--warn", &format!("{}ms", WARN.as_millis())])?;
+    pw.wait_ready(READY_TIMEOUT)?;
+
+    let config =
+        format!(r#"{{"cniVersion":"0.4.0","name":"{}","type":"{}","socket":"{}"}}"#, terway::NETWORK, terway::PLUGIN, socket.display());
+    let sent = Instant::now();
+    let mut plugin = Proc::spawn_with_input(
+        terway::PLUGIN,
+        std::process::Command::new(&plugin_bin)
+            .env("CNI_COMMAND", "ADD")
+            .env("CNI_CONTAINERID", "client-outside-containerd")
+            .env("CNI_NETNS", format!("/run/netns/{}", netns.name()))
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", plugin_bin.parent().unwrap_or(std::path::Path::new("/"))),
+        Options::default(),
+        config.as_bytes(),
+    )?;
+    let root_tid = daemon.tid_of("sent", terway::START_TIMEOUT)?;
+    daemon.tids_of("waiting", WAITERS, Duration::from_secs(5))?;
+    eprintln!("plugin pid {} asked the daemon (pid {}); its thread {root_tid} is in the netlink request", plugin.pid(), daemon.pid);
+    let until = sent + WARN + HOLD;
+    std::thread::sleep(until.saturating_duration_since(Instant::now()));
+    ensure!(plugin.running(), "the plugin returned while the daemon was stuck");
+    let lifted = Instant::now();
+    daemon.lift()?;
+    let status = plugin.wait_exit(Duration::from_secs(30))?;
+    ensure!(status.success(), "the plugin failed after the lift: {status}");
+    let is_root = |h: &Value| h["kind"] == "netlink_request" && h["pid"].as_u64() == Some(u64::from(daemon.pid));
+    pw.wait_for(Duration::from_secs(5), |e| {
+        e.is("incident_resolved") && e.get("/longest_chain").and_then(Value::as_array).is_some_and(|c| c.iter().any(is_root))
+    });
+    let events = pw.stop()?;
+    let all = || plegwatch_scenarios::events::dump(&events, sent);
+
+    let i = incidents::the_one(&events, WARN, Some(lifted), is_root).map_err(|e| anyhow!("{e}\n{}", all()))?;
+    let from_client = |c: &[Value]| c.first().is_some_and(|h| h["kind"] == "unix_recv");
+    let line = i.line_where(from_client).ok_or_else(|| anyhow!("incident #{} never started at the plugin's receive:\n{}", i.id, all()))?;
+    let chain = Incident::chain(line);
+    let text = incidents::chain_text(&chain);
+    eprintln!(
+        "incident #{}: the client's hop {} the first line:\n{text}",
+        i.id,
+        if std::ptr::eq(line, i.first()) { "in" } else { "after" }
+    );
+    let s = |h: &Value, f: &str| h[f].as_str().unwrap_or_default().to_string();
+    ensure!(chain.len() == 3, "want plugin → netlink request → kernel:\n{text}\n{}", all());
+    let client = &chain[0];
+    ensure!(client["pid"].as_u64() == Some(u64::from(plugin.pid())) && s(client, "comm") == terway::PLUGIN, "{text}");
+    ensure!((s(client, "edge"), s(client, "exactness")) == ("unix_peer".into(), "exact".into()), "{text}");
+    ensure!(s(client, "evidence").contains(&format!("pid {}", daemon.pid)), "{text}");
+    let root = &chain[1];
+    ensure!(root["root"] == true && root["tid"].as_u64() == Some(u64::from(root_tid)), "{text}");
+    ensure!(chain[2]["kind"] == "kernel", "{text}");
     Ok(())
 }

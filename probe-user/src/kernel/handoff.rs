@@ -14,15 +14,29 @@
 //! unregistering after plegwatch is gone. The probes keep running for those
 //! few seconds, writing to maps nobody reads.
 //!
+//! The child names itself [`CHILD_COMM`] (`ps` shows what it is; a test waits
+//! for it to be gone before starting another plegwatch).
+//!
 //! The child of a multi-threaded process may only call async-signal-safe
-//! functions: it calls `close`, `read` and `_exit`, and nothing else.
+//! functions: it calls `prctl`, `close`, `read` and `_exit`, and nothing else.
 
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+
+/// The hand-off child's comm.
+pub const CHILD_COMM: &str = "plegwatch-exit";
 
 /// The parent's end of the hand-off: dropping it lets the child exit.
 #[derive(Debug)]
 pub struct Handoff {
     _release: OwnedFd,
+    child: libc::pid_t,
+}
+
+impl Handoff {
+    /// The child's pid.
+    pub fn child(&self) -> u32 {
+        self.child as u32
+    }
 }
 
 /// Forks the child that will close the last references. Call it when nothing
@@ -47,8 +61,10 @@ pub fn fork_last_closer() -> Option<Handoff> {
         0 => {
             let wait = wait_end.as_raw_fd();
             let release = release_end.as_raw_fd();
-            // SAFETY: async-signal-safe calls on descriptors this process holds.
+            // SAFETY: async-signal-safe calls on descriptors this process holds; the
+            // name is a NUL-terminated literal.
             unsafe {
+                libc::prctl(libc::PR_SET_NAME, c"plegwatch-exit".as_ptr());
                 libc::close(release);
                 // Not the parent's stdout: a reader waiting for its EOF must not wait for us.
                 libc::close(0);
@@ -63,7 +79,7 @@ pub fn fork_last_closer() -> Option<Handoff> {
         child => {
             drop(wait_end);
             tracing::debug!(child, "the last closes of the probes are left to a child process");
-            Some(Handoff { _release: release_end })
+            Some(Handoff { _release: release_end, child })
         }
     }
 }
@@ -79,6 +95,15 @@ mod tests {
         let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let handoff = fork_last_closer().expect("fork");
         drop(theirs);
+        let comm = format!("/proc/{}/comm", handoff.child());
+        let named = (0..6000).any(|_| {
+            let yes = std::fs::read_to_string(&comm).is_ok_and(|c| c.trim_end() == CHILD_COMM);
+            if !yes {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            yes
+        });
+        assert!(named, "the hand-off child is not named {CHILD_COMM}");
         ours.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         let mut buf = [0u8; 1];
         use std::io::Read as _;

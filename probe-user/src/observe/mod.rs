@@ -12,10 +12,12 @@
 //! goroutines, read from `/proc/PID/mem` without stopping it) and `gostack`
 //! (Go stacks unwound from outside, through `/proc/PID/mem`).
 
+pub mod bounded_read;
 pub mod goroutines;
 pub mod gostack;
 pub mod holders;
 pub mod k8s;
+pub mod lister;
 pub mod mounts;
 pub mod namespaces;
 pub mod pipes;
@@ -39,24 +41,24 @@ const CONNECTED_TTL: Duration = Duration::from_secs(5);
 /// Most (client, server) answers kept.
 const CONNECTED_MAX: usize = 4096;
 
-#[derive(Default)]
 pub struct Observe {
     peers: UnixPeers,
     owners: SocketOwners,
     connected: HashMap<(u32, u32), (Instant, bool)>,
     pipes: HashMap<u32, (Instant, Vec<PipeLink>)>,
-    /// `/proc` listed at most once per [`LISTING_TTL`], for children.
-    listing: proclist::ProcList,
+    /// `/proc` as the listing thread last saw it, for children.
+    lister: lister::Lister,
 }
 
-/// How long a listing of `/proc` answers "whose children": about one scan.
-const LISTING_TTL: Duration = Duration::from_millis(200);
-
 impl Observe {
-    /// `pid`'s children, from a listing of `/proc` at most [`LISTING_TTL`] old.
+    pub fn new(lister: lister::Lister) -> Self {
+        Observe { peers: UnixPeers::default(), owners: SocketOwners::default(), connected: HashMap::new(), pipes: HashMap::new(), lister }
+    }
+
+    /// `pid`'s children, from the newest listing of `/proc` (at most
+    /// [`lister::LIST_EVERY`] old).
     fn children_of(&mut self, pid: u32) -> Vec<u32> {
-        self.listing.refresh(LISTING_TTL);
-        self.listing.children(pid)
+        self.lister.latest().children(pid)
     }
 }
 

@@ -87,10 +87,9 @@ fn blocked_readers(pid: u32, fds: &[u32]) -> Vec<u32> {
         .collect()
 }
 
+/// A process's arguments (read within a deadline: it takes the process's `mmap_lock`).
 fn argv(pid: u32) -> Vec<String> {
-    fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| b.split(|c| *c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect())
-        .unwrap_or_default()
+    super::bounded_read::cmdline(pid)
 }
 
 /// The pipes `pid` reads whose write end one of `children` holds.

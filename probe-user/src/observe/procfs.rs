@@ -4,7 +4,7 @@
 //! Every reader returns `None` when the thread is gone or the file can't be read;
 //! a thread that exits while we look is normal, not an error.
 
-use std::{collections::HashMap, fs, os::unix::fs::MetadataExt as _, path::PathBuf};
+use std::{fs, os::unix::fs::MetadataExt as _, path::PathBuf};
 
 /// The kernel stack of a thread, innermost first, as bare function names
 /// (`folio_wait_bit`, not `[<0>] folio_wait_bit+0x13c/0x270`). Needs root.
@@ -126,23 +126,6 @@ pub fn thread_age_s(tid: u32) -> Option<f64> {
     let start = start_ticks(tid)? as f64 / (::procfs::ticks_per_second() as f64).max(1.0);
     let uptime = std::fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse::<f64>().ok()?;
     Some((uptime - start).max(0.0))
-}
-
-/// Every process's parent, from `/proc/*/stat`.
-pub fn parents() -> HashMap<u32, u32> {
-    let Ok(all) = ::procfs::process::all_processes() else { return HashMap::new() };
-    all.flatten()
-        .filter_map(|p| {
-            let s = p.stat().ok()?;
-            Some((u32::try_from(s.pid).ok()?, u32::try_from(s.ppid).ok()?))
-        })
-        .collect()
-}
-
-/// The processes whose parent is `pid` (by `/proc/*/stat`; this kernel has
-/// no `/proc/PID/task/TID/children`).
-pub fn children(pid: u32) -> Vec<u32> {
-    parents().into_iter().filter(|(_, parent)| *parent == pid).map(|(child, _)| child).collect()
 }
 
 /// The kernel function a thread sleeps in, from `/proc/TID/wchan` ("0" means none).
@@ -278,7 +261,6 @@ ffff8881012f1000 16  0          00000000 0        0        0     2        0     
         assert!(last_cpu(me).is_some());
         assert_eq!(ppid(me), Some(std::os::unix::process::parent_id()));
         assert!(start_ticks(me).is_some_and(|t| t > 0));
-        assert!(children(std::os::unix::process::parent_id()).contains(&me));
     }
 
     #[test]

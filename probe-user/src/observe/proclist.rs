@@ -23,6 +23,7 @@
 use std::{
     collections::HashMap,
     os::unix::fs::DirEntryExt as _,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -30,6 +31,7 @@ use std::{
 pub const COMM_TTL: Duration = Duration::from_secs(30);
 
 /// One process as listed.
+#[derive(Clone)]
 struct Entry {
     /// Its `/proc/PID` inode number when its comm was read.
     ino: u64,
@@ -40,10 +42,11 @@ struct Entry {
     read_at: Instant,
 }
 
-/// The processes of the last listing of `/proc`, with their comms.
-#[derive(Default)]
+/// The processes of the last listing of `/proc`, with their comms. A clone is
+/// cheap (the entries are shared) and is what [`super::lister::Lister`] hands out.
+#[derive(Clone, Default)]
 pub struct ProcList {
-    entries: HashMap<u32, Entry>,
+    entries: Arc<HashMap<u32, Entry>>,
     listed_at: Option<Instant>,
     /// `/proc/PID/stat` reads made (for tests and the curious).
     reads: u64,
@@ -70,9 +73,11 @@ impl ProcList {
     /// Takes a listing of (pid, inode), reading (comm, ppid) with `read` where needed.
     fn update(&mut self, listed: Vec<(u32, u64)>, now: Instant, mut read: impl FnMut(u32) -> Option<(String, u32)>) {
         let alive: std::collections::HashSet<u32> = listed.iter().map(|(pid, _)| *pid).collect();
+        // Moved out, unless a clone handed out still shares them.
+        let mut old = Arc::unwrap_or_clone(std::mem::take(&mut self.entries));
         let mut next = HashMap::with_capacity(listed.len());
         for (pid, ino) in listed {
-            let entry = match self.entries.remove(&pid) {
+            let entry = match old.remove(&pid) {
                 Some(e)
                     if e.ino == ino && now.saturating_duration_since(e.read_at) < COMM_TTL && (e.ppid == 0 || alive.contains(&e.ppid)) =>
                 {
@@ -86,7 +91,7 @@ impl ProcList {
             };
             next.insert(pid, entry);
         }
-        self.entries = next;
+        self.entries = Arc::new(next);
         self.listed_at = Some(now);
     }
 
@@ -118,7 +123,7 @@ impl ProcList {
 
     /// `pid` called `execve`: its entry is read again at the next listing.
     pub fn on_exec(&mut self, pid: u32) {
-        if let Some(e) = self.entries.get_mut(&pid) {
+        if let Some(e) = Arc::make_mut(&mut self.entries).get_mut(&pid) {
             e.ino = u64::MAX;
         }
     }
@@ -126,6 +131,11 @@ impl ProcList {
     /// How many stats were read since the start.
     pub fn reads(&self) -> u64 {
         self.reads
+    }
+
+    /// When this listing was made (`None`: never listed).
+    pub fn listed_at(&self) -> Option<Instant> {
+        self.listed_at
     }
 }
 

@@ -212,11 +212,11 @@ impl ExecMap {
     }
 }
 
-/// The process's file-backed executable mappings, from `/proc/PID/maps` (the procfs crate).
+/// The process's file-backed executable mappings, from `/proc/PID/maps` (parsed by
+/// the procfs crate; read within a deadline, as it takes the process's `mmap_lock`).
 fn mappings(pid: u32) -> Vec<ExecMap> {
     use ::procfs::process::MMapPath;
-    let Ok(p) = ::procfs::process::Process::new(pid as i32) else { return Vec::new() };
-    let Ok(maps) = p.maps() else { return Vec::new() };
+    let Ok(maps) = super::bounded_read::maps(pid) else { return Vec::new() };
     maps.into_iter()
         .filter(|m| m.perms.contains(::procfs::process::MMPermissions::EXECUTE))
         .filter_map(|m| match &m.pathname {

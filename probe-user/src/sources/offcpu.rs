@@ -9,7 +9,7 @@
 
 use crate::{
     kernel::loader::{take_map, WatchError},
-    observe::{procfs, proclist::ProcList},
+    observe::{lister::Lister, procfs},
     sources::offcpu_prune,
 };
 use aya::{
@@ -40,7 +40,7 @@ pub struct OffCpu {
     comms: Vec<String>,
     last_refresh: Option<Instant>,
     /// `/proc` as the last refresh listed it, each comm read once per process.
-    listing: ProcList,
+    listing: Lister,
     marked: HashSet<u32>,
     /// Comms of the processes marked, kept for the summary after they exit.
     comm_of: HashMap<u32, String>,
@@ -68,7 +68,7 @@ fn comm_matches(patterns: &[String], comm: &str) -> bool {
 
 impl OffCpu {
     /// Takes the maps; `extra_comms` adds to [`DEFAULT_COMMS`] (from `--comm`).
-    pub fn new(ebpf: &mut Ebpf, extra_comms: &[String]) -> Result<Self, WatchError> {
+    pub fn new(ebpf: &mut Ebpf, extra_comms: &[String], listing: Lister) -> Result<Self, WatchError> {
         let mut comms: Vec<String> = DEFAULT_COMMS.iter().map(|s| s.to_string()).collect();
         comms.extend(extra_comms.iter().cloned());
         Ok(OffCpu {
@@ -80,7 +80,7 @@ impl OffCpu {
             ksyms: aya::util::kernel_symbols().unwrap_or_default(),
             comms,
             last_refresh: None,
-            listing: ProcList::default(),
+            listing,
             marked: HashSet::new(),
             comm_of: HashMap::new(),
             retired: HashMap::new(),
@@ -98,8 +98,7 @@ impl OffCpu {
         }
         self.last_refresh = Some(Instant::now());
         let mut want: HashSet<u32> = extra.iter().copied().collect();
-        self.listing.refresh(Duration::ZERO);
-        want.extend(self.listing.iter().filter(|(_, c)| c.is_some_and(|c| comm_matches(&self.comms, c))).map(|(pid, _)| pid));
+        want.extend(self.listing.latest().iter().filter(|(_, c)| c.is_some_and(|c| comm_matches(&self.comms, c))).map(|(pid, _)| pid));
         want.remove(&crate::observe::namespaces::self_tgid());
         for gone in self.marked.difference(&want).copied().collect::<Vec<_>>() {
             let _ = self.interesting.remove(&gone);
@@ -124,11 +123,6 @@ impl OffCpu {
             keep.extend(self.retired.keys().map(|(tgid, _)| *tgid));
             self.comm_of.retain(|pid, _| keep.contains(pid));
         }
-    }
-
-    /// `pid` called `execve`: its comm is read again at the next refresh.
-    pub fn on_exec(&mut self, pid: u32) {
-        self.listing.on_exec(pid);
     }
 
     /// Whether a pruning pass is due (every [`offcpu_prune::EVERY`]; the first

@@ -20,9 +20,11 @@
 //! Sampling costs nothing until a wait is already long, and looks only where
 //! it matters: it is **age-gated**. Each scan names the processes with an
 //! open wait at least [`ANCHOR_MIN_NS`] old (the anchors); the sampler reads
-//! their threads, their children's (a CNI plugin that containerd runs) and,
-//! through each unix receive it finds, the peer processes' (the daemon), a
-//! few hops deep. The price is timing: a sampled wait's start is when its
+//! their threads, their children's (a CNI plugin that containerd runs),
+//! their clients' (the processes at the other end of the unix connections an
+//! anchor accepted: a plugin run by hand or by a node agent is no child of
+//! any anchor) and, through each unix receive it finds, the peer processes'
+//! (the daemon), a few hops deep. The price is timing: a sampled wait's start is when its
 //! thread last ran (`se.exec_start`, see [`AgeClock`]), a lower bound that is
 //! exact for a thread that slept since it blocked, and it is seen one scan
 //! after its anchor crossed the gate.
@@ -58,6 +60,12 @@ const MAX_PROCS: usize = 256;
 const MAX_THREADS: usize = 8192;
 /// How many hops (child, unix peer) from an anchor the sampler follows.
 const MAX_DEPTH: u8 = 3;
+/// Most clients followed back from one anchor's accepted unix connections.
+const MAX_CLIENTS: usize = 32;
+/// How often the table of unix sockets is dumped again to follow clients back.
+const PEERS_REFRESH: Duration = Duration::from_secs(1);
+/// sock_diag's state of a connected socket (`TCP_ESTABLISHED`).
+const ESTABLISHED: u8 = 1;
 /// How often the per-CPU task-clock offsets are measured again.
 const CLOCK_REFRESH: Duration = Duration::from_secs(30);
 
@@ -185,6 +193,8 @@ struct Sampling {
     starts: HashMap<(u32, i64, [u64; 3]), u64>,
     /// `/proc` as the last round listed it.
     listing: ProcList,
+    /// When the unix socket table was last dumped (for [`Sampling::clients_of`]).
+    peers_at: Option<Instant>,
 }
 
 impl Sampling {
@@ -198,6 +208,7 @@ impl Sampling {
             clock_at: Instant::now(),
             starts: HashMap::new(),
             listing: ProcList::default(),
+            peers_at: None,
         }
     }
 
@@ -216,6 +227,13 @@ impl Sampling {
             children.entry(ppid).or_default().push(pid);
         }
         let mut todo: VecDeque<(u32, u8)> = anchors.iter().map(|&p| (p, 0)).collect();
+        // And the anchors' clients: a process blocked reading a unix socket whose server
+        // end an anchor holds is no child of any anchor when it was started by hand, by a
+        // node agent or by another runtime; it is found from the server's side.
+        for &a in anchors {
+            let clients = self.clients_of(a);
+            todo.extend(clients.into_iter().map(|c| (c, 1)));
+        }
         let mut seen: HashSet<u32> = HashSet::new();
         let mut threads = 0usize;
         let mut found = Vec::new();
@@ -267,6 +285,34 @@ impl Sampling {
         }
         self.starts.retain(|k, _| live_starts.contains(k));
         found
+    }
+
+    /// The processes at the client end of `pid`'s accepted unix connections (the
+    /// server end carries its listener's address; sock_diag names the peer inode,
+    /// `/proc/PID/fd` its holders). From one dump of the unix socket table, made
+    /// again at most every [`PEERS_REFRESH`]; at most [`MAX_CLIENTS`].
+    fn clients_of(&mut self, pid: u32) -> Vec<u32> {
+        if self.peers_at.is_none_or(|t| t.elapsed() >= PEERS_REFRESH) {
+            self.peers_at = Some(Instant::now());
+            if let Err(e) = self.peers.refresh() {
+                tracing::debug!("unix socket table not dumped, clients not followed back: {e}");
+            }
+        }
+        let mut clients = Vec::new();
+        for (_, inode) in procfs::socket_fds(pid) {
+            let Some(me) = self.peers.cached(inode) else { continue };
+            let (true, Some(_), Some(peer)) = (me.state == ESTABLISHED, me.name.as_ref(), me.peer_inode) else { continue };
+            for c in self.owners.pids_of(peer) {
+                if c != pid && !clients.contains(&c) {
+                    clients.push(c);
+                }
+            }
+            if clients.len() >= MAX_CLIENTS {
+                clients.truncate(MAX_CLIENTS);
+                break;
+            }
+        }
+        clients
     }
 
     /// A receive on fd `args[0]` of `pid`, if that fd is a unix socket.
@@ -401,5 +447,38 @@ mod tests {
         }
         d.send(b"done").unwrap();
         reader.join().unwrap();
+    }
+
+    /// A client is found from the server's side: the process holding the other end
+    /// of a connection accepted by `pid`, whatever its parent.
+    #[test]
+    fn the_clients_of_a_server_are_found_from_its_side() {
+        use std::os::fd::AsRawFd as _;
+        use std::os::unix::process::CommandExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("server.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let client = UnixStream::connect(&path).expect("connect");
+        let (_accepted, _) = listener.accept().expect("accept");
+        let fd = client.as_raw_fd();
+        // A child holds the client end as its fd 3; ours is closed.
+        // SAFETY: dup2 is async-signal-safe; `fd` stays open until after the spawn.
+        let mut child = unsafe {
+            std::process::Command::new("sleep")
+                .arg("60")
+                .pre_exec(move || if libc::dup2(fd, 3) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) })
+                .spawn()
+                .expect("spawn sleep")
+        };
+        drop(client);
+        let me = std::process::id();
+        let mut s = Sampling::new(me);
+        let clients = s.clients_of(me);
+        // The client's own side leads nowhere: its end is not an accepted one.
+        let back = s.clients_of(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(clients, vec![child.id()]);
+        assert_eq!(back, Vec::<u32>::new());
     }
 }

@@ -93,6 +93,11 @@ impl UnixPeers {
         Some(found)
     }
 
+    /// The socket `inode` as the cache has it (never asks the kernel).
+    pub fn cached(&self, inode: u64) -> Option<&UnixSocketInfo> {
+        self.cache.get(&inode)
+    }
+
     /// The peer of the connected socket `inode`.
     pub fn peer_of(&mut self, inode: u64) -> Option<PeerInfo> {
         let me = self.info(inode)?;
@@ -180,6 +185,8 @@ pub struct SocketOwners {
     last_scan: Option<Instant>,
     /// inode → (pid, fd).
     by_inode: HashMap<u64, Vec<(u32, u32)>>,
+    /// Rescans of `/proc` made (for tests and the curious).
+    scans: u64,
 }
 
 impl Default for SocketOwners {
@@ -196,7 +203,7 @@ impl SocketOwners {
 
     /// Reads `proc_root`, rescanning at most once per `min_rescan`.
     pub fn with(proc_root: &Path, min_rescan: Duration) -> Self {
-        SocketOwners { proc_root: proc_root.to_path_buf(), min_rescan, last_scan: None, by_inode: HashMap::new() }
+        SocketOwners { proc_root: proc_root.to_path_buf(), min_rescan, last_scan: None, by_inode: HashMap::new(), scans: 0 }
     }
 
     /// The processes that hold socket `inode`, sorted, no duplicates.
@@ -211,9 +218,15 @@ impl SocketOwners {
         self.checked(inode).unwrap_or_default()
     }
 
+    /// How many times `/proc` was rescanned.
+    pub fn scans(&self) -> u64 {
+        self.scans
+    }
+
     /// Rereads every `/proc/PID/fd`.
     pub fn rescan(&mut self) {
         self.last_scan = Some(Instant::now());
+        self.scans += 1;
         self.by_inode.clear();
         let Ok(procs) = fs::read_dir(&self.proc_root) else { return };
         for p in procs.flatten() {

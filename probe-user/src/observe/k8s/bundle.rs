@@ -112,11 +112,9 @@ pub fn shim_of(pid: u32) -> Option<Shim> {
     None
 }
 
-/// A process's arguments.
+/// A process's arguments (read within a deadline: it takes the process's `mmap_lock`).
 pub fn cmdline(pid: u32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| b.split(|c| *c == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect())
-        .unwrap_or_default()
+    crate::observe::bounded_read::cmdline(pid)
 }
 
 /// The bundle of container `id`: beside its shim's, or in containerd's

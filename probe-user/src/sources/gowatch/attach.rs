@@ -19,7 +19,7 @@ use super::inspector::{Done, Inspector, Job};
 use super::late::{Job as LateJob, LateFunc, LateScanner};
 use super::targets::{short, target_named, target_of, Arg, GoFuncSpec, Role, Target};
 use crate::{
-    events::Event, events::Sink, kernel::loader::take_map, kernel::loader::WatchError, observe::procfs, observe::proclist::ProcList,
+    events::Event, events::Sink, kernel::loader::take_map, kernel::loader::WatchError, observe::lister::Lister, observe::procfs,
     proto::gosym::GoBinary,
 };
 use aya::{
@@ -325,8 +325,8 @@ pub struct Attacher {
     /// Processes in `GO_PROCS`.
     known: HashSet<u32>,
     last_poll: Option<Instant>,
-    /// `/proc` as the poll last listed it, each comm read once per process.
-    listing: ProcList,
+    /// `/proc` as the listing thread last saw it, each comm read once per process.
+    listing: Lister,
     /// Processes running a target's binary that was left alone (not Go, or no
     /// function found), by pid: (`/proc/PID` inode, binary), not looked at again.
     left_alone: HashMap<u32, (u64, (u64, u64))>,
@@ -347,7 +347,7 @@ pub struct Attacher {
 }
 
 impl Attacher {
-    pub fn new(ebpf: &mut Ebpf, want: GoUprobes) -> Result<Self, WatchError> {
+    pub fn new(ebpf: &mut Ebpf, want: GoUprobes, listing: Lister) -> Result<Self, WatchError> {
         let (mode, _) = choose_mode(ebpf, want);
         Ok(Attacher {
             funcs: HashMap::new(),
@@ -358,7 +358,7 @@ impl Attacher {
             mode,
             known: HashSet::new(),
             last_poll: None,
-            listing: ProcList::default(),
+            listing,
             left_alone: HashMap::new(),
             retired: 0,
             inspector: Inspector::start()
@@ -414,9 +414,8 @@ impl Attacher {
             return;
         }
         self.last_poll = Some(Instant::now());
-        self.listing.refresh(Duration::ZERO);
         let listed: Vec<(u32, u64, Option<String>)> =
-            self.listing.identified().map(|(pid, ino, comm)| (pid, ino, comm.map(String::from))).collect();
+            self.listing.latest().identified().map(|(pid, ino, comm)| (pid, ino, comm.map(String::from))).collect();
         let mut alive = HashSet::new();
         let mut running = HashSet::new();
         for (pid, ino, comm) in listed {

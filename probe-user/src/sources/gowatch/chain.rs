@@ -51,6 +51,8 @@ pub struct Calls<'a> {
     pub now_ns: u64,
     /// The watch's one socket-owner table (its /proc scan is rate-limited).
     pub owners: &'a std::cell::RefCell<crate::observe::holders::SocketOwners>,
+    /// `/proc` as the listing thread last saw it.
+    pub procs: &'a crate::observe::proclist::ProcList,
 }
 
 impl Calls<'_> {
@@ -134,7 +136,7 @@ pub fn lock_blame(o: &GoOpen, calls: &Calls<'_>, waits: &KernelWaits<'_>) -> Bla
         .max_by(|a, b| waited(a.2).total_cmp(&waited(b.2)));
     b.cause = match in_kernel {
         Some((c, tid, w)) => Some(wait_cause(shim, tid, w, calls.func(c).map(|f| short(f.symbol)), "a shim task call's syscall")),
-        None => child_cause(shim).or_else(|| longest_cause(shim, waits, calls.now_ns)),
+        None => child_cause(shim, calls.procs).or_else(|| longest_cause(shim, waits, calls.now_ns)),
     };
     b.chain.extend(b.cause.clone());
     b
@@ -170,8 +172,8 @@ fn wait_cause(pid: u32, tid: u32, w: &Value, via: Option<&str>, why: &str) -> Va
 }
 
 /// A child of `pid` that is stopped or blocked (a runc the shim waits for).
-fn child_cause(pid: u32) -> Option<Value> {
-    let kids: Vec<(u32, char)> = procfs::children(pid).into_iter().filter_map(|c| Some((c, procfs::state(c)?))).collect();
+fn child_cause(pid: u32, procs: &crate::observe::proclist::ProcList) -> Option<Value> {
+    let kids: Vec<(u32, char)> = procs.children(pid).into_iter().filter_map(|c| Some((c, procfs::state(c)?))).collect();
     let pick =
         kids.iter().find(|(_, s)| *s == 'T' || *s == 't').or_else(|| kids.iter().find(|(_, s)| *s == 'D')).or_else(|| kids.first())?;
     let (child, state) = *pick;
@@ -276,7 +278,8 @@ mod tests {
         let longest = HashMap::new();
         let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
         let owners = Default::default();
-        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000_000_000, owners: &owners };
+        let procs = Default::default();
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000_000_000, owners: &owners, procs: &procs };
         let b = lock_blame(&open[1], &calls, &waits);
         assert_eq!(b.container.as_deref(), Some("abc123"), "the CRI call on the same goroutine names it");
         let cause = b.cause.expect("a cause");
@@ -311,7 +314,8 @@ mod tests {
         let longest = HashMap::new();
         let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
         let owners = Default::default();
-        let calls = Calls { open: &open, funcs: &funcs, now_ns: 30_000_000_000, owners: &owners };
+        let procs = Default::default();
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 30_000_000_000, owners: &owners, procs: &procs };
         let b = lock_blame(&open[1], &calls, &waits);
         let holder = b.holder.expect("the shim");
         assert_eq!(holder["pid"], SHIM);
@@ -334,7 +338,8 @@ mod tests {
         let longest = HashMap::new();
         let waits = KernelWaits { by_tid: &by_tid, by_g: &by_g, longest_by_pid: &longest };
         let owners = Default::default();
-        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000, owners: &owners };
+        let procs = Default::default();
+        let calls = Calls { open: &open, funcs: &funcs, now_ns: 5_000, owners: &owners, procs: &procs };
         let b = lock_blame(&open[0], &calls, &waits);
         assert!(b.cause.is_none() && b.holder.is_none() && b.container.is_none(), "{b:?}");
     }
@@ -350,5 +355,41 @@ mod tests {
         assert_eq!(c["exact"], false);
         assert!((c["waited_s"].as_f64().unwrap_or(0.0) - 2.5).abs() < 1e-9);
         assert!(longest_cause(1, &waits, 0).is_none());
+    }
+
+    /// The shim's children come from the listing thread's `/proc` listing (no
+    /// walk of every process's stat per scan): a stopped child is the cause.
+    #[test]
+    fn a_stopped_child_is_found_in_the_listing() {
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().expect("spawn sleep");
+        let pid = child.id();
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while procfs::state(pid) != Some('T') && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let mut procs = crate::observe::proclist::ProcList::default();
+        procs.refresh(std::time::Duration::ZERO);
+        let cause = child_cause(me, &procs);
+        let empty = child_cause(me, &crate::observe::proclist::ProcList::default());
+        let _ = child.kill();
+        let _ = child.wait();
+        let cause = cause.expect("a cause");
+        assert_eq!((cause["kind"].as_str(), cause["pid"].as_u64()), (Some("process_stopped"), Some(u64::from(pid))));
+        assert!(empty.is_none(), "a child not in the listing was found: {empty:?}");
+    }
+
+    /// Every lookup of containerd's shims asks the watch's one socket-owner table,
+    /// which walks `/proc/*/fd` at most once per its period.
+    #[test]
+    fn one_socket_owner_table_serves_every_lookup() {
+        let (_a, _b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let mut owners = crate::observe::holders::SocketOwners::with(std::path::Path::new("/proc"), std::time::Duration::from_secs(3600));
+        for _ in 0..3 {
+            assert!(connected_shims(std::process::id(), &mut owners).is_empty(), "this test process has no shim");
+        }
+        assert_eq!(owners.scans(), 1, "one walk of /proc for three lookups");
     }
 }

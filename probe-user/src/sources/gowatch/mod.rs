@@ -263,14 +263,22 @@ pub struct GoWatch {
     late: HashMap<CallKey, (u64, StartTiming)>,
     /// Which processes hold which sockets (`/proc/*/fd`), rescanned at most once a second.
     owners: std::cell::RefCell<crate::observe::holders::SocketOwners>,
+    /// `/proc` as the listing thread last saw it (a shim's children).
+    listing: crate::observe::lister::Lister,
 }
 
 impl GoWatch {
-    pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter, uprobes: GoUprobes) -> Result<Self, WatchError> {
+    pub fn new(
+        ebpf: &mut Ebpf,
+        thresholds: Thresholds,
+        filter: Filter,
+        uprobes: GoUprobes,
+        listing: crate::observe::lister::Lister,
+    ) -> Result<Self, WatchError> {
         Ok(GoWatch {
             registry: Registry::new(thresholds, filter),
             calls: take_map(ebpf, go_maps::GO_CALLS)?,
-            attacher: Attacher::new(ebpf, uprobes)?,
+            attacher: Attacher::new(ebpf, uprobes, listing.clone())?,
             relists: HashMap::new(),
             gets: HashMap::new(),
             get_by_g: HashMap::new(),
@@ -282,6 +290,7 @@ impl GoWatch {
             locks: HashMap::new(),
             late: HashMap::new(),
             owners: Default::default(),
+            listing,
         })
     }
 
@@ -573,7 +582,8 @@ impl GoWatch {
                     let o = t.info.clone();
                     let id = t.id;
                     let Some(f) = self.attacher.funcs.get(&o.func).cloned() else { continue };
-                    let calls = Calls { open: &self.open, funcs: &self.attacher.funcs, now_ns, owners: &self.owners };
+                    let procs = self.listing.latest();
+                    let calls = Calls { open: &self.open, funcs: &self.attacher.funcs, now_ns, owners: &self.owners, procs: &procs };
                     let thread_wait = waits.by_g.get(&(o.tgid, o.g)).map(|(_, w)| w).or_else(|| waits.by_tid.get(&o.tid));
                     let common = json!({
                         "function": f.symbol,
