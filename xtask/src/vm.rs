@@ -2,7 +2,14 @@
 //! stages of `cargo xtask test --kernel KERNEL` / `--kernels all`.
 //!
 //! The guest is virtme-ng (PyPI) on `qemu-system-x86` (Debian) with TCG: this host opens
-//! `/dev/kvm` but only runs PVM guests, and a standard kernel hangs under `-accel kvm`. The
+//! `/dev/kvm` but only runs PVM guests, and a standard kernel hangs under `-accel kvm`.
+//! TCG runs single-threaded (`-accel tcg,thread=single`: the two vCPUs take turns on one
+//! host thread). Multi-threaded TCG locked guests up: on 5.10 and 6.1, while a plegwatch
+//! detached its tracepoints (the kernel rewriting its static-key jumps), both vCPUs stayed
+//! on the same rewritten NOP in `syscall_exit_to_user_mode` for minutes (soft lockups,
+//! RCU stalls; the stacks are in the guest logs of 2026-11-26), and once a guest died. It
+//! was never seen on this host's own kernel. One host thread per guest also lets
+//! `--kernels all` run two guests at once on two cores. The
 //! host's root is shared read-only over 9p with copy-on-write overlays (`/etc`, `/var`,
 //! `/tmp`, ...); the target directory is shared read-write, so that the scenarios find the
 //! `plegwatch` build and the fixtures the host already built, and `/root` gets an overlay of
@@ -82,7 +89,7 @@ pub fn run(args: &Args) -> Result<()> {
     let kernel = resolve(&args.kernel)?;
     let line = if args.command.len() == 1 { args.command[0].clone() } else { shell_words(&args.command) };
     let started = Instant::now();
-    let status = guest(&kernel, &args.memory, &line, &line, args.limit.map(Duration::from_secs))?;
+    let status = guest(&kernel, &args.memory, &line, &line, args.limit.map(Duration::from_secs), None)?;
     eprintln!("vm: {} ({}): exit {} after {:.0} s", kernel.name, kernel.release, status, started.elapsed().as_secs_f64());
     if status != 0 {
         bail!("the guest command exited {status}");
@@ -357,7 +364,7 @@ sysctl -qw kernel.hung_task_timeout_secs=60 kernel.softlockup_all_cpu_backtrace=
 /// With `limit`, a guest still running after it is stopped from here (vng, QEMU and
 /// everything they started, as one process group) and the call fails naming `label`: a
 /// guest whose kernel hangs never runs its own `timeout`s.
-pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Option<Duration>) -> Result<i32> {
+pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Option<Duration>, log: Option<&Path>) -> Result<i32> {
     ensure_vng()?;
     if cmd::probe(Command::new("qemu-system-x86_64").arg("--version")).is_none() {
         bail!("qemu-system-x86_64 is missing: run `cargo xtask setup` (Debian's qemu-system-x86)");
@@ -368,7 +375,10 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Opti
     std::fs::create_dir_all(&scripts).with_context(|| format!("create {}", scripts.display()))?;
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let path = std::env::var("PATH").unwrap_or_default();
-    let script = scripts.join(format!("run-{}.sh", std::process::id()));
+    // One script per guest: guests of one xtask run side by side.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let script = scripts.join(format!("run-{}-{n}.sh", std::process::id()));
     std::fs::write(&script, format!("{GUEST_PREP}\nexport HOME={home} PATH={path}\n{line}\n"))
         .with_context(|| format!("write {}", script.display()))?;
     let mut vng = Command::new(vng_dir().join("bin/vng"));
@@ -377,6 +387,7 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Opti
     vng.arg("--run")
         .arg(&kernel.vmlinuz)
         .args(["--disable-kvm", "--cpus", "2", "--memory", memory])
+        .arg("--qemu-opts=-accel tcg,thread=single")
         // The kernel's own warnings on stderr, with their stacks (printed at the default
         // level, 4: hence 5): soft lockups, RCU stalls, hung tasks, OOM, a panic's last
         // words. Without them a guest that hangs or reboots says nothing.
@@ -391,8 +402,21 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Opti
     // file and writes each from offset 0: hand it pipes, copied through here.
     let mut child = vng.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().context("cannot start vng")?;
     let started = Instant::now();
-    let out = child.stdout.take().map(|mut o| std::thread::spawn(move || std::io::copy(&mut o, &mut std::io::stdout())));
-    let err = child.stderr.take().map(|mut e| std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::stderr())));
+    // Into `log` when given (guests run side by side), else through to ours.
+    let file = match log {
+        Some(path) => Some(std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?),
+        None => None,
+    };
+    let sink = |f: &Option<std::fs::File>, stderr: bool| -> Result<Box<dyn std::io::Write + Send>> {
+        Ok(match f {
+            Some(f) => Box::new(f.try_clone().context("the guest log")?),
+            None if stderr => Box::new(std::io::stderr()),
+            None => Box::new(std::io::stdout()),
+        })
+    };
+    let (mut to_out, mut to_err) = (sink(&file, false)?, sink(&file, true)?);
+    let out = child.stdout.take().map(|mut o| std::thread::spawn(move || std::io::copy(&mut o, &mut to_out)));
+    let err = child.stderr.take().map(|mut e| std::thread::spawn(move || std::io::copy(&mut e, &mut to_err)));
     let status = loop {
         if let Some(status) = child.try_wait().context("waiting for vng")? {
             break Some(status);
