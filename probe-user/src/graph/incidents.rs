@@ -534,12 +534,18 @@ fn rfc3339(clocks: Clocks, start_ns: u64) -> String {
 
 /// The chain's start: a relist if the incident has one (the symptom kubelet
 /// shows), else a CRI call on the relist's path (what kubelet would wait
-/// on), else the wait with the longest path to the root, then the oldest.
+/// on), else a wait whose path to the root has no guessed link (a client on
+/// the root's socket before a thread parked beside the root on a lock: the
+/// `sibling` link is a heuristic, and such waits are listed as attached),
+/// then the longest path, then the oldest.
 fn symptom(graph: &Graph<'_>, members: &[(WaitKey, usize)]) -> WaitKey {
+    let known = |k: WaitKey| !graph.path(k).0.iter().any(|w| graph.best.get(w).is_some_and(|e| e.exactness == Exactness::Heuristic));
     members
         .iter()
         .filter_map(|(k, len)| graph.waits.get(k).map(|w| (*k, *len, w)))
-        .max_by_key(|(k, len, w)| (w.kind == WaitKind::PlegRelist, w.pleg_path, *len, std::cmp::Reverse(w.start_ns), std::cmp::Reverse(*k)))
+        .max_by_key(|(k, len, w)| {
+            (w.kind == WaitKind::PlegRelist, w.pleg_path, known(*k), *len, std::cmp::Reverse(w.start_ns), std::cmp::Reverse(*k))
+        })
         .map(|(k, _, _)| k)
         .unwrap_or(members[0].0)
 }
@@ -653,6 +659,28 @@ mod tests {
         assert_eq!(raised(&c)[0].changed, vec!["level"]);
         assert_eq!(raised(&c)[0].id, i.id, "same incident");
         assert!(run(&mut b, &waits, &edges, 156).is_empty());
+    }
+
+    /// Issue 19: a client on the daemon's socket and a thread parked beside the daemon's
+    /// netlink request on its lock have paths of one length; the parked thread's is a
+    /// guess (`sibling`), and it was older, so it became the top and the client was left
+    /// out of the incident. The client is the top; the parked thread is attached.
+    #[test]
+    fn a_known_client_is_the_top_before_a_guessed_sibling() {
+        let netlink = wait(1, WaitKind::NetlinkRequest, "route RTM_NEWLINK", 90);
+        let parked = wait(2, WaitKind::Futex, "futex on the daemon's lock", 91);
+        let client = wait(3, WaitKind::UnixRecv, "read on the daemon's socket", 92);
+        let edges = vec![
+            edge(&parked, &netlink, EdgeKind::Sibling, Exactness::Heuristic),
+            edge(&client, &netlink, EdgeKind::UnixPeer, Exactness::Exact),
+        ];
+        let mut b = builder();
+        let c = run(&mut b, &[netlink, parked, client], &edges, 101);
+        let r = raised(&c);
+        assert_eq!(r.len(), 1, "{c:?}");
+        let kinds: Vec<&str> = r[0].chain.iter().map(|h| h.kind.as_str()).collect();
+        assert_eq!(kinds, ["unix_recv", "netlink_request"], "{c:?}");
+        assert_eq!(r[0].attached.iter().map(|h| h.kind.as_str()).collect::<Vec<_>>(), ["futex"]);
     }
 
     #[test]
