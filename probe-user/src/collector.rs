@@ -151,6 +151,11 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         true => Some(ChildWaits::new(take_map(&mut ebpf, child_maps::CHILD_WAITS)?)),
         false => None,
     };
+    // Ctrl-C and SIGTERM are caught from here: before the ready line, which tells a
+    // caller that a stop now gets the summary (a fresh-clone CI run sent SIGINT right
+    // after it, and plegwatch died of the signal). During setup they still kill at once.
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).map_err(|e| WatchError::Io("SIGINT handler", e))?;
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(|e| WatchError::Io("SIGTERM handler", e))?;
     sink.emit(&Event::Ready(Ready {
         pid: me,
         probes: choices.iter().map(Choice::to_output).collect(),
@@ -159,8 +164,6 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
         imminent_s: cfg.thresholds.imminent.as_secs_f64(),
     }));
 
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).map_err(|e| WatchError::Io("SIGINT handler", e))?;
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(|e| WatchError::Io("SIGTERM handler", e))?;
     let deadline = tokio::time::sleep(cfg.duration.unwrap_or(Duration::from_secs(100 * 365 * 86_400)));
     tokio::pin!(deadline);
     let mut last_status = Instant::now();

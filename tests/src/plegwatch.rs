@@ -178,6 +178,20 @@ impl Plegwatch {
             ready.at.duration_since(self.started).as_secs_f64(),
             ready.get("/probes").unwrap_or(&Value::Null)
         );
+        // Ready means a stop now gets a summary: SIGINT and SIGTERM are caught by then.
+        // (A fresh-clone CI run stopped plegwatch right after its ready line, before it
+        // caught SIGINT, and it died of the signal.)
+        let caught = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .ok()
+            .and_then(|st| st.lines().find_map(|l| l.strip_prefix("SigCgt:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()));
+        let wanted = (1u64 << (libc::SIGINT - 1)) | (1u64 << (libc::SIGTERM - 1));
+        if let Some(mask) = caught {
+            if mask & wanted != wanted {
+                return Err(
+                    self.failure(format!("plegwatch printed its ready line before catching SIGINT and SIGTERM (SigCgt {mask:016x})"))
+                );
+            }
+        }
         // Everything in ../shared/machine-notes.md works on this machine kind and on the
         // guests' kernels: a probe that fell back to "off" means a verifier refusal, which
         // would make every scenario below test less than it claims. The one exception is a
