@@ -12,6 +12,7 @@
 //!
 //! Ratios to the untraced runs are the figures; nothing here fails on a number.
 
+mod driver;
 mod relist;
 mod report;
 mod service;

@@ -14,17 +14,15 @@
 //! The driver is built with `--release`: a debug gRPC client would add its own hundreds of
 //! µs to every call and dilute the ratios.
 
-use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use super::driver::LineDriver;
 use super::report::{CallStats, CpuSample, RelistSample};
 use super::tracer::{self, Tracer};
 use crate::cmd;
@@ -340,123 +338,34 @@ impl Phase {
 
 /// The running driver. Dropping it closes its stdin, which makes it tear down, and waits.
 struct Driver {
-    line: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    stderr_log: PathBuf,
+    inner: LineDriver,
     ready: Ready,
 }
 
 impl Driver {
-    /// Spawn `relist_bench --containers N` in a process group of its own (a Ctrl-C on the
-    /// terminal then stops the bench, whose exit closes the driver's stdin, and the driver
-    /// still tears its containerd down), and wait for its ready line.
+    /// Spawn `relist_bench --containers N` (see [`LineDriver::start`]) and wait for its
+    /// ready line.
     fn start(bin: &Path, containers: u32, log_dir: &Path) -> Result<Self> {
         let mut command = Command::new(bin);
         command.args(["--containers", &containers.to_string()]);
-        let line = cmd::display(&command);
-        let (stderr_log, stderr, stdout_file) = tracer::log_files(log_dir, DRIVER)?;
-        eprintln!("+ {line}");
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("cannot start `{line}`"))?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
-        let stdin = child.stdin.take();
-        let lines = tracer::tee_lines(stdout, stdout_file);
-        let mut driver = Self { line, child, stdin, lines, stderr_log, ready: Ready { containerd_pid: 0, containers: 0 } };
-        let ready = driver.wait_line(READY_TIMEOUT, "ready")?;
-        driver.ready = serde_json::from_str(&ready).with_context(|| format!("`{}` printed a bad ready line: {ready}", driver.line))?;
-        Ok(driver)
+        let inner = LineDriver::start(DRIVER, command, log_dir, QUIT_TIMEOUT, "containerd and shims")?;
+        let ready = inner.wait_line(READY_TIMEOUT, "ready")?;
+        let ready = serde_json::from_str(&ready).with_context(|| format!("`{}` printed a bad ready line: {ready}", inner.line))?;
+        Ok(Driver { inner, ready })
     }
 
     /// `measure LABEL SECONDS PERIOD_MS`, and its answer.
     fn measure(&mut self, label: &str, seconds: f64, period_ms: u64) -> Result<Phase> {
-        let command = format!("measure {label} {seconds} {period_ms}\n");
-        let stdin = self.stdin.as_mut().context("the driver's stdin is closed")?;
-        stdin
-            .write_all(command.as_bytes())
-            .and_then(|()| stdin.flush())
-            .with_context(|| format!("`{}`: write {:?}", self.line, command.trim()))?;
+        self.inner.send(&format!("measure {label} {seconds} {period_ms}"))?;
         let timeout = Duration::from_secs_f64(seconds) + PHASE_GRACE;
-        let answer = self.wait_line(timeout, "phase")?;
-        serde_json::from_str(&answer).with_context(|| format!("`{}` printed a bad phase line: {answer}", self.line))
-    }
-
-    /// The next stdout line of `"type": kind`.
-    fn wait_line(&self, timeout: Duration, kind: &str) -> Result<String> {
-        let deadline = Instant::now() + timeout;
-        let wanted = format!("\"type\":\"{kind}\"");
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) if l.contains(&wanted) => return Ok(l),
-                Ok(_) => continue,
-                Err(RecvTimeoutError::Timeout) => bail!(
-                    "`{}` printed no {kind} line within {}s (stderr: {}; log: {})",
-                    self.line,
-                    timeout.as_secs(),
-                    self.stderr_tail(),
-                    self.stderr_log.display()
-                ),
-                Err(RecvTimeoutError::Disconnected) => bail!(
-                    "`{}` exited before its {kind} line (stderr: {}; log: {})",
-                    self.line,
-                    self.stderr_tail(),
-                    self.stderr_log.display()
-                ),
-            }
-        }
+        let answer = self.inner.wait_line(timeout, "phase")?;
+        serde_json::from_str(&answer).with_context(|| format!("`{}` printed a bad phase line: {answer}", self.inner.line))
     }
 
     /// Close stdin and wait for the teardown; a failed one is a warning (the numbers are in).
-    fn quit(mut self) {
-        if let Err(e) = self.close_and_wait() {
+    fn quit(self) {
+        if let Err(e) = self.inner.quit() {
             eprintln!("bench: warning: {DRIVER}: {e:#}");
-        }
-    }
-
-    fn close_and_wait(&mut self) -> Result<()> {
-        drop(self.stdin.take());
-        let deadline = Instant::now() + QUIT_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().context("waitpid")? {
-                if !status.success() {
-                    bail!("`{}` exited with {status} (stderr: {}; log: {})", self.line, self.stderr_tail(), self.stderr_log.display());
-                }
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                bail!(
-                    "`{}` did not tear down within {}s; killed it (its containerd and shims may \
-                     remain: see {})",
-                    self.line,
-                    QUIT_TIMEOUT.as_secs(),
-                    self.stderr_log.display()
-                );
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn stderr_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.stderr_log).unwrap_or_default();
-        cmd::last_line(&text).to_owned()
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if self.stdin.is_some() {
-            if let Err(e) = self.close_and_wait() {
-                eprintln!("bench: warning: {DRIVER}: {e:#}");
-            }
         }
     }
 }

@@ -41,15 +41,14 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 
+use super::driver::LineDriver;
 use super::relist::cpu_time;
 use super::report::{Figure, Target};
 use super::tracer;
@@ -378,7 +377,7 @@ fn soak(plegwatch: &Path, bench_dir: &Path, soak: &Soak) -> Result<(Vec<Figure>,
     let pid = daemon.pid();
     eprintln!("bench: plegwatch daemon (pid {pid}) ready on {}/healthz", daemon.addr);
 
-    driver.send("start")?;
+    driver.inner.send("start")?;
     let deadline = Instant::now() + Duration::from_secs(seconds) + SOAK_GRACE;
     let (mut rss, mut fds) = (Vec::new(), Vec::new());
     let mut next_sample = Instant::now();
@@ -391,9 +390,9 @@ fn soak(plegwatch: &Path, bench_dir: &Path, soak: &Soak) -> Result<(Vec<Figure>,
         }
         let now = Instant::now();
         if now >= deadline {
-            bail!("`{}` printed no done line within {}s of its start", driver.line, seconds + SOAK_GRACE.as_secs());
+            bail!("`{}` printed no done line within {}s of its start", driver.inner.line, seconds + SOAK_GRACE.as_secs());
         }
-        let Some(line) = driver.next_line(next_sample.min(deadline).saturating_duration_since(now))? else {
+        let Some(line) = driver.inner.next_line(next_sample.min(deadline).saturating_duration_since(now))? else {
             continue;
         };
         let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
@@ -420,8 +419,8 @@ fn soak(plegwatch: &Path, bench_dir: &Path, soak: &Soak) -> Result<(Vec<Figure>,
     fds.push(open_fds(pid)? as f64);
     if done["completed"] != true {
         // Its reason is the last line it prints, after its teardown.
-        let line = driver.line.clone();
-        let why = driver.quit().err().map_or_else(|| "it gave no error".to_owned(), |e| format!("{e:#}"));
+        let line = driver.inner.line.clone();
+        let why = driver.inner.quit().err().map_or_else(|| "it gave no error".to_owned(), |e| format!("{e:#}"));
         bail!("`{line}` cut its soak short ({done}): {why}");
     }
 
@@ -429,9 +428,9 @@ fn soak(plegwatch: &Path, bench_dir: &Path, soak: &Soak) -> Result<(Vec<Figure>,
     std::fs::write(bench_dir.join("soak-metrics.txt"), &metrics).context("cannot save soak-metrics.txt")?;
     let lateness = Lateness::of(&metrics)?;
     let raised = metric(&metrics, INCIDENTS_RAISED).with_context(|| format!("no {INCIDENTS_RAISED} in /metrics"))?;
-    let (daemon_line, driver_line) = (daemon.line.clone(), driver.line.clone());
+    let (daemon_line, driver_line) = (daemon.line.clone(), driver.inner.line.clone());
     let stop = daemon.stop();
-    let quit = driver.quit();
+    let quit = driver.inner.quit();
     let bundles = std::fs::read_dir(&reports)
         .with_context(|| format!("cannot read {}", reports.display()))?
         .flatten()
@@ -711,19 +710,13 @@ fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
 /// The running `soak_bench`. Dropping it closes its stdin, which makes it tear down, and
 /// waits.
 struct SoakDriver {
-    line: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-    stderr_log: PathBuf,
+    inner: LineDriver,
     /// Its ready line.
     ready: serde_json::Value,
 }
 
 impl SoakDriver {
-    /// Spawn `soak_bench` in a process group of its own (a Ctrl-C on the terminal stops
-    /// the bench, whose exit closes the driver's stdin, and the driver still tears its
-    /// containerd down), and wait for its ready line.
+    /// Spawn `soak_bench` (see [`LineDriver::start`]) and wait for its ready line.
     fn start(soak: &Soak, seconds: u64, log_dir: &Path) -> Result<Self> {
         let mut command = Command::new(&soak.driver);
         command
@@ -737,100 +730,10 @@ impl SoakDriver {
             .arg(STALL_S.to_string())
             .arg("--nl-client")
             .arg(&soak.nl_client);
-        let line = cmd::display(&command);
-        let (stderr_log, stderr, stdout_file) = tracer::log_files(log_dir, SOAK_DRIVER)?;
-        eprintln!("+ {line}");
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("cannot start `{line}`"))?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
-        let stdin = child.stdin.take();
-        let lines = tracer::tee_lines(stdout, stdout_file);
-        let mut driver = SoakDriver { line, child, stdin, lines, stderr_log, ready: serde_json::Value::Null };
-        let deadline = Instant::now() + DRIVER_READY_TIMEOUT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let Some(l) = driver.next_line(left)? else {
-                bail!(
-                    "`{}` printed no ready line within {}s (stderr: {}; log: {})",
-                    driver.line,
-                    DRIVER_READY_TIMEOUT.as_secs(),
-                    driver.stderr_tail(),
-                    driver.stderr_log.display()
-                );
-            };
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&l) {
-                if v["type"] == "ready" {
-                    driver.ready = v;
-                    return Ok(driver);
-                }
-            }
-        }
-    }
-
-    /// Its next stdout line, or `None` when `timeout` passes first; an error once it has
-    /// exited.
-    fn next_line(&self, timeout: Duration) -> Result<Option<String>> {
-        match self.lines.recv_timeout(timeout) {
-            Ok(l) => Ok(Some(l)),
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => {
-                bail!("`{}` exited (stderr: {}; log: {})", self.line, self.stderr_tail(), self.stderr_log.display())
-            }
-        }
-    }
-
-    fn send(&mut self, command: &str) -> Result<()> {
-        let stdin = self.stdin.as_mut().context("the driver's stdin is closed")?;
-        writeln!(stdin, "{command}").and_then(|()| stdin.flush()).with_context(|| format!("`{}`: write {command:?}", self.line))
-    }
-
-    /// Close stdin and wait for the teardown (SIGKILL after [`DRIVER_QUIT_TIMEOUT`]).
-    fn quit(mut self) -> Result<()> {
-        self.close_and_wait()
-    }
-
-    fn close_and_wait(&mut self) -> Result<()> {
-        drop(self.stdin.take());
-        let deadline = Instant::now() + DRIVER_QUIT_TIMEOUT;
-        loop {
-            if let Some(status) = self.child.try_wait().context("waitpid")? {
-                if !status.success() {
-                    bail!("`{}` exited with {status} (stderr: {}; log: {})", self.line, self.stderr_tail(), self.stderr_log.display());
-                }
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                bail!(
-                    "`{}` did not tear down within {}s; killed it (its containerd, shims and netns may remain: see {})",
-                    self.line,
-                    DRIVER_QUIT_TIMEOUT.as_secs(),
-                    self.stderr_log.display()
-                );
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn stderr_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.stderr_log).unwrap_or_default();
-        cmd::last_line(&text).to_owned()
-    }
-}
-
-impl Drop for SoakDriver {
-    fn drop(&mut self) {
-        if self.stdin.is_some() {
-            if let Err(e) = self.close_and_wait() {
-                eprintln!("bench: warning: {SOAK_DRIVER}: {e:#}");
-            }
-        }
+        let inner = LineDriver::start(SOAK_DRIVER, command, log_dir, DRIVER_QUIT_TIMEOUT, "containerd, shims and netns")?;
+        let ready = inner.wait_line(DRIVER_READY_TIMEOUT, "ready")?;
+        let ready = serde_json::from_str(&ready).with_context(|| format!("`{}` printed a bad ready line: {ready}", inner.line))?;
+        Ok(SoakDriver { inner, ready })
     }
 }
 
