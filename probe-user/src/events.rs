@@ -38,7 +38,7 @@ pub struct Stall {
     pub cause: Option<Value>,
     pub chain: Vec<Value>,
     pub kernel_stack: Vec<String>,
-    /// Outermost frame last, as `kernel_stack`; named on the way out (see `collector::Enrich`).
+    /// Outermost frame last, as `kernel_stack`; named on the way out (see `sources::decorate`).
     pub user_stack: Vec<String>,
     /// The user stack's id in the kernel's stack map, until it is named (-1: none).
     #[serde(skip)]

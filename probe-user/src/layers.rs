@@ -1,11 +1,12 @@
 //! The data flows one way, checked on the sources themselves: kernel and
-//! proto (a crate of its own, `probe-user/proto`) → observe → sources → graph → events → sinks, with the collector
-//! running the loop and the CLI on top. Reading the `use`
+//! proto (a crate of its own, `probe-user/proto`) → observe → sources → graph → events → sinks, with the engine
+//! (the scheduler) running the loop and the CLI on top. Reading the `use`
 //! lines (comments and test modules left out):
 //! - no two top-level modules import each other, directly or through others;
 //! - `graph` (the model, resolvers and incidents) imports only the vocabulary
 //!   it needs, never a source, the kernel or `/proc`;
 //! - `sinks` read events and never call back into the engine;
+//! - no source takes a sink: sources hand their events back to the scheduler;
 //! - nothing but `cli` and `sinks` writes to stdout or stderr (logs go
 //!   through `tracing`, set up by `logging`).
 
@@ -136,9 +137,18 @@ fn each_layer_imports_only_the_layers_before_it() {
     // Cached lookups serve the graph's `Procs` and read sockets with the parsers.
     may("observe", &["proto", "graph"]);
     // Sources read the kernel, use the lookups and parsers, and hand open waits to the
-    // graph and events to a sink: never the sinks, the collector or the CLI.
+    // graph and events back to the scheduler: never the sinks, the engine or the CLI.
     may("sources", &["kernel", "proto", "observe", "graph", "events"]);
-    may("collector", &["kernel", "proto", "observe", "sources", "graph", "events"]);
+    may("engine", &["kernel", "proto", "observe", "sources", "graph", "events"]);
+}
+
+#[test]
+fn no_source_takes_a_sink() {
+    // A source hands its events back (`Vec<Event>`); the scheduler passes them on.
+    let code = &modules()["sources"];
+    for bad in ["Sink", "sink.emit", ".emit(&"] {
+        assert!(!code.contains(bad), "a source names `{bad}`: sources hand events back, they never write to a sink");
+    }
 }
 
 #[test]

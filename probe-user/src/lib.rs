@@ -7,15 +7,15 @@
 // The data flows down this list: the kernel (probes, maps) and pure parsers,
 // cached /proc and socket lookups, the sources of open waits, the wait-for
 // graph and its incidents, the typed events, and the sinks that print them.
-// `collector` runs the loop; `cli` and `doctor` are on top. `layers` checks the
+// `engine` (the scheduler) runs the loop; `cli` and `doctor` are on top. `layers` checks the
 // `use` lines: no cycles, the graph never reaches a source or the kernel, a
 // sink never calls back into the engine, and only `cli` and `sinks` print.
 pub mod kernel;
 /// The pure parsers (crate `plegwatch-proto`, in `probe-user/proto/`).
 pub use plegwatch_proto as proto;
 pub mod cli;
-pub mod collector;
 pub mod doctor;
+pub mod engine;
 pub mod events;
 pub mod export;
 pub mod graph;

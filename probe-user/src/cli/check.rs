@@ -7,7 +7,7 @@
 
 use crate::{
     cli::watch::{LevelArgs, WatchArgs},
-    collector, durations,
+    durations, engine,
     events::{Event, Sink},
     export::check,
     levels::Level,
@@ -72,7 +72,7 @@ pub async fn run(args: CheckArgs) -> i32 {
 }
 
 /// The watch `--self-watch` runs: the thresholds given, everything else as `watch`'s defaults.
-fn self_watch_config(args: &CheckArgs, duration: Duration) -> Result<collector::WatchConfig, String> {
+fn self_watch_config(args: &CheckArgs, duration: Duration) -> Result<engine::WatchConfig, String> {
     WatchArgs {
         json: false,
         no_live: true,
@@ -102,7 +102,7 @@ async fn self_watch(args: &CheckArgs, duration: Duration) -> Result<metrics::Inc
     let cfg = self_watch_config(args, duration)?;
     let (metrics, exposition) = metrics::metrics();
     let mut sink = AtTheEnd { metrics, exposition, doc: None };
-    collector::watch(cfg, &mut sink).await.map_err(|e| format!("--self-watch: {e:#}"))?;
+    engine::watch(cfg, &mut sink).await.map_err(|e| format!("--self-watch: {e:#}"))?;
     sink.doc.ok_or_else(|| "--self-watch: the watch ended without a summary".to_string())
 }
 

@@ -9,7 +9,7 @@
 
 use crate::{
     cli::watch::{LevelArgs, WatchArgs},
-    collector, durations, export,
+    durations, engine, export,
     sinks::{metrics, report::retention::Retention, LogSink, ReportSink, Tee},
 };
 use anyhow::Context as _;
@@ -117,7 +117,7 @@ pub struct FileConfig {
 pub struct DaemonConfig {
     pub listen: SocketAddr,
     pub socket: PathBuf,
-    pub watch: collector::WatchConfig,
+    pub watch: engine::WatchConfig,
     pub report_dir: Option<PathBuf>,
     /// How many bundles, and bytes of them, `report_dir` keeps.
     pub retention: Retention,
@@ -253,8 +253,8 @@ pub async fn run(args: DaemonArgs) -> anyhow::Result<()> {
     let result = {
         let mut tee = Tee(&mut metrics, &mut log);
         match report.as_mut() {
-            Some(r) => collector::watch(cfg.watch, &mut Tee(&mut tee, r)).await,
-            None => collector::watch(cfg.watch, &mut tee).await,
+            Some(r) => engine::watch(cfg.watch, &mut Tee(&mut tee, r)).await,
+            None => engine::watch(cfg.watch, &mut tee).await,
         }
     };
     drop(report);

@@ -1,8 +1,8 @@
 //! `plegwatch watch`.
 
 use crate::{
-    collector::{self, WatchConfig},
     durations,
+    engine::{self, WatchConfig},
     events::Sink,
     levels::Thresholds,
     sinks::{JsonSink, LiveSink, ReportSink, Tee, TextOptions, TextSink},
@@ -221,7 +221,7 @@ pub async fn run(args: WatchArgs, text: TextOptions) -> anyhow::Result<()> {
     }
     // On an error the sink is dropped here, before main prints it: the live
     // view has given the terminal back by then.
-    collector::watch(cfg, sink.as_mut()).await?;
+    engine::watch(cfg, sink.as_mut()).await?;
     Ok(())
 }
 

@@ -278,6 +278,11 @@ impl Incidents {
 
     /// Takes one scan: every wait open now, every edge found, and whether a
     /// wait counts (`--pid`/`--comm`). `ids` names a wait as its stall lines do.
+    ///
+    /// The steps: group the waits by where their chains end; match the open
+    /// incidents to the groups; merge incidents that now share a group; resolve
+    /// those left without one; admit the new groups (or carry waits just cut off
+    /// from an open incident); and raise or update one incident per group.
     pub fn scan(
         &mut self,
         waits: &[OpenWait],
@@ -287,25 +292,28 @@ impl Incidents {
         ids: &mut dyn FnMut(WaitKey) -> u64,
     ) -> Vec<Change> {
         let graph = Graph::new(waits, edges);
-        // Every wait's chain, grouped by where it ends.
-        let mut groups: HashMap<End, Vec<(WaitKey, usize)>> = HashMap::new();
-        for w in waits {
-            let (path, end) = graph.path(w.key);
-            groups.entry(end).or_default().push((w.key, path.len()));
-        }
-        // Oldest groups first, so that ids follow age when several start at once.
-        let mut groups: Vec<Group> = groups
-            .into_iter()
-            .map(|(end, members)| {
-                let oldest = members.iter().filter_map(|(k, _)| graph.waits.get(k)).map(|w| w.start_ns).min().unwrap_or(clocks.now_ns);
-                (end, members, oldest)
-            })
-            .collect();
-        groups.sort_by_key(|(end, _, oldest)| (*oldest, *end));
-
+        let groups = group_by_end(&graph, waits, clocks.now_ns);
+        let matched = self.match_groups(&groups);
+        let merged = self.merges(&matched);
+        // Which open incident each wait was in, for the waits a chain cuts off.
+        let was_in: HashMap<WaitKey, u64> = self.open.iter().flat_map(|o| o.waits.iter().map(move |k| (*k, o.id))).collect();
         let mut changes = Vec::new();
-        let mut matched: HashMap<usize, usize> = HashMap::new(); // open index -> group index
-        let mut taken: HashSet<usize> = HashSet::new();
+        let (mut still_open, taken) = self.resolve_unmatched(&matched, &merged, clocks.now_ns, &mut changes);
+        let mut carried = self.admit_new(&graph, &groups, &taken, &was_in, clocks.now_ns, keep, &mut still_open);
+        still_open.sort_by_key(|(_, gi)| *gi);
+        for (prev, gi) in still_open {
+            let carried_waits = prev.as_ref().and_then(|p| carried.remove(&p.id)).unwrap_or_default();
+            let Some((open, change)) = self.update(&graph, &groups[gi], prev, carried_waits, clocks, ids) else { continue };
+            changes.extend(change);
+            self.open.push(open);
+        }
+        self.last_now_ns = clocks.now_ns;
+        changes
+    }
+
+    /// Each open incident's group: the one it shares most waits with (by index).
+    fn match_groups(&self, groups: &[Group]) -> HashMap<usize, usize> {
+        let mut matched = HashMap::new();
         // Existing incidents keep their ids: each takes the group it shares most waits with.
         for (oi, o) in self.open.iter().enumerate() {
             let pick = groups
@@ -324,7 +332,12 @@ impl Incidents {
                 matched.insert(oi, gi);
             }
         }
-        // Two incidents that now share a group merge into the older one.
+        matched
+    }
+
+    /// Two incidents that now share a group merge into the older one: the younger's
+    /// index → the id it merges into.
+    fn merges(&self, matched: &HashMap<usize, usize>) -> HashMap<usize, u64> {
         let mut merged: HashMap<usize, u64> = HashMap::new();
         let mut owner: HashMap<usize, usize> = HashMap::new();
         for oi in 0..self.open.len() {
@@ -340,36 +353,54 @@ impl Incidents {
                 }
             }
         }
-        // Which open incident each wait was in, for the waits a chain cuts off.
-        let was_in: HashMap<WaitKey, u64> = self.open.iter().flat_map(|o| o.waits.iter().map(move |k| (*k, o.id))).collect();
+        merged
+    }
+
+    /// Resolves the incidents merged into another or left without a group; returns
+    /// the others with their group, and the groups they took.
+    fn resolve_unmatched(
+        &mut self,
+        matched: &HashMap<usize, usize>,
+        merged: &HashMap<usize, u64>,
+        now_ns: u64,
+        changes: &mut Vec<Change>,
+    ) -> (Vec<(Option<Open>, usize)>, HashSet<usize>) {
         let mut still_open = Vec::new();
+        let mut taken = HashSet::new();
         for (oi, o) in std::mem::take(&mut self.open).into_iter().enumerate() {
-            if let Some(into) = merged.get(&oi) {
-                self.resolved += 1;
-                changes.push(Change::Resolved(IncidentResolved {
-                    id: o.id,
-                    waited_s: secs(clocks.now_ns.saturating_sub(o.first_start_ns)),
-                    longest_chain: o.longest_chain,
-                    merged_into: Some(*into),
-                }));
+            let merged_into = merged.get(&oi).copied();
+            let group = if merged_into.is_some() { None } else { matched.get(&oi).copied() };
+            if let Some(gi) = group {
+                taken.insert(gi);
+                still_open.push((Some(o), gi));
                 continue;
             }
-            match matched.get(&oi) {
-                Some(&gi) => {
-                    taken.insert(gi);
-                    still_open.push((Some(o), gi));
-                }
-                None => {
-                    self.resolved += 1;
-                    changes.push(Change::Resolved(IncidentResolved {
-                        id: o.id,
-                        waited_s: secs(clocks.now_ns.saturating_sub(o.first_start_ns)),
-                        longest_chain: o.longest_chain,
-                        merged_into: None,
-                    }));
-                }
-            }
+            self.resolved += 1;
+            changes.push(Change::Resolved(IncidentResolved {
+                id: o.id,
+                waited_s: secs(now_ns.saturating_sub(o.first_start_ns)),
+                longest_chain: o.longest_chain,
+                merged_into,
+            }));
         }
+        (still_open, taken)
+    }
+
+    /// The groups no open incident took: a group cut off from an incident still open
+    /// is carried by it for [`CUT_OFF_GRACE`] (returned, by incident id); any other
+    /// that is old enough and has a wait `keep` counts is added to `still_open` as a
+    /// new incident.
+    #[allow(clippy::too_many_arguments)]
+    fn admit_new(
+        &mut self,
+        graph: &Graph<'_>,
+        groups: &[Group],
+        taken: &HashSet<usize>,
+        was_in: &HashMap<WaitKey, u64>,
+        now_ns: u64,
+        keep: &dyn Fn(&OpenWait) -> bool,
+        still_open: &mut Vec<(Option<Open>, usize)>,
+    ) -> HashMap<u64, Vec<WaitKey>> {
         // The incidents still open after this scan, by id: what a cut-off wait may stay in.
         let kept_ids: HashSet<u64> = still_open.iter().filter_map(|(o, _)| o.as_ref().map(|o| o.id)).collect();
         let mut carried: HashMap<u64, Vec<WaitKey>> = HashMap::new();
@@ -381,8 +412,8 @@ impl Incidents {
             // Cut off from an incident still open: carried by it for the grace.
             let from = members.iter().find_map(|(k, _)| was_in.get(k).filter(|id| kept_ids.contains(id)).map(|id| (*k, *id)));
             if let Some((k, id)) = from {
-                let since = self.cut_off.get(&k).copied().unwrap_or(clocks.now_ns);
-                if Duration::from_nanos(clocks.now_ns.saturating_sub(since)) < CUT_OFF_GRACE {
+                let since = self.cut_off.get(&k).copied().unwrap_or(now_ns);
+                if Duration::from_nanos(now_ns.saturating_sub(since)) < CUT_OFF_GRACE {
                     for (m, _) in members {
                         cut_off.insert(*m, since);
                     }
@@ -390,7 +421,7 @@ impl Incidents {
                     continue;
                 }
             }
-            let age = Duration::from_nanos(clocks.now_ns.saturating_sub(*oldest));
+            let age = Duration::from_nanos(now_ns.saturating_sub(*oldest));
             if self.thresholds.level(age).is_none() {
                 continue;
             }
@@ -399,113 +430,103 @@ impl Incidents {
             }
             still_open.push((None, gi));
         }
-        still_open.sort_by_key(|(_, gi)| *gi);
-
-        for (prev, gi) in still_open {
-            let (end, members, oldest) = &groups[gi];
-            let age = Duration::from_nanos(clocks.now_ns.saturating_sub(*oldest));
-            // Already raised: never goes down while it is open (its oldest wait may end
-            // and leave younger ones), so an escalation is printed once.
-            let level = match (self.thresholds.level(age), prev.as_ref().map(|p| p.level)) {
-                (Some(now), Some(was)) => now.max(was),
-                (now, was) => now.or(was).unwrap_or(Level::Warn),
-            };
-            let symptom = symptom(&graph, members);
-            let (path, _) = graph.path(symptom);
-            let root_key = match end {
-                End::Cycle(_) => None,
-                _ => path.last().copied(),
-            };
-            let mut chain: Vec<Hop> = path.iter().filter_map(|k| graph.hop(*k, clocks.now_ns, Some(*k) == root_key, ids)).collect();
-            if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| graph.best.get(&r)).map(|e| &e.to) {
-                chain.push(terminal_hop(t));
-            }
-            let root = root_key.and_then(|r| graph.hop(r, clocks.now_ns, true, ids));
-            let Some(symptom_hop) = chain.first().cloned() else { continue };
-            let attached: Vec<Hop> = members
-                .iter()
-                .filter(|(k, _)| !path.contains(k) && graph.best.get(k).is_some_and(|e| e.exactness == Exactness::Heuristic))
-                .filter_map(|(k, _)| graph.hop(*k, clocks.now_ns, false, ids))
-                .collect();
-            let mut wait_ids: Vec<u64> = members.iter().map(|(k, _)| ids(*k)).collect();
-            wait_ids.sort_unstable();
-            let budget = match clocks.relist_start_ns {
-                Some(start) => clocks.now_ns.saturating_sub(start),
-                None => clocks.now_ns.saturating_sub(*oldest),
-            };
-            let mut keys: BTreeSet<WaitKey> = members.iter().map(|(k, _)| *k).collect();
-            if let Some(p) = &prev {
-                keys.extend(carried.remove(&p.id).unwrap_or_default());
-            }
-            let (id, changed, mut longest, first_start) = match &prev {
-                None => {
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    self.raised += 1;
-                    (id, Some(Vec::new()), Vec::new(), *oldest)
-                }
-                Some(p) => {
-                    let mut why = Vec::new();
-                    if level > p.level {
-                        why.push("level");
-                    }
-                    // A root that moves deeper is news; one that moves up (the
-                    // deepest waits ended first) is only the chain shrinking.
-                    // So is one that was any of its waits already (a cut-off wait
-                    // it carried): its chain's waits are among them.
-                    let root_moved = root_key != p.root && !root_key.is_some_and(|r| p.waits.contains(&r));
-                    if root_moved || (*end != p.end && matches!(end, End::Cycle(_))) {
-                        why.push("root");
-                    }
-                    // A chain that only got shorter (its deepest waits ended), or that
-                    // now shows waits the incident already had, is not news.
-                    let grew = path.iter().any(|k| !p.waits.contains(k));
-                    if grew && !root_moved {
-                        why.push("chain");
-                    }
-                    (p.id, (!why.is_empty()).then_some(why), p.longest_chain.clone(), p.first_start_ns.min(*oldest))
-                }
-            };
-            if chain.len() > longest.len() {
-                longest = chain.clone();
-            }
-            let started_at = match &prev {
-                Some(p) if p.first_start_ns == first_start => p.started_at.clone(),
-                _ => rfc3339(clocks, first_start),
-            };
-            if let Some(changed) = changed {
-                let started_before_attach = chain.iter().chain(attached.iter()).any(|h| !h.start.is_exact());
-                changes.push(Change::Raised(Incident {
-                    started_before_attach,
-                    level,
-                    id,
-                    changed,
-                    root,
-                    symptom: symptom_hop,
-                    chain,
-                    waits: wait_ids,
-                    attached,
-                    budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
-                    started_at: started_at.clone(),
-                    waited_s: secs(clocks.now_ns.saturating_sub(first_start)),
-                    cycle: matches!(end, End::Cycle(_)),
-                }));
-            }
-            self.open.push(Open {
-                id,
-                waits: keys,
-                first_start_ns: first_start,
-                started_at,
-                end: *end,
-                root: root_key,
-                level,
-                longest_chain: longest,
-                budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
-            });
-        }
         self.cut_off = cut_off;
-        self.last_now_ns = clocks.now_ns;
-        changes
+        carried
+    }
+
+    /// Raises a new incident for `group` (no `prev`) or updates `prev` with it: the
+    /// incident as it stands, and the `incident` line when it is news (raised, or its
+    /// level, root or chain changed). None when the group has no chain to show.
+    fn update(
+        &mut self,
+        graph: &Graph<'_>,
+        group: &Group,
+        prev: Option<Open>,
+        carried: Vec<WaitKey>,
+        clocks: Clocks,
+        ids: &mut dyn FnMut(WaitKey) -> u64,
+    ) -> Option<(Open, Option<Change>)> {
+        let (end, members, oldest) = group;
+        let age = Duration::from_nanos(clocks.now_ns.saturating_sub(*oldest));
+        // Already raised: never goes down while it is open (its oldest wait may end
+        // and leave younger ones), so an escalation is printed once.
+        let level = match (self.thresholds.level(age), prev.as_ref().map(|p| p.level)) {
+            (Some(now), Some(was)) => now.max(was),
+            (now, was) => now.or(was).unwrap_or(Level::Warn),
+        };
+        let symptom = symptom(graph, members);
+        let (path, _) = graph.path(symptom);
+        let root_key = match end {
+            End::Cycle(_) => None,
+            _ => path.last().copied(),
+        };
+        let mut chain: Vec<Hop> = path.iter().filter_map(|k| graph.hop(*k, clocks.now_ns, Some(*k) == root_key, ids)).collect();
+        if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| graph.best.get(&r)).map(|e| &e.to) {
+            chain.push(terminal_hop(t));
+        }
+        let root = root_key.and_then(|r| graph.hop(r, clocks.now_ns, true, ids));
+        let symptom_hop = chain.first().cloned()?;
+        let attached: Vec<Hop> = members
+            .iter()
+            .filter(|(k, _)| !path.contains(k) && graph.best.get(k).is_some_and(|e| e.exactness == Exactness::Heuristic))
+            .filter_map(|(k, _)| graph.hop(*k, clocks.now_ns, false, ids))
+            .collect();
+        let mut wait_ids: Vec<u64> = members.iter().map(|(k, _)| ids(*k)).collect();
+        wait_ids.sort_unstable();
+        let budget = match clocks.relist_start_ns {
+            Some(start) => clocks.now_ns.saturating_sub(start),
+            None => clocks.now_ns.saturating_sub(*oldest),
+        };
+        let mut keys: BTreeSet<WaitKey> = members.iter().map(|(k, _)| *k).collect();
+        if prev.is_some() {
+            keys.extend(carried);
+        }
+        let (id, changed, mut longest, first_start) = match &prev {
+            None => {
+                let id = self.next_id;
+                self.next_id += 1;
+                self.raised += 1;
+                (id, Some(Vec::new()), Vec::new(), *oldest)
+            }
+            Some(p) => (p.id, what_changed(p, level, root_key, *end, &path), p.longest_chain.clone(), p.first_start_ns.min(*oldest)),
+        };
+        if chain.len() > longest.len() {
+            longest = chain.clone();
+        }
+        let started_at = match &prev {
+            Some(p) if p.first_start_ns == first_start => p.started_at.clone(),
+            _ => rfc3339(clocks, first_start),
+        };
+        let change = changed.map(|changed| {
+            let started_before_attach = chain.iter().chain(attached.iter()).any(|h| !h.start.is_exact());
+            Change::Raised(Incident {
+                started_before_attach,
+                level,
+                id,
+                changed,
+                root,
+                symptom: symptom_hop,
+                chain,
+                waits: wait_ids,
+                attached,
+                budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
+                started_at: started_at.clone(),
+                waited_s: secs(clocks.now_ns.saturating_sub(first_start)),
+                cycle: matches!(end, End::Cycle(_)),
+            })
+        });
+        let open = Open {
+            id,
+            waits: keys,
+            first_start_ns: first_start,
+            started_at,
+            end: *end,
+            root: root_key,
+            level,
+            longest_chain: longest,
+            budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
+        };
+        Some((open, change))
     }
 
     /// Every incident open after the last scan, with its budget then.
@@ -520,6 +541,48 @@ impl Incidents {
             })
             .collect()
     }
+}
+
+/// Every wait's chain, grouped by where it ends; oldest groups first, so that ids
+/// follow age when several start at once.
+fn group_by_end(graph: &Graph<'_>, waits: &[OpenWait], now_ns: u64) -> Vec<Group> {
+    let mut groups: HashMap<End, Vec<(WaitKey, usize)>> = HashMap::new();
+    for w in waits {
+        let (path, end) = graph.path(w.key);
+        groups.entry(end).or_default().push((w.key, path.len()));
+    }
+    let mut groups: Vec<Group> = groups
+        .into_iter()
+        .map(|(end, members)| {
+            let oldest = members.iter().filter_map(|(k, _)| graph.waits.get(k)).map(|w| w.start_ns).min().unwrap_or(now_ns);
+            (end, members, oldest)
+        })
+        .collect();
+    groups.sort_by_key(|(end, _, oldest)| (*oldest, *end));
+    groups
+}
+
+/// Why an open incident's line is printed again, if it is: its level rose, its root
+/// moved deeper (or it became a cycle), or its chain shows a wait it did not have.
+fn what_changed(p: &Open, level: Level, root_key: Option<WaitKey>, end: End, path: &[WaitKey]) -> Option<Vec<&'static str>> {
+    let mut why = Vec::new();
+    if level > p.level {
+        why.push("level");
+    }
+    // A root that moves deeper is news; one that moves up (the deepest waits ended
+    // first) is only the chain shrinking. So is one that was any of its waits already
+    // (a cut-off wait it carried): its chain's waits are among them.
+    let root_moved = root_key != p.root && !root_key.is_some_and(|r| p.waits.contains(&r));
+    if root_moved || (end != p.end && matches!(end, End::Cycle(_))) {
+        why.push("root");
+    }
+    // A chain that only got shorter (its deepest waits ended), or that now shows waits
+    // the incident already had, is not news.
+    let grew = path.iter().any(|k| !p.waits.contains(k));
+    if grew && !root_moved {
+        why.push("chain");
+    }
+    (!why.is_empty()).then_some(why)
 }
 
 fn secs(ns: u64) -> f64 {

@@ -15,7 +15,8 @@
 //! | `child` | a shim task call → its stopped or blocked child (runc), or that child's open wait | exact when one child is stopped or blocked (or it has one child), inferred otherwise |
 //! | `cri_call` | kubelet's open relist → containerd's open list handler | inferred (kubelet is connected to containerd, and the call began after the relist) |
 //! | `nested_call` (runc) | runc's systemd call → its D-Bus call | inferred (same process, began later) |
-//! | `dbus_owner`, `netlink_peer`, `no_reply` | built by the socket source (see `reqwatch`) | |
+//! | `dbus_owner`, `netlink_peer`, `no_reply`, `unix_peer` | a request → who must answer it (see `graph::requests`) | |
+//! | `device` | a umount or sync → its writeback device (see `graph::devices`) | always |
 //!
 //! A Go call's edges start from its innermost open call only: the outer
 //! ones reach the same holder through `nested_call`.
@@ -123,6 +124,12 @@ fn is_thread_wait(key: &WaitKey) -> bool {
     !matches!(key, WaitKey::Go { .. } | WaitKey::RelistOverdue { .. })
 }
 
+/// Whether `w` is a wait [`kernel_mutex_edges`] looks up a kernel mutex for: a thread's
+/// own wait, open a second or more.
+pub fn mutex_may_hold(w: &OpenWait, now_ns: u64) -> bool {
+    is_thread_wait(&w.key) && now_ns.saturating_sub(w.start_ns) >= 1_000_000_000
+}
+
 /// Waits (open a second or more) whose thread is blocked on a kernel mutex → the wait of
 /// its owner thread, else the owner's process. Exact: the mutex's owner field names the
 /// owner (read when the wait began).
@@ -133,7 +140,7 @@ pub fn kernel_mutex_edges(
     procs: &mut dyn Procs,
 ) -> Vec<Edge> {
     let mut out = Vec::new();
-    for w in waits.iter().filter(|w| is_thread_wait(&w.key) && now_ns.saturating_sub(w.start_ns) >= 1_000_000_000) {
+    for w in waits.iter().filter(|w| mutex_may_hold(w, now_ns)) {
         let Some(m) = mutex_of(w.who.tid) else { continue };
         let to = match waits.iter().find(|o| o.who.tid == m.owner_tid && is_thread_wait(&o.key)) {
             Some(o) => HeldBy::Wait(o.key),

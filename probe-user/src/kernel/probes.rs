@@ -22,7 +22,7 @@ pub enum Variant {
     /// A BTF tracepoint (tp_btf) program; needs kernel BTF, and the kernel
     /// struct offsets it reads.
     BtfTracepoint { program: &'static str, tracepoint: &'static str },
-    /// No kernel program: the collector polls `/proc` for this job at each scan
+    /// No kernel program: the kernel-wait source polls `/proc` for this job at each scan
     /// (coarser timing, same result).
     ProcPoll,
     /// Nothing: the probe is off, and what it would catch is not caught.

@@ -168,7 +168,7 @@ mod tests {
             std::fs::File::from(fd).metadata().expect("fstat").ino()
         };
         // Under load the child may be found before its exec shows in /proc (its
-        // cmdline still empty): wait for it, as the collector meets it later anyway.
+        // cmdline still empty): wait for it, as plegwatch meets it later anyway.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         while std::fs::read(format!("/proc/{}/cmdline", child.id())).map(|c| !c.starts_with(b"sleep")).unwrap_or(true)
             && std::time::Instant::now() < deadline

@@ -3,7 +3,7 @@
 //!
 //! Two pollers walk `/proc` every 2 s by comm (the Go target search and the
 //! off-CPU marking); on a node of 200 containers that was 1,200 reads of
-//! `/proc/PID/comm` every 2 s, most of the collector's idle CPU. And every
+//! `/proc/PID/comm` every 2 s, most of plegwatch's idle CPU. And every
 //! lookup of a process's children read every `/proc/PID/stat` (this kernel
 //! has no `/proc/PID/task/TID/children`), per waiter and per scan. A listing
 //! of `/proc` is one `getdents64` per few hundred entries and gives each

@@ -1,9 +1,9 @@
-//! Waits the collector judged over while the kernel still holds them.
+//! Waits the kernel-wait source judged over while the kernel still holds them.
 //!
 //! Some ends the kernel does not see: a thread that vanished without a
 //! `sched_process_exit` record (that probe fell back to polling), a umount2
 //! task_work tail whose thread went back to user space without a syscall, a
-//! wait the startup sweep put in `INFLIGHT` just as it ended. The collector
+//! wait the startup sweep put in `INFLIGHT` just as it ended. The source
 //! finds those through `/proc` and resolves them, but never deletes the
 //! kernel's entry: `INFLIGHT` is keyed by tid alone, so a delete after the look
 //! could remove that thread's *next* wait, begun in between. Instead the wait,

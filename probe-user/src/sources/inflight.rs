@@ -1,7 +1,7 @@
 //! The registry of reported waits: which open waits crossed which level, and
 //! when they ended.
 //!
-//! The kernel keeps every open wait in its `INFLIGHT` map; the collector shows
+//! The kernel keeps every open wait in its `INFLIGHT` map; plegwatch shows
 //! this registry a snapshot of that map at each scan, and the kernel's end
 //! records as they arrive. The registry decides what to print. It is pure
 //! logic, with time passed in, so it is tested without a kernel.
@@ -193,7 +193,7 @@ pub struct Tracked<T: Item = WaitInfo> {
     missing_since_ns: Option<u64>,
 }
 
-/// What the collector must print.
+/// What the source must report.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action<K = WaitKey> {
     /// The wait reached `level` after `waited`.
@@ -353,7 +353,7 @@ impl<T: Item> Registry<T> {
         actions
     }
 
-    /// A wait the collector saw end by other means (its thread is gone, or the
+    /// A wait the source saw end by other means (its thread is gone, or the
     /// task_work tail is over by `/proc`) at `end_ns`.
     pub fn vanished(&mut self, key: T::Key, end_ns: u64) -> Option<Action<T::Key>> {
         let start = self.tracked.get(&key)?.info.start_ns();

@@ -264,6 +264,15 @@ impl OffCpu {
         }))
     }
 
+    /// The kernel mutex `tid` waits on now, as the graph's mutex resolver needs it: its
+    /// owner thread (none when the lock's owner field was empty) and the lock's name.
+    pub fn mutex_wait(&self, tid: u32, now_ns: u64) -> Option<crate::graph::resolvers::MutexWait> {
+        let h = self.lock_holder(tid, now_ns)?;
+        let owner_tid = h.pointer("/owner/pid").and_then(Value::as_u64)? as u32;
+        let lock = h.get("lock").and_then(Value::as_str).unwrap_or("a kernel mutex").to_string();
+        Some(crate::graph::resolvers::MutexWait { owner_tid, lock })
+    }
+
     /// The `n` (process, stack) pairs with the most D time, for the summary.
     pub fn top(&self, n: usize) -> Vec<Value> {
         let mut by: HashMap<(u32, i32), OffCpuVal> = HashMap::new();

@@ -1,5 +1,7 @@
-//! The collector's request/reply part: netlink requests left unanswered,
-//! D-Bus calls, and containerd's ttrpc requests to its shims (`crate::sources::ttrpc`).
+//! The request source: netlink requests left unanswered, D-Bus calls, and
+//! containerd's ttrpc requests to its shims (`crate::sources::ttrpc`). It hands
+//! its open requests to the graph, with who must answer each (the graph's
+//! `requests` resolver makes the edges), and its events to the scheduler.
 //!
 //! Inputs: the kernel's `SOCK_EVENTS` records (what went through tracked
 //! sockets), its `SOCK_CALLS` map (who is blocked in a receive right now), and
@@ -8,11 +10,11 @@
 
 use crate::{
     clock::monotonic_ns,
-    events::{Event, Sink, Stall},
+    events::{Event, Stall},
     graph::ttrpc::TtrpcFacts,
     graph::{
-        model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait, StartTiming, Terminal, WaitKey, Who},
-        resolvers::{self, Procs},
+        model::{EdgeKind, Exactness, OpenWait, StartTiming, WaitKey, Who},
+        requests::Answerer,
     },
     kernel::loader::{take_map, WatchError},
     levels::Thresholds,
@@ -75,15 +77,6 @@ pub struct ReqWatch {
     scratch: Box<SockIo>,
 }
 
-/// Who answers a request.
-#[derive(Clone, Debug)]
-struct Answerer {
-    pid: Option<u32>,
-    kind: EdgeKind,
-    exactness: Exactness,
-    evidence: String,
-}
-
 /// Requests younger than this get no holder lookup (most are answered in microseconds).
 const RESOLVE_AFTER_NS: u64 = 1_000_000_000;
 
@@ -117,6 +110,23 @@ impl ReqWatch {
             // SAFETY: SockIo is plain old data, valid when zeroed.
             scratch: Box::new(unsafe { std::mem::zeroed() }),
         })
+    }
+
+    /// The startup sweep of every socket kind: netlink sockets already open and the
+    /// threads already blocked on them, and containerd → shim connections.
+    pub fn seed_all(&mut self, self_tgid: u32) {
+        let (socks, waiters) = self.seed(self_tgid);
+        if waiters > 0 {
+            tracing::info!(
+                netlink_sockets = socks,
+                blocked_on_them = waiters,
+                "startup sweep: threads already blocked on a netlink socket"
+            );
+        } else {
+            tracing::debug!(netlink_sockets = socks, "startup sweep: netlink sockets already open, none blocked on");
+        }
+        let shims = self.seed_ttrpc(self_tgid);
+        tracing::debug!(ttrpc_connections = shims, "startup sweep: containerd → shim connections already open");
     }
 
     /// Learns the netlink sockets that existed before plegwatch started, tells
@@ -299,7 +309,7 @@ impl ReqWatch {
     }
 
     /// Looks at every open request at `now_ns` and prints what crossed a level.
-    pub fn scan(&mut self, now_ns: u64, sink: &mut dyn Sink) {
+    pub fn scan(&mut self, now_ns: u64, out: &mut Vec<Event>) {
         let calls: Vec<(u32, SockCall)> = self.calls.iter().filter_map(Result::ok).collect();
         self.sockets.retain_live_open(procfs::thread_exists);
         self.swept.retain(
@@ -312,7 +322,7 @@ impl ReqWatch {
             crate::sources::inflight::note_open(&mut self.open_by_pid, o.tgid, "netlink_request", o.start_ns);
         }
         let actions = self.registry.scan(open.iter(), now_ns);
-        self.act(actions, now_ns, sink);
+        self.act(actions, now_ns, out);
         self.last_netlink = open;
         let replies = self.sockets.take_replies();
         self.swept_dbus.retain(|c| procfs::thread_exists(c.tgid) && !replies.contains(&(c.sock, c.serial)));
@@ -322,7 +332,7 @@ impl ReqWatch {
             crate::sources::inflight::note_open(&mut self.open_by_pid, o.tgid, "dbus_call", o.start_ns);
         }
         let actions = self.dbus.scan(open.iter(), now_ns);
-        self.act_dbus(actions, sink);
+        self.act_dbus(actions, out);
         self.last_dbus = open;
         self.open_waits = self.last_netlink.iter().map(|o| self.netlink_node(o)).collect();
         self.open_waits.extend(self.last_dbus.iter().map(dbus_node));
@@ -348,7 +358,7 @@ impl ReqWatch {
         }
     }
 
-    fn act(&mut self, actions: Vec<Action<(u64, u64)>>, now_ns: u64, sink: &mut dyn Sink) {
+    fn act(&mut self, actions: Vec<Action<(u64, u64)>>, now_ns: u64, out: &mut Vec<Event>) {
         for a in actions {
             match a {
                 Action::Report { key, level, waited } => {
@@ -358,7 +368,7 @@ impl ReqWatch {
                     let protocol = crate::proto::netlink::names::protocol_name(o.protocol).unwrap_or("netlink");
                     let detail = o.detail(&self.sockets.families, now_ns);
                     let holder = netlink_holder(o, protocol, &mut self.holders.owners);
-                    sink.emit(&Event::Stall(Stall {
+                    out.push(Event::Stall(Stall {
                         tid,
                         started_before_attach: o.before_attach,
                         holder: Some(holder),
@@ -368,21 +378,21 @@ impl ReqWatch {
                 }
                 Action::Resolve { key, waited, exact } => {
                     if let Some(r) = self.registry.resolve(&key, waited, exact, WaitKind::NetlinkRequest) {
-                        sink.emit(&Event::Resolved(r));
+                        out.push(Event::Resolved(r));
                     }
                 }
             }
         }
     }
 
-    fn act_dbus(&mut self, actions: Vec<Action<(u64, u64)>>, sink: &mut dyn Sink) {
+    fn act_dbus(&mut self, actions: Vec<Action<(u64, u64)>>, out: &mut Vec<Event>) {
         for a in actions {
             match a {
                 Action::Report { key, level, waited } => {
                     let Some(t) = self.dbus.get(&key) else { continue };
                     let o = t.info.clone();
                     let holder = self.holders.holder_of(&o);
-                    sink.emit(&Event::Stall(Stall {
+                    out.push(Event::Stall(Stall {
                         started_before_attach: o.before_attach,
                         holder: Some(holder),
                         kernel_stack: procfs::kernel_stack(o.tid).unwrap_or_default(),
@@ -391,7 +401,7 @@ impl ReqWatch {
                 }
                 Action::Resolve { key, waited, exact } => {
                     if let Some(r) = self.dbus.resolve(&key, waited, exact, WaitKind::DbusCall) {
-                        sink.emit(&Event::Resolved(r));
+                        out.push(Event::Resolved(r));
                     }
                 }
             }
@@ -428,8 +438,9 @@ impl ReqWatch {
         }
     }
 
-    /// The edges from each open request (a second old or more) to who must answer it.
-    pub fn edges(&mut self, waits: &[OpenWait], now_ns: u64, procs: &mut dyn Procs) -> Vec<Edge> {
+    /// Who must answer each request open a second or more (looked up once per request;
+    /// a D-Bus name still being asked of the bus daemon is asked again next scan).
+    pub fn answers(&mut self, now_ns: u64) -> Vec<(WaitKey, Answerer)> {
         let open: std::collections::HashSet<WaitKey> = self.open_waits.iter().map(|w| w.key).collect();
         self.answerers.retain(|k, _| open.contains(k));
         let mut out = Vec::new();
@@ -443,7 +454,7 @@ impl ReqWatch {
                 self.answerers.insert(key, Some(a));
             }
             let a = self.answerers.get(&key).cloned().flatten();
-            out.extend(a.map(|a| answer_edge(key, a, waits, procs)));
+            out.extend(a.map(|a| (key, a)));
         }
         for o in self.last_dbus.clone() {
             if now_ns.saturating_sub(o.start_ns) < RESOLVE_AFTER_NS {
@@ -462,7 +473,7 @@ impl ReqWatch {
                     a
                 }
             };
-            out.extend(a.map(|a| answer_edge(key, a, waits, procs)));
+            out.extend(a.map(|a| (key, a)));
         }
         out
     }
@@ -567,25 +578,6 @@ fn dbus_answerer(holder: &Value) -> Option<Answerer> {
         _ => return None,
     };
     Some(Answerer { pid: Some(pid?), kind, exactness, evidence })
-}
-
-/// The edge from a request to its answerer: the answering process's own open
-/// wait, the process itself, or the kernel.
-fn answer_edge(from: WaitKey, a: Answerer, waits: &[OpenWait], procs: &mut dyn Procs) -> Edge {
-    let to = match a.pid {
-        Some(pid) => resolvers::held_by_process(waits, procs, pid),
-        None => HeldBy::Terminal(Terminal {
-            id: None,
-            kind: "kernel",
-            pid: None,
-            comm: None,
-            what: match a.kind {
-                EdgeKind::NetlinkPeer => "the destination port id is held by no process".into(),
-                _ => "the kernel: no reply".into(),
-            },
-        }),
-    };
-    Edge { from, to, kind: a.kind, evidence: a.evidence, exactness: a.exactness }
 }
 
 /// Who should answer a netlink request: the kernel, or for a request sent to

@@ -19,8 +19,7 @@ use super::inspector::{Done, Inspector, Job};
 use super::late::{Job as LateJob, LateFunc, LateScanner};
 use super::targets::{short, target_named, target_of, Arg, GoFuncSpec, Role, Target};
 use crate::{
-    events::Event, events::Sink, kernel::loader::take_map, kernel::loader::WatchError, observe::lister::Lister, observe::procfs,
-    proto::gosym::GoBinary,
+    events::Event, kernel::loader::take_map, kernel::loader::WatchError, observe::lister::Lister, observe::procfs, proto::gosym::GoBinary,
 };
 use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData},
@@ -391,11 +390,11 @@ impl Attacher {
     }
 
     /// Probes a binary named on the command line, whether or not it runs now.
-    pub fn attach_path(&mut self, ebpf: &mut Ebpf, target: &str, path: &Path, sink: &mut dyn Sink) -> Result<(), String> {
+    pub fn attach_path(&mut self, ebpf: &mut Ebpf, target: &str, path: &Path, out: &mut Vec<Event>) -> Result<(), String> {
         let t = target_named(target).ok_or_else(|| format!("unknown target {target}"))?;
         let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
         self.last_why = None;
-        self.probe_binary(ebpf, t, (meta.dev(), meta.ino()), path, path, 0, "flag", sink);
+        self.probe_binary(ebpf, t, (meta.dev(), meta.ino()), path, path, 0, "flag", out);
         match self.binaries.get(&(meta.dev(), meta.ino())) {
             Some(Binary::Probed { .. }) => Ok(()),
             _ => {
@@ -409,7 +408,7 @@ impl Attacher {
     }
 
     /// Polls `/proc` for target processes, at most every [`POLL_EVERY`].
-    pub fn poll(&mut self, ebpf: &mut Ebpf, found_by: &'static str, sink: &mut dyn Sink) {
+    pub fn poll(&mut self, ebpf: &mut Ebpf, found_by: &'static str, out: &mut Vec<Event>) {
         if self.last_poll.is_some_and(|t| t.elapsed() < POLL_EVERY) {
             return;
         }
@@ -431,7 +430,7 @@ impl Attacher {
                     continue;
                 }
             }
-            let key = self.look_at(ebpf, pid, found_by, sink);
+            let key = self.look_at(ebpf, pid, found_by, out);
             match key {
                 Some(k) if matches!(self.binaries.get(&k), Some(Binary::Skipped)) => {
                     self.left_alone.insert(pid, (ino, k));
@@ -443,7 +442,7 @@ impl Attacher {
             running.extend(key);
         }
         self.left_alone.retain(|p, _| alive.contains(p));
-        self.retire_upgraded(ebpf, &running, sink);
+        self.retire_upgraded(ebpf, &running, out);
         // Forget processes that are gone, so a reused pid is not read as Go.
         let gone: Vec<u32> = self.known.iter().copied().filter(|p| !alive.contains(p)).collect();
         for pid in gone {
@@ -454,14 +453,14 @@ impl Attacher {
     }
 
     /// A process called `execve` (from the kernel's `proc_exec` record).
-    pub fn on_exec(&mut self, ebpf: &mut Ebpf, pid: u32, sink: &mut dyn Sink) {
+    pub fn on_exec(&mut self, ebpf: &mut Ebpf, pid: u32, out: &mut Vec<Event>) {
         self.listing.on_exec(pid);
         self.left_alone.remove(&pid);
         // Its previous image may have been a Go target; the new one decides.
         if self.known.remove(&pid) {
             let _ = self.procs.remove(&pid);
         }
-        let _ = self.look_at(ebpf, pid, "exec", sink);
+        let _ = self.look_at(ebpf, pid, "exec", out);
     }
 
     /// Gives back the ids and links of probed binaries that were replaced
@@ -469,7 +468,7 @@ impl Attacher {
     /// leaves the old inode behind): without this, ids run out after a few
     /// dozen upgrades and nothing new gets probed. A binary named by flag is
     /// probed again at its path.
-    fn retire_upgraded(&mut self, ebpf: &mut Ebpf, running: &HashSet<(u64, u64)>, sink: &mut dyn Sink) {
+    fn retire_upgraded(&mut self, ebpf: &mut Ebpf, running: &HashSet<(u64, u64)>, out: &mut Vec<Event>) {
         let gone: Vec<(u64, u64)> = self
             .binaries
             .iter()
@@ -491,7 +490,7 @@ impl Attacher {
             self.retired += 1;
             tracing::info!(target = target.name, binary = %path.display(), ids = ids.len(), "binary replaced on disk and no longer run: probes removed, ids freed");
             if by_flag {
-                let _ = self.attach_path(ebpf, target.name, &path, sink);
+                let _ = self.attach_path(ebpf, target.name, &path, out);
             }
         }
     }
@@ -514,7 +513,7 @@ impl Attacher {
     /// Probes the binary of `pid` if it is a target not seen yet, and
     /// registers the process for goroutine ids at kernel probes. Returns the
     /// binary's (dev, inode) when the process runs a target.
-    fn look_at(&mut self, ebpf: &mut Ebpf, pid: u32, found_by: &'static str, sink: &mut dyn Sink) -> Option<(u64, u64)> {
+    fn look_at(&mut self, ebpf: &mut Ebpf, pid: u32, found_by: &'static str, out: &mut Vec<Event>) -> Option<(u64, u64)> {
         if pid == crate::observe::namespaces::self_tgid() {
             return None;
         }
@@ -546,10 +545,10 @@ impl Attacher {
                 self.pending.insert(key, vec![(pid, found_by)]);
                 return Some(key);
             }
-            self.probe_binary(ebpf, target, key, &open_path, &path, pid, found_by, sink);
+            self.probe_binary(ebpf, target, key, &open_path, &path, pid, found_by, out);
         } else if let Some(Binary::Probed { target, .. }) = self.binaries.get(&key) {
             if target.name != "runc" {
-                sink.emit(&Event::Target(crate::events::Target::new(target.name, "traced", pid, &path, found_by)));
+                out.push(Event::Target(crate::events::Target::new(target.name, "traced", pid, &path, found_by)));
             }
         }
         if let Some(Binary::Probed { g_tls: Some(off), .. }) = self.binaries.get(&key) {
@@ -593,14 +592,14 @@ impl Attacher {
         path: &Path,
         pid: u32,
         found_by: &'static str,
-        sink: &mut dyn Sink,
+        out: &mut Vec<Event>,
     ) {
         let inspected = inspect(open_path, target);
         let mut plan = self.plan(target, key, open_path, path, pid, found_by, inspected, None);
         if plan.why.is_none() {
             self.attach_points(ebpf, &mut plan, None);
         }
-        self.conclude(ebpf, plan, sink);
+        self.conclude(ebpf, plan, out);
     }
 
     /// A binary read off the loop: plans its attach (see [`Attacher::attach_some`]).
@@ -748,7 +747,7 @@ impl Attacher {
 
     /// Ends a plan: the binary probed, or left alone (its points detached and
     /// ids given back); its `target` line.
-    fn conclude(&mut self, ebpf: &mut Ebpf, mut plan: Plan, sink: &mut dyn Sink) {
+    fn conclude(&mut self, ebpf: &mut Ebpf, mut plan: Plan, out: &mut Vec<Event>) {
         let (pid, target, path) = (plan.line.pid, plan.target, plan.path.clone());
         match plan.why.take() {
             None => {
@@ -784,7 +783,7 @@ impl Attacher {
                 self.binaries.insert(plan.key, Binary::Skipped);
             }
         }
-        sink.emit(&Event::Target(plan.line));
+        out.push(Event::Target(plan.line));
     }
 
     /// Whether a binary read off the loop is being attached, a slice at a time.
@@ -794,14 +793,14 @@ impl Attacher {
 
     /// Attaches up to `budget`'s worth of the first binary's points; once all
     /// are on, reports it and registers the processes found running it.
-    pub fn attach_some(&mut self, ebpf: &mut Ebpf, budget: Duration, sink: &mut dyn Sink) {
+    pub fn attach_some(&mut self, ebpf: &mut Ebpf, budget: Duration, out: &mut Vec<Event>) {
         let Some(mut plan) = self.attaching.pop_front() else { return };
         if plan.why.is_none() && self.attach_points(ebpf, &mut plan, Some(budget)) {
             self.attaching.push_front(plan);
             return;
         }
         let key = plan.key;
-        self.conclude(ebpf, plan, sink);
+        self.conclude(ebpf, plan, out);
         let pids = self.pending.remove(&key).unwrap_or_default();
         for (i, &(pid, found_by)) in pids.iter().enumerate() {
             if i == 0 {
@@ -814,7 +813,7 @@ impl Attacher {
                 continue;
             }
             // The others found meanwhile: a `traced` line each, and GO_PROCS.
-            let _ = self.look_at(ebpf, pid, found_by, sink);
+            let _ = self.look_at(ebpf, pid, found_by, out);
         }
     }
 }

@@ -22,7 +22,7 @@ pub mod targets;
 
 use crate::{
     clock::wall_of,
-    events::{Event, Sink, Stall},
+    events::{Event, Stall},
     graph::{
         model::{OpenWait, StartTiming, WaitKey, Who},
         resolvers::{CallRole, GoCallFact, GoFacts},
@@ -296,11 +296,11 @@ impl GoWatch {
 
     /// Probes the binaries named on the command line (`(target, path)`), then
     /// every target running now. A named binary that can't be probed is an error.
-    pub fn start(&mut self, ebpf: &mut Ebpf, paths: &[(&str, PathBuf)], sink: &mut dyn Sink) -> Result<(), WatchError> {
+    pub fn start(&mut self, ebpf: &mut Ebpf, paths: &[(&str, PathBuf)], out: &mut Vec<Event>) -> Result<(), WatchError> {
         for (target, path) in paths {
-            self.attacher.attach_path(ebpf, target, path, sink).map_err(WatchError::Target)?;
+            self.attacher.attach_path(ebpf, target, path, out).map_err(WatchError::Target)?;
         }
-        self.attacher.poll(ebpf, "startup", sink);
+        self.attacher.poll(ebpf, "startup", out);
         Ok(())
     }
 
@@ -325,9 +325,9 @@ impl GoWatch {
     /// some (their RET found no entry): its calls are taken out again. Returns the
     /// goroutine each thread in a system call runs (and its `waitsince`), for the kernel
     /// waits the startup sweep found (which carry none).
-    pub fn on_late(&mut self, found: late::Found, sink: &mut dyn Sink) -> Vec<(u32, u64, Option<u64>)> {
+    pub fn on_late(&mut self, found: late::Found, out: &mut Vec<Event>) -> Vec<(u32, u64, Option<u64>)> {
         const BPF_NOEXIST: u64 = 1;
-        sink.emit(&Event::GoroutineScan(found.event.clone()));
+        out.push(Event::GoroutineScan(found.event.clone()));
         let late::Found { pid, calls, threads, parked, reader, .. } = found;
         let mut seeded: Vec<(GoCallKey, u64)> = Vec::new();
         for c in &calls {
@@ -376,17 +376,17 @@ impl GoWatch {
 
     /// Attaches uprobes for up to `budget` (one `select!` turn), so that
     /// a binary of 80 probe points never holds a scan back for long.
-    pub fn attach_some(&mut self, ebpf: &mut Ebpf, budget: std::time::Duration, sink: &mut dyn Sink) {
-        self.attacher.attach_some(ebpf, budget, sink);
+    pub fn attach_some(&mut self, ebpf: &mut Ebpf, budget: std::time::Duration, out: &mut Vec<Event>) {
+        self.attacher.attach_some(ebpf, budget, out);
     }
 
     /// Looks for target processes the exec records missed.
-    pub fn poll(&mut self, ebpf: &mut Ebpf, sink: &mut dyn Sink) {
-        self.attacher.poll(ebpf, "poll", sink);
+    pub fn poll(&mut self, ebpf: &mut Ebpf, out: &mut Vec<Event>) {
+        self.attacher.poll(ebpf, "poll", out);
     }
 
     /// Takes one `GO_EVENTS` record.
-    pub fn on_record(&mut self, ebpf: &mut Ebpf, bytes: &[u8], sink: &mut dyn Sink) {
+    pub fn on_record(&mut self, ebpf: &mut Ebpf, bytes: &[u8], out: &mut Vec<Event>) {
         if bytes.len() < std::mem::size_of::<EventHeader>() {
             return;
         }
@@ -395,7 +395,7 @@ impl GoWatch {
         if header.kind == EventKind::Exec as u32 && bytes.len() >= std::mem::size_of::<ExecEvent>() {
             // SAFETY: as above.
             let rec: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            self.attacher.on_exec(ebpf, rec.tgid, sink);
+            self.attacher.on_exec(ebpf, rec.tgid, out);
             return;
         }
         if header.kind == EventKind::GoExit as u32 && bytes.len() >= std::mem::size_of::<GoExit>() {
@@ -409,10 +409,10 @@ impl GoWatch {
         }
         // SAFETY: as above.
         let rec: GoCallEnd = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        self.on_end(&rec, sink);
+        self.on_end(&rec, out);
     }
 
-    fn on_end(&mut self, rec: &GoCallEnd, sink: &mut dyn Sink) {
+    fn on_end(&mut self, rec: &GoCallEnd, out: &mut Vec<Event>) {
         let took = Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns));
         // Ended: no longer one of the calls open since the last scan (the graph's
         // last step at exit runs on these without another scan).
@@ -491,11 +491,11 @@ impl GoWatch {
         let none = HashMap::new();
         let no_g = HashMap::new();
         let waits = KernelWaits { by_tid: &none, by_g: &no_g, longest_by_pid: &HashMap::new() };
-        self.act(actions, rec.end_ns, &waits, sink);
+        self.act(actions, rec.end_ns, &waits, out);
     }
 
     /// Looks at the Go calls open now, with the kernel waits open now.
-    pub fn scan(&mut self, now_ns: u64, waits: &KernelWaits<'_>, sink: &mut dyn Sink) {
+    pub fn scan(&mut self, now_ns: u64, waits: &KernelWaits<'_>, out: &mut Vec<Event>) {
         self.open.clear();
         self.gets.clear();
         self.get_by_g.clear();
@@ -564,7 +564,7 @@ impl GoWatch {
         let mut actions = self.registry.scan(open.iter(), now_ns);
         self.open = open;
         actions.extend(resolved);
-        self.act(actions, now_ns, waits, sink);
+        self.act(actions, now_ns, waits, out);
     }
 
     /// The Status lock holder of `lock`, among the open calls.
@@ -574,7 +574,7 @@ impl GoWatch {
         })
     }
 
-    fn act(&mut self, actions: Vec<Action<GoKey>>, now_ns: u64, waits: &KernelWaits<'_>, sink: &mut dyn Sink) {
+    fn act(&mut self, actions: Vec<Action<GoKey>>, now_ns: u64, waits: &KernelWaits<'_>, out: &mut Vec<Event>) {
         for a in actions {
             match a {
                 Action::Report { key, level, waited } => {
@@ -668,7 +668,7 @@ impl GoWatch {
                         d.insert("found_by".into(), json!("goroutine scan (/proc/PID/mem): open before plegwatch started"));
                         d.insert("age".into(), json!(late_age(o.start)));
                     }
-                    sink.emit(&Event::Stall(Stall {
+                    out.push(Event::Stall(Stall {
                         holder: blame.holder,
                         cause: blame.cause,
                         chain: blame.chain,
@@ -685,7 +685,7 @@ impl GoWatch {
                         _ => WaitKind::CriCall,
                     };
                     if let Some(r) = self.registry.resolve(&key, waited, exact, kind) {
-                        sink.emit(&Event::Resolved(r));
+                        out.push(Event::Resolved(r));
                     }
                 }
             }

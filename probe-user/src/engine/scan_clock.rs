@@ -1,0 +1,51 @@
+//! The scheduler's own clock: how late each scan starts after its tick, how long it
+//! takes, and the longest slice spent attaching uprobes (the summary's `scans`).
+
+use std::time::Duration;
+
+/// How late each scan starts after its tick, and how long it takes (µs;
+/// none if the histogram could not be made, which fixed bounds rule out).
+pub(super) struct ScanClock {
+    late: Option<hdrhistogram::Histogram<u64>>,
+    took: Option<hdrhistogram::Histogram<u64>>,
+    attach_max: Duration,
+}
+
+impl Default for ScanClock {
+    fn default() -> Self {
+        let h = || hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok();
+        ScanClock { late: h(), took: h(), attach_max: Duration::ZERO }
+    }
+}
+
+impl ScanClock {
+    pub(super) fn late(&mut self, d: Duration) {
+        if let Some(h) = self.late.as_mut() {
+            let _ = h.record(d.as_micros().max(1) as u64);
+        }
+    }
+
+    pub(super) fn took(&mut self, d: Duration) {
+        if let Some(h) = self.took.as_mut() {
+            let _ = h.record(d.as_micros().max(1) as u64);
+        }
+    }
+
+    pub(super) fn attach_took(&mut self, d: Duration) {
+        self.attach_max = self.attach_max.max(d);
+    }
+
+    pub(super) fn summary(&self) -> crate::events::ScanSummary {
+        let q = |h: &Option<hdrhistogram::Histogram<u64>>, q: f64| h.as_ref().map_or(0.0, |h| h.value_at_quantile(q) as f64 / 1e3);
+        crate::events::ScanSummary {
+            scans: self.late.as_ref().map_or(0, |h| h.len()),
+            late_p50_ms: q(&self.late, 0.5),
+            late_p99_ms: q(&self.late, 0.99),
+            late_max_ms: q(&self.late, 1.0),
+            took_p50_ms: q(&self.took, 0.5),
+            took_p99_ms: q(&self.took, 0.99),
+            go_attach_max_ms: self.attach_max.as_secs_f64() * 1e3,
+            took_max_ms: q(&self.took, 1.0),
+        }
+    }
+}
