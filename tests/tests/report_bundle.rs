@@ -145,7 +145,7 @@ fn a_real_umount_stall_leaves_a_complete_private_bundle() -> anyhow::Result<()> 
     let syscalls = latency["families"][0]["rows"].as_array().cloned().unwrap_or_default();
     assert!(syscalls.iter().any(|r| r["name"] == "umount2" && r["count"].as_u64() >= Some(1)), "latency.json: {latency}");
 
-    // go tool pprof reads the same total; -top as the README shows it.
+    // go tool pprof reads the same total; -top as docs/reports.md shows it.
     if let Some(raw) = go_pprof(&["-raw"], &mine.join("profile.pb.gz"))? {
         assert_eq!(raw_total(&raw), total, "pprof -raw vs blocked.folded:\n{raw}");
         if let Some(top) = go_pprof(&["-top"], &mine.join("profile.pb.gz"))? {

@@ -1,7 +1,7 @@
 //! Sinks: where the engine's typed events end up. They read events and
 //! format them; they never call back into the engine.
 //!
-//! - [`JsonSink`]: one JSON object per line (`--json`), the contract in the README;
+//! - [`JsonSink`]: one JSON object per line (`--json`), the contract in docs/output-contract.md;
 //! - [`TextSink`]: human lines, by default one block per incident;
 //! - [`LiveSink`]: on a terminal, the open incidents redrawn in place (`live`);
 //! - [`ReportSink`]: incident bundles in a directory (`--report-dir`: `report/`);

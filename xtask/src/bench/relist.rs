@@ -259,7 +259,7 @@ fn plegwatch_on_containerd(bin: &Path, log_dir: &Path, containerd: u32) -> Resul
     Ok(pw)
 }
 
-/// plegwatch's `target` line (README, "Output contract").
+/// plegwatch's `target` line (docs/output-contract.md).
 #[derive(Debug, Deserialize)]
 struct Target {
     #[serde(rename = "type")]
