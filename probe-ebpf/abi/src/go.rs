@@ -92,6 +92,7 @@ const _: () = assert!(size_of::<GoArgSpec>() == 8);
 /// restarted or upgraded target is probed again without waiting for a poll.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct ExecEvent {
     pub header: EventHeader,
     pub tgid: u32,
@@ -139,6 +140,7 @@ const _: () = assert!(size_of::<GoCall>() == 96);
 /// probed RET (a panic unwound past it, or `runtime.Goexit`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct GoExit {
     pub header: EventHeader,
     /// The goroutine (`g`).
@@ -152,6 +154,7 @@ const _: () = assert!(size_of::<GoExit>() == 32);
 /// A Go call that returned.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct GoCallEnd {
     pub header: EventHeader,
     pub g: u64,

@@ -29,9 +29,28 @@ pub enum EventKind {
     TtrpcBind = 9,
 }
 
+impl EventKind {
+    /// The kind numbered `n`, if any.
+    pub const fn from_u32(n: u32) -> Option<Self> {
+        Some(match n {
+            1 => Self::WaitEnd,
+            2 => Self::SockIo,
+            3 => Self::SockClosed,
+            4 => Self::GoCallEnd,
+            5 => Self::Exec,
+            6 => Self::SocksForgotten,
+            7 => Self::GoExit,
+            8 => Self::TtrpcIo,
+            9 => Self::TtrpcBind,
+            _ => return None,
+        })
+    }
+}
+
 /// Header first in every ring-buffer record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct EventHeader {
     /// An [`EventKind`] as u32.
     pub kind: u32,

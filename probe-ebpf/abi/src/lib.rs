@@ -18,7 +18,8 @@
 //! - `go`: Go call timing, execs, goroutine exits ([`GoCallEnd`], [`go_maps`]);
 //! - `offcpu`: D sleeps by kernel stack and kernel mutex waits ([`offcpu_maps`], [`lock_maps`]);
 //! - `children`: threads blocked in `wait4`/`waitid` ([`ChildWait`], [`child_maps`]);
-//! - `block`: block device I/O counters ([`DevIo`], [`block_maps`]).
+//! - `block`: block device I/O counters ([`DevIo`], [`block_maps`]);
+//! - `record` (feature `user`): `Record::parse`, the one decoder of ring records.
 #![no_std]
 
 mod block;
@@ -27,6 +28,8 @@ mod dbus_walk;
 mod go;
 mod header;
 mod offcpu;
+#[cfg(feature = "user")]
+mod record;
 mod sockets;
 mod stats;
 mod ttrpc;
@@ -38,6 +41,8 @@ pub use dbus_walk::*;
 pub use go::*;
 pub use header::*;
 pub use offcpu::*;
+#[cfg(feature = "user")]
+pub use record::*;
 pub use sockets::*;
 pub use stats::*;
 pub use ttrpc::*;

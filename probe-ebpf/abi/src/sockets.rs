@@ -72,6 +72,7 @@ pub enum SockKind {
 /// The value of [`sock_maps::SOCKS`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct SockClass {
     /// A [`SockKind`] as u32.
     pub kind: u32,
@@ -119,6 +120,7 @@ pub const NL_SUMMARIES: usize = 32;
 /// One netlink message header, as walked by the kernel program.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct NlSummary {
     pub len: u32,
     pub msg_type: u16,
@@ -135,6 +137,7 @@ const _: () = assert!(size_of::<NlSummary>() == 20);
 /// `captured` bytes of `data`.
 #[repr(C)]
 #[derive(Clone, Copy)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct SockIo {
     pub header: EventHeader,
     pub start_ns: u64,
@@ -166,6 +169,7 @@ const _: () = assert!(size_of::<SockIo>() == SOCK_IO_HEADER_LEN + SOCK_DATA_CAP)
 /// `close_range` over it).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct SockClosed {
     pub header: EventHeader,
     pub tgid: u32,
@@ -177,6 +181,7 @@ const _: () = assert!(size_of::<SockClosed>() == 16);
 /// `close_range`): none of its fds is tracked until classified again.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct SocksForgotten {
     pub header: EventHeader,
     pub tgid: u32,

@@ -65,6 +65,7 @@ const _: () = assert!(size_of::<TtrpcReqKey>() == 16);
 /// One ttrpc frame header, as read.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct TtrpcFrame {
     pub len: u32,
     pub stream: u32,
@@ -175,6 +176,7 @@ pub fn ttrpc_walk<B: TtrpcBytes, E: FnMut(TtrpcFrame)>(d: &mut TtrpcDir, len: u6
 /// The frame headers one send or receive on a ttrpc socket moved.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct TtrpcIo {
     pub header: EventHeader,
     pub start_ns: u64,
@@ -199,6 +201,7 @@ const _: () = assert!(size_of::<TtrpcIo>() == 56 + TTRPC_FRAMES * 12);
 /// caller. Sent before the frame is written, on `SOCK_EVENTS`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct TtrpcBind {
     pub header: EventHeader,
     /// The client's sender goroutine, which writes the frame next.

@@ -140,6 +140,7 @@ pub enum EndReason {
 /// A wait that ended, sent when it lasted at least `REPORT_MIN_NS`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "user", derive(zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::KnownLayout, zerocopy::Immutable))]
 pub struct WaitEnd {
     pub header: EventHeader,
     pub start_ns: u64,
