@@ -36,7 +36,7 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData},
     Ebpf,
 };
-use plegwatch_abi::{sock_maps, ttrpc_maps, EventKind, SockCall, SockClass, SockClosed, SockIo, SockKind, SocksForgotten, TtrpcPos};
+use plegwatch_abi::{sock_maps, ttrpc_maps, Record, SockCall, SockClass, SockIo, SockKind, TtrpcPos};
 use serde_json::{json, Value};
 use std::{collections::HashMap, time::Duration};
 
@@ -73,7 +73,7 @@ pub struct ReqWatch {
     ttrpc: TtrpcWatch,
     /// `TTRPC_POS`: the kernel's place in each ttrpc stream, dropped with dead processes.
     ttrpc_pos: BpfHashMap<MapData, u64, TtrpcPos>,
-    /// The last `SockIo` record, made whole (see [`sock_io_into`]).
+    /// The last `SockIo` record, made whole (see [`plegwatch_abi::SockIoRecord::copy_into`]).
     scratch: Box<SockIo>,
 }
 
@@ -107,8 +107,7 @@ impl ReqWatch {
             last_dbus: Vec::new(),
             ttrpc: TtrpcWatch::default(),
             ttrpc_pos: take_map(ebpf, ttrpc_maps::TTRPC_POS)?,
-            // SAFETY: SockIo is plain old data, valid when zeroed.
-            scratch: Box::new(unsafe { std::mem::zeroed() }),
+            scratch: Box::new(SockIo::zeroed()),
         })
     }
 
@@ -284,27 +283,29 @@ impl ReqWatch {
     }
 
     /// Takes one `SOCK_EVENTS` record.
+    /// A record too short for its kind, or of a kind this ring does not carry, is skipped.
     pub fn on_record(&mut self, bytes: &[u8]) {
-        let Some(kind) = bytes.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes) else { return };
-        if self.ttrpc.on_record(bytes) {
+        let Ok(rec) = Record::parse(bytes) else { return };
+        if self.ttrpc.on_record(&rec) {
             return;
         }
-        if kind == EventKind::SockClosed as u32 && bytes.len() >= std::mem::size_of::<SockClosed>() {
-            // SAFETY: length checked; plain old data; read_unaligned copies.
-            let c: SockClosed = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            self.sockets.on_closed(c.tgid, c.fd);
-            self.ttrpc.on_closed(c.tgid, c.fd);
-            self.swept.retain(|s| s.sock != sock_key(c.tgid, c.fd));
-        } else if kind == EventKind::SocksForgotten as u32 && bytes.len() >= std::mem::size_of::<SocksForgotten>() {
-            // SAFETY: as above.
-            let f: SocksForgotten = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            self.sockets.forget_process(f.tgid);
-            self.ttrpc.forget_process(f.tgid);
-            self.swept.retain(|s| s.tgid != f.tgid);
-            self.swept_dbus.retain(|c| (c.sock >> 32) as u32 != f.tgid);
-        } else if kind == EventKind::SockIo as u32 && bytes.len() >= plegwatch_abi::SOCK_IO_HEADER_LEN {
-            sock_io_into(bytes, &mut self.scratch);
-            self.sockets.on_io(&self.scratch);
+        match rec {
+            Record::SockClosed(c) => {
+                self.sockets.on_closed(c.tgid, c.fd);
+                self.ttrpc.on_closed(c.tgid, c.fd);
+                self.swept.retain(|s| s.sock != sock_key(c.tgid, c.fd));
+            }
+            Record::SocksForgotten(f) => {
+                self.sockets.forget_process(f.tgid);
+                self.ttrpc.forget_process(f.tgid);
+                self.swept.retain(|s| s.tgid != f.tgid);
+                self.swept_dbus.retain(|c| (c.sock >> 32) as u32 != f.tgid);
+            }
+            Record::SockIo(io) => {
+                io.copy_into(&mut self.scratch);
+                self.sockets.on_io(&self.scratch);
+            }
+            _ => {}
         }
     }
 
@@ -689,78 +690,5 @@ impl DbusHolders {
             }
             Owner::Unknown(why) => json!({ "kind": "unknown", "name": dest, "bus": path, "why": why }),
         }
-    }
-}
-
-/// Makes a `SockIo` record (`bytes`, at least `SOCK_IO_HEADER_LEN` long; the kernel
-/// sends it cut after its captured bytes) whole in `rec`, which is reused from record
-/// to record: no 2.8 KiB zeroing per record, and the bytes past what is copied are
-/// left from earlier records and never read. A netlink record is read by its `n_nl`
-/// header summaries alone: its unused summaries and data bytes are not copied (the
-/// copy is most of a record's cost, in cache misses). Others are copied whole.
-fn sock_io_into(bytes: &[u8], rec: &mut SockIo) {
-    let fixed = std::mem::offset_of!(SockIo, nl);
-    if bytes.len() < fixed {
-        return;
-    }
-    let dst = std::ptr::from_mut::<SockIo>(rec).cast::<u8>();
-    // SAFETY: `fixed` bytes are in `bytes` (checked) and in SockIo; SockIo is plain old
-    // data, valid for any bytes.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, fixed) };
-    let n = if rec.class.kind == SockKind::Netlink as u32 {
-        fixed + (rec.n_nl as usize).min(plegwatch_abi::NL_SUMMARIES) * std::mem::size_of::<plegwatch_abi::NlSummary>()
-    } else {
-        bytes.len()
-    };
-    let n = n.min(bytes.len()).min(std::mem::size_of::<SockIo>());
-    // SAFETY: as above, for the bytes from `fixed` to `n`, within both.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(fixed), dst.add(fixed), n - fixed) };
-}
-
-#[cfg(test)]
-mod sock_io_tests {
-    use super::*;
-    use plegwatch_abi::{NlSummary, SOCK_IO_HEADER_LEN};
-
-    fn record(kind: SockKind, n_nl: u32, captured: usize, fill: u8) -> Vec<u8> {
-        // SAFETY: plain old data, valid when zeroed.
-        let mut r: SockIo = unsafe { std::mem::zeroed() };
-        r.header.kind = EventKind::SockIo as u32;
-        r.class.kind = kind as u32;
-        r.n_nl = n_nl;
-        r.captured = captured as u32;
-        r.tgid = 7;
-        for (i, s) in r.nl.iter_mut().enumerate() {
-            *s = NlSummary { len: 16, msg_type: 16 + i as u16, flags: 0, seq: 100 + i as u32, error: 0, pid: 0 };
-        }
-        r.data[..captured].fill(fill);
-        // SAFETY: SockIo is plain old data; the kernel sends the header and the captured bytes.
-        let all = unsafe { std::slice::from_raw_parts(std::ptr::from_ref(&r).cast::<u8>(), std::mem::size_of::<SockIo>()) };
-        all[..SOCK_IO_HEADER_LEN + captured].to_vec()
-    }
-
-    #[test]
-    fn netlink_copies_its_summaries_only() {
-        // SAFETY: as above.
-        let mut rec: SockIo = unsafe { std::mem::zeroed() };
-        sock_io_into(&record(SockKind::Netlink, 2, 64, 0xab), &mut rec);
-        assert_eq!((rec.tgid, rec.n_nl, rec.captured), (7, 2, 64));
-        assert_eq!((rec.nl[0].seq, rec.nl[1].seq), (100, 101));
-        assert_eq!(rec.nl[2].seq, 0, "a summary past n_nl is not copied");
-        assert!(rec.data.iter().all(|&b| b == 0), "nor are the data bytes");
-    }
-
-    #[test]
-    fn dbus_copies_its_data_and_a_reused_record_is_overwritten() {
-        // SAFETY: as above.
-        let mut rec: SockIo = unsafe { std::mem::zeroed() };
-        sock_io_into(&record(SockKind::Dbus, 0, 40, 0xcd), &mut rec);
-        assert_eq!(rec.captured, 40);
-        assert!(rec.data[..40].iter().all(|&b| b == 0xcd));
-        sock_io_into(&record(SockKind::Netlink, 1, 0, 0), &mut rec);
-        assert_eq!((rec.class.kind, rec.n_nl, rec.captured, rec.nl[0].seq), (SockKind::Netlink as u32, 1, 0, 100));
-        // A short buffer is left alone rather than read past its end.
-        sock_io_into(&[1, 2, 3], &mut rec);
-        assert_eq!(rec.n_nl, 1);
     }
 }

@@ -29,7 +29,7 @@ use crate::{
     syscalls::{by_slot, WaitKind},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
-use plegwatch_abi::{maps, EventKind, Wait, WaitEnd};
+use plegwatch_abi::{maps, record_kind, Record, Wait, WaitEnd};
 use serde_json::{Map, Value};
 use std::{collections::HashMap, time::Duration};
 
@@ -279,16 +279,19 @@ impl SyscallWaits {
     pub fn drain(&mut self, ring: &mut RingBuf<MapData>, out: &mut Vec<Event>) {
         while let Some(item) = ring.next() {
             let bytes: &[u8] = &item;
-            if bytes.len() < std::mem::size_of::<WaitEnd>() {
-                tracing::warn!(len = bytes.len(), "short ring buffer record skipped");
-                continue;
-            }
-            // SAFETY: length checked; WaitEnd is plain old data; read_unaligned copies.
-            let rec: WaitEnd = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            if rec.header.kind != EventKind::WaitEnd as u32 {
-                tracing::warn!(kind = rec.header.kind, "unknown ring buffer record skipped");
-                continue;
-            }
+            // Anything but a WaitEnd is skipped: as one too short for a WaitEnd, else as
+            // one of an unknown kind.
+            let rec = match Record::parse(bytes) {
+                Ok(Record::WaitEnd(rec)) => rec,
+                _ if bytes.len() < std::mem::size_of::<WaitEnd>() => {
+                    tracing::warn!(len = bytes.len(), "short ring buffer record skipped");
+                    continue;
+                }
+                _ => {
+                    tracing::warn!(kind = record_kind(bytes).unwrap_or_default(), "unknown ring buffer record skipped");
+                    continue;
+                }
+            };
             let mut info = WaitInfo::from(&rec);
             if let Some(w) = crate::syscalls::by_slot(rec.slot) {
                 self.measured.record("syscall", w.name, Duration::from_nanos(rec.end_ns.saturating_sub(rec.start_ns)));

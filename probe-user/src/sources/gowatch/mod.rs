@@ -41,7 +41,7 @@ use aya::{
     Ebpf,
 };
 use chain::{Blame, Calls, KernelWaits};
-use plegwatch_abi::{go_maps, EventHeader, EventKind, ExecEvent, GoCall, GoCallEnd, GoCallKey, GoExit};
+use plegwatch_abi::{go_maps, GoCall, GoCallEnd, GoCallKey, Record};
 use serde_json::{json, Value};
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 use targets::{arg_text, short, Role, READER_SEM_OFF};
@@ -386,30 +386,14 @@ impl GoWatch {
     }
 
     /// Takes one `GO_EVENTS` record.
+    /// A record too short for its kind, or of a kind this ring does not carry, is skipped.
     pub fn on_record(&mut self, ebpf: &mut Ebpf, bytes: &[u8], out: &mut Vec<Event>) {
-        if bytes.len() < std::mem::size_of::<EventHeader>() {
-            return;
+        match Record::parse(bytes) {
+            Ok(Record::Exec(rec)) => self.attacher.on_exec(ebpf, rec.tgid, out),
+            Ok(Record::GoExit(rec)) => self.exits.note(rec.tgid, rec.g, rec.exit_ns),
+            Ok(Record::GoCallEnd(rec)) => self.on_end(&rec, out),
+            _ => {}
         }
-        // SAFETY: length checked; plain old data; read_unaligned copies.
-        let header: EventHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        if header.kind == EventKind::Exec as u32 && bytes.len() >= std::mem::size_of::<ExecEvent>() {
-            // SAFETY: as above.
-            let rec: ExecEvent = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            self.attacher.on_exec(ebpf, rec.tgid, out);
-            return;
-        }
-        if header.kind == EventKind::GoExit as u32 && bytes.len() >= std::mem::size_of::<GoExit>() {
-            // SAFETY: as above.
-            let rec: GoExit = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-            self.exits.note(rec.tgid, rec.g, rec.exit_ns);
-            return;
-        }
-        if header.kind != EventKind::GoCallEnd as u32 || bytes.len() < std::mem::size_of::<GoCallEnd>() {
-            return;
-        }
-        // SAFETY: as above.
-        let rec: GoCallEnd = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
-        self.on_end(&rec, out);
     }
 
     fn on_end(&mut self, rec: &GoCallEnd, out: &mut Vec<Event>) {
@@ -887,6 +871,7 @@ mod tests {
     }
 
     use super::*;
+    use plegwatch_abi::{EventHeader, EventKind};
 
     #[test]
     fn parked_goroutines_name_the_lock_only_where_the_function_says_it_is_one() {

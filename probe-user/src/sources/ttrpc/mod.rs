@@ -44,7 +44,7 @@ use crate::{
     },
     proto::ttrpc::Header,
 };
-use plegwatch_abi::{EventKind, TtrpcBind, TtrpcIo, SOCK_FIRST_RECV, TTRPC_FRAMES};
+use plegwatch_abi::{Record, SOCK_FIRST_RECV, TTRPC_FRAMES};
 use std::{collections::HashMap, os::unix::ffi::OsStrExt as _};
 use tracker::{Io, SockKey, Tracker};
 
@@ -80,11 +80,8 @@ pub struct TtrpcWatch {
 
 impl TtrpcWatch {
     /// Takes a `SOCK_EVENTS` record if it is a ttrpc one; says whether it was.
-    pub fn on_record(&mut self, bytes: &[u8]) -> bool {
-        let Some(kind) = bytes.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes) else { return false };
-        if kind == EventKind::TtrpcIo as u32 && bytes.len() >= std::mem::size_of::<TtrpcIo>() {
-            // SAFETY: length checked; plain old data; read_unaligned copies.
-            let rec: TtrpcIo = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    pub fn on_record(&mut self, rec: &Record<'_>) -> bool {
+        if let Record::TtrpcIo(rec) = rec {
             let n = (rec.n as usize).min(TTRPC_FRAMES);
             // The kernel checked each header as this parser does.
             let headers: Vec<Header> = rec.frames[..n].iter().filter_map(|f| Header::from_frame(f).ok()).collect();
@@ -100,9 +97,7 @@ impl TtrpcWatch {
             });
             return true;
         }
-        if kind == EventKind::TtrpcBind as u32 && bytes.len() >= std::mem::size_of::<TtrpcBind>() {
-            // SAFETY: as above.
-            let b: TtrpcBind = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        if let Record::TtrpcBind(b) = rec {
             self.tracker.on_bind(b.tgid, b.sender_g, b.caller_g, b.stream);
             return true;
         }
