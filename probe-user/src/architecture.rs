@@ -119,7 +119,7 @@ fn the_graph_and_the_sinks_import_only_what_they_may() {
         assert!(extra.is_empty(), "{m} imports {extra:?}; it may import only {allowed:?}");
     };
     may("graph", &["levels", "syscalls"]);
-    may("sinks", &["events", "graph", "levels", "latency", "style", "syscalls"]);
+    may("sinks", &["durations", "events", "graph", "levels", "latency", "style", "syscalls"]);
     may("events", &["clock", "graph", "latency", "levels", "syscalls"]);
 }
 

@@ -1,12 +1,13 @@
 //! Human-readable lines: by default one block per incident, its chain top
 //! to bottom; with `--waits`, today's per-wait `stall` and `resolved` lines too.
 
+use crate::durations::human_secs;
 use crate::events::{Event, Sink};
 use crate::graph::{
     incidents::Incident,
     model::{Exactness, Hop, StartTiming},
 };
-use crate::style::{human_secs, level_style, ok_style, paint};
+use crate::style::{level_style, ok_style, paint};
 use serde_json::Value;
 use std::io::Write;
 
