@@ -1,5 +1,6 @@
 //! Durations on the command line and in the config file: `150ms`, `10s`, `2m`,
-//! `1h`, `1m30s`, or a bare number of seconds (`30`, `2.5`).
+//! `1h`, `1m30s`, or a bare number of seconds (`30`, `2.5`); and back to words
+//! for people ([`human_secs`]: `850ms`, `2.2s`, `3m05s`, `1h02m`).
 //!
 //! Every duration plegwatch takes must be greater than zero (a zero warn level,
 //! scan interval, run length or timeout means nothing useful) and at most
@@ -60,6 +61,27 @@ fn any(s: &str, max: Duration, max_name: &str) -> Result<Duration, String> {
     humantime::parse_duration(t).map_err(|e| format!("invalid duration {s:?} ({e}): expected e.g. 10s, 2m, 150ms"))
 }
 
+/// A duration in seconds for people: `850ms` under a second, `2.2s` under a
+/// minute (`2s` when whole), `3m05s` under an hour, then `1h02m`.
+pub fn human_secs(s: f64) -> String {
+    if !s.is_finite() || s < 0.0 {
+        return "?".into();
+    }
+    if s < 1.0 {
+        return format!("{:.0}ms", s * 1e3);
+    }
+    if s < 59.95 {
+        let tenths = (s * 10.0).round() as u64;
+        return if tenths.is_multiple_of(10) { format!("{}s", tenths / 10) } else { format!("{s:.1}s") };
+    }
+    let whole = s.round() as u64;
+    if whole < 3600 {
+        format!("{}m{:02}s", whole / 60, whole % 60)
+    } else {
+        format!("{}h{:02}m", whole / 3600, (whole % 3600) / 60)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +125,18 @@ mod tests {
         assert!(level("1e20").unwrap_err().contains("1e20"));
         assert!(level("0").unwrap_err().contains("greater than 0"));
         assert_eq!(level("1ms"), Ok(Duration::from_millis(1)));
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        assert_eq!(human_secs(0.25), "250ms");
+        assert_eq!(human_secs(2.2), "2.2s");
+        assert_eq!(human_secs(2.0), "2s");
+        assert_eq!(human_secs(10.04), "10s");
+        assert_eq!(human_secs(59.9), "59.9s");
+        assert_eq!(human_secs(59.97), "1m00s");
+        assert_eq!(human_secs(185.0), "3m05s");
+        assert_eq!(human_secs(3725.0), "1h02m");
+        assert_eq!(human_secs(f64::NAN), "?");
     }
 }

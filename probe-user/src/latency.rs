@@ -90,7 +90,7 @@ pub fn render_table(rows: &[LatencyRow]) -> String {
 /// `1.2ms`, `35µs`, `24.07s`, `3m05s`: three figures where they matter.
 pub fn secs(s: f64) -> String {
     if s >= 59.995 {
-        crate::style::human_secs(s)
+        crate::durations::human_secs(s)
     } else if s >= 1.0 {
         format!("{s:.2}s")
     } else if s >= 1e-3 {

@@ -7,9 +7,11 @@
 // The data flows down this list: the kernel (probes, maps) and pure parsers,
 // cached /proc and socket lookups, the sources of open waits, the wait-for
 // graph and its incidents, the typed events, and the sinks that print them.
-// `engine` (the scheduler) runs the loop; `cli` and `doctor` are on top. `layers` checks the
-// `use` lines: no cycles, the graph never reaches a source or the kernel, a
-// sink never calls back into the engine, and only `cli` and `sinks` print.
+// `engine` (the scheduler) runs the loop; `cli` and `doctor` are on top.
+// `architecture` checks the `use` lines: no cycles, the graph never reaches a
+// source or the kernel, no source takes a sink, a sink never calls back into
+// the engine, only `cli` and `sinks` print, and the pure parsers (`proto`) do
+// no I/O.
 pub mod kernel;
 /// The pure parsers (crate `plegwatch-proto`, in `probe-user/proto/`).
 pub use plegwatch_proto as proto;
@@ -33,4 +35,4 @@ pub mod style;
 pub mod syscalls;
 
 #[cfg(test)]
-mod layers;
+mod architecture;

@@ -1,6 +1,6 @@
 //! How text output looks to a person: whether to colour it (`--color`,
-//! `NO_COLOR`, a terminal), the colour of each level (anstyle), and durations
-//! in words (`850ms`, `2.2s`, `3m05s`, `1h02m`).
+//! `NO_COLOR`, a terminal) and the colour of each level (anstyle). Durations
+//! in words are `durations::human_secs`.
 
 use crate::levels::Level;
 use anstyle::{AnsiColor, Style};
@@ -55,27 +55,6 @@ pub fn paint(color: bool, style: Style, text: &str) -> String {
     }
 }
 
-/// A duration in seconds for people: `850ms` under a second, `2.2s` under a
-/// minute (`2s` when whole), `3m05s` under an hour, then `1h02m`.
-pub fn human_secs(s: f64) -> String {
-    if !s.is_finite() || s < 0.0 {
-        return "?".into();
-    }
-    if s < 1.0 {
-        return format!("{:.0}ms", s * 1e3);
-    }
-    if s < 59.95 {
-        let tenths = (s * 10.0).round() as u64;
-        return if tenths.is_multiple_of(10) { format!("{}s", tenths / 10) } else { format!("{s:.1}s") };
-    }
-    let whole = s.round() as u64;
-    if whole < 3600 {
-        format!("{}m{:02}s", whole / 60, whole % 60)
-    } else {
-        format!("{}h{:02}m", whole / 3600, (whole % 3600) / 60)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,18 +86,5 @@ mod tests {
         assert_eq!(paint(false, level_style(Level::Critical), "CRITICAL"), "CRITICAL");
         let p = paint(true, level_style(Level::Critical), "CRITICAL");
         assert!(p.starts_with('\u{1b}') && p.contains("CRITICAL") && p.ends_with("\u{1b}[0m"), "{p:?}");
-    }
-
-    #[test]
-    fn durations_read_as_people_write_them() {
-        assert_eq!(human_secs(0.25), "250ms");
-        assert_eq!(human_secs(2.2), "2.2s");
-        assert_eq!(human_secs(2.0), "2s");
-        assert_eq!(human_secs(10.04), "10s");
-        assert_eq!(human_secs(59.9), "59.9s");
-        assert_eq!(human_secs(59.97), "1m00s");
-        assert_eq!(human_secs(185.0), "3m05s");
-        assert_eq!(human_secs(3725.0), "1h02m");
-        assert_eq!(human_secs(f64::NAN), "?");
     }
 }

@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
+use plegwatch::observe::go_binary;
 use plegwatch::proto::gosym::{unwind, unwind_frame_pointers, GoBinary, GoFunc, GoSymbols, ReadMem, Regs, Stop};
 
 fn binaries() -> Vec<String> {
@@ -28,7 +29,7 @@ fn binaries() -> Vec<String> {
 }
 
 fn open(path: &str) -> Option<GoBinary> {
-    match GoBinary::open(path) {
+    match go_binary::read(path) {
         Ok(b) => Some(b),
         Err(e) if std::env::var_os("CI").is_some() => panic!("{path}: required under CI: {e}"),
         Err(e) => {

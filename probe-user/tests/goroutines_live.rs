@@ -31,8 +31,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use plegwatch::observe::go_binary;
 use plegwatch::observe::goroutines::{Goroutine, GoroutineReader, Scan};
-use plegwatch::proto::gosym::{GStatus, GoBinary, GoSymbols, Stop, Unwound};
+use plegwatch::proto::gosym::{GStatus, GoSymbols, Stop, Unwound};
 
 /// The fixture's sources.
 fn fixture_dir() -> PathBuf {
@@ -317,7 +318,7 @@ fn unwind_all(reader: &GoroutineReader, syms: &GoSymbols, scan: &Scan) -> (usize
 
 /// Scans `p` and checks the result against its own dump.
 fn check(bin: &Path, p: &Parked, extra: usize) -> Scan {
-    let binary = GoBinary::open(bin).unwrap();
+    let binary = go_binary::read(bin).unwrap();
     let reader = GoroutineReader::new(p.pid, binary.symbols(), binary.data()).unwrap_or_else(|e| panic!("{e}"));
     let scan = reader.scan().unwrap_or_else(|e| panic!("{e}"));
     let version = reader.version().to_string();
@@ -477,7 +478,7 @@ fn ten_thousand_goroutines() {
         let scan = check(&bin, &p, 10_000);
         assert!(scan.goroutines.len() > 10_005);
         // Best of three (a shared 2-core machine is noisy).
-        let binary = GoBinary::open(&bin).unwrap();
+        let binary = go_binary::read(&bin).unwrap();
         let reader = GoroutineReader::new(p.pid, binary.symbols(), binary.data()).unwrap();
         let best = (0..3).map(|_| reader.scan().unwrap().took).min().unwrap();
         let per_1000 = best / (scan.goroutines.len() as u32 / 1000);
@@ -501,7 +502,7 @@ fn a_garbage_allglen_is_refused() {
     let Some(go) = toolchain(None, "1.19") else { return };
     let bin = build(&go, "go1.19", false);
     let p = Parked::start(&bin, 0, false);
-    let binary = GoBinary::open(&bin).unwrap();
+    let binary = go_binary::read(&bin).unwrap();
     let reader = GoroutineReader::new(p.pid, binary.symbols(), binary.data()).unwrap_or_else(|e| panic!("{e}"));
     // SAFETY: kill(2) on our own child; SIGSTOP keeps its runtime off its allgs meanwhile.
     unsafe { libc::kill(p.pid as libc::pid_t, libc::SIGSTOP) };
@@ -528,7 +529,7 @@ fn churning_process() {
     let Some(go) = toolchain(Some("1.27.3"), "1.27").or_else(|| toolchain(None, "1.19")) else { return };
     let bin = build(&go, "churn", false);
     let p = Parked::start(&bin, 100, true);
-    let binary = GoBinary::open(&bin).unwrap();
+    let binary = go_binary::read(&bin).unwrap();
     let reader = GoroutineReader::new(p.pid, binary.symbols(), binary.data()).unwrap();
     let parked: Vec<u64> = dump_headers(&p.dump).into_iter().filter(|(id, _)| *id != 1).map(|(id, _)| id).collect();
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -610,7 +611,7 @@ fn real_containerd(bin: &str) {
     assert!(wait_log(&c, "containerd successfully booted", Duration::from_secs(20)), "{bin} did not boot");
     std::thread::sleep(Duration::from_millis(500));
     let pid = c.child.id();
-    let binary = GoBinary::open(bin).unwrap();
+    let binary = go_binary::read(bin).unwrap();
     let reader = GoroutineReader::new(pid, binary.symbols(), binary.data()).unwrap_or_else(|e| panic!("{e}"));
     // SAFETY: a signal to our own child.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGUSR1) }, 0);
@@ -682,7 +683,7 @@ fn unknown_version_is_named() {
     let Some(go) = toolchain(None, "1.19") else { return };
     let bin = build(&go, "go1.19", false);
     let mut data = std::fs::read(&bin).unwrap();
-    let version = GoBinary::open(&bin).unwrap().symbols().version().unwrap();
+    let version = go_binary::read(&bin).unwrap().symbols().version().unwrap();
     let (from, to) = (version.as_bytes().to_vec(), version.replacen("go1.19", "go1.20", 1).into_bytes());
     let mut patched = 0;
     for i in 0..data.len().saturating_sub(from.len()) {
@@ -708,7 +709,7 @@ fn a_target_that_exits_mid_read_fails_in_one_line() {
     let Some(go) = toolchain(None, "1.19") else { return };
     let bin = build(&go, "go1.19", false);
     let mut p = Parked::start(&bin, 1000, false);
-    let binary = GoBinary::open(&bin).unwrap();
+    let binary = go_binary::read(&bin).unwrap();
     let reader = GoroutineReader::new(p.pid, binary.symbols(), binary.data()).unwrap_or_else(|e| panic!("{e}"));
     assert!(reader.scan().is_ok(), "read while alive");
     p.child.kill().unwrap();

@@ -14,7 +14,8 @@ use std::collections::BTreeSet;
 use std::process::Command;
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
-use plegwatch::proto::gosym::{g_tls_offset, ret_addresses_in, GoBinary, GoFunc, GoSymError, GoSymbols, ProbePoints};
+use plegwatch::observe::go_binary;
+use plegwatch::proto::gosym::{g_tls_offset, ret_addresses_in, GoFunc, GoSymError, GoSymbols, ProbePoints};
 use plegwatch::sources::gowatch::{attach, targets};
 
 const SHARED: &str = "/work/shared/bin";
@@ -270,7 +271,7 @@ fn getter_offsets() {
         if read_required(&path).is_none() {
             continue;
         }
-        let b = GoBinary::open(&path).unwrap();
+        let b = go_binary::read(&path).unwrap();
         assert_eq!(b.string_getter_offset(getter).unwrap(), want, "{bin}: {getter}");
         assert!(matches!(b.string_getter_offset("runtime.main"), Err(GoSymError::NotAGetter { .. })));
     }

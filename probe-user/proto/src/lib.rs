@@ -1,7 +1,8 @@
 //! Pure parsers of what the probes capture and of the binaries they attach to:
 //! D-Bus, netlink and ttrpc frame headers (truncated captures included), and Go's
-//! symbol tables in stripped binaries. No I/O beyond reading a file or a
-//! socket of our own; no dependency on the rest of the crate.
+//! symbol tables in stripped binaries. Bytes in, values out: no I/O (the
+//! callers read files and sockets and hand the bytes over); no dependency on
+//! the rest of the crate.
 
 pub mod dbus;
 pub mod gosym;

@@ -4,9 +4,9 @@
 //! report bundle (`incident.json`), and prints the incident as `watch` prints
 //! it (the text sink's own block), with each link of the chain in words.
 
+use crate::durations::human_secs;
 use crate::graph::incidents::Incident;
 use crate::sinks::{incident_text, report, TextOptions};
-use crate::style::human_secs;
 use clap::Args;
 use serde_json::Value;
 use std::path::{Path, PathBuf};

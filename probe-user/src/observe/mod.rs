@@ -9,10 +9,12 @@
 //! `namespaces` (our host pid, which mount table), `holders` (who owns a
 //! socket, a D-Bus name, a unix peer), `k8s` (the pod and container a process
 //! belongs to), `ustack` (user stacks named), `goroutines` (a Go process's
-//! goroutines, read from `/proc/PID/mem` without stopping it) and `gostack`
-//! (Go stacks unwound from outside, through `/proc/PID/mem`).
+//! goroutines, read from `/proc/PID/mem` without stopping it), `gostack`
+//! (Go stacks unwound from outside, through `/proc/PID/mem`) and `go_binary`
+//! (a Go executable read from disk for the symbol parser).
 
 pub mod bounded_read;
+pub mod go_binary;
 pub mod goroutines;
 pub mod gostack;
 pub mod holders;

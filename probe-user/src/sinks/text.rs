@@ -1,12 +1,13 @@
 //! Human-readable lines: by default one block per incident, its chain top
 //! to bottom; with `--waits`, today's per-wait `stall` and `resolved` lines too.
 
+use crate::durations::human_secs;
 use crate::events::{Event, Sink};
 use crate::graph::{
     incidents::Incident,
     model::{Exactness, Hop, StartTiming},
 };
-use crate::style::{human_secs, level_style, ok_style, paint};
+use crate::style::{level_style, ok_style, paint};
 use serde_json::Value;
 use std::io::Write;
 
@@ -403,135 +404,163 @@ pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
     let clock = now.get(11..23).unwrap_or(&now).to_string();
     match event {
         Event::Ready(r) => ready_text(&clock, r, opts.verbose),
-        Event::Stall(s) => {
-            let level = format!("{:<8}", s.level.as_str().to_uppercase());
-            let mut out = format!(
-                "{clock} {} #{} {} {} pid={} tid={} waited={}{} budget={:.0}% {}",
-                paint(opts.color, level_style(s.level), &level),
-                s.id,
-                s.kind.as_str(),
-                s.comm,
-                s.pid,
-                s.tid,
-                if s.started_before_attach { ">=" } else { "" },
-                human_secs(s.waited_s),
-                s.budget_used * 100.0,
-                detail_text(&s.detail)
-            );
-            if let Some(h) = &s.holder {
-                out.push_str("\n    holder: ");
-                out.push_str(&holder_text(h));
-            }
-            if let Some(c) = &s.cause {
-                out.push_str("\n    cause: ");
-                out.push_str(&cause_text(c));
-            }
-            if !s.kernel_stack.is_empty() {
-                out.push_str("\n    kernel: ");
-                out.push_str(&stack_text(&s.kernel_stack, opts.full_stacks));
-            }
-            out
-        }
+        Event::Stall(s) => stall_text(&clock, s, opts),
         Event::Incident(i) => incident_text(&clock, i, opts, false),
-        Event::IncidentResolved(r) => match r.merged_into {
-            Some(into) => format!("{clock} MERGED   incident #{} into #{into}", r.id),
-            None => format!(
-                "{clock} {} incident #{} after {}; longest chain: {}",
-                paint(opts.color, ok_style(), "RESOLVED"),
-                r.id,
-                human_secs(r.waited_s),
-                chain_words(&r.longest_chain)
-            ),
-        },
-        Event::Resolved(r) => format!(
-            "{clock} {} #{} {} {} pid={} tid={} waited={}{}",
+        Event::IncidentResolved(r) => incident_resolved_text(&clock, r, opts),
+        Event::Resolved(r) => resolved_text(&clock, r, opts),
+        Event::Summary(s) => summary_text(&clock, s),
+        Event::Target(t) => target_text(&clock, t),
+        Event::Status(s) => format!("{clock} status: {} incident(s) open", s.incidents.len()),
+        Event::GoroutineScan(g) => goroutine_scan_text(&clock, g),
+    }
+}
+
+/// A wait over a level (`--waits`): its line, then its holder, cause and
+/// kernel stack when known.
+fn stall_text(clock: &str, s: &crate::events::Stall, opts: &TextOptions) -> String {
+    let level = format!("{:<8}", s.level.as_str().to_uppercase());
+    let mut out = format!(
+        "{clock} {} #{} {} {} pid={} tid={} waited={}{} budget={:.0}% {}",
+        paint(opts.color, level_style(s.level), &level),
+        s.id,
+        s.kind.as_str(),
+        s.comm,
+        s.pid,
+        s.tid,
+        if s.started_before_attach { ">=" } else { "" },
+        human_secs(s.waited_s),
+        s.budget_used * 100.0,
+        detail_text(&s.detail)
+    );
+    if let Some(h) = &s.holder {
+        out.push_str("\n    holder: ");
+        out.push_str(&holder_text(h));
+    }
+    if let Some(c) = &s.cause {
+        out.push_str("\n    cause: ");
+        out.push_str(&cause_text(c));
+    }
+    if !s.kernel_stack.is_empty() {
+        out.push_str("\n    kernel: ");
+        out.push_str(&stack_text(&s.kernel_stack, opts.full_stacks));
+    }
+    out
+}
+
+/// An incident's end: merged into another, or resolved with its longest chain.
+fn incident_resolved_text(clock: &str, r: &crate::graph::incidents::IncidentResolved, opts: &TextOptions) -> String {
+    match r.merged_into {
+        Some(into) => format!("{clock} MERGED   incident #{} into #{into}", r.id),
+        None => format!(
+            "{clock} {} incident #{} after {}; longest chain: {}",
             paint(opts.color, ok_style(), "RESOLVED"),
             r.id,
-            r.kind.as_str(),
-            r.comm,
-            r.pid,
-            r.tid,
             human_secs(r.waited_s),
-            if r.timing == "exact" { "" } else { " (approximate)" }
+            chain_words(&r.longest_chain)
         ),
-        Event::Summary(s) => {
-            let mut out = format!(
-                "{clock} summary: ran {}, {} stalls, {} resolved, {} still open, {} waits seen, dropped {} waits and {} end records",
-                human_secs(s.ran_s),
-                s.stalls,
-                s.resolved,
-                s.still_open,
-                s.waits_started,
-                s.dropped_waits,
-                s.dropped_events
-            );
-            let dropped: Vec<String> =
-                s.dropped.iter().filter(|d| d.count > 0).map(|d| format!("{}/{} {}", d.probe, d.reason, d.count)).collect();
-            if !dropped.is_empty() {
-                out.push_str(&format!("\n    kernel drops by probe: {}", dropped.join(", ")));
-            }
-            out.push_str(&format!(
-                "\n    incidents: {} raised, {} resolved; scans: {} (late p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; took p99 {:.1} ms)",
-                s.incidents,
-                s.incidents_resolved,
-                s.scans.scans,
-                s.scans.late_p50_ms,
-                s.scans.late_p99_ms,
-                s.scans.late_max_ms,
-                s.scans.took_p99_ms
-            ));
-            let q = &s.requests_seen;
-            out.push_str(&format!(
-                "\n    requests seen: {} netlink ({} answered), {} D-Bus calls ({} answered), {} ttrpc to shims ({} answered{})",
-                q.netlink_requests,
-                q.netlink_answered,
-                q.dbus_calls,
-                q.dbus_answered,
-                q.ttrpc_requests,
-                q.ttrpc_answered,
-                if q.ttrpc_lost_step > 0 { format!("; {} connections lost step", q.ttrpc_lost_step) } else { String::new() }
-            ));
-            out.push_str(&syscall_table(&s.syscalls));
-            if !s.go_latency.is_empty() {
-                out.push('\n');
-                out.push_str(&crate::latency::render_table(&s.go_latency));
-            }
-            for r in &s.relists {
-                out.push_str("\n    relist: ");
-                out.push_str(&detail_text(r));
-            }
-            for l in &s.go_locks {
-                out.push_str("\n    status lock: ");
-                out.push_str(&detail_text(l));
-            }
-            out
-        }
-        Event::Target(t) => format!(
-            "{clock} target {} {} pid={} {}{}{}{}{}{}",
-            t.target,
-            t.status,
-            t.pid,
-            t.binary,
-            t.go_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
-            if t.functions.is_empty() { String::new() } else { format!(": {}", t.functions.join(", ")) },
-            if t.left_out.is_empty() { String::new() } else { format!("; left out: {}", t.left_out.join(", ")) },
-            // Only the fallback is named: cookies are the rule (Linux ≥ 5.15).
-            if t.uprobes == Some("address") { "; uprobes=address (no attach cookies before Linux 5.15)" } else { "" },
-            t.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
+    }
+}
+
+/// A wait's end (`--waits`).
+fn resolved_text(clock: &str, r: &crate::events::Resolved, opts: &TextOptions) -> String {
+    format!(
+        "{clock} {} #{} {} {} pid={} tid={} waited={}{}",
+        paint(opts.color, ok_style(), "RESOLVED"),
+        r.id,
+        r.kind.as_str(),
+        r.comm,
+        r.pid,
+        r.tid,
+        human_secs(r.waited_s),
+        if r.timing == "exact" { "" } else { " (approximate)" }
+    )
+}
+
+/// The end-of-run summary: counts and drops, incidents and scans, requests
+/// seen, then the latency tables, relists and status locks.
+fn summary_text(clock: &str, s: &crate::events::Summary) -> String {
+    let mut out = format!(
+        "{clock} summary: ran {}, {} stalls, {} resolved, {} still open, {} waits seen, dropped {} waits and {} end records",
+        human_secs(s.ran_s),
+        s.stalls,
+        s.resolved,
+        s.still_open,
+        s.waits_started,
+        s.dropped_waits,
+        s.dropped_events
+    );
+    let dropped: Vec<String> = s.dropped.iter().filter(|d| d.count > 0).map(|d| format!("{}/{} {}", d.probe, d.reason, d.count)).collect();
+    if !dropped.is_empty() {
+        out.push_str(&format!("\n    kernel drops by probe: {}", dropped.join(", ")));
+    }
+    out.push_str(&format!(
+        "\n    incidents: {} raised, {} resolved; scans: {} (late p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; took p99 {:.1} ms)",
+        s.incidents,
+        s.incidents_resolved,
+        s.scans.scans,
+        s.scans.late_p50_ms,
+        s.scans.late_p99_ms,
+        s.scans.late_max_ms,
+        s.scans.took_p99_ms
+    ));
+    let q = &s.requests_seen;
+    out.push_str(&format!(
+        "\n    requests seen: {} netlink ({} answered), {} D-Bus calls ({} answered), {} ttrpc to shims ({} answered{})",
+        q.netlink_requests,
+        q.netlink_answered,
+        q.dbus_calls,
+        q.dbus_answered,
+        q.ttrpc_requests,
+        q.ttrpc_answered,
+        if q.ttrpc_lost_step > 0 { format!("; {} connections lost step", q.ttrpc_lost_step) } else { String::new() }
+    ));
+    out.push_str(&syscall_table(&s.syscalls));
+    if !s.go_latency.is_empty() {
+        out.push('\n');
+        out.push_str(&crate::latency::render_table(&s.go_latency));
+    }
+    for r in &s.relists {
+        out.push_str("\n    relist: ");
+        out.push_str(&detail_text(r));
+    }
+    for l in &s.go_locks {
+        out.push_str("\n    status lock: ");
+        out.push_str(&detail_text(l));
+    }
+    out
+}
+
+/// A Go target found (or not): its binary, version, probed functions and
+/// what was left out.
+fn target_text(clock: &str, t: &crate::events::Target) -> String {
+    format!(
+        "{clock} target {} {} pid={} {}{}{}{}{}{}",
+        t.target,
+        t.status,
+        t.pid,
+        t.binary,
+        t.go_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
+        if t.functions.is_empty() { String::new() } else { format!(": {}", t.functions.join(", ")) },
+        if t.left_out.is_empty() { String::new() } else { format!("; left out: {}", t.left_out.join(", ")) },
+        // Only the fallback is named: cookies are the rule (Linux ≥ 5.15).
+        if t.uprobes == Some("address") { "; uprobes=address (no attach cookies before Linux 5.15)" } else { "" },
+        t.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default()
+    )
+}
+
+/// A Go process's goroutines read at start, or why they were not.
+fn goroutine_scan_text(clock: &str, g: &crate::events::GoroutineScan) -> String {
+    match &g.error {
+        Some(e) => format!("{clock} goroutines of {} pid={} not read: {e}; every other probe goes on", g.target, g.pid),
+        None => format!(
+            "{clock} goroutines of {} pid={}{}: {} read in {:.1}ms, {} probed call(s) open since before plegwatch started",
+            g.target,
+            g.pid,
+            g.go_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
+            g.goroutines,
+            g.took_ms,
+            g.open_calls
         ),
-        Event::Status(s) => format!("{clock} status: {} incident(s) open", s.incidents.len()),
-        Event::GoroutineScan(g) => match &g.error {
-            Some(e) => format!("{clock} goroutines of {} pid={} not read: {e}; every other probe goes on", g.target, g.pid),
-            None => format!(
-                "{clock} goroutines of {} pid={}{}: {} read in {:.1}ms, {} probed call(s) open since before plegwatch started",
-                g.target,
-                g.pid,
-                g.go_version.as_deref().map(|v| format!(" ({v})")).unwrap_or_default(),
-                g.goroutines,
-                g.took_ms,
-                g.open_calls
-            ),
-        },
     }
 }
 

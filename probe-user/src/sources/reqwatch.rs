@@ -90,7 +90,7 @@ impl ReqWatch {
                 owners: SocketOwners::new(),
                 lookups: OwnerLookups::start(ask_owner).map_err(|e| WatchError::Io("starting the bus-owner lookup thread", e))?,
             },
-            sockets: Sockets::with_families(crate::proto::netlink::genl::GenlFamilies::from_kernel().unwrap_or_else(|e| {
+            sockets: Sockets::with_families(crate::kernel::netlink::genl_families().unwrap_or_else(|e| {
                 tracing::warn!("generic netlink families unknown until seen on the wire: {e}");
                 Default::default()
             })),

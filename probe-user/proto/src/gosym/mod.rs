@@ -11,9 +11,11 @@
 //! of `runtime.g` and the wait reasons' names per Go version.
 //!
 //! ```no_run
-//! # fn main() -> Result<(), plegwatch_proto::gosym::GoSymError> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use plegwatch_proto::gosym::GoBinary;
-//! let bin = GoBinary::open("/usr/bin/containerd")?;
+//! // The caller reads the file (plegwatch: `observe::go_binary::read`).
+//! let path = "/usr/bin/containerd";
+//! let bin = GoBinary::parse_named(std::fs::read(path)?, path)?;
 //! let pts = bin.probe_points(
 //!     "github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync",
 //! )?;
@@ -43,8 +45,6 @@ mod synth;
 #[cfg(test)]
 mod tests;
 
-use std::path::Path;
-
 pub use allgs::{find_allgs, AllGs, AllGsError};
 pub use elf::{file_offset, Elf};
 pub use gstruct::{layout_for, GLayout, GStatus, GStructError};
@@ -62,7 +62,8 @@ pub(crate) const IN_MEMORY: &str = "<in-memory ELF>";
 /// `<in-memory ELF>` when only bytes were given).
 #[derive(Debug, thiserror::Error)]
 pub enum GoSymError {
-    /// The file could not be read.
+    /// The file could not be read (by the caller, who read the bytes:
+    /// plegwatch's `observe::go_binary::read`).
     #[error("{binary}: cannot read: {source}")]
     Io {
         binary: String,
@@ -273,8 +274,8 @@ impl GoSymbols {
     }
 }
 
-/// A Go binary read from disk with its symbols: the convenient form when
-/// the probes need file offsets for several functions.
+/// A Go binary's bytes with its symbols: the convenient form when the
+/// probes need file offsets for several functions.
 #[derive(Debug)]
 pub struct GoBinary {
     path: String,
@@ -283,15 +284,18 @@ pub struct GoBinary {
 }
 
 impl GoBinary {
-    /// Reads and parses `path`.
-    pub fn open(path: impl AsRef<Path>) -> Result<GoBinary, GoSymError> {
-        let path = path.as_ref().display().to_string();
-        let data = std::fs::read(&path).map_err(|source| GoSymError::Io { binary: path.clone(), source })?;
-        let symbols = GoSymbols::from_elf_named(&data, &path)?;
-        Ok(GoBinary { path, data, symbols })
+    /// Parses a binary given only as bytes (named `<in-memory ELF>` in errors).
+    pub fn parse(data: Vec<u8>) -> Result<GoBinary, GoSymError> {
+        Self::parse_named(data, IN_MEMORY)
     }
 
-    /// The path it was read from.
+    /// Parses `data`, the bytes of the binary `path` (the name its errors give).
+    pub fn parse_named(data: Vec<u8>, path: &str) -> Result<GoBinary, GoSymError> {
+        let symbols = GoSymbols::from_elf_named(&data, path)?;
+        Ok(GoBinary { path: path.to_string(), data, symbols })
+    }
+
+    /// The path it was read from (as given to [`GoBinary::parse_named`]).
     pub fn path(&self) -> &str {
         &self.path
     }

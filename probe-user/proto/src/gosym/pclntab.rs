@@ -513,23 +513,46 @@ fn resolve_text_start(
     Err(ctx.corrupt("textStart is 0, with no relocation, no moduledata and no .text section".to_string()))
 }
 
+/// The table `t` whose header is `h`: `runtime.text`, the regions the
+/// offsets point into, every function record, and the names' lengths.
 fn parse_table(ctx: &Ctx<'_>, elf: &Elf, data: &[u8], t: &[u8], h: Header, source: TableSource) -> Result<Pclntab, GoSymError> {
-    let ps = h.ptr_size;
-    let psz = usize::from(ps);
-    let text_start = match h.text_start {
-        Some((raw, field_off)) => {
-            let module = super::moduledata::Expect {
-                table_va: source.va,
-                funcname_off: h.names.0 as u64,
-                first_off: ctx.uint(t, h.functab, 4, "functab entryoff")?,
-                end_off: ctx.uint(t, h.functab + h.nfunc as usize * 8, 4, "functab end")?,
-                ptr_size: h.ptr_size,
-            };
-            resolve_text_start(ctx, elf, data, raw, source.va.wrapping_add(field_off as u64), module)?
-        }
-        None => 0,
+    let text_start = table_text_start(ctx, elf, data, t, &h, source.va)?;
+    let (nfunc, names, pctab) = table_regions(ctx, t, &h)?;
+    let functab = Functab { ctx, t, fd: t.get(h.funcdata..).unwrap_or(&[]), h: &h, text_start };
+    let (mut funcs, end) = functab.read_all(nfunc, names.len(), pctab.len())?;
+    set_name_lengths(ctx, names, &mut funcs)?;
+    Ok(Pclntab {
+        version: h.version,
+        ptr_size: h.ptr_size,
+        min_lc: h.min_lc,
+        text_start,
+        source,
+        names: names.into(),
+        pctab: pctab.into(),
+        funcs,
+        end,
+        by_name: OnceLock::new(),
+    })
+}
+
+/// `runtime.text` for a Go 1.18+ table (its header's word, resolved by
+/// [`resolve_text_start`]); 0 for older layouts, whose entries are absolute.
+fn table_text_start(ctx: &Ctx<'_>, elf: &Elf, data: &[u8], t: &[u8], h: &Header, table_va: u64) -> Result<u64, GoSymError> {
+    let Some((raw, field_off)) = h.text_start else { return Ok(0) };
+    let module = super::moduledata::Expect {
+        table_va,
+        funcname_off: h.names.0 as u64,
+        first_off: ctx.uint(t, h.functab, 4, "functab entryoff")?,
+        end_off: ctx.uint(t, h.functab + h.nfunc as usize * 8, 4, "functab end")?,
+        ptr_size: h.ptr_size,
     };
-    let new_layout = matches!(h.version, PclnVersion::Go118 | PclnVersion::Go120);
+    resolve_text_start(ctx, elf, data, raw, table_va.wrapping_add(field_off as u64), module)
+}
+
+/// The function count as a `usize`, and the `funcnametab` and `pctab`
+/// regions of `t` (each checked to fit, and under 4 GiB: offsets into them
+/// are `u32`).
+fn table_regions<'t>(ctx: &Ctx<'_>, t: &'t [u8], h: &Header) -> Result<(usize, &'t [u8], &'t [u8]), GoSymError> {
     // Header validation guaranteed the functab fits, so nfunc ≤ t.len().
     let nfunc = usize::try_from(h.nfunc).map_err(|_| ctx.oob("nfunc", h.nfunc, t.len()))?;
     let names = t.get(h.names.0..h.names.1).ok_or_else(|| ctx.oob("funcnametab", h.names.0 as u64, t.len()))?;
@@ -540,32 +563,72 @@ fn parse_table(ctx: &Ctx<'_>, elf: &Elf, data: &[u8], t: &[u8], h: Header, sourc
     if u32::try_from(pctab.len()).is_err() {
         return Err(ctx.corrupt("pctab larger than 4 GiB".to_string()));
     }
-    let ft = h.functab;
-    let fd = t.get(h.funcdata..).unwrap_or(&[]);
+    Ok((nfunc, names, pctab))
+}
 
-    let mut funcs: Vec<FuncRec> = Vec::with_capacity(nfunc);
-    let mut offs: Vec<u32> = Vec::with_capacity(nfunc);
-    let mut prev = 0u64;
-    let entry_at = |i: usize| -> Result<u64, GoSymError> {
-        if new_layout {
-            let off = ctx.uint(t, ft + i * 8, 4, "functab entryoff")?;
-            text_start.checked_add(off).ok_or_else(|| ctx.corrupt(format!("entryoff {off:#x} overflows")))
+/// `functab` (pairs of entry PC and `funcoff`, then the end PC) and the
+/// `_func` records its offsets point at, in `fd`.
+struct Functab<'a> {
+    ctx: &'a Ctx<'a>,
+    /// The whole table.
+    t: &'a [u8],
+    /// Where `funcoff` values point (from `h.funcdata` on).
+    fd: &'a [u8],
+    h: &'a Header,
+    text_start: u64,
+}
+
+impl Functab<'_> {
+    /// Go 1.18+: `(entryoff, funcoff)` as two `uint32`, entries from `textStart`.
+    fn new_layout(&self) -> bool {
+        matches!(self.h.version, PclnVersion::Go118 | PclnVersion::Go120)
+    }
+
+    /// The entry PC of pair `i` (`nfunc`: the end PC).
+    fn entry(&self, i: usize) -> Result<u64, GoSymError> {
+        let ctx = self.ctx;
+        if self.new_layout() {
+            let off = ctx.uint(self.t, self.h.functab + i * 8, 4, "functab entryoff")?;
+            self.text_start.checked_add(off).ok_or_else(|| ctx.corrupt(format!("entryoff {off:#x} overflows")))
         } else {
-            ctx.uint(t, ft + i * 2 * psz, ps, "functab entry")
+            ctx.uint(self.t, self.h.functab + i * 2 * usize::from(self.h.ptr_size), self.h.ptr_size, "functab entry")
         }
-    };
-    for i in 0..nfunc {
-        let entry = entry_at(i)?;
-        let funcoff = if new_layout {
+    }
+
+    /// Every function record, in entry order, and the end PC.
+    fn read_all(&self, nfunc: usize, names_len: usize, pctab_len: usize) -> Result<(Vec<FuncRec>, u64), GoSymError> {
+        let mut funcs: Vec<FuncRec> = Vec::with_capacity(nfunc);
+        let mut prev = 0u64;
+        for i in 0..nfunc {
+            let f = self.func(i, prev, names_len, pctab_len)?;
+            prev = f.entry;
+            funcs.push(f);
+        }
+        let end = self.entry(nfunc)?;
+        if end < prev {
+            return Err(self.ctx.corrupt(format!("end PC {end:#x} below the last entry {prev:#x}")));
+        }
+        Ok((funcs, end))
+    }
+
+    /// Function `i`, whose entry may not be below `prev`: its pair, and its
+    /// `_func` (same entry; a name offset inside the `names_len` bytes of
+    /// `funcnametab`; a pcsp offset inside `pctab_len`, else none). Its name
+    /// length is set later, by [`set_name_lengths`].
+    fn func(&self, i: usize, prev: u64, names_len: usize, pctab_len: usize) -> Result<FuncRec, GoSymError> {
+        let (ctx, t, fd, ft) = (self.ctx, self.t, self.fd, self.h.functab);
+        let (ps, psz) = (self.h.ptr_size, usize::from(self.h.ptr_size));
+        let entry = self.entry(i)?;
+        let funcoff = if self.new_layout() {
             ctx.uint(t, ft + i * 8 + 4, 4, "functab funcoff")?
         } else {
             ctx.uint(t, ft + (2 * i + 1) * psz, ps, "functab funcoff")?
         };
         let fo = usize::try_from(funcoff).map_err(|_| ctx.oob("_func", funcoff, fd.len()))?;
         // _func: entry (uint32 entryoff in 1.18+, uintptr before), then nameoff int32.
-        let (fentry, name_at) = if new_layout {
+        let (fentry, name_at) = if self.new_layout() {
             let e = ctx.uint(fd, fo, 4, "_func.entryoff")?;
-            (text_start.wrapping_add(e), fo.checked_add(4))
+            (self.text_start.wrapping_add(e), fo.checked_add(4))
         } else {
             (ctx.uint(fd, fo, ps, "_func.entry")?, fo.checked_add(psz))
         };
@@ -578,11 +641,11 @@ fn parse_table(ctx: &Ctx<'_>, elf: &Elf, data: &[u8], t: &[u8], h: Header, sourc
             .checked_add(12)
             .and_then(|at| read_uint(fd, at, 4, ctx.big))
             .map(|v| v as u32)
-            .filter(|&v| (v as usize) < pctab.len())
+            .filter(|&v| (v as usize) < pctab_len)
             .unwrap_or(0);
         // funcID follows nameoff, args, deferreturn, pcsp, pcfile, pcln,
         // npcdata, cuOffset, and startLine from 1.20 (1.16–1.19: no startLine).
-        let func_id_at = match h.version {
+        let func_id_at = match self.h.version {
             PclnVersion::Go12 => None,
             PclnVersion::Go116 | PclnVersion::Go118 => name_at.checked_add(32),
             PclnVersion::Go120 => name_at.checked_add(36),
@@ -594,21 +657,20 @@ fn parse_table(ctx: &Ctx<'_>, elf: &Elf, data: &[u8], t: &[u8], h: Header, sourc
         if entry < prev {
             return Err(ctx.corrupt(format!("function {i}: entry {entry:#x} below the previous {prev:#x}")));
         }
-        prev = entry;
         let name_off = u32::try_from(nameoff)
             .ok()
-            .filter(|&o| (o as usize) < names.len())
-            .ok_or_else(|| ctx.oob("_func.nameoff", nameoff as u64, names.len()))?;
-        funcs.push(FuncRec { entry, name_off, name_len: 0, pcsp, func_id });
-        offs.push(name_off);
+            .filter(|&o| (o as usize) < names_len)
+            .ok_or_else(|| ctx.oob("_func.nameoff", nameoff as u64, names_len))?;
+        Ok(FuncRec { entry, name_off, name_len: 0, pcsp, func_id })
     }
-    let end = entry_at(nfunc)?;
-    if end < prev {
-        return Err(ctx.corrupt(format!("end PC {end:#x} below the last entry {prev:#x}")));
-    }
-    // Name lengths: one backwards sweep over the distinct name offsets, so
-    // each byte of funcnametab is scanned at most once however the offsets
-    // overlap.
+}
+
+/// Each function's name length: one backwards sweep over the distinct name
+/// offsets, so each byte of `names` (`funcnametab`) is scanned at most once
+/// however the offsets overlap. Every offset is inside `names` (checked by
+/// [`Functab::func`]).
+fn set_name_lengths(ctx: &Ctx<'_>, names: &[u8], funcs: &mut [FuncRec]) -> Result<(), GoSymError> {
+    let mut offs: Vec<u32> = funcs.iter().map(|f| f.name_off).collect();
     offs.sort_unstable();
     offs.dedup();
     let mut lens: Vec<u32> = vec![0; offs.len()];
@@ -627,22 +689,10 @@ fn parse_table(ctx: &Ctx<'_>, elf: &Elf, data: &[u8], t: &[u8], h: Header, sourc
         bound = s;
         nul_at_or_after_bound = Some(nul);
     }
-    for f in &mut funcs {
+    for f in funcs {
         if let Ok(k) = offs.binary_search(&f.name_off) {
             f.name_len = lens[k];
         }
     }
-    drop(offs);
-    Ok(Pclntab {
-        version: h.version,
-        ptr_size: ps,
-        min_lc: h.min_lc,
-        text_start,
-        source,
-        names: names.into(),
-        pctab: pctab.into(),
-        funcs,
-        end,
-        by_name: OnceLock::new(),
-    })
+    Ok(())
 }

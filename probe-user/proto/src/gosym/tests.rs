@@ -265,8 +265,11 @@ fn not_an_elf() {
     assert!(e.to_string().contains("not an ELF"), "{e}");
     assert!(matches!(GoSymbols::from_elf(&[]), Err(GoSymError::NotElf { .. })));
     assert!(matches!(GoSymbols::from_elf(b"\x7fELF"), Err(GoSymError::NotElf { .. })));
-    let e = GoBinary::open("/nonexistent/plegwatch-gosym").unwrap_err();
-    assert!(e.to_string().contains("/nonexistent/plegwatch-gosym"), "{e}");
+    // The file's name is in the message; bytes alone are `<in-memory ELF>`.
+    let e = GoBinary::parse_named(junk.clone(), "/usr/bin/junk").unwrap_err();
+    assert!(e.to_string().starts_with("/usr/bin/junk: not an ELF"), "{e}");
+    let e = GoBinary::parse(junk).unwrap_err();
+    assert!(e.to_string().starts_with("<in-memory ELF>: not an ELF"), "{e}");
 }
 
 /// Writes the fuzz seeds when `PLEGWATCH_WRITE_GOSYM_SEEDS=dir` is set

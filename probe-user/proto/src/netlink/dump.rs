@@ -1,26 +1,20 @@
-//! One request to the kernel over a netlink socket of our own, and the reads
-//! that take in its answer until NLMSG_DONE or NLMSG_ERROR: the loop behind
-//! the few queries plegwatch makes itself (the generic netlink family dump,
-//! unix sock_diag).
+//! The answer to one request of our own over a netlink socket, taken in
+//! until NLMSG_DONE or NLMSG_ERROR: the parsing behind the few queries
+//! plegwatch makes itself (the generic netlink family dump, unix sock_diag).
 //!
-//! [`Dump`] is the parsing half, fed one datagram at a time, so that it can be
-//! tested on recorded bytes; [`run`] adds the socket.
+//! [`Dump`] is fed one datagram at a time, so that it can be tested on
+//! recorded bytes; the socket that sends the request and reads the datagrams
+//! is plegwatch's (`kernel::netlink`).
 
-use super::{
-    header::{self, NlHeader, NlMsg, NLMSG_DONE, NLMSG_ERROR},
-    QUERY_TIMEOUT,
-};
+use super::header::{self, NlMsg, NLMSG_DONE, NLMSG_ERROR};
 use std::ops::ControlFlow;
-
-/// Datagrams are read into a buffer of this size (the kernel sends a dump in
-/// datagrams of at most 32 KiB).
-const RECV_BUF: usize = 64 * 1024;
 
 /// How a request failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DumpError {
-    /// A socket call: `socket`, `bind`, `setsockopt(SO_RCVTIMEO)`, `send` or
-    /// `recv` (a timeout after [`QUERY_TIMEOUT`] too).
+    /// A socket call of whoever runs the request (plegwatch's
+    /// `kernel::netlink`): `socket`, `bind`, `setsockopt(SO_RCVTIMEO)`, `send`
+    /// or `recv` (a timeout too).
     #[error("netlink {what}: {source}")]
     Io { what: &'static str, source: std::io::Error },
     /// The kernel answered NLMSG_ERROR with this negative errno.
@@ -96,63 +90,15 @@ impl Dump {
     }
 }
 
-/// Sends `request` (a whole netlink message) on a new socket of `protocol`
-/// bound to an automatic port id, then reads the answer through [`Dump`], at
-/// most `max_reads` datagrams, each waited for at most [`QUERY_TIMEOUT`].
-pub fn run(
-    protocol: u32,
-    request: &[u8],
-    max_reads: usize,
-    mut each: impl FnMut(&NlMsg<'_>, &[u8]) -> ControlFlow<()>,
-) -> Result<(), DumpError> {
-    let io = |what, source| DumpError::Io { what, source };
-    let mut sock = netlink_sys::Socket::new(protocol as isize).map_err(|e| io("socket", e))?;
-    sock.bind_auto().map_err(|e| io("bind", e))?;
-    set_recv_timeout(&sock).map_err(|e| io("setsockopt(SO_RCVTIMEO)", e))?;
-    sock.send_to(request, &netlink_sys::SocketAddr::new(0, 0), 0).map_err(|e| io("send", e))?;
-
-    let seq = NlHeader::read(request).map_or(0, |h| h.seq);
-    let mut dump = Dump::new(protocol, seq);
-    let mut buf = vec![0u8; RECV_BUF];
-    for _ in 0..max_reads {
-        let n = sock.recv(&mut &mut buf[..], 0).map_err(|e| io("recv", e))?;
-        if let ControlFlow::Break(end) = dump.feed(buf.get(..n).unwrap_or(&buf[..]), &mut each) {
-            return end;
-        }
-    }
-    Err(DumpError::Unfinished(dump.seen()))
-}
-
-/// SO_RCVTIMEO = [`QUERY_TIMEOUT`] on a netlink socket.
-fn set_recv_timeout(sock: &netlink_sys::Socket) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd as _;
-    let tv = libc::timeval { tv_sec: QUERY_TIMEOUT.as_secs() as libc::time_t, tv_usec: QUERY_TIMEOUT.subsec_micros() as libc::suseconds_t };
-    // SAFETY: a valid fd, and a pointer to a timeval of the size passed.
-    let rc = unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::netlink::{
-        header::{build, NLM_F_MULTI},
+        header::{build, NlHeader, NLM_F_MULTI},
         names::NETLINK_GENERIC,
     };
 
-    /// Feeds `datagrams` in turn, as [`run`] would; returns how it ended
+    /// Feeds `datagrams` in turn, as the socket's reader would; returns how it ended
     /// (`None`: it wants more) and the families `each` was given.
     fn replay(seq: u32, datagrams: &[Vec<u8>], stop_after: Option<usize>) -> (Option<Result<(), DumpError>>, Vec<String>, usize) {
         let mut dump = Dump::new(NETLINK_GENERIC, seq);

@@ -11,13 +11,14 @@
 //! - [`attr`] walks `nlattr`s;
 //! - [`names`] names protocols, message types and flags;
 //! - [`genl`] maps generic netlink family ids to names, from the wire or from
-//!   the kernel;
-//! - [`dump`] sends a request of our own and reads its answer to the end;
+//!   a dump of our own;
+//! - [`dump`] reads the answer to a request of our own to the end (plegwatch's
+//!   `kernel::netlink` owns the socket);
 //! - [`tracker`] pairs requests with their replies per socket, and lists the
 //!   requests still waiting.
 //!
 //! Everything here reads untrusted bytes: no parser panics, and none
-//! allocates more than its input's size.
+//! allocates more than its input's size. Nothing here does I/O.
 
 pub mod attr;
 pub mod dump;
@@ -29,18 +30,3 @@ pub mod tracker;
 pub use genl::GenlFamilies;
 pub use header::{parse, NlHeader, NlMsg, Parsed};
 pub use tracker::{Completed, Outstanding, SocketTracker, Trackers};
-
-/// Errors of the few functions here that talk to the kernel.
-#[derive(Debug, thiserror::Error)]
-pub enum NetlinkError {
-    #[error("netlink {what} on a NETLINK_{protocol} socket: {source}")]
-    Io { what: &'static str, protocol: &'static str, source: std::io::Error },
-    #[error("NETLINK_{protocol} request {request} failed: {source}")]
-    Kernel { protocol: &'static str, request: &'static str, source: std::io::Error },
-    #[error("NETLINK_{protocol} request {request}: no NLMSG_DONE after {messages} messages")]
-    Unfinished { protocol: &'static str, request: &'static str, messages: usize },
-}
-
-/// How long the few kernel queries here wait for an answer: plegwatch must
-/// never be the process stuck in `recvfrom` on a netlink socket.
-pub const QUERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

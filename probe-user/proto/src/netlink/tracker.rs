@@ -330,7 +330,7 @@ impl<K: Hash + Eq + Clone> Trackers<K> {
         Trackers { sockets: HashMap::new(), families: GenlFamilies::new() }
     }
 
-    /// Starts from a family table (e.g. [`GenlFamilies::from_kernel`]).
+    /// Starts from a family table (e.g. [`GenlFamilies::from_dump`] of the kernel's answer).
     pub fn with_families(families: GenlFamilies) -> Self {
         Trackers { sockets: HashMap::new(), families }
     }

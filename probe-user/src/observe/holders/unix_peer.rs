@@ -5,10 +5,8 @@
 //! may read (`/proc/PID/fd` needs root for other users' processes).
 
 use super::HolderError;
-use crate::proto::netlink::{
-    dump::{self, DumpError},
-    names::NETLINK_SOCK_DIAG,
-};
+use crate::kernel::netlink;
+use crate::proto::netlink::{dump::DumpError, names::NETLINK_SOCK_DIAG};
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_sock_diag::{
     unix::{nlas::UnixDiagName, ShowFlags, StateFlags, UnixRequest, UnixResponse},
@@ -132,7 +130,7 @@ pub fn query(inode: Option<u32>) -> Result<Vec<UnixSocketInfo>, HolderError> {
 
     let mut out = Vec::new();
     // Bounded: a dump of 100k sockets is a few thousand datagrams.
-    let done = dump::run(NETLINK_SOCK_DIAG, &bytes, 100_000, |_, raw| {
+    let done = netlink::request(NETLINK_SOCK_DIAG, &bytes, 100_000, |_, raw| {
         let Ok(msg) = NetlinkMessage::<SockDiagMessage>::deserialize(raw) else { return ControlFlow::Continue(()) };
         if let NetlinkPayload::InnerMessage(SockDiagMessage::UnixResponse(r)) = msg.payload {
             out.push(info_of(&r));

@@ -19,7 +19,7 @@ use super::inspector::{Done, Inspector, Job};
 use super::late::{Job as LateJob, LateFunc, LateScanner};
 use super::targets::{short, target_named, target_of, Arg, GoFuncSpec, Role, Target};
 use crate::{
-    events::Event, kernel::loader::take_map, kernel::loader::WatchError, observe::lister::Lister, observe::procfs, proto::gosym::GoBinary,
+    events::Event, kernel::loader::take_map, kernel::loader::WatchError, observe::go_binary, observe::lister::Lister, observe::procfs,
 };
 use aya::{
     maps::{Array, HashMap as BpfHashMap, MapData},
@@ -180,7 +180,7 @@ const TTRPC_CREATE_STREAM: &str = "github.com/containerd/ttrpc.(*Client).createS
 
 /// Reads `path` and picks, for each of `target`'s groups, the first function it has.
 pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto::gosym::GoSymError> {
-    let bin = GoBinary::open(path)?;
+    let bin = go_binary::read(path)?;
     let mut found = Vec::new();
     let mut missing = Vec::new();
     let mut own = 0;
