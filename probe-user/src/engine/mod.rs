@@ -12,61 +12,37 @@
 //! short calls) wake the loop only when filling up; every scan drains them first.
 
 mod drop_watch;
+mod graph_step;
 mod lookups;
 mod scan_clock;
+mod setup;
 mod summary;
+
+pub use setup::WatchConfig;
 
 use crate::{
     clock::monotonic_ns,
     events::{Event, Ready, Sink, Summary},
-    graph::{
-        ids,
-        incidents::{Change, Clocks, Incidents},
-        model::Hop,
-        scan::{scan, Snapshot},
-    },
-    kernel::loader::{self, take_map, LoadOptions, WatchError},
-    kernel::probes::{self, Choice},
-    levels::Thresholds,
-    observe::{k8s::Pods, mounts, namespaces, ustack::UserSymbolizer, Observe},
+    graph::incidents::Incidents,
+    kernel::loader::WatchError,
+    kernel::probes::Choice,
+    observe::{k8s::Pods, ustack::UserSymbolizer, Observe},
     sources::{
         children::ChildWaits,
         decorate::Decorate,
         devices::DeviceIo,
-        gowatch::{chain::KernelWaits, Background, GoUprobes, GoWatch},
-        inflight::{note_open, Filter},
+        gowatch::{chain::KernelWaits, Background, GoWatch},
+        inflight::note_open,
         offcpu::OffCpu,
-        parked::{self, Sampler},
+        parked::Sampler,
         reqwatch::ReqWatch,
         syscall_waits::SyscallWaits,
     },
 };
 use aya::maps::{MapData, RingBuf};
-use plegwatch_abi::{child_maps, go_maps, maps, sock_maps};
-use std::{
-    path::PathBuf,
-    time::{Duration, Instant, SystemTime},
-};
+use setup::setup;
+use std::time::{Duration, Instant};
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
-
-/// What `plegwatch watch` was asked to do.
-#[derive(Clone, Debug)]
-pub struct WatchConfig {
-    pub thresholds: Thresholds,
-    pub filter: Filter,
-    /// How often the open waits are scanned.
-    pub interval: Duration,
-    /// Stop after this long.
-    pub duration: Option<Duration>,
-    /// Go binaries to probe by path (`--containerd`, `--kubelet`), as (target, path).
-    pub go_paths: Vec<(&'static str, PathBuf)>,
-    /// How Go probe points name their function (`--go-uprobes`).
-    pub go_uprobes: GoUprobes,
-    /// Emit a `status` event this often (the daemon's metrics); `None` for `watch`.
-    pub status_every: Option<Duration>,
-    /// The CRI socket asked for pod and container names (none: bundles only).
-    pub runtime_socket: Option<PathBuf>,
-}
 
 /// How long one turn of the loop may spend attaching uprobes (each takes
 /// 1–20 ms, more under load; a new containerd has about 80).
@@ -163,80 +139,6 @@ struct Watch {
     out: Vec<Event>,
 }
 
-/// Loads and attaches the probes, and starts every source. Go targets given by path
-/// are attached here, and say so on `sink`.
-fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rings, Vec<Choice>), WatchError> {
-    let started = Instant::now();
-    loader::require_root()?;
-    loader::ensure_tracefs()?;
-    let host = namespaces::resolve().map_err(|e| WatchError::Namespace(e.to_string()))?;
-    let me = host.tgid;
-    let mounts = mounts::watch(host.mountinfo).map_err(|e| WatchError::Io(host.mountinfo, e))?;
-    // End records for waits shorter than --warn would be thrown away.
-    let (mut ebpf, offsets) = loader::load(LoadOptions { report_min: cfg.thresholds.warn, tracer_tgid: me })?;
-    let env = probes::AttachEnv::probe(offsets.task_pid.offset().is_some());
-    let choices = probes::attach_all(&mut ebpf, &env)?;
-    let on = |probe: &str| choices.iter().any(|c| c.probe == probe && !c.is_off());
-
-    let (syscalls, swept) = SyscallWaits::attach(&mut ebpf, cfg.thresholds, cfg.filter.clone(), mounts, &choices, me)?;
-    // Startup sweep results are news only when they found something.
-    if swept.is_empty() {
-        tracing::debug!("startup sweep: no thread already in a watched wait");
-    } else {
-        tracing::info!(swept = swept.len(), "startup sweep: threads already in a watched wait");
-    }
-    let events = async_ring(&mut ebpf, maps::EVENTS)?;
-    let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
-    // `/proc` listed off the loop, once for every reader.
-    let lister = crate::observe::lister::Lister::start();
-    let mut go = GoWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone(), cfg.go_uprobes, lister.clone())?;
-    let mut out = Vec::new();
-    go.start(&mut ebpf, &cfg.go_paths, &mut out)?;
-    emit_all(&mut out, sink);
-    let go_ring = async_ring(&mut ebpf, go_maps::GO_EVENTS)?;
-    let sock = async_ring(&mut ebpf, sock_maps::SOCK_EVENTS)?;
-    let mut ustack = UserSymbolizer::new();
-    // Read now, while the swept threads are still blocked (see `SyscallWaits::attach`).
-    for w in &swept {
-        ustack.pin_blocked(w.tgid, w.tid);
-    }
-    let offcpu = if on("offcpu") { Some(OffCpu::new(&mut ebpf, &cfg.filter.comms, lister.clone())?) } else { None };
-    if on("socket_io") {
-        req.seed_all(me);
-    }
-    let sampler = match on("parked_threads") {
-        true => Sampler::start(me)
-            .map_err(|e| tracing::warn!(error = %e, "parked-thread sampler not started: unix-peer and futex-sibling links are off"))
-            .ok(),
-        false => None,
-    };
-    let devices = if on("block_io") { Some(DeviceIo::new(&mut ebpf)?) } else { None };
-    let children = if on("child_wait") { Some(ChildWaits::new(take_map(&mut ebpf, child_maps::CHILD_WAITS)?)) } else { None };
-    let w = Watch {
-        incidents: Incidents::new(cfg.thresholds),
-        observe: Observe::new(lister),
-        pods: Pods::new(cfg.runtime_socket.clone()),
-        cfg,
-        started,
-        me,
-        ebpf,
-        syscalls,
-        req,
-        go,
-        offcpu,
-        sampler,
-        devices,
-        children,
-        ustack,
-        scans: Default::default(),
-        drops: Default::default(),
-        last_status: Instant::now(),
-        late_since: Vec::new(),
-        out,
-    };
-    Ok((w, Rings { events, go: go_ring, sock }, choices))
-}
-
 impl Watch {
     /// One scan: every source's open waits and events, then the graph's step.
     fn tick(&mut self, scheduled: Instant, rings: &mut Rings, sink: &mut dyn Sink) {
@@ -283,53 +185,6 @@ impl Watch {
             }
         }
         self.scans.took(began.elapsed());
-    }
-
-    /// The wait-for graph's step: every source's open waits and facts, the graph's
-    /// changes to the sink, each hop named with its pod.
-    fn step_graph(&mut self, sink: &mut dyn Sink) {
-        let now = monotonic_ns();
-        let mut waits = self.syscalls.open_waits().to_vec();
-        waits.extend(self.req.open_waits().iter().cloned());
-        waits.extend(self.go.open_waits(now));
-        let mut facts = self.go.facts();
-        facts.ttrpc = self.req.ttrpc_facts(now);
-        let child_waits = self.children.as_mut().map(ChildWaits::scan).unwrap_or_default();
-        // Threads parked where no probe sees them (last round's sample).
-        let parked = self.sampler.as_ref().map(|s| s.latest().iter().filter(|p| parked::still_parked(p)).cloned().collect());
-        let answers = self.req.answers(now);
-        let devices = match self.devices.as_mut() {
-            Some(io) => {
-                io.sample(now);
-                self.syscalls.device_facts(io, now)
-            }
-            None => Vec::new(),
-        };
-        let clocks = Clocks { now_ns: now, wall: SystemTime::now(), relist_start_ns: self.go.relist_start_ns() };
-        let snapshot = Snapshot { clocks, waits, facts, child_waits, parked, answers, devices };
-        let mut world = lookups::World { observe: &mut self.observe, offcpu: self.offcpu.as_ref() };
-        let filter = &self.cfg.filter;
-        let scanned = scan(&mut self.incidents, snapshot, &mut world, &|w| filter.matches_wait(w), &mut ids::id_of);
-        // The sampler's next round: the processes of waits old enough to anchor one.
-        if let Some(s) = &self.sampler {
-            s.request(
-                scanned.waits.iter().filter(|w| now.saturating_sub(w.start_ns) >= parked::ANCHOR_MIN_NS).map(|w| w.who.pid).collect(),
-            );
-        }
-        for change in scanned.changes {
-            let event = match change {
-                Change::Raised(mut i) => {
-                    let hops = i.root.iter_mut().chain([&mut i.symptom]).chain(i.chain.iter_mut()).chain(i.attached.iter_mut());
-                    name_pods(hops, &mut self.pods);
-                    Event::Incident(Box::new(i))
-                }
-                Change::Resolved(mut r) => {
-                    name_pods(r.longest_chain.iter_mut(), &mut self.pods);
-                    Event::IncidentResolved(r)
-                }
-            };
-            sink.emit(&event);
-        }
     }
 
     /// Every record in the Go ring: calls' ends, exits and execs (a new target is probed).
@@ -408,22 +263,4 @@ fn emit_all(out: &mut Vec<Event>, sink: &mut dyn Sink) {
     for e in out.drain(..) {
         sink.emit(&e);
     }
-}
-
-/// Each hop's pod and container, by its process, as the incident is printed (after the
-/// incident builder decided what changed: names never make a line of their own).
-fn name_pods<'h>(hops: impl Iterator<Item = &'h mut Hop>, pods: &mut Pods) {
-    for h in hops {
-        if let Some(pid) = h.pid {
-            h.pod = pods.of_pid(pid);
-        }
-    }
-}
-
-/// A ring buffer map, registered with the runtime to wake the loop when it has records.
-fn async_ring(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<AsyncFd<RingBuf<MapData>>, WatchError> {
-    let ring: RingBuf<MapData> = take_map(ebpf, name)?;
-    // SAFETY: the RingBuf owns its map fd, which stays open and the same for as
-    // long as the AsyncFd holds it.
-    unsafe { AsyncFd::register(ring) }.map_err(|e| WatchError::Map(name, format!("cannot poll it: {e}")))
 }

@@ -1,0 +1,77 @@
+//! The wait-for graph's step of a scan: every source's open waits and facts are
+//! gathered into a [`Snapshot`], `graph::scan` turns them into changes, and each
+//! change goes to the sink with its hops named by pod.
+
+use super::{lookups, Watch};
+use crate::{
+    clock::monotonic_ns,
+    events::{Event, Sink},
+    graph::{
+        ids,
+        incidents::{Change, Clocks},
+        model::Hop,
+        scan::{scan, Snapshot},
+    },
+    observe::k8s::Pods,
+    sources::{children::ChildWaits, parked},
+};
+use std::time::SystemTime;
+
+impl Watch {
+    /// The wait-for graph's step: every source's open waits and facts, the graph's
+    /// changes to the sink, each hop named with its pod.
+    pub(super) fn step_graph(&mut self, sink: &mut dyn Sink) {
+        let now = monotonic_ns();
+        let mut waits = self.syscalls.open_waits().to_vec();
+        waits.extend(self.req.open_waits().iter().cloned());
+        waits.extend(self.go.open_waits(now));
+        let mut facts = self.go.facts();
+        facts.ttrpc = self.req.ttrpc_facts(now);
+        let child_waits = self.children.as_mut().map(ChildWaits::scan).unwrap_or_default();
+        // Threads parked where no probe sees them (last round's sample).
+        let parked = self.sampler.as_ref().map(|s| s.latest().iter().filter(|p| parked::still_parked(p)).cloned().collect());
+        let answers = self.req.answers(now);
+        let devices = match self.devices.as_mut() {
+            Some(io) => {
+                io.sample(now);
+                self.syscalls.device_facts(io, now)
+            }
+            None => Vec::new(),
+        };
+        let clocks = Clocks { now_ns: now, wall: SystemTime::now(), relist_start_ns: self.go.relist_start_ns() };
+        let snapshot = Snapshot { clocks, waits, facts, child_waits, parked, answers, devices };
+        let mut world = lookups::World { observe: &mut self.observe, offcpu: self.offcpu.as_ref() };
+        let filter = &self.cfg.filter;
+        let scanned = scan(&mut self.incidents, snapshot, &mut world, &|w| filter.matches_wait(w), &mut ids::id_of);
+        // The sampler's next round: the processes of waits old enough to anchor one.
+        if let Some(s) = &self.sampler {
+            s.request(
+                scanned.waits.iter().filter(|w| now.saturating_sub(w.start_ns) >= parked::ANCHOR_MIN_NS).map(|w| w.who.pid).collect(),
+            );
+        }
+        for change in scanned.changes {
+            let event = match change {
+                Change::Raised(mut i) => {
+                    let hops = i.root.iter_mut().chain([&mut i.symptom]).chain(i.chain.iter_mut()).chain(i.attached.iter_mut());
+                    name_pods(hops, &mut self.pods);
+                    Event::Incident(Box::new(i))
+                }
+                Change::Resolved(mut r) => {
+                    name_pods(r.longest_chain.iter_mut(), &mut self.pods);
+                    Event::IncidentResolved(r)
+                }
+            };
+            sink.emit(&event);
+        }
+    }
+}
+
+/// Each hop's pod and container, by its process, as the incident is printed (after the
+/// incident builder decided what changed: names never make a line of their own).
+fn name_pods<'h>(hops: impl Iterator<Item = &'h mut Hop>, pods: &mut Pods) {
+    for h in hops {
+        if let Some(pid) = h.pid {
+            h.pod = pods.of_pid(pid);
+        }
+    }
+}
