@@ -484,7 +484,7 @@ pub fn attach(ebpf: &mut Ebpf, env: &AttachEnv, probe: &Probe) -> Result<Choice,
                 if matches!(v, Variant::Off) {
                     tracing::warn!(probe = probe.name, passed_over = ?passed_over, "probe is off: {}", probe.about);
                 } else if passed_over.is_empty() {
-                    tracing::info!(probe = probe.name, variant = %v.describe(), "probe attached");
+                    tracing::debug!(probe = probe.name, variant = %v.describe(), "probe attached");
                 } else {
                     tracing::warn!(probe = probe.name, variant = %v.describe(), passed_over = ?passed_over, "probe attached with a fallback");
                 }

@@ -751,7 +751,7 @@ impl Attacher {
         let (pid, target, path) = (plan.line.pid, plan.target, plan.path.clone());
         match plan.why.take() {
             None => {
-                tracing::info!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", plan.line.functions.join(", "));
+                tracing::debug!(pid, target = target.name, binary = %path.display(), "probing Go functions (entry + every RET): {}", plan.line.functions.join(", "));
                 if !plan.line.left_out.is_empty() {
                     tracing::warn!(pid, target = target.name, binary = %path.display(), "partly probed; left out: {}", plan.line.left_out.join("; "));
                 }
