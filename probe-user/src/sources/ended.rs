@@ -11,7 +11,7 @@
 //! kernel replaces or removes that entry; an end record the kernel sends for it
 //! later is dropped.
 
-use crate::sources::inflight::{WaitKey, END_GRACE};
+use crate::sources::inflight::{TidStart, END_GRACE};
 use std::collections::HashMap;
 
 /// The waits judged over whose entries may still be in the kernel's map.
@@ -19,16 +19,16 @@ use std::collections::HashMap;
 pub struct EndedWaits {
     /// Each marked wait, with the scan time at which its entry was first
     /// found gone from the map (`None` while it is still there).
-    marks: HashMap<WaitKey, Option<u64>>,
+    marks: HashMap<TidStart, Option<u64>>,
 }
 
 impl EndedWaits {
     /// Marks `key` over: its entry is hidden from now on.
-    pub fn mark(&mut self, key: WaitKey) {
+    pub fn mark(&mut self, key: TidStart) {
         self.marks.entry(key).or_insert(None);
     }
 
-    pub fn contains(&self, key: &WaitKey) -> bool {
+    pub fn contains(&self, key: &TidStart) -> bool {
         self.marks.contains_key(key)
     }
 
@@ -45,7 +45,7 @@ impl EndedWaits {
     /// entry has been gone for [`END_GRACE`] (replaced by the thread's next
     /// wait, or removed): long enough for an end record the kernel sent as it
     /// removed the entry to be drained and dropped first.
-    pub fn open<T>(&mut self, snapshot: Vec<T>, key: impl Fn(&T) -> WaitKey, now_ns: u64) -> Vec<T> {
+    pub fn open<T>(&mut self, snapshot: Vec<T>, key: impl Fn(&T) -> TidStart, now_ns: u64) -> Vec<T> {
         let mut present = std::collections::HashSet::new();
         let open = snapshot
             .into_iter()
@@ -71,7 +71,7 @@ impl EndedWaits {
 
     /// Whether the kernel's end record of `key` is to be dropped: the wait was
     /// already resolved as over. The kernel removed its entry, so the mark goes.
-    pub fn take_end(&mut self, key: &WaitKey) -> bool {
+    pub fn take_end(&mut self, key: &TidStart) -> bool {
         self.marks.remove(key).is_some()
     }
 }
@@ -82,7 +82,7 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
-    fn keys(v: &[WaitKey]) -> Vec<WaitKey> {
+    fn keys(v: &[TidStart]) -> Vec<TidStart> {
         let mut v = v.to_vec();
         v.sort_unstable();
         v
@@ -134,10 +134,10 @@ mod tests {
         let mut ended = EndedWaits::default();
         ended.mark((3, 30));
         // A walk of a hash map that changes under it may miss an entry.
-        assert!(ended.open(Vec::<WaitKey>::new(), |k| *k, S).is_empty());
+        assert!(ended.open(Vec::<TidStart>::new(), |k| *k, S).is_empty());
         // Seen again: still hidden, and the grace restarts.
         assert!(ended.open(vec![(3, 30)], |k| *k, S + END_GRACE.as_nanos() as u64).is_empty());
-        assert!(ended.open(Vec::<WaitKey>::new(), |k| *k, 2 * S + END_GRACE.as_nanos() as u64).is_empty());
+        assert!(ended.open(Vec::<TidStart>::new(), |k| *k, 2 * S + END_GRACE.as_nanos() as u64).is_empty());
         assert!(ended.contains(&(3, 30)));
     }
 }

@@ -12,7 +12,7 @@ use plegwatch_abi::{Wait, WaitEnd, WAIT_BEFORE_ATTACH};
 use std::{collections::HashMap, time::Duration};
 
 /// A wait is named by its thread and its start time (a thread has one open wait).
-pub type WaitKey = (u32, u64);
+pub type TidStart = (u32, u64);
 
 /// What the registry knows of a wait, from the kernel's map or its end record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,7 +82,7 @@ impl From<&WaitEnd> for WaitInfo {
 }
 
 impl WaitInfo {
-    pub fn key(&self) -> WaitKey {
+    pub fn key(&self) -> TidStart {
         (self.tid, self.start_ns)
     }
 
@@ -130,8 +130,8 @@ pub trait Item: Clone {
 }
 
 impl Item for WaitInfo {
-    type Key = WaitKey;
-    fn key(&self) -> WaitKey {
+    type Key = TidStart;
+    fn key(&self) -> TidStart {
         WaitInfo::key(self)
     }
     fn tgid(&self) -> u32 {
@@ -195,7 +195,7 @@ pub struct Tracked<T: Item = WaitInfo> {
 
 /// What the source must report.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Action<K = WaitKey> {
+pub enum Action<K = TidStart> {
     /// The wait reached `level` after `waited`.
     Report { key: K, level: Level, waited: Duration },
     /// The wait ended after `waited`; `exact` when timed by the kernel.

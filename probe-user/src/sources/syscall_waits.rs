@@ -24,7 +24,7 @@ use crate::{
     sources::detail,
     sources::devices::DeviceIo,
     sources::ended::EndedWaits,
-    sources::inflight::{note_open, Action, Filter, Registry, WaitInfo, WaitKey},
+    sources::inflight::{note_open, Action, Filter, Registry, WaitInfo, TidStart},
     sources::sweep,
     syscalls::{by_slot, WaitKind},
 };
@@ -44,7 +44,7 @@ pub struct SyscallWaits {
     /// The task_work tail's end is found by polling /proc (no kernel probe).
     poll_tails: bool,
     /// The fixed part of each reported wait's detail.
-    fixed: HashMap<WaitKey, Map<String, Value>>,
+    fixed: HashMap<TidStart, Map<String, Value>>,
     /// Processes with a wait open in the kernel at the last scan.
     open_tgids: Vec<u32>,
     /// Their earliest open wait: (kind, start ns).
@@ -54,13 +54,13 @@ pub struct SyscallWaits {
     /// The same by (process, goroutine), for waits made by Go targets: (tid, object).
     open_by_g: HashMap<(u32, u64), (u32, Value)>,
     /// Scans in a row that found a tail's thread running outside umount2.
-    running_seen: HashMap<WaitKey, u32>,
+    running_seen: HashMap<TidStart, u32>,
     /// Every kernel wait open at the last scan, as graph nodes.
     open_waits: Vec<OpenWait>,
     /// The same waits as the kernel gave them.
     open_infos: Vec<WaitInfo>,
     /// The device each wait's writeback goes to, looked up once per wait.
-    devices: HashMap<WaitKey, Option<DeviceFound>>,
+    devices: HashMap<TidStart, Option<DeviceFound>>,
     /// Waits judged over by `/proc` whose entries the kernel still holds.
     ended: EndedWaits,
     /// The goroutine each swept wait's thread runs (the goroutine scan's), by thread: a
@@ -213,7 +213,7 @@ impl SyscallWaits {
     /// the tail probe, or for a thread that went back to user space without a
     /// syscall) their task_work tail is over by `/proc/TID/syscall`.
     fn check_reported(&mut self, now: u64, out: &mut Vec<Event>) {
-        let candidates: Vec<(WaitKey, u64, u32, bool)> =
+        let candidates: Vec<(TidStart, u64, u32, bool)> =
             self.registry.open().map(|t| (t.info.key(), t.info.sys_exit_ns, t.info.nr, t.info.before_attach)).collect();
         for (key, sys_exit_ns, nr, before_attach) in candidates {
             let tid = key.0;
