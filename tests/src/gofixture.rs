@@ -474,6 +474,11 @@ pub enum Kind {
         t: f64,
         path: ReturnPath,
     },
+    /// Printed by the relist loop after `Relist` returned: its RET has run.
+    RelistReturned {
+        n: u64,
+        t: f64,
+    },
     /// Relist `n` is about to take the read lock that `wlock` holds (`relist rlock-wait`).
     RelistRlockWait {
         n: u64,
@@ -536,6 +541,7 @@ fn parse_line(text: &str) -> Kind {
                     ReturnPath::Normal
                 },
             },
+            ("returned", Some(n), Some(t)) => Kind::RelistReturned { n, t },
             ("rlock-wait", Some(n), Some(t)) => Kind::RelistRlockWait { n, t },
             ("rlock-got", Some(n), Some(t)) => Kind::RelistRlockGot { n, t },
             ("cri", Some(n), Some(t)) => {
@@ -953,6 +959,17 @@ impl FakeKubelet {
         .map(|(_, t)| t)
     }
 
+    /// Whether relist `n` returned to the relist loop within `timeout`: its RET has run, so
+    /// plegwatch's return probe has fired and the record is in its ring (the `relist end`
+    /// line is printed inside `Relist`, before the RET: a stop right after it may come first).
+    pub fn wait_relist_returned(&mut self, n: u64, timeout: Duration) -> bool {
+        self.wait_line(0, timeout, |k| match k {
+            Kind::RelistReturned { n: m, .. } if *m == n => Some(()),
+            _ => None,
+        })
+        .is_some()
+    }
+
     /// Sends `quit` and waits for the process to exit (it exits at once, also with a relist
     /// parked); an error unless it printed `bye` and exited 0.
     pub fn quit(mut self) -> Result<ExitStatus> {
@@ -1139,5 +1156,6 @@ mod tests {
             Kind::RelistEnd { n: 4, t: 1.5, path: ReturnPath::Error }
         );
         assert_eq!(parse_line("relist end 5 1.5 pods=0 changed=0"), Kind::RelistEnd { n: 5, t: 1.5, path: ReturnPath::NoPods });
+        assert_eq!(parse_line("relist returned 5 1.6"), Kind::RelistReturned { n: 5, t: 1.6 });
     }
 }

@@ -229,8 +229,14 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
     );
     let next = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist after the reader wait")?;
     kubelet.wait_relist_end(next, Duration::from_secs(3)).context("no relist end after the reader wait")?;
+    // Its `end` line comes before its RET: quitting on it could beat the return probe.
+    ensure!(kubelet.wait_relist_returned(next, Duration::from_secs(3)), "relist {next} did not return");
+    // Park the next relist: once it has started, every relist before it has returned
+    // (relists never overlap), and none can end before the fixture quits.
+    kubelet.block_next()?;
+    kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;
 
-    // Stop the fixture first: every relist it made has ended (or never will), so the
+    // Stop the fixture first: every relist it made has returned (or never will), so the
     // counts are exact.
     ensure!(kubelet.is_running(), "the fixture (pid {pid}) died under the probes");
     let relists = kubelet.ended_relists();

@@ -65,6 +65,9 @@ fn parked_relist(uprobes: Option<&str>) -> anyhow::Result<()> {
     // It keeps relisting under the probes.
     let next = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist after the parked one")?;
     anyhow::ensure!(kubelet.wait_relist_end(next, Duration::from_secs(3)).is_some(), "relist {next} did not end");
+    // Its `end` line comes before its RET: stopping plegwatch on it could beat the return
+    // probe (a fresh-clone CI run counted 1 relist of 2, under load).
+    anyhow::ensure!(kubelet.wait_relist_returned(next, Duration::from_secs(3)), "relist {next} did not return");
     plegwatch.wait_for(Duration::from_secs(3), |e| e.is_about_pid("resolved", pid));
     anyhow::ensure!(kubelet.is_running(), "the fixture (pid {pid}) died while probed");
     let events = plegwatch.stop()?;
