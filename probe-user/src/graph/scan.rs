@@ -97,3 +97,184 @@ pub fn scan<L: Lookups>(
     let changes = incidents.scan(&waits, &edges, clocks, keep, ids);
     Scanned { changes, waits }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{
+        children::{PipeLink, WaitTarget},
+        fakes::FakeProcs,
+        incidents::Change,
+        model::{EdgeKind, Exactness, HolderId, StartTiming, Terminal, Who},
+        resolvers::Procs,
+    };
+    use crate::levels::Thresholds;
+    use crate::syscalls::WaitKind;
+    use std::collections::HashMap;
+    use std::time::{Duration, SystemTime};
+
+    const S: u64 = 1_000_000_000;
+
+    /// `FakeProcs`, no pipes, and the kernel mutexes a test sets.
+    #[derive(Default)]
+    struct World {
+        procs: FakeProcs,
+        mutexes: HashMap<u32, MutexWait>,
+        /// Every thread whose mutex was asked for.
+        asked: Vec<u32>,
+    }
+
+    impl Procs for World {
+        fn children(&mut self, pid: u32) -> Vec<u32> {
+            self.procs.children(pid)
+        }
+        fn state(&mut self, pid: u32) -> Option<char> {
+            self.procs.state(pid)
+        }
+        fn comm(&mut self, pid: u32) -> Option<String> {
+            self.procs.comm(pid)
+        }
+        fn connected(&mut self, client: u32, server: u32) -> bool {
+            self.procs.connected(client, server)
+        }
+    }
+
+    impl ChildProcs for World {
+        fn child_pipes(&mut self, _pid: u32) -> Vec<PipeLink> {
+            Vec::new()
+        }
+        fn started_ns(&mut self, _pid: u32) -> Option<u64> {
+            None
+        }
+    }
+
+    impl Lookups for World {
+        fn mutex_wait(&mut self, tid: u32, _now_ns: u64) -> Option<MutexWait> {
+            self.asked.push(tid);
+            self.mutexes.get(&tid).cloned()
+        }
+    }
+
+    fn kernel_wait(pid: u32, tid: u32, kind: WaitKind, what: &str, start_s: u64) -> OpenWait {
+        OpenWait {
+            key: WaitKey::Kernel { tid, start_ns: start_s * S },
+            who: Who { pid, tid, comm: format!("c{pid}"), goroutine: None },
+            kind,
+            what: what.into(),
+            start_ns: start_s * S,
+            start: StartTiming::Exact,
+            pleg_path: false,
+        }
+    }
+
+    fn snapshot(now_s: u64, waits: Vec<OpenWait>) -> Snapshot {
+        Snapshot {
+            clocks: Clocks { now_ns: now_s * S, wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000), relist_start_ns: None },
+            waits,
+            facts: GoFacts::default(),
+            child_waits: Vec::new(),
+            parked: None,
+            answers: Vec::new(),
+            devices: Vec::new(),
+        }
+    }
+
+    fn incidents() -> Incidents {
+        Incidents::new(
+            Thresholds::new(Duration::from_secs(10), Duration::from_secs(60), Duration::from_secs(150)).unwrap_or_else(|e| panic!("{e}")),
+        )
+    }
+
+    fn raised(s: &Scanned) -> Vec<&crate::graph::incidents::Incident> {
+        s.changes.iter().filter_map(|c| if let Change::Raised(i) = c { Some(i) } else { None }).collect()
+    }
+
+    fn ids(k: WaitKey) -> u64 {
+        match k {
+            WaitKey::Kernel { tid, .. } => u64::from(tid),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn a_umount_on_a_busy_device_is_one_incident_ending_at_the_device() {
+        let umount = kernel_wait(10, 11, WaitKind::Umount, "umount2 /mnt", 0);
+        let mut s = snapshot(12, vec![umount.clone()]);
+        let device = Terminal { id: Some(HolderId::Device(7, 0)), kind: "device", pid: None, comm: None, what: "block device 7:0".into() };
+        s.devices = vec![DeviceFact { wait: umount.key, device, how: "the mount's device".into() }];
+        let out = scan(&mut incidents(), s, &mut World::default(), &|_| true, &mut ids);
+        let raised = raised(&out);
+        assert_eq!(raised.len(), 1, "{:?}", out.changes.len());
+        let kinds: Vec<&str> = raised[0].chain.iter().map(|h| h.kind.as_str()).collect();
+        assert_eq!(kinds, ["umount", "device"]);
+        assert_eq!(raised[0].chain[0].edge, Some(EdgeKind::Device));
+    }
+
+    #[test]
+    fn a_request_answered_by_a_process_in_its_own_wait_is_one_chain_of_both() {
+        let request = OpenWait {
+            key: WaitKey::Netlink { sock: 20 << 32 | 3, start_ns: 0 },
+            ..kernel_wait(20, 21, WaitKind::NetlinkRequest, "usersock", 0)
+        };
+        let theirs = kernel_wait(30, 31, WaitKind::Sync, "fsync", 1);
+        let mut s = snapshot(15, vec![request.clone(), theirs.clone()]);
+        s.answers = vec![(
+            request.key,
+            Answerer { pid: Some(30), kind: EdgeKind::NetlinkPeer, exactness: Exactness::Exact, evidence: "port".into() },
+        )];
+        let out = scan(&mut incidents(), s, &mut World::default(), &|_| true, &mut ids);
+        let raised = raised(&out);
+        assert_eq!(raised.len(), 1, "one incident, not one per wait");
+        let pids: Vec<Option<u32>> = raised[0].chain.iter().map(|h| h.pid).collect();
+        assert_eq!(pids, [Some(20), Some(30)]);
+        assert!(raised[0].chain[1].root, "the answering process's own wait is the root");
+    }
+
+    #[test]
+    fn a_thread_on_a_kernel_mutex_is_held_by_the_owner_threads_wait() {
+        let waiter = kernel_wait(40, 41, WaitKind::Sync, "fsync", 0);
+        let owner = kernel_wait(50, 51, WaitKind::Umount, "umount2 /x", 0);
+        let mut world = World::default();
+        world.mutexes.insert(41, MutexWait { owner_tid: 51, lock: "rtnl_mutex".into() });
+        let out = scan(&mut incidents(), snapshot(12, vec![waiter, owner]), &mut world, &|_| true, &mut ids);
+        let raised = raised(&out);
+        assert_eq!(raised.len(), 1);
+        assert_eq!(raised[0].chain.iter().map(|h| h.tid).collect::<Vec<_>>(), [Some(41), Some(51)]);
+        assert_eq!(raised[0].chain[0].edge, Some(EdgeKind::KernelMutex));
+        // Only threads' own waits open a second or more are asked about.
+        world.asked.sort_unstable();
+        assert_eq!(world.asked, [41, 51]);
+    }
+
+    #[test]
+    fn a_parent_in_wait4_on_a_stopped_child_joins_the_graph_and_names_the_child() {
+        let mut world = World::default();
+        world.procs.states.insert(61, 'T');
+        let f = ChildWaitFact {
+            key: WaitKey::Kernel { tid: 60, start_ns: 0 },
+            tgid: 60,
+            tid: 60,
+            g: None,
+            target: WaitTarget::Pid(61),
+            syscall: "wait4",
+            start_ns: 0,
+        };
+        let mut s = snapshot(12, Vec::new());
+        s.child_waits = vec![f];
+        let out = scan(&mut incidents(), s, &mut world, &|_| true, &mut ids);
+        assert_eq!(out.waits.len(), 1, "the wait4 is a wait of the graph");
+        assert_eq!(out.waits[0].who.comm, "p60", "named by the lookups");
+        let raised = raised(&out);
+        assert_eq!(raised.len(), 1);
+        let last = raised[0].chain.last().map(|h| (h.kind.as_str(), h.pid));
+        assert_eq!(last, Some(("process", Some(61))), "{:?}", raised[0].chain);
+    }
+
+    #[test]
+    fn waits_the_filters_drop_raise_nothing() {
+        let w = kernel_wait(70, 71, WaitKind::Umount, "umount2 /y", 0);
+        let out = scan(&mut incidents(), snapshot(12, vec![w]), &mut World::default(), &|_| false, &mut ids);
+        assert!(raised(&out).is_empty());
+        assert_eq!(out.waits.len(), 1, "still in the graph");
+    }
+}

@@ -24,7 +24,7 @@ use crate::{
     sources::detail,
     sources::devices::DeviceIo,
     sources::ended::EndedWaits,
-    sources::inflight::{note_open, Action, Filter, Registry, WaitInfo, TidStart},
+    sources::inflight::{note_open, Action, Filter, Registry, TidStart, WaitInfo},
     sources::sweep,
     syscalls::{by_slot, WaitKind},
 };
