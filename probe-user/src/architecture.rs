@@ -4,7 +4,12 @@
 //! lines (comments and test modules left out):
 //! - no two top-level modules import each other, directly or through others;
 //! - `graph` (the model, resolvers and incidents) imports only the vocabulary
-//!   it needs, never a source, the kernel or `/proc`;
+//!   it needs, never a source, the kernel or `/proc`. What it must look up
+//!   (children, states, socket peers, pipes, kernel mutexes) it asks through
+//!   its own traits (`Procs`, `ChildProcs`, `scan::Lookups`); `observe`
+//!   implements them (the graph names the question, the layer below answers),
+//!   and the engine joins in what only a source knows (the off-CPU probe's
+//!   mutexes);
 //! - `sinks` read events and never call back into the engine;
 //! - no source takes a sink: sources hand their events back to the scheduler;
 //! - nothing but `cli` and `sinks` writes to stdout or stderr (logs go
