@@ -10,7 +10,7 @@
 //! `kind` values; the fields here stay.
 
 use crate::{levels::Level, syscalls::WaitKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A wait that crossed a level.
@@ -87,6 +87,32 @@ pub struct Ready {
     pub warn_s: f64,
     pub critical_s: f64,
     pub imminent_s: f64,
+}
+
+/// What the startup sweep found already waiting when plegwatch started (sent only when
+/// it found a wait): those waits are tracked like the others, and each one that
+/// crosses `--warn` gets its `stall` line.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    /// Threads already in a watched syscall or in umount2's task_work tail.
+    pub kernel_waits: usize,
+    /// Netlink sockets already open (tracked from then on).
+    pub netlink_sockets: usize,
+    /// Threads already blocked in a receive on a netlink request socket.
+    pub netlink_waiters: usize,
+    /// D-Bus connections already open (tracked from then on).
+    pub dbus_connections: usize,
+    /// D-Bus calls found queued unread in a callee's socket.
+    pub dbus_calls: usize,
+    /// containerd → shim ttrpc connections already open.
+    pub ttrpc_connections: usize,
+}
+
+impl Sweep {
+    /// Whether it found a wait (sockets and connections alone are not news).
+    pub fn found_waits(&self) -> bool {
+        self.kernel_waits + self.netlink_waiters + self.dbus_calls > 0
+    }
 }
 
 /// Latency of one watched syscall over the run (from the kernel histogram).
@@ -322,6 +348,7 @@ pub struct GoroutineScan {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     Ready(Ready),
+    Sweep(Sweep),
     Target(Target),
     GoroutineScan(GoroutineScan),
     Stall(Stall),

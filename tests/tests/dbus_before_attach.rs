@@ -140,6 +140,9 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
         thawed.duration_since(called).as_secs_f64()
     );
     assert_eq!(still_stopped, Some('T'), "the service was no longer stopped while the calls were open");
+    // The startup sweep says what it found.
+    let sweep = events.iter().find(|e| e.is("sweep")).unwrap_or_else(|| panic!("no sweep line:\n{}", all()));
+    assert!(sweep.u64("/dbus_calls").unwrap_or(0) >= 1, "the sweep found no queued D-Bus call:\n{}", all());
 
     let last_sent = calls.iter().map(|c| c.time).fold(f64::MIN, f64::max);
     let mut reports = Vec::new();

@@ -68,6 +68,9 @@ fn netlink_request_that_began_before_start_is_swept() -> anyhow::Result<()> {
     let field = |p: &str| stall.get(p).cloned().unwrap_or(Value::Null);
 
     assert_client_stall(&stall, &client, "route", true, &bad);
+    // The startup sweep says what it found.
+    let sweep = events.iter().find(|e| e.is("sweep")).unwrap_or_else(|| panic!("no sweep line:\n{}", all()));
+    assert!(sweep.u64("/netlink_waiters").unwrap_or(0) >= 1, "the sweep found no netlink waiter:\n{}", all());
     // What was sent is unknown to a sweep: those fields must be null, not guessed.
     for key in ["message_type", "flags", "reply_expected"] {
         assert_eq!(field(&format!("/detail/{key}")), json!(null), "{}", bad(&format!("detail.{key} of a swept request is not null")));

@@ -54,6 +54,10 @@ fn umount_stall_that_began_before_start_is_swept() -> anyhow::Result<()> {
         .unwrap_or_else(|| panic!("no stall line for the umount (pid {pid}) already running at start:\n{}", all()));
     assert_eq!(stall.get("/started_before_attach"), Some(&serde_json::json!(true)), "{}", all());
     assert_eq!(stall.str("/kind"), Some("umount"), "{}", all());
+    // The startup sweep says what it found, before the ready line.
+    let sweep = events.iter().find(|e| e.is("sweep")).unwrap_or_else(|| panic!("no sweep line:\n{}", all()));
+    assert!(sweep.u64("/kernel_waits").unwrap_or(0) >= 1, "the sweep found no kernel wait:\n{}", all());
+    assert!(sweep.at <= ready.at, "the sweep line came after the ready line:\n{}", all());
     assert_eq!(stall.str("/detail/syscall"), Some("umount2"), "{}", all());
     assert_eq!(stall.str("/detail/phase"), Some("task_work"), "{}", all());
     assert_eq!(stall.str("/detail/target"), Some(target.to_str().unwrap_or_default()), "{}", all());

@@ -3,7 +3,7 @@
 
 use super::{emit_all, Rings, Watch};
 use crate::{
-    events::Sink,
+    events::{Event, Sink, Sweep},
     graph::incidents::Incidents,
     kernel::loader::{self, take_map, LoadOptions, WatchError},
     kernel::probes::{self, Choice},
@@ -63,12 +63,7 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     let on = |probe: &str| choices.iter().any(|c| c.probe == probe && !c.is_off());
 
     let (syscalls, swept) = SyscallWaits::attach(&mut ebpf, cfg.thresholds, cfg.filter.clone(), mounts, &choices, me)?;
-    // Startup sweep results are news only when they found something.
-    if swept.is_empty() {
-        tracing::debug!("startup sweep: no thread already in a watched wait");
-    } else {
-        tracing::info!(swept = swept.len(), "startup sweep: threads already in a watched wait");
-    }
+    let mut found = Sweep { kernel_waits: swept.len(), ..Sweep::default() };
     let events = async_ring(&mut ebpf, maps::EVENTS)?;
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
     // `/proc` listed off the loop, once for every reader.
@@ -86,7 +81,12 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     }
     let offcpu = if on("offcpu") { Some(OffCpu::new(&mut ebpf, &cfg.filter.comms, lister.clone())?) } else { None };
     if on("socket_io") {
-        req.seed_all(me);
+        req.seed_all(me, &mut found);
+    }
+    // The startup sweep is news only when it found a wait.
+    tracing::debug!(?found, "startup sweep");
+    if found.found_waits() {
+        sink.emit(&Event::Sweep(found));
     }
     let sampler = match on("parked_threads") {
         true => Sampler::start(me)

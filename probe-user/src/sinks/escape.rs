@@ -113,6 +113,7 @@ pub fn escaped(event: &Event) -> Cow<'_, Event> {
             fix_all(&mut t.left_out);
             fix_opt(&mut t.why);
         }
+        Event::Sweep(_) => {}
         Event::GoroutineScan(g) => {
             fix(&mut g.target);
             fix_opt(&mut g.go_version);

@@ -20,6 +20,12 @@ impl Sink for LogSink {
                 "plegwatch daemon ready"
             ),
             Event::Target(t) => tracing::info!(target_kind = %t.target, status = t.status, pid = t.pid, binary = %t.binary, "Go target"),
+            Event::Sweep(s) => tracing::info!(
+                kernel_waits = s.kernel_waits,
+                netlink_waiters = s.netlink_waiters,
+                dbus_calls = s.dbus_calls,
+                "startup sweep: already waiting when plegwatch started"
+            ),
             Event::GoroutineScan(g) => match &g.error {
                 Some(e) => tracing::warn!(target_kind = %g.target, pid = g.pid, "goroutines not read: {e}; every other probe goes on"),
                 None => {

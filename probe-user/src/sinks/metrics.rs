@@ -472,7 +472,7 @@ impl Sink for MetricsSink {
                 self.up.set(0);
                 self.ready.store(false, Ordering::Relaxed);
             }
-            Event::Target(_) | Event::GoroutineScan(_) => {}
+            Event::Target(_) | Event::Sweep(_) | Event::GoroutineScan(_) => {}
         }
     }
 }

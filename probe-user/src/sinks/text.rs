@@ -412,7 +412,19 @@ pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
         Event::Target(t) => target_text(&clock, t),
         Event::Status(s) => format!("{clock} status: {} incident(s) open", s.incidents.len()),
         Event::GoroutineScan(g) => goroutine_scan_text(&clock, g),
+        Event::Sweep(s) => sweep_text(&clock, s),
     }
+}
+
+/// What the startup sweep found already waiting: only what it found.
+fn sweep_text(clock: &str, s: &crate::events::Sweep) -> String {
+    let found: Vec<String> =
+        [(s.kernel_waits, "kernel wait(s)"), (s.netlink_waiters, "netlink request(s)"), (s.dbus_calls, "D-Bus call(s)")]
+            .iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, what)| format!("{n} {what}"))
+            .collect();
+    format!("{clock} already waiting when plegwatch started: {} (each is reported when it crosses --warn)", found.join(", "))
 }
 
 /// A wait over a level (`--waits`): its line, then its holder, cause and
@@ -954,5 +966,20 @@ mod tests {
         assert!(t.contains("\u{1b}[") && t.contains("WARN"), "{t:?}");
         let plain = render_text_with(&Event::Stall(stall()), &TextOptions { waits: true, ..Default::default() });
         assert!(!plain.contains('\u{1b}'), "{plain:?}");
+    }
+
+    #[test]
+    fn a_sweep_line_names_only_what_was_found_and_its_json_is_typed() {
+        let found = crate::events::Sweep { kernel_waits: 2, netlink_sockets: 9, dbus_calls: 1, ..Default::default() };
+        assert!(found.found_waits());
+        let line = render_text(&Event::Sweep(found.clone()));
+        assert!(line.contains("2 kernel wait(s), 1 D-Bus call(s)"), "{line}");
+        assert!(!line.contains("netlink"), "sockets alone are not waits: {line}");
+        let v = serde_json::to_value(Event::Sweep(found)).unwrap_or_default();
+        assert_eq!(v["type"], "sweep");
+        assert_eq!(v["kernel_waits"], 2);
+        assert_eq!(v["netlink_sockets"], 9);
+        let only_sockets = crate::events::Sweep { netlink_sockets: 3, ttrpc_connections: 1, ..Default::default() };
+        assert!(!only_sockets.found_waits(), "open sockets are no news");
     }
 }

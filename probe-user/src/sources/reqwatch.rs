@@ -10,7 +10,7 @@
 
 use crate::{
     clock::monotonic_ns,
-    events::{Event, Stall},
+    events::{Event, Stall, Sweep},
     graph::ttrpc::TtrpcFacts,
     graph::{
         model::{EdgeKind, Exactness, OpenWait, StartTiming, WaitKey, Who},
@@ -112,20 +112,12 @@ impl ReqWatch {
     }
 
     /// The startup sweep of every socket kind: netlink sockets already open and the
-    /// threads already blocked on them, and containerd → shim connections.
-    pub fn seed_all(&mut self, self_tgid: u32) {
-        let (socks, waiters) = self.seed(self_tgid);
-        if waiters > 0 {
-            tracing::info!(
-                netlink_sockets = socks,
-                blocked_on_them = waiters,
-                "startup sweep: threads already blocked on a netlink socket"
-            );
-        } else {
-            tracing::debug!(netlink_sockets = socks, "startup sweep: netlink sockets already open, none blocked on");
-        }
-        let shims = self.seed_ttrpc(self_tgid);
-        tracing::debug!(ttrpc_connections = shims, "startup sweep: containerd → shim connections already open");
+    /// threads already blocked on them, D-Bus calls already queued unanswered, and
+    /// containerd → shim connections; what it found goes into `found`.
+    pub fn seed_all(&mut self, self_tgid: u32, found: &mut Sweep) {
+        (found.netlink_sockets, found.netlink_waiters) = self.seed(self_tgid);
+        (found.dbus_connections, found.dbus_calls) = self.seed_dbus(self_tgid);
+        found.ttrpc_connections = self.seed_ttrpc(self_tgid);
     }
 
     /// Learns the netlink sockets that existed before plegwatch started, tells
@@ -191,18 +183,9 @@ impl ReqWatch {
                 dst_portid: 0,
             });
         }
-        let (conns, calls) = self.seed_dbus(self_tgid);
-        if calls > 0 {
-            tracing::info!(dbus_connections = conns, queued_calls = calls, "startup sweep: D-Bus calls already queued unanswered");
-        } else {
-            tracing::debug!(dbus_connections = conns, "startup sweep: D-Bus connections, no call queued");
-        }
         (seeded, self.swept.len())
     }
 
-    /// The socket generation to stamp on a seeded entry of `tgid`'s, made 0 if
-    /// the process has none yet (as the kernel does for its first socket), so
-    /// that an exec forgets the seeded sockets too. `None` if `SOCK_GEN` is full.
     /// Tracks the containerd → shim ttrpc connections that existed, as at a
     /// frame boundary (see `crate::sources::ttrpc`). Returns how many.
     pub fn seed_ttrpc(&mut self, self_tgid: u32) -> usize {
@@ -226,6 +209,9 @@ impl ReqWatch {
         self.ttrpc.seen()
     }
 
+    /// The socket generation to stamp on a seeded entry of `tgid`'s, made 0 if
+    /// the process has none yet (as the kernel does for its first socket), so
+    /// that an exec forgets the seeded sockets too. `None` if `SOCK_GEN` is full.
     fn seed_gen(&mut self, tgid: u32) -> Option<u32> {
         const BPF_NOEXIST: u64 = 1;
         let _ = self.gens.insert(tgid, 0, BPF_NOEXIST);

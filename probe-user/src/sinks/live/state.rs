@@ -73,7 +73,7 @@ impl LiveState {
                 self.resolved.truncate(RESOLVED_SHOWN);
             }
             Event::Summary(s) => self.summary = Some(s.clone()),
-            Event::Target(_) | Event::GoroutineScan(_) | Event::Stall(_) | Event::Resolved(_) | Event::Status(_) => {}
+            Event::Target(_) | Event::Sweep(_) | Event::GoroutineScan(_) | Event::Stall(_) | Event::Resolved(_) | Event::Status(_) => {}
         }
     }
 

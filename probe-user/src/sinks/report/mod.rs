@@ -220,7 +220,7 @@ impl Sink for ReportSink {
                 self.send(Job::Latency(dirs, latency), "latency.json");
             }
             Event::Status(s) => self.dropped = s.dropped.clone(),
-            Event::Ready(_) | Event::Target(_) | Event::GoroutineScan(_) => {}
+            Event::Ready(_) | Event::Target(_) | Event::Sweep(_) | Event::GoroutineScan(_) => {}
         }
     }
 }
