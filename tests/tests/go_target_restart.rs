@@ -159,8 +159,14 @@ fn upgraded_binaries_give_their_ids_back() -> Result<()> {
         ensure!(kubelet.quit()?.success(), "the fixture exited badly under the probes");
         std::fs::remove_file(&copy).context("deleting the old copy")?;
     }
-    // The 2 s poll notices the deleted copies.
-    std::thread::sleep(Duration::from_millis(4500));
+    // The 2 s poll notices each deleted copy, and says so in a `retired` target line.
+    for n in 0..UPGRADES {
+        let copy = dir.join(format!("fake-kubelet-{n}")).display().to_string();
+        let retired = plegwatch.wait_for(Duration::from_secs(10), |e| {
+            e.is("target") && e.str("/status") == Some("retired") && e.str("/binary") == Some(copy.as_str())
+        });
+        ensure!(retired.is_some(), "no retired line for {copy} within 10 s of the last upgrade");
+    }
     let events = plegwatch.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
     let summary = events.iter().find(|e| e.is("summary")).context("no summary")?;

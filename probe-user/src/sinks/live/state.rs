@@ -60,6 +60,9 @@ impl LiveState {
             Event::Target(t) if matches!(t.status, "probed" | "partial") => {
                 self.targets.insert(t.binary.clone());
             }
+            Event::Target(t) if t.status == "retired" => {
+                self.targets.remove(&t.binary);
+            }
             Event::Incident(i) => {
                 self.open.insert(i.id, Seen { at: now, item: (**i).clone() });
             }

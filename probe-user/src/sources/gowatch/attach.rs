@@ -488,7 +488,11 @@ impl Attacher {
                 self.funcs.remove(id);
             }
             self.retired += 1;
-            tracing::info!(target = target.name, binary = %path.display(), ids = ids.len(), "binary replaced on disk and no longer run: probes removed, ids freed");
+            tracing::debug!(target = target.name, binary = %path.display(), ids = ids.len(), "retired: probes removed, ids freed");
+            out.push(Event::Target(crate::events::Target {
+                why: Some("replaced on disk and no longer run: its probes are removed".into()),
+                ..crate::events::Target::new(target.name, "retired", 0, &path, "poll")
+            }));
             if by_flag {
                 let _ = self.attach_path(ebpf, target.name, &path, out);
             }
