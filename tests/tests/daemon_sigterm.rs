@@ -51,8 +51,12 @@ fn daemon_counts_a_flood_and_exits_0_on_sigterm_with_its_final_bundle() -> Resul
     let reports = tmp.path().join("reports");
     let reports_arg = reports.display().to_string();
     let mut daemon = Daemon::start(&["--warn", "1s", "--report-dir", &reports_arg], READY_TIMEOUT)?;
-    // The daemon finds the fixture by its exec or its 2 s /proc poll.
-    std::thread::sleep(Duration::from_secs(3));
+    // The daemon finds the fixture by its exec or its 2 s /proc poll: its relist clock for
+    // the fixture (a relist seen under the probes) is in /metrics once it has.
+    let clock = format!("plegwatch_relist_age_seconds{{pid=\"{kpid}\"}}");
+    canary::poll(Duration::from_secs(10), "the fixture's relist clock in /metrics", || {
+        daemon.metrics().ok().filter(|t| t.lines().any(|l| l.starts_with(&clock)))
+    })?;
 
     kubelet.block_next()?;
     kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after block")?;

@@ -52,8 +52,13 @@ fn one_incident_from_run_pod_sandbox_to_the_daemons_netlink_request() -> Result<
     let mut pw = Plegwatch::start(&["--warn", &format!("{}ms", WARN.as_millis())])?;
     pw.wait_ready(READY_TIMEOUT)?;
     pw.wait_probed(ctrd.pid(), Duration::from_secs(30))?;
-    // containerd's CNI config watcher picks up the config written after it started.
-    std::thread::sleep(Duration::from_secs(2));
+    // containerd's CNI config watcher picks up the config written after it started: wait
+    // until its Status says the pod network is ready.
+    let deadline = Instant::now() + plegwatch_scenarios::timing::scaled(Duration::from_secs(30));
+    while !cri.network_ready()? {
+        ensure!(Instant::now() < deadline, "containerd never loaded the CNI config:\n{}", ctrd.log_tail(30));
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     let config = terway::pod_network_pod("terway-seed", &ctrd)?;
     let sent = Instant::now();

@@ -121,6 +121,15 @@ impl Cri {
         self.runtime_call("Version", |mut c, t| async move { c.version(req(api::VersionRequest::default(), t)).await })
     }
 
+    /// Whether the runtime says its pod network is ready: `Status`'s `NetworkReady`
+    /// condition (containerd: a CNI config is loaded, which its config watcher does a
+    /// moment after the file is written).
+    pub fn network_ready(&self) -> Result<bool> {
+        let request = api::StatusRequest { verbose: false };
+        let r = self.runtime_call("Status", |mut c, t| async move { c.status(req(request, t)).await })?;
+        Ok(r.status.is_some_and(|s| s.conditions.iter().any(|c| c.r#type == "NetworkReady" && c.status)))
+    }
+
     /// `RunPodSandbox` with the default runtime handler; returns the sandbox id.
     pub fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> Result<String> {
         let request = api::RunPodSandboxRequest { config: Some(config.clone()), runtime_handler: String::new() };
