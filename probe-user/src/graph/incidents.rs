@@ -193,6 +193,37 @@ impl<'a> Graph<'a> {
     }
 }
 
+/// What holds one wait, as hops: its chain from itself down to its root (then the
+/// root's holder when that is not a wait), the hop that holds it (the next one), and
+/// the cause (the root, when that is another wait). What a `stall` line is to show.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Links {
+    pub holder: Option<Hop>,
+    pub cause: Option<Hop>,
+    pub chain: Vec<Hop>,
+}
+
+impl Graph<'_> {
+    /// The links of wait `key` in this graph (empty when it is not in it).
+    pub fn links(&self, key: WaitKey, now_ns: u64, ids: &mut dyn FnMut(WaitKey) -> u64) -> Links {
+        if !self.waits.contains_key(&key) {
+            return Links::default();
+        }
+        let (path, end) = self.path(key);
+        let root_key = match end {
+            End::Cycle(_) => None,
+            _ => path.last().copied(),
+        };
+        let mut chain: Vec<Hop> = path.iter().filter_map(|k| self.hop(*k, now_ns, Some(*k) == root_key, ids)).collect();
+        if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| self.best.get(&r)).map(|e| &e.to) {
+            chain.push(terminal_hop(t));
+        }
+        let holder = chain.get(1).cloned();
+        let cause = root_key.filter(|r| *r != key).and_then(|_| chain.iter().find(|h| h.root).cloned());
+        Links { holder, cause, chain }
+    }
+}
+
 fn terminal_hop(t: &Terminal) -> Hop {
     Hop {
         wait_id: None,
@@ -1071,5 +1102,42 @@ mod tests {
         let mut b = builder();
         let c = b.scan(&waits, &edges, clocks(111), &|w| w.who.comm == "nobody", &mut ids);
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_waits_links_are_its_holder_its_root_and_the_chain_between() {
+        let relist = wait(1, WaitKind::PlegRelist, "relist", 0);
+        let lock = wait(2, WaitKind::GoLock, "UpdateSync", 1);
+        let umount = wait(3, WaitKind::Umount, "umount2", 2);
+        let waits = vec![relist.clone(), lock.clone(), umount.clone()];
+        let device = Terminal { id: Some(HolderId::Device(7, 0)), kind: "device", pid: None, comm: None, what: "loop0".into() };
+        let edges = vec![
+            edge(&relist, &lock, EdgeKind::CriCall, Exactness::Inferred),
+            edge(&lock, &umount, EdgeKind::SameGoroutine, Exactness::Exact),
+            Edge {
+                from: umount.key,
+                to: HeldBy::Terminal(device),
+                kind: EdgeKind::Device,
+                evidence: "mount".into(),
+                exactness: Exactness::Exact,
+            },
+        ];
+        let g = Graph::new(&waits, &edges);
+        let mut ids = |k: WaitKey| match k {
+            WaitKey::Kernel { tid, .. } => u64::from(tid),
+            _ => 0,
+        };
+        let l = g.links(relist.key, 10 * S, &mut ids);
+        assert_eq!(l.chain.iter().map(|h| h.kind.as_str()).collect::<Vec<_>>(), ["pleg_relist", "go_lock", "umount", "device"]);
+        assert_eq!(l.holder.as_ref().and_then(|h| h.wait_id), Some(2), "held by the lock's wait");
+        assert_eq!(l.chain[0].edge, Some(EdgeKind::CriCall), "the link to the holder is on the waiter's hop");
+        let cause = l.cause.expect("a cause");
+        assert_eq!((cause.wait_id, cause.root), (Some(3), true));
+        // The root itself: held by the device, and no cause of its own.
+        let l = g.links(umount.key, 10 * S, &mut ids);
+        assert_eq!(l.holder.map(|h| h.kind), Some("device".to_string()));
+        assert!(l.cause.is_none());
+        // A wait not in the graph has no links.
+        assert_eq!(g.links(WaitKey::Kernel { tid: 99, start_ns: 0 }, 10 * S, &mut ids), Links::default());
     }
 }
