@@ -98,8 +98,26 @@ pub fn chain_text(chain: &[Value]) -> String {
 /// accepts. It must have been raised within [`RAISE_WITHIN`] of crossing `warn`,
 /// and be resolved by a line read after `lifted` (when the test lifted the fault).
 pub fn the_one(events: &[Event], warn: Duration, lifted: Option<Instant>, in_it: impl Fn(&Value) -> bool) -> Result<Incident> {
+    the_one_since(events, warn, None, lifted, in_it)
+}
+
+/// [`the_one`], among the incidents still open when the fault `began`: one that was
+/// resolved before is another problem (on a slow machine, the staging's own container
+/// start can take longer than `--warn` and raise an incident of its own, through the
+/// same Status lock).
+pub fn the_one_since(
+    events: &[Event],
+    warn: Duration,
+    began: Option<Instant>,
+    lifted: Option<Instant>,
+    in_it: impl Fn(&Value) -> bool,
+) -> Result<Incident> {
     let all = incidents(events);
-    let mine: Vec<&Incident> = all.iter().filter(|i| i.any_hop(&in_it)).collect();
+    let open_then = |i: &Incident| match (began, &i.resolved) {
+        (Some(b), Some(r)) => r.at >= b,
+        _ => true,
+    };
+    let mine: Vec<&Incident> = all.iter().filter(|i| i.any_hop(&in_it) && open_then(i)).collect();
     let listing = || {
         all.iter()
             .map(|i| format!("incident #{} ({} lines):\n{}", i.id, i.lines.len(), chain_text(&Incident::chain(i.last()))))

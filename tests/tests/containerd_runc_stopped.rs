@@ -224,7 +224,10 @@ fn one_incident(w: &Watched<Bed>) -> Result<()> {
     let o = &w.outcome;
     let all = || w.all();
     let is_holder = |h: &serde_json::Value| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync"));
-    let i = incidents::the_one(&w.events, w.warn, Some(o.continued), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
+    // Among the incidents still open once runc was seen stopped: the staging's own
+    // container start may raise one of its own on a slow machine (see the 9770 scenario).
+    let i = incidents::the_one_since(&w.events, w.warn, Some(o.stop_seen), Some(o.continued), is_holder)
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
     // The chain as it stood before runc was continued: holder -> shim -> runc (T).
     let line = i
         .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process"))

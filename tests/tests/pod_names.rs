@@ -55,7 +55,10 @@ fn check(w: &Watched<Bed>) -> Result<()> {
     let (pod, namespace) = (meta.name.as_str(), meta.namespace.as_str());
     assert_eq!((pod, namespace), ("runcstopped", "plegwatch"), "the bed's pod");
     let is_holder = |h: &Value| h["kind"] == "go_lock" && h["what"].as_str().is_some_and(|s| s.contains("UpdateSync"));
-    let i = incidents::the_one(&w.events, w.warn, Some(o.continued), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
+    // Among the incidents still open once runc was seen stopped: the staging's own
+    // container start may raise one of its own on a slow machine (see the 9770 scenario).
+    let i = incidents::the_one_since(&w.events, w.warn, Some(o.stop_seen), Some(o.continued), is_holder)
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
     let line = i
         .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process"))
         .unwrap_or_else(|| panic!("incident #{} never reached the stopped runc:\n{}", i.id, all()));

@@ -41,6 +41,7 @@ use crate::{
 };
 use aya::maps::{MapData, RingBuf};
 use setup::setup;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
@@ -168,11 +169,7 @@ impl Watch {
         self.req.scan(monotonic_ns(), &mut self.out);
         let waits = KernelWaits { by_tid: self.syscalls.open_by_tid(), by_g: self.syscalls.open_by_g(), longest_by_pid: &open_waits };
         self.go.scan(monotonic_ns(), &waits, &mut self.out);
-        let mut decorate =
-            Decorate { offcpu: self.offcpu.as_ref(), ustack: &mut self.ustack, open_waits: &open_waits, pods: &mut self.pods };
-        for e in self.out.drain(..) {
-            sink.emit(&decorate.event(e));
-        }
+        self.emit_decorated(&open_waits, sink);
         self.step_graph(sink);
         self.go.poll(&mut self.ebpf, &mut self.out);
         emit_all(&mut self.out, sink);
@@ -205,8 +202,13 @@ impl Watch {
     /// Every end record of a long kernel wait.
     fn drain_ends(&mut self, ring: &mut RingBuf<MapData>, sink: &mut dyn Sink) {
         self.syscalls.drain(ring, &mut self.out);
-        let none = Default::default();
-        let mut decorate = Decorate { offcpu: self.offcpu.as_ref(), ustack: &mut self.ustack, open_waits: &none, pods: &mut self.pods };
+        self.emit_decorated(&Default::default(), sink);
+    }
+
+    /// Hands the events the sources just made to the sink, each stall decorated
+    /// (`sources::decorate`); `open_waits` is each process's longest open wait.
+    fn emit_decorated(&mut self, open_waits: &HashMap<u32, (&'static str, u64)>, sink: &mut dyn Sink) {
+        let mut decorate = Decorate { offcpu: self.offcpu.as_ref(), ustack: &mut self.ustack, open_waits, pods: &mut self.pods };
         for e in self.out.drain(..) {
             sink.emit(&decorate.event(e));
         }
