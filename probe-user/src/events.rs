@@ -9,7 +9,11 @@
 //! `status` (once a second, for the metrics). Later kinds add fields and
 //! `kind` values; the fields here stay.
 
-use crate::{levels::Level, syscalls::WaitKind};
+use crate::{
+    graph::model::{Hop, WaitKey},
+    levels::Level,
+    syscalls::WaitKind,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -31,12 +35,21 @@ pub struct Stall {
     /// kernel offers (the thread has not run since).
     pub started_before_attach: bool,
     pub detail: Value,
-    pub holder: Option<Value>,
-    /// The root wait the chain leads to (e.g. a shim's umount, a stopped
-    /// runc), when plegwatch could follow it.
+    /// What holds this wait: the next hop down its chain (another wait, or a
+    /// process, device or the kernel); `None` when nothing is known to. Decided by
+    /// the wait-for graph, as the incidents' hops are.
+    pub holder: Option<Hop>,
+    /// The root wait the chain leads to (e.g. a shim's umount), when that is
+    /// another wait.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cause: Option<Value>,
-    pub chain: Vec<Value>,
+    pub cause: Option<Hop>,
+    /// This wait's hops, from itself down to its root, then the root's holder when
+    /// that is not a wait (empty when nothing holds it). The first hop carries the
+    /// link to the holder (`edge`, `evidence`, `exactness`).
+    pub chain: Vec<Hop>,
+    /// The wait's name in the wait-for graph, to find its links there.
+    #[serde(skip)]
+    pub wait: Option<WaitKey>,
     pub kernel_stack: Vec<String>,
     /// Outermost frame last, as `kernel_stack`; named on the way out (see `sources::decorate`).
     pub user_stack: Vec<String>,
@@ -79,9 +92,15 @@ pub struct ProbeChoice {
     pub seed_chain: bool,
 }
 
+/// The version of this contract, in the `ready` line. 2: a `stall` line's `holder`,
+/// `cause` and `chain` are hops, as an incident's are (1: free-form objects).
+pub const CONTRACT: u32 = 2;
+
 /// Printed once every probe is attached.
 #[derive(Clone, Debug, Serialize)]
 pub struct Ready {
+    /// [`CONTRACT`].
+    pub contract: u32,
     pub pid: u32,
     pub probes: Vec<ProbeChoice>,
     pub warn_s: f64,
@@ -351,7 +370,7 @@ pub enum Event {
     Sweep(Sweep),
     Target(Target),
     GoroutineScan(GoroutineScan),
-    Stall(Stall),
+    Stall(Box<Stall>),
     Resolved(Resolved),
     Summary(Summary),
     Incident(Box<crate::graph::incidents::Incident>),

@@ -487,8 +487,8 @@ pub struct ExpectedStall<'a> {
     /// The call as `dbus-monitor` saw it go out (serial, sender, path, interface, member).
     pub call: &'a Seen,
     pub service_pid: u32,
-    /// `name_owner` (asked of the bus) or `unread_queue` (found queued in the service).
-    pub holder_kind: &'a str,
+    /// Words the link to the holder (the stall's first hop's evidence) must contain.
+    pub holder_link: &'a str,
     pub before_attach: bool,
 }
 
@@ -524,11 +524,22 @@ pub fn assert_dbus_stall(stall: &crate::Event, want: &ExpectedStall, all: &dyn F
     for (key, value) in expected {
         assert_eq!(field(&format!("/detail/{key}")), value, "{}", bad(&format!("detail.{key} is not the monitor's")));
     }
-    let holder =
-        [("kind", json!(want.holder_kind)), ("pid", json!(want.service_pid)), ("comm", json!("dbus-test-tool")), ("state", json!("T"))];
-    for (key, value) in holder {
+    // The holder, from the wait-for graph: the stopped service, linked by who owns the
+    // name (or whose socket the call sits unread in).
+    for (key, value) in [("pid", json!(want.service_pid)), ("comm", json!("dbus-test-tool"))] {
         assert_eq!(field(&format!("/holder/{key}")), value, "{}", bad(&format!("holder.{key}")));
     }
+    if field("/holder/kind") == json!("process") {
+        assert!(field("/holder/what").as_str().is_some_and(|w| w.contains("state T")), "{}", bad("the holder is not stopped"));
+    }
+    assert_eq!(field("/chain/0/edge"), json!("dbus_owner"), "{}", bad("chain[0].edge"));
+    assert_eq!(field("/chain/0/exactness"), json!("exact"), "{}", bad("chain[0].exactness"));
+    let link = field("/chain/0/evidence");
+    assert!(
+        link.as_str().is_some_and(|e| e.contains(want.holder_link)),
+        "{}",
+        bad(&format!("the link does not say {:?}", want.holder_link))
+    );
     let waited = stall.f64("/waited_s").unwrap_or(f64::NAN);
     let budget = stall.f64("/budget_used").unwrap_or(f64::NAN);
     assert!((budget - waited / crate::stall::PLEG_BUDGET_S).abs() < 0.005, "{}", bad("budget_used is not waited_s/180"));

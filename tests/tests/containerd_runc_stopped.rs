@@ -173,9 +173,10 @@ fn lock_hold_is_blamed(w: &Watched<Bed>) {
     let gets = lock.u64("/detail/waiting_gets").unwrap_or(0);
     assert!(gets >= 1, "no ListContainers Get waiting on the held lock:\n{}", all());
 
-    // Who holds it: the container's shim.
-    assert_eq!(lock.str("/holder/kind"), Some("shim"), "{}", all());
-    assert_eq!(lock.u64("/holder/pid"), Some(u64::from(o.shim.pid)), "the holder should be the container's shim:\n{}", all());
+    // Who holds it (from the wait-for graph, as the incident's hops): the container's shim,
+    // by the ttrpc request the holder's goroutine has outstanding on its socket.
+    assert_eq!(lock.u64("/holder/pid"), Some(u64::from(o.shim.pid)), "the holder should be in the container's shim:\n{}", all());
+    assert_eq!(lock.str("/chain/0/edge"), Some("ttrpc"), "{}", all());
 
     // The CRI handler stuck behind the runc.
     let update = w
@@ -197,10 +198,17 @@ fn lock_hold_is_blamed(w: &Watched<Bed>) {
         "the UpdateContainerResources call should name its container:\n{}",
         all()
     );
-    assert_eq!(lock.str("/cause/kind"), Some("process_stopped"), "the lock hold should carry its cause:\n{}", all());
-    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(o.runc_pid)), "the cause should be the stopped runc:\n{}", all());
-    assert_eq!(lock.str("/cause/comm"), Some(RUNC_COMM), "{}", all());
-    assert_eq!(lock.str("/cause/state"), Some("T"), "{}", all());
+    // Its chain ends at the stopped runc: the shim's task call (the root wait) is held by it.
+    assert_eq!(lock.u64("/cause/pid"), Some(u64::from(o.shim.pid)), "the root wait should be the shim's:\n{}", all());
+    let chain = lock.get("/chain").and_then(|c| c.as_array()).cloned().unwrap_or_default();
+    let end = chain.last().cloned().unwrap_or_default();
+    assert_eq!(
+        (end["kind"].as_str(), end["pid"].as_u64(), end["comm"].as_str()),
+        (Some("process"), Some(u64::from(o.runc_pid)), Some(RUNC_COMM)),
+        "the lock hold's chain should end at the stopped runc:\n{}",
+        all()
+    );
+    assert!(end["what"].as_str().is_some_and(|s| s.contains("state T")), "{}", all());
 
     eprintln!(
         "lock held {held:.3}s (update blocked {blocked:.3}s, runc stopped {:.3}s), {gets} Gets waiting, cause runc pid {}",

@@ -187,13 +187,23 @@ fn one_incident(version: Version) -> Result<()> {
         ("/detail/interface", Value::from(MANAGER)),
         ("/detail/serial", Value::from(o.call.serial)),
         ("/detail/sender", Value::from(o.call.sender.clone())),
-        ("/holder/kind", Value::from("name_owner")),
         ("/holder/pid", Value::from(o.systemd_pid)),
-        ("/holder/state", Value::from("T")),
-        ("/holder/bus", Value::from(BUS_SOCKET)),
-        ("/holder/bus_reached_at", Value::from(format!("/proc/{}/root{BUS_SOCKET}", o.bus_daemon_pid))),
+        ("/chain/0/edge", Value::from("dbus_owner")),
+        ("/chain/0/exactness", Value::from("exact")),
     ] {
         assert_eq!(stall.get(field), Some(&want), "dbus_call stall {field}:\n{}", all());
+    }
+    // The link names the bus as its daemon bound it, and where plegwatch reached it.
+    let evidence = stall.str("/chain/0/evidence").unwrap_or_default();
+    let reached = format!("/proc/{}/root{BUS_SOCKET}", o.bus_daemon_pid);
+    assert!(
+        evidence.contains(&format!("owner of {SYSTEMD} on the bus {BUS_SOCKET}, asked at {reached}")),
+        "dbus_call stall's link: {evidence}\n{}",
+        all()
+    );
+    // The frozen systemd, as the holder: stopped (when it has no open wait of its own).
+    if stall.str("/holder/kind") == Some("process") {
+        assert!(stall.str("/holder/what").is_some_and(|w| w.contains("state T")), "{}", all());
     }
 
     // One incident, raised within 1 s of --warn, resolved after the thaw.

@@ -5,7 +5,7 @@
 //! calls, and only a head start later does plegwatch start. It never saw the calls being
 //! written; its startup sweep must find them queued unread in the frozen service's socket and
 //! report them at once, marked `started_before_attach`, with the service as holder
-//! (`unread_queue`) and a `waited_s` that is a lower bound of the call's real age, then resolve
+//! (the call sits unread in its socket) and a `waited_s` that is a lower bound of the call's real age, then resolve
 //! them once the service is thawed.
 //!
 //! - `dbus_send_call_made_before_start_is_swept`: `dbus-send` (one thread) with a 10 s head
@@ -164,7 +164,7 @@ fn swept(caller: Caller, head_start: Duration) -> anyhow::Result<Vec<Event>> {
                 comm: caller.comm(),
                 call,
                 service_pid: service.pid(),
-                holder_kind: "unread_queue",
+                holder_link: "sits unread in this process's socket",
                 before_attach: true,
             },
             &all,

@@ -54,8 +54,8 @@ struct Expect<'a> {
     flags: &'a str,
     seq: u32,
     reply_expected: bool,
-    /// `holder.kind`, if the test checks it.
-    holder: Option<&'a str>,
+    /// The link to the holder (`chain[0].edge`) and the holder's kind.
+    holder: Option<(&'a str, &'a str)>,
 }
 
 fn route_expect() -> Expect<'static> {
@@ -65,7 +65,7 @@ fn route_expect() -> Expect<'static> {
         flags: "REQUEST",
         seq: ROUTE_SEQ,
         reply_expected: false,
-        holder: Some("kernel"),
+        holder: Some(("no_reply", "kernel")),
     }
 }
 
@@ -105,8 +105,9 @@ fn assert_fresh_stall(events: &[Event], stall: &Event, client: &Client, want: &E
     assert_eq!(field("/detail/flags"), want.flags, "{}", bad("wrong detail.flags"));
     assert_eq!(field("/detail/seq"), want.seq, "{}", bad("wrong detail.seq"));
     assert_eq!(field("/detail/reply_expected"), want.reply_expected, "{}", bad("wrong detail.reply_expected"));
-    if let Some(kind) = want.holder {
-        assert_eq!(field("/holder/kind"), kind, "{}", bad("wrong holder.kind"));
+    if let Some((edge, holder)) = want.holder {
+        assert_eq!(field("/chain/0/edge"), edge, "{}", bad("wrong chain[0].edge (the link to the holder)"));
+        assert_eq!(field("/holder/kind"), holder, "{}", bad("wrong holder.kind"));
     }
 
     let arrived = stall.at.duration_since(client.sent).as_secs_f64();
@@ -250,7 +251,7 @@ fn usersock_request_to_silent_peer_is_flagged() -> anyhow::Result<()> {
             flags: "REQUEST|ACK",
             seq: USERSOCK_SEQ,
             reply_expected: true,
-            holder: Some("netlink_peer"),
+            holder: Some(("netlink_peer", "process")),
         },
     );
     assert_eq!(
@@ -260,7 +261,12 @@ fn usersock_request_to_silent_peer_is_flagged() -> anyhow::Result<()> {
         peer.pid,
         dump(&events, client.sent)
     );
-    assert_eq!(stall.get("/holder/portid"), Some(&json!(USERSOCK_PORTID)), "{}", dump(&events, client.sent));
+    let evidence = stall.str("/chain/0/evidence").unwrap_or_default();
+    assert!(
+        evidence.contains(&format!("port id {USERSOCK_PORTID} ")),
+        "the link names the port id: {evidence}\n{}",
+        dump(&events, client.sent)
+    );
     assert!(
         !events.iter().any(|e| e.is_about("stall", peer.pid)),
         "the usersock peer (pid {}), which never received, was reported:\n{}",

@@ -1,26 +1,27 @@
 //! The wait-for graph's step of a scan: every source's open waits and facts are
-//! gathered into a [`Snapshot`], `graph::scan` turns them into changes, and each
-//! change goes to the sink with its hops named by pod.
+//! gathered into a [`Snapshot`], `graph::scan` turns them into changes, the scan's
+//! `stall` lines take their links from the same graph, and each change is handed
+//! back with its hops named by pod.
 
 use super::{lookups, Watch};
 use crate::{
     clock::monotonic_ns,
-    events::{Event, Sink},
+    events::{Event, Stall},
     graph::{
         ids,
         incidents::{Change, Clocks},
-        model::Hop,
+        model::WaitKey,
         scan::{scan, Snapshot},
     },
-    observe::k8s::Pods,
-    sources::{children::ChildWaits, parked},
+    sources::{children::ChildWaits, decorate::name_pods, parked},
 };
 use std::time::SystemTime;
 
 impl Watch {
-    /// The wait-for graph's step: every source's open waits and facts, the graph's
-    /// changes to the sink, each hop named with its pod.
-    pub(super) fn step_graph(&mut self, sink: &mut dyn Sink) {
+    /// The wait-for graph's step: every source's open waits and facts in; each `stall`
+    /// event the sources just made (in `out`) takes its holder, cause and chain from
+    /// the graph; the graph's changes out, each hop named with its pod.
+    pub(super) fn step_graph(&mut self) -> Vec<Event> {
         let now = monotonic_ns();
         let mut waits = self.syscalls.open_waits().to_vec();
         waits.extend(self.req.open_waits().iter().cloned());
@@ -49,6 +50,23 @@ impl Watch {
                 scanned.waits.iter().filter(|w| now.saturating_sub(w.start_ns) >= parked::ANCHOR_MIN_NS).map(|w| w.who.pid).collect(),
             );
         }
+        // The stall lines' holders: decided here, once, as the incidents' hops are.
+        let mut stalls: Vec<&mut Stall> = self
+            .out
+            .iter_mut()
+            .filter_map(|e| match e {
+                Event::Stall(s) => Some(&mut **s),
+                _ => None,
+            })
+            .filter(|s| s.wait.is_some())
+            .collect();
+        let keys: Vec<WaitKey> = stalls.iter().filter_map(|s| s.wait).collect();
+        for (s, links) in stalls.iter_mut().zip(scanned.links(&keys, now, &mut ids::id_of)) {
+            s.holder = links.holder;
+            s.cause = links.cause;
+            s.chain = links.chain;
+        }
+        let mut events = Vec::new();
         for change in scanned.changes {
             let event = match change {
                 Change::Raised(mut i) => {
@@ -61,17 +79,8 @@ impl Watch {
                     Event::IncidentResolved(r)
                 }
             };
-            sink.emit(&event);
+            events.push(event);
         }
-    }
-}
-
-/// Each hop's pod and container, by its process, as the incident is printed (after the
-/// incident builder decided what changed: names never make a line of their own).
-fn name_pods<'h>(hops: impl Iterator<Item = &'h mut Hop>, pods: &mut Pods) {
-    for h in hops {
-        if let Some(pid) = h.pid {
-            h.pod = pods.of_pid(pid);
-        }
+        events
     }
 }

@@ -31,8 +31,7 @@ use crate::{
         children::ChildWaits,
         decorate::Decorate,
         devices::DeviceIo,
-        gowatch::{chain::KernelWaits, Background, GoWatch},
-        inflight::note_open,
+        gowatch::{thread_waits::KernelWaits, Background, GoWatch},
         offcpu::OffCpu,
         parked::Sampler,
         reqwatch::ReqWatch,
@@ -41,7 +40,6 @@ use crate::{
 };
 use aya::maps::{MapData, RingBuf};
 use setup::setup;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::{io::unix::AsyncFd, signal::unix::SignalKind};
 
@@ -58,6 +56,7 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).map_err(|e| WatchError::Io("SIGINT handler", e))?;
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(|e| WatchError::Io("SIGTERM handler", e))?;
     sink.emit(&Event::Ready(Ready {
+        contract: crate::events::CONTRACT,
         pid: w.me,
         probes: choices.iter().map(Choice::to_output).collect(),
         warn_s: w.cfg.thresholds.warn.as_secs_f64(),
@@ -161,16 +160,11 @@ impl Watch {
         // Short Go calls and socket records are queued without a wakeup: take them now.
         self.drain_go(rings.go.get_mut(), sink);
         self.drain_sock(rings.sock.get_mut());
-        let mut open_waits = self.syscalls.open_by_pid().clone();
-        for (pid, (kind, start)) in self.req.open_by_pid() {
-            note_open(&mut open_waits, pid, kind, start);
-        }
         self.syscalls.scan(&mut self.out);
         self.req.scan(monotonic_ns(), &mut self.out);
-        let waits = KernelWaits { by_tid: self.syscalls.open_by_tid(), by_g: self.syscalls.open_by_g(), longest_by_pid: &open_waits };
+        let waits = KernelWaits { by_tid: self.syscalls.open_by_tid(), by_g: self.syscalls.open_by_g() };
         self.go.scan(monotonic_ns(), &waits, &mut self.out);
-        self.emit_decorated(&open_waits, sink);
-        self.step_graph(sink);
+        self.step_and_emit(sink);
         self.go.poll(&mut self.ebpf, &mut self.out);
         emit_all(&mut self.out, sink);
         self.drops.check(&self.ebpf);
@@ -202,13 +196,23 @@ impl Watch {
     /// Every end record of a long kernel wait.
     fn drain_ends(&mut self, ring: &mut RingBuf<MapData>, sink: &mut dyn Sink) {
         self.syscalls.drain(ring, &mut self.out);
-        self.emit_decorated(&Default::default(), sink);
+        self.emit_decorated(sink);
+    }
+
+    /// The graph's step over the waits the sources just scanned: their `stall` lines
+    /// take their holders from it and go first, then the incidents' changes.
+    fn step_and_emit(&mut self, sink: &mut dyn Sink) {
+        let changes = self.step_graph();
+        self.emit_decorated(sink);
+        for e in changes {
+            sink.emit(&e);
+        }
     }
 
     /// Hands the events the sources just made to the sink, each stall decorated
-    /// (`sources::decorate`); `open_waits` is each process's longest open wait.
-    fn emit_decorated(&mut self, open_waits: &HashMap<u32, (&'static str, u64)>, sink: &mut dyn Sink) {
-        let mut decorate = Decorate { offcpu: self.offcpu.as_ref(), ustack: &mut self.ustack, open_waits, pods: &mut self.pods };
+    /// (`sources::decorate`).
+    fn emit_decorated(&mut self, sink: &mut dyn Sink) {
+        let mut decorate = Decorate { offcpu: self.offcpu.as_ref(), ustack: &mut self.ustack, pods: &mut self.pods };
         for e in self.out.drain(..) {
             sink.emit(&decorate.event(e));
         }
@@ -237,8 +241,7 @@ impl Watch {
         self.drain_sock(rings.sock.get_mut());
         self.syscalls.scan(&mut self.out);
         self.req.scan(monotonic_ns(), &mut self.out);
-        emit_all(&mut self.out, sink);
-        self.step_graph(sink);
+        self.step_and_emit(sink);
         let summary = summary::summary(
             &self.ebpf,
             self.started,

@@ -16,8 +16,8 @@
 use super::{
     children::{self, ChildProcs, ChildWaitFact},
     devices::{device_edges, DeviceFact},
-    incidents::{Change, Clocks, Incidents},
-    model::{OpenWait, WaitKey},
+    incidents::{Change, Clocks, Graph, Incidents, Links},
+    model::{Edge, OpenWait, WaitKey},
     parked::{parked_graph, ParkedThread},
     requests::{answer_edges, Answerer},
     resolvers::{self, GoFacts, MutexWait},
@@ -53,6 +53,20 @@ pub struct Scanned {
     pub changes: Vec<Change>,
     /// Every wait in the graph, those the graph added (children, parked) included.
     pub waits: Vec<OpenWait>,
+    /// Every edge the resolvers found.
+    pub edges: Vec<Edge>,
+}
+
+impl Scanned {
+    /// Each of `keys`' links in this scan's graph (its holder, cause and chain, as the
+    /// incidents show them), in order; empty links for a wait not in it.
+    pub fn links(&self, keys: &[WaitKey], now_ns: u64, ids: &mut dyn FnMut(WaitKey) -> u64) -> Vec<Links> {
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let graph = Graph::new(&self.waits, &self.edges);
+        keys.iter().map(|k| graph.links(*k, now_ns, ids)).collect()
+    }
 }
 
 /// One scan (see the module doc). `keep` says which waits may make incidents (the
@@ -95,7 +109,7 @@ pub fn scan<L: Lookups>(
     edges.extend(mutex_edges);
     edges.extend(device_edges(&devices));
     let changes = incidents.scan(&waits, &edges, clocks, keep, ids);
-    Scanned { changes, waits }
+    Scanned { changes, waits, edges }
 }
 
 #[cfg(test)]
@@ -268,6 +282,36 @@ mod tests {
         assert_eq!(raised.len(), 1);
         let last = raised[0].chain.last().map(|h| (h.kind.as_str(), h.pid));
         assert_eq!(last, Some(("process", Some(61))), "{:?}", raised[0].chain);
+    }
+
+    /// A `stall` line's holder, cause and chain are the incident's hops from that wait
+    /// down: decided once, by the same graph.
+    #[test]
+    fn a_waits_links_are_the_incidents_hops_from_it_down() {
+        let request = OpenWait {
+            key: WaitKey::Netlink { sock: 20 << 32 | 3, start_ns: 0 },
+            ..kernel_wait(20, 21, WaitKind::NetlinkRequest, "usersock", 0)
+        };
+        let theirs = kernel_wait(30, 31, WaitKind::Umount, "umount2 /z", 1);
+        let mut s = snapshot(15, vec![request.clone(), theirs.clone()]);
+        s.answers = vec![(
+            request.key,
+            Answerer { pid: Some(30), kind: EdgeKind::NetlinkPeer, exactness: Exactness::Exact, evidence: "port id 9".into() },
+        )];
+        let device = Terminal { id: Some(HolderId::Device(7, 0)), kind: "device", pid: None, comm: None, what: "block device 7:0".into() };
+        s.devices = vec![DeviceFact { wait: theirs.key, device, how: "the mount's device".into() }];
+        let out = scan(&mut incidents(), s, &mut World::default(), &|_| true, &mut ids);
+        let raised = raised(&out);
+        assert_eq!(raised.len(), 1);
+        let links = out.links(&[request.key, theirs.key, WaitKey::Kernel { tid: 99, start_ns: 0 }], 15 * S, &mut ids);
+        assert_eq!(links[0].chain, raised[0].chain, "the requester's chain is the incident's");
+        assert_eq!(links[0].holder.as_ref().map(|h| (h.kind.as_str(), h.pid)), Some(("umount", Some(30))));
+        assert_eq!(links[0].chain[0].evidence.as_deref(), Some("port id 9"), "the link to the holder, on the waiter's hop");
+        assert_eq!(links[0].cause.as_ref().map(|h| h.wait_id), Some(Some(31)), "the root wait");
+        assert_eq!(links[1].chain, raised[0].chain[1..], "the holder's own chain is the rest");
+        assert_eq!(links[1].holder.as_ref().map(|h| h.kind.as_str()), Some("device"));
+        assert!(links[1].cause.is_none(), "the root has no cause of its own");
+        assert_eq!(links[2], Default::default(), "a wait not in the graph has no links");
     }
 
     #[test]

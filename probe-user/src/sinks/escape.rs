@@ -123,9 +123,7 @@ pub fn escaped(event: &Event) -> Cow<'_, Event> {
             fix(&mut s.comm);
             fix(&mut s.started_at);
             fix_value(&mut s.detail);
-            s.holder.iter_mut().for_each(fix_value);
-            s.cause.iter_mut().for_each(fix_value);
-            s.chain.iter_mut().for_each(fix_value);
+            s.holder.iter_mut().chain(s.cause.iter_mut()).chain(s.chain.iter_mut()).for_each(fix_hop);
             fix_all(&mut s.kernel_stack);
             fix_all(&mut s.user_stack);
             fix_pod(&mut s.pod);
@@ -209,7 +207,7 @@ mod tests {
             serde_json::json!({"target": "/mnt/\u{1b}[1A", "n": 3}),
         );
         s.user_stack = vec!["main.\u{9b}evil".into()];
-        let e = Event::Stall(s);
+        let e = Event::Stall(Box::new(s));
         let Cow::Owned(Event::Stall(out)) = escaped(&e) else { panic!("not escaped") };
         assert_eq!(out.comm, "x\\x1b[2J\\x0aFAKE");
         assert_eq!(out.detail["target"], "/mnt/\\x1b[1A");

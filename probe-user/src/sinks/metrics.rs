@@ -530,7 +530,14 @@ mod tests {
     #[test]
     fn an_incident_turns_the_series_on_and_back_to_zero() {
         let (mut sink, exp) = metrics();
-        sink.emit(&Event::Ready(Ready { pid: 1, probes: vec![], warn_s: 2.0, critical_s: 60.0, imminent_s: 150.0 }));
+        sink.emit(&Event::Ready(Ready {
+            contract: crate::events::CONTRACT,
+            pid: 1,
+            probes: vec![],
+            warn_s: 2.0,
+            critical_s: 60.0,
+            imminent_s: 150.0,
+        }));
         sink.emit(&incident(7, Level::Warn, vec![]));
         let status = Status {
             incidents: vec![OpenBudget { id: 7, level: Level::Critical, budget_used: 0.4, waited_s: 72.0 }],
@@ -639,7 +646,7 @@ mod tests {
     fn open_waits_by_kind_and_level() {
         let (mut sink, exp) = metrics();
         let stall = |id, level| {
-            Event::Stall(Stall {
+            Event::Stall(Box::new(Stall {
                 pod: Default::default(),
                 level,
                 id,
@@ -655,10 +662,11 @@ mod tests {
                 holder: None,
                 cause: None,
                 chain: vec![],
+                wait: None,
                 kernel_stack: vec![],
                 user_stack: vec![],
                 user_stack_id: -1,
-            })
+            }))
         };
         sink.emit(&stall(1, Level::Warn));
         sink.emit(&stall(2, Level::Warn));

@@ -284,79 +284,27 @@ fn stack_text(frames: &[String], full: bool) -> String {
     out
 }
 
-/// A container id cut to the 12 digits people use.
-fn short_id(v: &Value) -> Option<&str> {
-    v.as_str().map(|id| id.get(..12).unwrap_or(id))
-}
-
-/// `exact` or `inferred`, from a link's `exact` flag.
-fn exactness(v: &Value) -> &'static str {
-    match v.get("exact").and_then(Value::as_bool) {
-        Some(false) => "inferred",
-        _ => "exact",
+/// A stall's holder or cause in words: what it is, who, and for how long.
+fn hop_words(h: &Hop) -> String {
+    let age = h.waited_s.map(|w| format!(" for {}", human_secs(w))).unwrap_or_default();
+    match (h.pid, &h.comm) {
+        (None, None) => format!("{}: {}", h.kind, h.what),
+        _ => format!("{} {}{age} [{}]", h.kind, h.what, h.who()),
     }
 }
 
-/// A holder in words: a shim with its open task calls, else its fields.
-fn holder_text(h: &Value) -> String {
-    if h.get("kind").and_then(Value::as_str) != Some("shim") {
-        return detail_text(h);
-    }
-    let mut out = format!("shim pid={} {} ({})", h["pid"], h.get("comm").and_then(Value::as_str).unwrap_or("?"), exactness(h));
-    let calls = h.get("calls").and_then(Value::as_array).cloned().unwrap_or_default();
-    for c in &calls {
+/// A stall's holder in words, with the link to it (`link`: the stall's own hop).
+fn holder_text(link: Option<&Hop>, h: &Hop) -> String {
+    let mut out = hop_words(h);
+    if let Some((edge, l)) = link.and_then(|l| l.edge.map(|e| (e, l))) {
         out.push_str(&format!(
-            "; {} container={} open {:.1}s",
-            c.get("function").and_then(Value::as_str).unwrap_or("?"),
-            short_id(&c["container"]).unwrap_or("?"),
-            c.get("open_s").and_then(Value::as_f64).unwrap_or(0.0)
+            "\n      via {} ({}): {}",
+            edge.as_str(),
+            l.exactness.map(|x| x.as_str()).unwrap_or("?"),
+            l.evidence.as_deref().unwrap_or("")
         ));
-        if let Some(w) = c.get("thread_wait").filter(|w| !w.is_null()) {
-            out.push_str(&format!(
-                " in {} ({})",
-                w.get("syscall").and_then(Value::as_str).unwrap_or("a syscall"),
-                w.get("phase").and_then(Value::as_str).unwrap_or("?")
-            ));
-        }
-    }
-    if calls.is_empty() {
-        if let Some(why) = h.get("why").and_then(Value::as_str) {
-            out.push_str(&format!("; {why}"));
-        }
     }
     out
-}
-
-/// A cause in words: a kernel wait where, or a process in what state.
-fn cause_text(c: &Value) -> String {
-    let kind = c.get("kind").and_then(Value::as_str).unwrap_or("?");
-    let who = format!(
-        "{} pid={}{}",
-        c.get("comm").and_then(Value::as_str).unwrap_or("?"),
-        c["pid"],
-        c.get("tid").map(|t| format!(" tid={t}")).unwrap_or_default()
-    );
-    let text = match kind {
-        "process_stopped" | "process_blocked" | "child_process" => format!(
-            "{who} is {} (state {}{}), a child of pid {}",
-            match kind {
-                "process_stopped" => "stopped",
-                "process_blocked" => "blocked",
-                _ => "running",
-            },
-            c.get("state").and_then(Value::as_str).unwrap_or("?"),
-            c.get("wchan").and_then(Value::as_str).map(|w| format!(", in {w}")).unwrap_or_default(),
-            c["parent"]
-        ),
-        _ => format!(
-            "{}{} for {:.1}s in {who}{}",
-            c.get("syscall").and_then(Value::as_str).unwrap_or(kind),
-            c.get("phase").and_then(Value::as_str).map(|p| format!(" ({p})")).unwrap_or_default(),
-            c.get("waited_s").and_then(Value::as_f64).unwrap_or(0.0),
-            c.get("via").and_then(Value::as_str).map(|v| format!(", via {v}")).unwrap_or_default()
-        ),
-    };
-    format!("{text} ({})", exactness(c))
 }
 
 /// The text form of an event (no trailing newline), with the default options.
@@ -446,11 +394,11 @@ fn stall_text(clock: &str, s: &crate::events::Stall, opts: &TextOptions) -> Stri
     );
     if let Some(h) = &s.holder {
         out.push_str("\n    holder: ");
-        out.push_str(&holder_text(h));
+        out.push_str(&holder_text(s.chain.first(), h));
     }
     if let Some(c) = &s.cause {
         out.push_str("\n    cause: ");
-        out.push_str(&cause_text(c));
+        out.push_str(&hop_words(c));
     }
     if !s.kernel_stack.is_empty() {
         out.push_str("\n    kernel: ");
@@ -604,6 +552,7 @@ mod tests {
             holder: None,
             cause: None,
             chain: vec![],
+            wait: None,
             kernel_stack: vec!["folio_wait_bit".into(), "sync_filesystem".into()],
             user_stack: vec![],
             user_stack_id: -1,
@@ -613,7 +562,7 @@ mod tests {
     #[test]
     fn json_contract_fields() {
         let mut buf = Vec::new();
-        JsonSink(&mut buf).emit(&Event::Stall(stall()));
+        JsonSink(&mut buf).emit(&Event::Stall(Box::new(stall())));
         let v: Value = serde_json::from_slice(&buf).unwrap();
         for k in [
             "type",
@@ -651,7 +600,7 @@ mod tests {
             container_id: Some("ab".repeat(32)),
         };
         let mut buf = Vec::new();
-        JsonSink(&mut buf).emit(&Event::Stall(s));
+        JsonSink(&mut buf).emit(&Event::Stall(Box::new(s)));
         let v: Value = serde_json::from_slice(&buf).unwrap();
         assert_eq!(
             (v["pod"].as_str(), v["namespace"].as_str(), v["container"].as_str()),
@@ -677,34 +626,40 @@ mod tests {
 
     #[test]
     fn text_lines_name_the_essentials() {
-        let t = render_text(&Event::Stall(stall()));
+        let t = render_text(&Event::Stall(Box::new(stall())));
         assert!(t.contains("WARN") && t.contains("umount") && t.contains("pid=10") && t.contains("target=/mnt/x"), "{t}");
         assert!(t.contains("folio_wait_bit < sync_filesystem"), "{t}");
     }
 
     #[test]
     fn holders_and_causes_read_as_words() {
-        let shim = json!({"kind": "shim", "pid": 7, "comm": "containerd-shim", "exact": true, "calls": [
-            {"function": "task.(*service).Update", "container": "4c694c17cc79951f4dee69cf", "open_s": 2.21, "thread_wait": null},
-            {"function": "task.(*service).Delete", "container": "4c694c17cc79951f4dee69cf", "open_s": 9.5,
-             "thread_wait": {"syscall": "umount2", "phase": "task_work"}}]});
-        let h = holder_text(&shim);
-        assert_eq!(
-            h,
-            "shim pid=7 containerd-shim (exact); task.(*service).Update container=4c694c17cc79 open 2.2s; \
-             task.(*service).Delete container=4c694c17cc79 open 9.5s in umount2 (task_work)"
+        use crate::graph::model::{EdgeKind, Exactness};
+        let mut lock =
+            hop("go_lock", 5, "UpdateSync holding Status lock 0xc000", Some(9.5), Some((EdgeKind::Ttrpc, Exactness::Exact)), false);
+        lock.evidence = Some("ttrpc stream 7 on socket ino 42".into());
+        let shim = hop("go_call", 7, "(*service).Update for container 4c694c17cc79", Some(2.21), None, false);
+        let umount = hop("umount", 7, "umount2 /run/x (task_work)", Some(20.04), None, true);
+        let mut s = stall();
+        s.holder = Some(shim.clone());
+        s.cause = Some(umount.clone());
+        s.chain = vec![lock, shim, umount];
+        let t = render_text_with(&Event::Stall(Box::new(s)), &TextOptions { waits: true, ..Default::default() });
+        assert!(
+            t.contains("holder: go_call (*service).Update for container 4c694c17cc79 for 2.2s [c7 pid=7]"),
+            "the holder, who and for how long: {t}"
         );
-        let stopped = json!({"kind": "process_stopped", "pid": 9, "comm": "runc", "state": "T", "wchan": "do_signal_stop", "parent": 7, "exact": true});
-        assert_eq!(cause_text(&stopped), "runc pid=9 is stopped (state T, in do_signal_stop), a child of pid 7 (exact)");
-        let child = json!({"kind": "child_process", "pid": 9, "comm": "runc", "state": "S", "parent": 7, "exact": true});
-        assert_eq!(cause_text(&child), "runc pid=9 is running (state S), a child of pid 7 (exact)");
-        let umount = json!({"kind": "umount", "syscall": "umount2", "phase": "task_work", "waited_s": 20.04, "pid": 7, "tid": 8,
-                            "comm": "containerd-shim", "via": "task.(*service).Delete", "exact": true});
-        assert_eq!(cause_text(&umount), "umount2 (task_work) for 20.0s in containerd-shim pid=7 tid=8, via task.(*service).Delete (exact)");
-        let inferred = json!({"kind": "umount", "pid": 7, "comm": "containerd-shim", "waited_s": 3.0, "exact": false});
-        assert_eq!(cause_text(&inferred), "umount for 3.0s in containerd-shim pid=7 (inferred)");
-        // Other holders keep their fields.
-        assert!(holder_text(&json!({"kind": "kernel", "what": "netlink route: no reply"})).contains("what=netlink route"));
+        assert!(t.contains("via ttrpc (exact): ttrpc stream 7 on socket ino 42"), "the link to it: {t}");
+        assert!(t.contains("cause: umount umount2 /run/x (task_work) for 20s [c7 pid=7]"), "{t}");
+        // A terminal holder: what it is, no age.
+        let kernel = Hop {
+            pid: None,
+            comm: None,
+            tid: None,
+            wait_id: None,
+            waited_s: None,
+            ..hop("kernel", 0, "the kernel: no reply", None, None, false)
+        };
+        assert_eq!(hop_words(&kernel), "kernel: the kernel: no reply");
     }
 
     fn hop(
@@ -829,9 +784,9 @@ mod tests {
         assert!(r.contains("RESOLVED incident #3 after 1m20s") && r.contains("pleg.(*GenericPLEG).Relist (pleg_relist) -> "), "{r}");
         // Per-wait lines only with --waits.
         let mut out = Vec::new();
-        TextSink::new(&mut out, TextOptions::default()).emit(&Event::Stall(stall()));
+        TextSink::new(&mut out, TextOptions::default()).emit(&Event::Stall(Box::new(stall())));
         assert!(out.is_empty());
-        TextSink::new(&mut out, TextOptions { waits: true, ..Default::default() }).emit(&Event::Stall(stall()));
+        TextSink::new(&mut out, TextOptions { waits: true, ..Default::default() }).emit(&Event::Stall(Box::new(stall())));
         assert!(!out.is_empty());
     }
 
@@ -867,7 +822,7 @@ mod tests {
     fn no_text_line_contains_json() {
         let mut s = stall();
         s.detail = json!({"syscall": "umount2", "target": "/mnt/x", "offcpu": {"d_sleeps": 3, "d_ms": 4200, "top": [{"comm": "jbd2", "ms": 10}]}, "flags": ["REQUEST", "ACK"]});
-        s.holder = Some(json!({"kind": "process", "pid": 5, "nested": {"a": {"b": 1}}}));
+        s.holder = Some(hop("process", 5, "stopped (state T)", None, None, false));
         s.kernel_stack = (0..20).map(|n| format!("frame_{n}")).collect();
         let opts = TextOptions { waits: true, ..Default::default() };
         let mut probes: Vec<crate::events::ProbeChoice> = ["wait_enter", "offcpu", "lock_contention"]
@@ -876,10 +831,17 @@ mod tests {
             .collect();
         probes[2].variant = "off".into();
         probes[2].why = Some("no tracepoint lock:contention_begin".into());
-        let ready = Event::Ready(crate::events::Ready { pid: 1, probes, warn_s: 2.0, critical_s: 60.0, imminent_s: 150.0 });
+        let ready = Event::Ready(crate::events::Ready {
+            contract: crate::events::CONTRACT,
+            pid: 1,
+            probes,
+            warn_s: 2.0,
+            critical_s: 60.0,
+            imminent_s: 150.0,
+        });
         let mut sum = summary();
         sum.relists = vec![json!({"pid": 4, "last": {"took_s": 0.2}})];
-        for e in [Event::Stall(s), ready.clone(), Event::Summary(sum)] {
+        for e in [Event::Stall(Box::new(s)), ready.clone(), Event::Summary(sum)] {
             let t = render_text_with(&e, &opts);
             assert!(!t.contains("{\"") && !t.contains("\":"), "JSON in a text line:\n{t}");
         }
@@ -887,7 +849,7 @@ mod tests {
             &Event::Stall({
                 let mut s = stall();
                 s.detail = json!({"offcpu": {"d_sleeps": 3}});
-                s
+                Box::new(s)
             }),
             &opts,
         );
@@ -920,7 +882,16 @@ mod tests {
                 seed_chain: loss.is_some_and(|l| l.seed_chain),
             }
         };
-        let ready = |probes| Event::Ready(crate::events::Ready { pid: 1, probes, warn_s: 2.0, critical_s: 60.0, imminent_s: 150.0 });
+        let ready = |probes| {
+            Event::Ready(crate::events::Ready {
+                contract: crate::events::CONTRACT,
+                pid: 1,
+                probes,
+                warn_s: 2.0,
+                critical_s: 60.0,
+                imminent_s: 150.0,
+            })
+        };
         let t = render_text(&ready(vec![choice("wait_enter", false), choice("socket_io", true), choice("block_io", true)]));
         assert!(t.contains("DEGRADED, not seen: netlink requests (the Terway chain)"), "{t}");
         assert!(t.contains("; the device hop under writeback waits"), "{t}");
@@ -962,9 +933,9 @@ mod tests {
     #[test]
     fn colour_by_level_only_when_asked() {
         let opts = TextOptions { waits: true, color: true, ..Default::default() };
-        let t = render_text_with(&Event::Stall(stall()), &opts);
+        let t = render_text_with(&Event::Stall(Box::new(stall())), &opts);
         assert!(t.contains("\u{1b}[") && t.contains("WARN"), "{t:?}");
-        let plain = render_text_with(&Event::Stall(stall()), &TextOptions { waits: true, ..Default::default() });
+        let plain = render_text_with(&Event::Stall(Box::new(stall())), &TextOptions { waits: true, ..Default::default() });
         assert!(!plain.contains('\u{1b}'), "{plain:?}");
     }
 

@@ -1,7 +1,7 @@
-//! What a `stall` event gets on its way from its source to the sinks: the pod of its
-//! process, its user stack named, its thread's off-CPU figures, the holder's own
-//! longest open wait, and (for a thread waiting on a kernel mutex) the mutex's owner
-//! as its holder.
+//! What a `stall` event gets on its way from its source to the sinks: the pods of its
+//! process and of its hops, its user stack named, and its thread's off-CPU figures.
+//! Its holder, cause and chain are the graph's (see `graph::scan::Scanned::links`);
+//! nothing here changes them.
 //!
 //! The scheduler passes each source's events through [`Decorate::event`]; a
 //! `resolved` event unpins its thread's user stack.
@@ -9,22 +9,30 @@
 use crate::{
     clock::monotonic_ns,
     events::{Event, Stall},
+    graph::model::Hop,
     observe::k8s::Pods,
     observe::ustack::UserSymbolizer,
     sources::offcpu::OffCpu,
 };
 use serde_json::Value;
-use std::collections::HashMap;
 
 /// What decorates one batch of events.
 pub struct Decorate<'a> {
     pub offcpu: Option<&'a OffCpu>,
     /// Names the user stacks the kernel took at a wait's start.
     pub ustack: &'a mut UserSymbolizer,
-    /// Each process's longest open wait: (kind, start ns).
-    pub open_waits: &'a HashMap<u32, (&'static str, u64)>,
     /// Who is in which pod.
     pub pods: &'a mut Pods,
+}
+
+/// Each hop's pod and container, by its process, as its line is printed (after the
+/// graph decided what changed: names never make a line of their own).
+pub fn name_pods<'h>(hops: impl Iterator<Item = &'h mut Hop>, pods: &mut Pods) {
+    for h in hops {
+        if let Some(pid) = h.pid {
+            h.pod = pods.of_pid(pid);
+        }
+    }
 }
 
 impl Decorate<'_> {
@@ -46,16 +54,7 @@ impl Decorate<'_> {
     fn stall(&mut self, s: &mut Stall) {
         let now = monotonic_ns();
         s.pod = self.pods.of_pid(s.pid);
-        // The holder's own longest open wait, if it has one: the next link.
-        if let Some(Value::Object(h)) = &mut s.holder {
-            let pid = h.get("pid").and_then(Value::as_u64).map(|p| p as u32);
-            if let Some((kind, start)) = pid.and_then(|p| self.open_waits.get(&p)) {
-                h.insert(
-                    "longest_open_wait".into(),
-                    serde_json::json!({ "kind": kind, "waited_s": now.saturating_sub(*start) as f64 / 1e9 }),
-                );
-            }
-        }
+        name_pods(s.holder.iter_mut().chain(s.cause.iter_mut()).chain(s.chain.iter_mut()), self.pods);
         if s.user_stack.is_empty() {
             if let Some(o) = self.offcpu {
                 // Innermost first from the kernel, as the kernel stack.
@@ -69,14 +68,6 @@ impl Decorate<'_> {
         let Some(o) = self.offcpu else { return };
         if let (Some(v), Value::Object(d)) = (o.for_tid(s.tid, now), &mut s.detail) {
             d.insert("offcpu".into(), v);
-        }
-        // A thread waiting on a kernel mutex is held by its owner, before anything
-        // vaguer ("the kernel").
-        let vague = s.holder.as_ref().is_none_or(|h| h.get("kind").and_then(Value::as_str) == Some("kernel"));
-        if vague {
-            if let Some(h) = o.lock_holder(s.tid, now) {
-                s.holder = Some(h);
-            }
         }
     }
 }

@@ -398,17 +398,10 @@ pub fn stall_line<T: Item>(
         holder: None,
         cause: None,
         chain: Vec::new(),
+        wait: Some(item.wait_key()),
         kernel_stack: Vec::new(),
         user_stack: Vec::new(),
         user_stack_id: -1,
-    }
-}
-
-/// Notes in `longest` each process's earliest-started open wait.
-pub fn note_open(longest: &mut HashMap<u32, (&'static str, u64)>, tgid: u32, kind: &'static str, start_ns: u64) {
-    let e = longest.entry(tgid).or_insert((kind, start_ns));
-    if start_ns < e.1 {
-        *e = (kind, start_ns);
     }
 }
 

@@ -241,36 +241,20 @@ impl OffCpu {
         }))
     }
 
-    /// The kernel mutex `tid` waits on now, and who holds it, as a `holder`.
-    pub fn lock_holder(&self, tid: u32, now_ns: u64) -> Option<Value> {
-        let w = self.locks.get(&tid, 0).ok()?;
-        let stack = self.symbolize(w.stack_id);
-        let taken_in = lock_site(&stack);
-        let mut owner = serde_json::Map::new();
-        if w.owner_tid != 0 {
-            owner.insert("pid".into(), json!(w.owner_tid));
-            owner.insert("comm".into(), json!(procfs::comm(w.owner_tid)));
-            owner.insert("state".into(), json!(procfs::state(w.owner_tid).map(String::from)));
-            owner.insert("wchan".into(), json!(procfs::wchan(w.owner_tid)));
-            owner.insert("kernel_stack".into(), json!(procfs::kernel_stack(w.owner_tid).unwrap_or_default()));
-        }
-        Some(json!({
-            "kind": "kernel_mutex",
-            "lock": taken_in.map(|f| if f == "rtnl_lock" { "rtnl_mutex".to_string() } else { format!("mutex taken in {f}") }),
-            "lock_addr": format!("{:#x}", w.lock),
-            "waiting_s": now_ns.saturating_sub(w.start_ns) as f64 / 1e9,
-            "owner": if owner.is_empty() { Value::Null } else { Value::Object(owner) },
-            "waiter_stack": stack,
-        }))
-    }
-
     /// The kernel mutex `tid` waits on now, as the graph's mutex resolver needs it: its
-    /// owner thread (none when the lock's owner field was empty) and the lock's name.
-    pub fn mutex_wait(&self, tid: u32, now_ns: u64) -> Option<crate::graph::resolvers::MutexWait> {
-        let h = self.lock_holder(tid, now_ns)?;
-        let owner_tid = h.pointer("/owner/pid").and_then(Value::as_u64)? as u32;
-        let lock = h.get("lock").and_then(Value::as_str).unwrap_or("a kernel mutex").to_string();
-        Some(crate::graph::resolvers::MutexWait { owner_tid, lock })
+    /// owner thread (none when the lock's owner field was empty) and the lock's name
+    /// (`rtnl_mutex`, else the function that took it).
+    pub fn mutex_wait(&self, tid: u32, _now_ns: u64) -> Option<crate::graph::resolvers::MutexWait> {
+        let w = self.locks.get(&tid, 0).ok()?;
+        if w.owner_tid == 0 {
+            return None;
+        }
+        let lock = match lock_site(&self.symbolize(w.stack_id)) {
+            Some("rtnl_lock") => "rtnl_mutex".to_string(),
+            Some(f) => format!("mutex taken in {f}"),
+            None => "a kernel mutex".to_string(),
+        };
+        Some(crate::graph::resolvers::MutexWait { owner_tid: w.owner_tid, lock })
     }
 
     /// The `n` (process, stack) pairs with the most D time, for the summary.

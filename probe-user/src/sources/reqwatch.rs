@@ -37,7 +37,6 @@ use aya::{
     Ebpf,
 };
 use plegwatch_abi::{sock_maps, ttrpc_maps, Record, SockCall, SockClass, SockIo, SockKind, TtrpcPos};
-use serde_json::{json, Value};
 use std::{collections::HashMap, time::Duration};
 
 /// The receive syscalls a thread blocked on a netlink reply may sit in.
@@ -59,8 +58,6 @@ pub struct ReqWatch {
     swept_dbus: Vec<DbusOpen>,
     /// Sockets of processes seen dead are dropped at most this often.
     last_gc_ns: u64,
-    /// Each process's earliest open request at the last scan: (kind, start ns).
-    open_by_pid: HashMap<u32, (&'static str, u64)>,
     /// Every request open at the last scan, as graph nodes.
     open_waits: Vec<OpenWait>,
     /// Who answers each open request old enough to be resolved: (pid, edge
@@ -100,7 +97,6 @@ impl ReqWatch {
             swept: Vec::new(),
             swept_dbus: Vec::new(),
             last_gc_ns: 0,
-            open_by_pid: HashMap::new(),
             open_waits: Vec::new(),
             answerers: HashMap::new(),
             last_netlink: Vec::new(),
@@ -304,10 +300,6 @@ impl ReqWatch {
         );
         let mut open = self.sockets.open_netlink(&calls, now_ns);
         open.extend(self.swept.iter().cloned());
-        self.open_by_pid.clear();
-        for o in &open {
-            crate::sources::inflight::note_open(&mut self.open_by_pid, o.tgid, "netlink_request", o.start_ns);
-        }
         let actions = self.registry.scan(open.iter(), now_ns);
         self.act(actions, now_ns, out);
         self.last_netlink = open;
@@ -315,9 +307,6 @@ impl ReqWatch {
         self.swept_dbus.retain(|c| procfs::thread_exists(c.tgid) && !replies.contains(&(c.sock, c.serial)));
         let mut open = self.sockets.open_dbus(now_ns);
         open.extend(self.swept_dbus.iter().cloned());
-        for o in &open {
-            crate::sources::inflight::note_open(&mut self.open_by_pid, o.tgid, "dbus_call", o.start_ns);
-        }
         let actions = self.dbus.scan(open.iter(), now_ns);
         self.act_dbus(actions, out);
         self.last_dbus = open;
@@ -352,16 +341,13 @@ impl ReqWatch {
                     let Some(t) = self.registry.get(&key) else { continue };
                     let o = &t.info;
                     let tid = o.recv_tid.unwrap_or(o.tid);
-                    let protocol = crate::proto::netlink::names::protocol_name(o.protocol).unwrap_or("netlink");
                     let detail = o.detail(&self.sockets.families, now_ns);
-                    let holder = netlink_holder(o, protocol, &mut self.holders.owners);
-                    out.push(Event::Stall(Stall {
+                    out.push(Event::Stall(Box::new(Stall {
                         tid,
                         started_before_attach: o.before_attach,
-                        holder: Some(holder),
                         kernel_stack: procfs::kernel_stack(tid).unwrap_or_default(),
                         ..crate::sources::inflight::stall_line(o, level, t.id, WaitKind::NetlinkRequest, waited, detail)
-                    }));
+                    })));
                 }
                 Action::Resolve { key, waited, exact } => {
                     if let Some(r) = self.registry.resolve(&key, waited, exact, WaitKind::NetlinkRequest) {
@@ -378,13 +364,11 @@ impl ReqWatch {
                 Action::Report { key, level, waited } => {
                     let Some(t) = self.dbus.get(&key) else { continue };
                     let o = t.info.clone();
-                    let holder = self.holders.holder_of(&o);
-                    out.push(Event::Stall(Stall {
+                    out.push(Event::Stall(Box::new(Stall {
                         started_before_attach: o.before_attach,
-                        holder: Some(holder),
                         kernel_stack: procfs::kernel_stack(o.tid).unwrap_or_default(),
                         ..crate::sources::inflight::stall_line(&o, level, t.id, WaitKind::DbusCall, waited, o.detail())
-                    }));
+                    })));
                 }
                 Action::Resolve { key, waited, exact } => {
                     if let Some(r) = self.dbus.resolve(&key, waited, exact, WaitKind::DbusCall) {
@@ -452,9 +436,12 @@ impl ReqWatch {
                 Some(a) => a.clone(),
                 None => {
                     let holder = self.holders.holder_of(&o);
-                    let a = dbus_answerer(&holder);
+                    let a = holder.answerer();
                     // Asked off the loop: looked up again at the next scan.
-                    if holder.get("kind").and_then(Value::as_str) != Some("pending") {
+                    if holder != DbusHolder::Pending {
+                        if let DbusHolder::Unknown(why) = &holder {
+                            tracing::debug!(pid = o.tgid, serial = o.serial, why, "no holder for a D-Bus call");
+                        }
                         self.answerers.insert(key, a.clone());
                     }
                     a
@@ -463,11 +450,6 @@ impl ReqWatch {
             out.extend(a.map(|a| (key, a)));
         }
         out
-    }
-
-    /// Each process's earliest open request at the last scan: (kind, start ns).
-    pub fn open_by_pid(&self) -> impl Iterator<Item = (u32, (&'static str, u64))> + '_ {
-        self.open_by_pid.iter().map(|(p, v)| (*p, *v))
     }
 
     /// The processes holding tracked netlink or D-Bus sockets.
@@ -550,36 +532,60 @@ fn netlink_answerer(o: &NetlinkOpen, owners: &mut SocketOwners) -> Answerer {
     }
 }
 
-/// A D-Bus holder (as its stall line describes it) as an answerer.
-fn dbus_answerer(holder: &Value) -> Option<Answerer> {
-    let pid = holder.get("pid").and_then(Value::as_u64).map(|p| p as u32);
-    let (kind, exactness, evidence) = match holder.get("kind").and_then(Value::as_str)? {
-        "name_owner" => (
-            EdgeKind::DbusOwner,
-            Exactness::Exact,
-            format!("owner of {} (GetConnectionUnixProcessID)", holder["name"].as_str().unwrap_or("?")),
-        ),
-        "unread_queue" => (EdgeKind::DbusOwner, Exactness::Exact, "the call sits unread in this process's socket".to_string()),
-        "bus_daemon" => (EdgeKind::DbusOwner, Exactness::Inferred, "the bus daemon does not answer who owns the name".to_string()),
-        "socket_peer" => (EdgeKind::UnixPeer, Exactness::Exact, "the peer of a peer-to-peer D-Bus socket (sock_diag)".to_string()),
-        _ => return None,
-    };
-    Some(Answerer { pid: Some(pid?), kind, exactness, evidence })
+/// Who holds a D-Bus call, as the socket source finds it.
+#[derive(Clone, Debug, PartialEq)]
+enum DbusHolder {
+    /// The call sits unread in this process's socket (found by the startup sweep).
+    UnreadQueue { pid: u32, name: Option<String> },
+    /// The owner of the destination name, asked of the bus daemon at `bus` (its path as
+    /// the daemon bound it), reached at `reached_at` when that differs.
+    NameOwner { pid: u32, name: String, bus: String, reached_at: Option<String> },
+    /// The bus daemon (when known) does not answer who owns the name.
+    BusDaemon { pid: Option<u32>, name: String, bus: String },
+    /// The peer of a peer-to-peer connection (no bus).
+    SocketPeer { pid: u32, path: Option<String> },
+    /// Being asked of the bus daemon, off the loop.
+    Pending,
+    /// Not found, and why.
+    Unknown(String),
 }
 
-/// Who should answer a netlink request: the kernel, or for a request sent to
-/// a process's port id (NETLINK_USERSOCK, ...), the process holding that socket.
-fn netlink_holder(o: &NetlinkOpen, protocol: &str, owners: &mut SocketOwners) -> Value {
-    if o.dst_portid != 0 {
-        if let Some(pid) = netlink_peer(o, owners) {
-            let mut m = process(pid);
-            m.insert("kind".into(), json!("netlink_peer"));
-            m.insert("portid".into(), json!(o.dst_portid));
-            return Value::Object(m);
-        }
-        return json!({ "kind": "netlink_peer", "portid": o.dst_portid, "why": "no process holds that port id now" });
+impl DbusHolder {
+    /// The holder as the graph's request resolver takes it: who must answer, and the
+    /// evidence (the bus and the name it was asked about).
+    fn answerer(&self) -> Option<Answerer> {
+        let (pid, kind, exactness, evidence) = match self {
+            DbusHolder::UnreadQueue { pid, name } => (
+                *pid,
+                EdgeKind::DbusOwner,
+                Exactness::Exact,
+                format!("the call to {} sits unread in this process's socket", name.as_deref().unwrap_or("it")),
+            ),
+            DbusHolder::NameOwner { pid, name, bus, reached_at } => (
+                *pid,
+                EdgeKind::DbusOwner,
+                Exactness::Exact,
+                match reached_at {
+                    Some(at) => format!("owner of {name} on the bus {bus}, asked at {at} (GetConnectionUnixProcessID)"),
+                    None => format!("owner of {name} on the bus {bus} (GetConnectionUnixProcessID)"),
+                },
+            ),
+            DbusHolder::BusDaemon { pid, name, bus } => {
+                ((*pid)?, EdgeKind::DbusOwner, Exactness::Inferred, format!("the bus daemon of {bus} does not answer who owns {name}"))
+            }
+            DbusHolder::SocketPeer { pid, path } => (
+                *pid,
+                EdgeKind::UnixPeer,
+                Exactness::Exact,
+                format!(
+                    "the peer of a peer-to-peer D-Bus socket{} (sock_diag)",
+                    path.as_ref().map(|p| format!(" at {p}")).unwrap_or_default()
+                ),
+            ),
+            DbusHolder::Pending | DbusHolder::Unknown(_) => return None,
+        };
+        Some(Answerer { pid: Some(pid), kind, exactness, evidence })
     }
-    json!({ "kind": "kernel", "what": format!("netlink {protocol}: no reply") })
 }
 
 /// How long the bus daemon gets to say who owns a name.
@@ -600,23 +606,11 @@ fn ask_owner(path: &std::path::Path, name: &str) -> Owner {
     bus_owner::owner_of(path, name, OWNER_TIMEOUT)
 }
 
-fn process(pid: u32) -> serde_json::Map<String, Value> {
-    let mut m = serde_json::Map::new();
-    m.insert("pid".into(), json!(pid));
-    m.insert("comm".into(), json!(procfs::comm(pid)));
-    m.insert("state".into(), json!(procfs::state(pid).map(String::from)));
-    m.insert("wchan".into(), json!(procfs::wchan(pid)));
-    m
-}
-
 impl DbusHolders {
-    fn holder_of(&mut self, o: &DbusOpen) -> Value {
+    fn holder_of(&mut self, o: &DbusOpen) -> DbusHolder {
         if let Some(pid) = o.holder_pid {
             // Found queued unread in this process's socket.
-            let mut m = process(pid);
-            m.insert("kind".into(), json!("unread_queue"));
-            m.insert("name".into(), json!(o.destination));
-            return Value::Object(m);
+            return DbusHolder::UnreadQueue { pid, name: o.destination.clone() };
         }
         let inode = std::fs::read_link(format!("/proc/{}/fd/{}", o.tgid, o.fd))
             .ok()
@@ -627,54 +621,39 @@ impl DbusHolders {
             me.owners.pids_of(p.peer_inode).into_iter().next()
         };
         let bus_path = peer.as_ref().and_then(|p| p.path().map(String::from));
-        let Some(dest) = o.destination.clone() else {
+        let Some(name) = o.destination.clone() else {
             // No destination: a peer-to-peer connection; the peer answers.
             return match daemon(self) {
-                Some(pid) => {
-                    let mut m = process(pid);
-                    m.insert("kind".into(), json!("socket_peer"));
-                    m.insert("path".into(), json!(bus_path));
-                    Value::Object(m)
-                }
-                None => json!({ "kind": "unknown", "why": "no destination and no socket peer found" }),
+                Some(pid) => DbusHolder::SocketPeer { pid, path: bus_path },
+                None => DbusHolder::Unknown("no destination and no socket peer found".into()),
             };
         };
-        let Some(path) = bus_path else {
-            return json!({ "kind": "unknown", "name": dest, "why": "the bus socket's path is unknown" });
+        let Some(bus) = bus_path else {
+            return DbusHolder::Unknown(format!("the bus socket's path is unknown (call to {name})"));
         };
         // The path is the daemon's: reach it in the daemon's mount namespace.
         let daemon_pid = daemon(self);
         let same_ns = daemon_pid.is_none_or(bus_owner::in_my_mount_ns);
-        let Some(reach) = bus_owner::reachable_bus_path(&path, daemon_pid, same_ns) else {
-            return json!({ "kind": "unknown", "name": dest, "bus": path, "why": "the bus daemon is in another mount namespace and /proc/PID/root plus the path is too long for a socket address" });
+        let Some(reach) = bus_owner::reachable_bus_path(&bus, daemon_pid, same_ns) else {
+            return DbusHolder::Unknown(format!(
+                "the bus daemon of {bus} is in another mount namespace and /proc/PID/root plus the path is too long for a socket address"
+            ));
         };
-        let owner = if dest == "org.freedesktop.DBus" {
+        let owner = if name == "org.freedesktop.DBus" {
             Owner::BusNotAnswering
         } else {
-            match self.lookups.get(&reach, &dest) {
+            match self.lookups.get(&reach, &name) {
                 Some(o) => o,
-                None => return json!({ "kind": "pending", "name": dest, "bus": path, "why": "asking the bus daemon who owns the name" }),
+                None => return DbusHolder::Pending,
             }
         };
         match owner {
             Owner::Pid(pid) => {
-                let mut m = process(pid);
-                m.insert("kind".into(), json!("name_owner"));
-                m.insert("name".into(), json!(dest));
-                if reach != path {
-                    m.insert("bus_reached_at".into(), json!(reach));
-                }
-                m.insert("bus".into(), json!(path));
-                Value::Object(m)
+                let reached_at = (reach != bus).then_some(reach);
+                DbusHolder::NameOwner { pid, name, bus, reached_at }
             }
-            Owner::BusNotAnswering => {
-                let mut m = daemon_pid.map(process).unwrap_or_default();
-                m.insert("kind".into(), json!("bus_daemon"));
-                m.insert("name".into(), json!(dest));
-                m.insert("bus".into(), json!(path));
-                Value::Object(m)
-            }
-            Owner::Unknown(why) => json!({ "kind": "unknown", "name": dest, "bus": path, "why": why }),
+            Owner::BusNotAnswering => DbusHolder::BusDaemon { pid: daemon_pid, name, bus },
+            Owner::Unknown(why) => DbusHolder::Unknown(format!("{why} (owner of {name} on {bus})")),
         }
     }
 }

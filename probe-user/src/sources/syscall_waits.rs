@@ -24,7 +24,7 @@ use crate::{
     sources::detail,
     sources::devices::DeviceIo,
     sources::ended::EndedWaits,
-    sources::inflight::{note_open, Action, Filter, Registry, TidStart, WaitInfo},
+    sources::inflight::{Action, Filter, Item, Registry, TidStart, WaitInfo},
     sources::sweep,
     syscalls::{by_slot, WaitKind},
 };
@@ -47,8 +47,6 @@ pub struct SyscallWaits {
     fixed: HashMap<TidStart, Map<String, Value>>,
     /// Processes with a wait open in the kernel at the last scan.
     open_tgids: Vec<u32>,
-    /// Their earliest open wait: (kind, start ns).
-    open_by_pid: HashMap<u32, (&'static str, u64)>,
     /// Each thread's open kernel wait, as a small JSON object.
     open_by_tid: HashMap<u32, Value>,
     /// The same by (process, goroutine), for waits made by Go targets: (tid, object).
@@ -101,7 +99,6 @@ impl SyscallWaits {
             poll_tails,
             fixed: HashMap::new(),
             open_tgids: Vec::new(),
-            open_by_pid: HashMap::new(),
             open_by_tid: HashMap::new(),
             open_by_g: HashMap::new(),
             running_seen: HashMap::new(),
@@ -128,11 +125,6 @@ impl SyscallWaits {
     /// Processes with a wait open in the kernel at the last scan.
     pub fn open_tgids(&self) -> &[u32] {
         &self.open_tgids
-    }
-
-    /// Each process's earliest open kernel wait at the last scan: (kind, start ns).
-    pub fn open_by_pid(&self) -> &HashMap<u32, (&'static str, u64)> {
-        &self.open_by_pid
     }
 
     /// Each thread's open kernel wait, as a small JSON object (the Go chain's view).
@@ -184,12 +176,10 @@ impl SyscallWaits {
             self.swept_g.retain(|tid, _| open.iter().any(|w| w.tid == *tid && w.before_attach));
         }
         self.open_tgids = open.iter().map(|w| w.tgid).collect();
-        self.open_by_pid.clear();
         self.open_by_tid.clear();
         self.open_by_g.clear();
         for w in &open {
             let kind = by_slot(w.slot).map(|s| s.kind.as_str()).unwrap_or("sync");
-            note_open(&mut self.open_by_pid, w.tgid, kind, w.start_ns);
             let v = serde_json::json!({
                 "kind": kind,
                 "syscall": by_slot(w.slot).map(|s| s.name),
@@ -391,11 +381,12 @@ impl SyscallWaits {
                         holder: None,
                         cause: None,
                         chain: Vec::new(),
+                        wait: Some(info.wait_key()),
                         kernel_stack: self.kernel_stack(&info),
                         user_stack: Vec::new(),
                         user_stack_id: info.user_stack,
                     };
-                    out.push(Event::Stall(stall));
+                    out.push(Event::Stall(Box::new(stall)));
                 }
                 Action::Resolve { key, waited, exact } => {
                     let Some(t) = self.registry.get(&key) else { continue };

@@ -356,6 +356,7 @@ pub(crate) mod tests {
     pub(crate) fn ready() -> Event {
         let probe = |p: &str, v: &str| ProbeChoice { probe: p.into(), variant: v.into(), ..Default::default() };
         Event::Ready(Ready {
+            contract: crate::events::CONTRACT,
             pid: 4242,
             probes: vec![probe("syscalls", "tracepoint raw_syscalls"), probe("umount_tail_end", "fexit"), probe("offcpu", "off")],
             warn_s: 2.0,

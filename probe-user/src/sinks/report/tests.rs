@@ -90,6 +90,7 @@ fn stall(id: u64, kind: WaitKind, pid: u32, waited: f64, stack: &[&str]) -> Stal
         holder: None,
         cause: None,
         chain: vec![],
+        wait: None,
         kernel_stack: stack.iter().map(|s| s.to_string()).collect(),
         user_stack: vec![],
         user_stack_id: -1,
@@ -103,10 +104,10 @@ fn resolved(id: u64, waited: f64) -> Resolved {
 /// The events of one incident: raised at 2 s, updated at 6 s, imminent, ended at 8 s.
 fn events() -> Vec<Event> {
     vec![
-        Event::Stall(stall(1, WaitKind::Umount, 30, 2.0, &UMOUNT_STACK)),
+        Event::Stall(Box::new(stall(1, WaitKind::Umount, 30, 2.0, &UMOUNT_STACK))),
         Event::Incident(Box::new(incident(Level::Warn, 2.0))),
         // Wait 9 has a stall line but sits off the chain, behind the same root.
-        Event::Stall(stall(9, WaitKind::Sync, 40, 2.5, &["wait_on_page", "do_fsync"])),
+        Event::Stall(Box::new(stall(9, WaitKind::Sync, 40, 2.5, &["wait_on_page", "do_fsync"]))),
         Event::Incident(Box::new(incident(Level::Imminent, 6.0))),
         Event::Resolved(resolved(1, 8.0)),
         Event::IncidentResolved(IncidentResolved { id: 3, waited_s: 8.1, longest_chain: chain(6.0), merged_into: None }),
@@ -558,7 +559,7 @@ fn the_daemons_ledger_stays_bounded() {
     for n in 0..200u64 {
         let id = 1000 + n;
         let wait = 5000 + n;
-        sink.emit(&Event::Stall(stall(wait, WaitKind::Umount, 30, 2.0, &UMOUNT_STACK)));
+        sink.emit(&Event::Stall(Box::new(stall(wait, WaitKind::Umount, 30, 2.0, &UMOUNT_STACK))));
         let mut i = incident(Level::Warn, 2.0);
         i.id = id;
         i.waits = vec![wait];

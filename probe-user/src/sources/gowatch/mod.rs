@@ -15,10 +15,10 @@
 //! Every call that returns goes into the latency tables.
 
 pub mod attach;
-pub mod chain;
 pub mod inspector;
 pub mod late;
 pub mod targets;
+pub mod thread_waits;
 
 use crate::{
     clock::wall_of,
@@ -40,11 +40,11 @@ use aya::{
     maps::{HashMap as BpfHashMap, MapData},
     Ebpf,
 };
-use chain::{Blame, Calls, KernelWaits};
 use plegwatch_abi::{go_maps, GoCall, GoCallEnd, GoCallKey, Record};
 use serde_json::{json, Value};
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 use targets::{arg_text, short, Role, READER_SEM_OFF};
+use thread_waits::{container_of, KernelWaits};
 
 /// An open Go call: the registry's item for kinds `pleg_relist`, `go_lock`,
 /// `cri_call` and `go_call`.
@@ -261,10 +261,6 @@ pub struct GoWatch {
     /// Calls found open by the goroutine scan and put in `GO_CALLS`: their start and how
     /// exact it is, until they end.
     late: HashMap<CallKey, (u64, StartTiming)>,
-    /// Which processes hold which sockets (`/proc/*/fd`), rescanned at most once a second.
-    owners: std::cell::RefCell<crate::observe::holders::SocketOwners>,
-    /// `/proc` as the listing thread last saw it (a shim's children).
-    listing: crate::observe::lister::Lister,
 }
 
 impl GoWatch {
@@ -278,7 +274,7 @@ impl GoWatch {
         Ok(GoWatch {
             registry: Registry::new(thresholds, filter),
             calls: take_map(ebpf, go_maps::GO_CALLS)?,
-            attacher: Attacher::new(ebpf, uprobes, listing.clone())?,
+            attacher: Attacher::new(ebpf, uprobes, listing)?,
             relists: HashMap::new(),
             gets: HashMap::new(),
             get_by_g: HashMap::new(),
@@ -289,8 +285,6 @@ impl GoWatch {
             orphaned: 0,
             locks: HashMap::new(),
             late: HashMap::new(),
-            owners: Default::default(),
-            listing,
         })
     }
 
@@ -474,7 +468,7 @@ impl GoWatch {
         let actions = self.registry.end(GoOpen { start, ..GoOpen::new(rec.g, rec.func, &call) }, rec.end_ns);
         let none = HashMap::new();
         let no_g = HashMap::new();
-        let waits = KernelWaits { by_tid: &none, by_g: &no_g, longest_by_pid: &HashMap::new() };
+        let waits = KernelWaits { by_tid: &none, by_g: &no_g };
         self.act(actions, rec.end_ns, &waits, out);
     }
 
@@ -566,9 +560,7 @@ impl GoWatch {
                     let o = t.info.clone();
                     let id = t.id;
                     let Some(f) = self.attacher.funcs.get(&o.func).cloned() else { continue };
-                    let procs = self.listing.latest();
-                    let calls = Calls { open: &self.open, funcs: &self.attacher.funcs, now_ns, owners: &self.owners, procs: &procs };
-                    let thread_wait = waits.by_g.get(&(o.tgid, o.g)).map(|(_, w)| w).or_else(|| waits.by_tid.get(&o.tid));
+                    let thread_wait = waits.of_call(&o);
                     let common = json!({
                         "function": f.symbol,
                         "goroutine": format!("{:#x}", o.g),
@@ -576,7 +568,7 @@ impl GoWatch {
                         "thread_wait": thread_wait,
                         "binary": f.binary.display().to_string(),
                     });
-                    let (kind, extra, blame) = match f.role {
+                    let (kind, extra) = match f.role {
                         Role::Relist => {
                             let last = self.relists.get(&o.tgid);
                             // The relist's goroutine parked in `RLock` (fixture only, see targets).
@@ -598,51 +590,33 @@ impl GoWatch {
                                     "relists_seen": last.map(|c| c.count).unwrap_or(0),
                                     "reader_wait": reader_wait,
                                 }),
-                                Blame::default(),
                             )
                         }
                         Role::StatusUpdate | Role::LockWait => {
                             let gets = self.gets.get(&o.receiver);
-                            let blame = chain::lock_blame(&o, &calls, waits);
                             (
                                 WaitKind::GoLock,
                                 json!({
                                     "lock": format!("{:#x}", o.receiver),
                                     "lock_type": "sync.RWMutex (CRI container Status)",
                                     "holder_function": f.symbol,
-                                    "container": blame.container,
+                                    "container": container_of(&o, &self.open, &self.attacher.funcs),
                                     "waiting_gets": gets.map(|g| g.0).unwrap_or(0),
                                     "longest_get_wait_s": gets.map(|g| now_ns.saturating_sub(g.1) as f64 / 1e9),
                                 }),
-                                blame,
                             )
                         }
                         Role::CriHandler => {
-                            // Waiting on a Status lock someone holds, or holding one
-                            // itself (UpdateContainerResources): that lock's blame.
                             let lock = self.get_by_g.get(&(o.tgid, o.g)).copied();
-                            let held = self.open.iter().find(|h| {
-                                h.tgid == o.tgid
-                                    && h.g == o.g
-                                    && self.attacher.funcs.get(&h.func).is_some_and(|f| f.role == Role::StatusUpdate)
-                            });
-                            let blame = lock
-                                .and_then(|l| self.lock_holder(o.tgid, l))
-                                .or(held)
-                                .map(|h| chain::lock_blame(h, &calls, waits))
-                                .unwrap_or_default();
                             (
                                 WaitKind::CriCall,
                                 json!({
                                     "container": o.arg,
                                     "waiting_on_lock": lock.map(|l| format!("{l:#x}")),
                                 }),
-                                blame,
                             )
                         }
-                        Role::ShimTask | Role::RuncSystemd => {
-                            (WaitKind::GoCall, json!({ "container": o.arg, "target": f.target }), Blame::default())
-                        }
+                        Role::ShimTask | Role::RuncSystemd => (WaitKind::GoCall, json!({ "container": o.arg, "target": f.target })),
                     };
                     let mut detail = common;
                     if let (Value::Object(d), Value::Object(e)) = (&mut detail, extra) {
@@ -652,13 +626,10 @@ impl GoWatch {
                         d.insert("found_by".into(), json!("goroutine scan (/proc/PID/mem): open before plegwatch started"));
                         d.insert("age".into(), json!(late_age(o.start)));
                     }
-                    out.push(Event::Stall(Stall {
-                        holder: blame.holder,
-                        cause: blame.cause,
-                        chain: blame.chain,
+                    out.push(Event::Stall(Box::new(Stall {
                         started_before_attach: !o.start.is_exact(),
                         ..crate::sources::inflight::stall_line(&o, level, id, kind, waited, detail)
-                    }));
+                    })));
                 }
                 Action::Resolve { key, waited, exact } => {
                     let role = self.registry.get(&key).and_then(|t| self.attacher.funcs.get(&t.info.func)).map(|f| f.role);
