@@ -177,6 +177,16 @@ fn no_source_takes_a_sink() {
 }
 
 #[test]
+fn holders_are_decided_only_in_the_graph() {
+    // A stall's holder, cause and chain are hops from `graph::scan::Scanned::links`
+    // (set by the scheduler's graph step): no source builds a hop or sets a holder.
+    let code = &modules()["sources"];
+    for bad in ["Hop {", "holder: Some", ".holder =", "cause: Some", ".cause =", "chain: vec!", ".chain ="] {
+        assert!(!code.contains(bad), "a source names `{bad}`: holders are decided once, by the wait-for graph");
+    }
+}
+
+#[test]
 fn only_the_cli_and_the_sinks_print() {
     for (m, code) in modules() {
         // `logging` sets up the log writer (stderr): logs are not output.
