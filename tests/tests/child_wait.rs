@@ -19,6 +19,9 @@ use plegwatch_scenarios::{incidents, preflight, Plegwatch};
 
 const WARN: Duration = Duration::from_secs(2);
 
+/// `wait4`'s number on x86_64, as `/proc/PID/syscall` gives it.
+const WAIT4_NR: &str = "61";
+
 /// The parent: forks a child that stops itself, prints the child's pid, then `waitpid`s it
 /// (glibc's waitpid is `wait4(pid, &status, 0, NULL)`). A second, running child is waited
 /// for first, for a second: a wait on a running child must raise nothing.
@@ -84,7 +87,15 @@ fn a_parent_in_waitpid_on_a_stopped_child_is_one_exact_incident() -> Result<()> 
         anyhow::ensure!(Instant::now() < deadline, "child {child} never stopped (state {:?})", state(child));
         std::thread::sleep(Duration::from_millis(10));
     }
-    let parent_state = state(parent_pid);
+    // The parent prints the pid before it calls waitpid: wait for it to be blocked in
+    // wait4 (a single look right after the print can find it still running Python).
+    let in_wait4 =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/syscall")).is_ok_and(|s| s.split_whitespace().next() == Some(WAIT4_NR));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !(in_wait4(parent_pid) && state(parent_pid) == Some('S')) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let parent_state = state(parent_pid).filter(|_| in_wait4(parent_pid));
     let raised = plegwatch.wait_for(WARN + Duration::from_secs(3), |e| {
         e.is("incident")
             && incidents::Incident::chain(e).iter().any(|h| h["kind"] == "child_wait" && h["pid"].as_u64() == Some(u64::from(parent_pid)))
@@ -97,7 +108,7 @@ fn a_parent_in_waitpid_on_a_stopped_child_is_one_exact_incident() -> Result<()> 
     let events = plegwatch.stop()?;
     let all = || dump(&events, started);
 
-    assert_eq!(parent_state, Some('S'), "the parent should sleep in waitpid");
+    assert_eq!(parent_state, Some('S'), "the parent should sleep in waitpid (wait4) within 5 s of printing the pid");
     assert_eq!(reaped.as_deref(), Some("reaped"), "the parent should reap its child once continued");
     assert!(raised.is_some(), "no incident with the parent's child_wait:\n{}", all());
     let mine = |h: &serde_json::Value| h["kind"] == "child_wait" && h["pid"].as_u64() == Some(u64::from(parent_pid));
