@@ -74,6 +74,20 @@ pub(crate) fn current_g(tgid: u32) -> u64 {
     unsafe { bpf_probe_read_user(slot as *const u64) }.unwrap_or(0)
 }
 
+/// The call's receiver as `GO_ARGS` says where it is: a register plus an offset
+/// (RAX, the method receiver, when the function has no entry).
+#[inline(always)]
+fn receiver(ctx: &ProbeContext, func: u32) -> u64 {
+    // SAFETY: `regs` is the probed task's saved registers, each read at a constant offset.
+    let regs = unsafe { &*ctx.regs };
+    let Some(spec) = GO_ARGS.get(func) else { return regs.rax };
+    let all = [regs.rax, regs.rbx, regs.rcx, regs.rdi, regs.rsi, regs.r8, regs.r9, regs.r10, regs.r11];
+    match all.get(spec.recv_reg as usize) {
+        Some(&r) => r.wrapping_add(u64::from(spec.recv_off)),
+        None => regs.rax,
+    }
+}
+
 /// Copies the string argument `GO_ARGS[func]` names into `call`.
 #[inline(always)]
 fn capture_arg(ctx: &ProbeContext, func: u32, call: &mut GoCall) {
@@ -180,8 +194,7 @@ fn entry(ctx: &ProbeContext, func: u32) -> u32 {
         return 0;
     }
     let k = key(ctx, func, tgid);
-    // SAFETY: as above.
-    let receiver = unsafe { (*ctx.regs).rax };
+    let receiver = receiver(ctx, k.func);
     let mut call = GoCall {
         // SAFETY: a plain helper call.
         start_ns: unsafe { bpf_ktime_get_ns() },

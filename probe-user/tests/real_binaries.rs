@@ -1,6 +1,6 @@
 //! Unit tests (no root) over every real Go binary plegwatch is meant for:
 //! the release-style builds in `/work/shared/bin` (containerd 1.7.34 and
-//! 2.3.4, their shims, runc 1.4.3, node-problem-detector) and Debian's
+//! 2.3.4, their shims, runc 1.4.3, CRI-O 1.35.6, node-problem-detector) and Debian's
 //! containerd 1.6.20, its shim and runc 1.1.5. For each: the pclntab parses,
 //! the Go version is read, every expected function of its target resolves
 //! (none left out), each entry is the function's first byte, every RET is a
@@ -39,6 +39,7 @@ fn cases() -> Vec<Case> {
         c(shared("containerd-shim-runc-v2-1.7.34"), Some("containerd-shim"), "go1.25.", &["runtime.main"]),
         c(shared("containerd-shim-runc-v2-2.3.4"), Some("containerd-shim"), "go1.26.", &["runtime.main"]),
         c(shared("runc-1.4.3"), Some("runc"), "go1.26.", &["runtime.main", "main.main"]),
+        c(shared("crio-1.35.6"), Some("crio"), "go1.25.", &["runtime.main", "main.main"]),
         c(
             shared("node-problem-detector"),
             None,
@@ -275,4 +276,26 @@ fn getter_offsets() {
         assert_eq!(b.string_getter_offset(getter).unwrap(), want, "{bin}: {getter}");
         assert!(matches!(b.string_getter_offset("runtime.main"), Err(GoSymError::NotAGetter { .. })));
     }
+}
+
+/// A lock's place in its struct, read from a method that read-locks it: CRI-O
+/// 1.35.6's `opLock` at 0xd0 in `oci.Container` (as its disassembly shows: `State`
+/// does `lock xadd [rax+0xe0]`, the reader count 16 bytes into the lock), and the
+/// sandbox's `stateMutex` at 0x1a0 (`Ready`). A function with no RLock says so.
+#[test]
+fn rlock_field_offsets() {
+    let path = format!("{SHARED}/crio-1.35.6");
+    if read_required(&path).is_none() {
+        return;
+    }
+    let b = go_binary::read(&path).unwrap();
+    assert_eq!(b.rlock_field_offset("github.com/cri-o/cri-o/internal/oci.(*Container).State").unwrap(), 0xd0);
+    assert_eq!(b.rlock_field_offset("github.com/cri-o/cri-o/internal/lib/sandbox.(*Sandbox).Ready").unwrap(), 0x1a0);
+    assert!(matches!(b.rlock_field_offset("runtime.main"), Err(GoSymError::NoRLock { .. })));
+    // The lock holders' receivers point there.
+    let t = targets::target_named("crio").unwrap();
+    let i = attach::inspect(std::path::Path::new(&path), t).unwrap();
+    let holders: Vec<_> = i.found.iter().filter(|(s, _)| s.role == targets::Role::LockHold).collect();
+    assert_eq!(holders.len(), 5, "{:?}", i.found.iter().map(|(s, _)| s.symbol).collect::<Vec<_>>());
+    assert!(holders.iter().all(|(s, _)| s.recv.is_some_and(|r| (r.reg, r.off) == (3, 0xd0))), "{holders:?}");
 }

@@ -75,18 +75,25 @@ pub struct GoProc {
 }
 const _: () = assert!(size_of::<GoProc>() == 8);
 
-/// Which string a probed function's entry captures: the Go `string` header
-/// (pointer, length) at `off` bytes into the struct that integer argument
-/// register `reg` points to (Go register ABI order: 0 RAX, 1 RBX, 2 RCX,
-/// 3 RDI, 4 RSI, 5 R8, 6 R9, 7 R10, 8 R11), e.g. a CRI request's ContainerId.
+/// What a probed function's entry captures, by integer argument register (Go
+/// register ABI order: 0 RAX, 1 RBX, 2 RCX, 3 RDI, 4 RSI, 5 R8, 6 R9, 7 R10, 8 R11):
+/// - a string: the Go `string` header (pointer, length) at `off` bytes into the
+///   struct that register `reg` points to, e.g. a CRI request's ContainerId;
+/// - the call's receiver, [`super::GoCall::receiver`]: register `recv_reg` plus
+///   `recv_off` (RAX plus 0, the method's receiver, for a zeroed entry; CRI-O's
+///   `(*runtimeOCI).UpdateContainer(ctx, c)` gives RDI plus the offset of the
+///   container's `opLock`, the lock it takes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GoArgSpec {
     /// A register index, or [`GO_ARG_NONE`].
     pub reg: u32,
     pub off: u32,
+    /// A register index (an unknown one gives RAX).
+    pub recv_reg: u32,
+    pub recv_off: u32,
 }
-const _: () = assert!(size_of::<GoArgSpec>() == 8);
+const _: () = assert!(size_of::<GoArgSpec>() == 16);
 
 /// A process called `execve`: userspace looks at its binary at once, so a
 /// restarted or upgraded target is probed again without waiting for a poll.

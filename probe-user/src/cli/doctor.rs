@@ -10,6 +10,7 @@ use std::path::PathBuf;
 /// Examples:
 ///   plegwatch doctor
 ///   plegwatch doctor --containerd /opt/containerd-2.3.4/bin/containerd --runc /usr/local/sbin/runc
+///   plegwatch doctor --crio /usr/bin/crio
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct DoctorArgs {
@@ -28,6 +29,9 @@ pub struct DoctorArgs {
     /// A kubelet binary to check (repeatable).
     #[arg(long, value_name = "PATH")]
     pub kubelet: Vec<PathBuf>,
+    /// A CRI-O (`crio`) binary to check (repeatable).
+    #[arg(long, value_name = "PATH")]
+    pub crio: Vec<PathBuf>,
 }
 
 impl DoctorArgs {
@@ -38,6 +42,7 @@ impl DoctorArgs {
         all.extend(by("containerd-shim", &self.shim));
         all.extend(by("runc", &self.runc));
         all.extend(by("kubelet", &self.kubelet));
+        all.extend(by("crio", &self.crio));
         doctor::Named(all)
     }
 }

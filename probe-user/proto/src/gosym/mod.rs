@@ -114,6 +114,9 @@ pub enum GoSymError {
     /// The function is not a plain string getter (`return x.Field`).
     #[error("{binary}: {function} is not a string field getter (no `mov r, [rax+off]` pair)")]
     NotAGetter { binary: String, function: String },
+    /// The function takes no read lock on its receiver (no inlined `RLock`).
+    #[error("{binary}: {function} takes no RLock on its receiver (no `lock xadd [rax+off]`)")]
+    NoRLock { binary: String, function: String },
     /// RET finding is implemented for x86 only.
     #[error("{binary}: RET probes are not supported for ELF machine {machine}")]
     UnsupportedArch { binary: String, machine: u16 },
@@ -367,5 +370,35 @@ impl GoBinary {
             [off, len, ..] if *len == off.wrapping_add(8) => Ok(*off),
             _ => Err(not_found()),
         }
+    }
+
+    /// The offset, in its receiver, of the `sync.RWMutex` that method `name` read-locks
+    /// (`func (c *Container) State() *ContainerState { c.opLock.RLock(); defer ... }`):
+    /// `RLock` is inlined as `lock xadd [rax+off+16], r32` (`atomic.AddInt32(&rw.readerCount, 1)`,
+    /// `readerCount` 16 bytes into the lock from Go 1.9 to 1.26), the first locked
+    /// add off the receiver in the function. So a lock inside a struct is found in the
+    /// binary itself, however the struct's fields move between releases.
+    pub fn rlock_field_offset(&self, name: &str) -> Result<u64, GoSymError> {
+        const READER_COUNT_OFF: u64 = 16;
+        let f = self.symbols.require(name)?;
+        let len = f.end.saturating_sub(f.entry).min(256);
+        let not_found = || GoSymError::NoRLock { binary: self.path.clone(), function: name.to_string() };
+        let bytes = self.symbols.elf.read_va(&self.data, f.entry, len).ok_or_else(not_found)?;
+        let mut d = iced_x86::Decoder::with_ip(64, bytes, f.entry, iced_x86::DecoderOptions::NONE);
+        while d.can_decode() {
+            let i = d.decode();
+            if i.mnemonic() == iced_x86::Mnemonic::Ret {
+                break;
+            }
+            if i.mnemonic() == iced_x86::Mnemonic::Xadd
+                && i.has_lock_prefix()
+                && i.op0_kind() == iced_x86::OpKind::Memory
+                && i.memory_base() == iced_x86::Register::RAX
+                && i.memory_index() == iced_x86::Register::None
+            {
+                return i.memory_displacement64().checked_sub(READER_COUNT_OFF).ok_or_else(not_found);
+            }
+        }
+        Err(not_found())
     }
 }

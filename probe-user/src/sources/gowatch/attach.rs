@@ -17,7 +17,7 @@
 
 use super::inspector::{Done, Inspector, Job};
 use super::late::{Job as LateJob, LateFunc, LateScanner};
-use super::targets::{short, target_named, target_of, Arg, GoFuncSpec, Role, Target};
+use super::targets::{arg_spec, short, target_named, target_of, Arg, GoFuncSpec, Role, Target};
 use crate::{
     events::Event, kernel::loader::take_map, kernel::loader::WatchError, observe::go_binary, observe::lister::Lister, observe::procfs,
 };
@@ -196,12 +196,20 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto:
         };
         match bin.probe_points(spec.symbol) {
             Ok(p) => {
-                own += usize::from(!group.runtime);
                 // The argument's field offset as this binary lays it out.
                 let arg = spec.arg.and_then(|a| {
                     a.resolve(&bin).inspect_err(|e| tracing::warn!(symbol = spec.symbol, "{} not captured: {e}", a.name)).ok()
                 });
-                found.push((GoFuncSpec { arg, ..*spec }, p));
+                // A lock holder without its lock's place would name no lock: left out.
+                let recv = match spec.recv.map(|r| r.resolve(&bin)).transpose() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        missing.push(Missing { symbol: spec.symbol, why: format!("the lock it holds is not found: {e}") });
+                        continue;
+                    }
+                };
+                own += usize::from(!group.runtime);
+                found.push((GoFuncSpec { arg, recv, ..*spec }, p));
             }
             Err(e) => {
                 tracing::warn!(symbol = spec.symbol, "not probed: {e}");
@@ -680,7 +688,7 @@ impl Attacher {
                 plan.why = Some(format!("all {} function ids are in use by other binaries", GO_FUNCS_MAX - 1));
                 return plan;
             };
-            let _ = self.args.set(id, Arg::spec(spec.arg), 0);
+            let _ = self.args.set(id, arg_spec(spec.arg, spec.recv), 0);
             let cookie = (!by_address).then_some(id);
             plan.todo.push_back((entry, points.entry_offset, cookie));
             plan.todo.extend(points.ret_offsets.iter().map(|off| (ret, *off, cookie)));

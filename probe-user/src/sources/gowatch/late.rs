@@ -122,7 +122,7 @@ pub fn receiver_of(
 ) -> u64 {
     let arg0 = |j: usize| cfa(j).and_then(read_word);
     match role {
-        Role::StatusUpdate => arg0(i).filter(|s| writer_holds(read_word, *s)).unwrap_or(0),
+        Role::LockHold => arg0(i).filter(|s| writer_holds(read_word, *s)).unwrap_or(0),
         Role::LockWait => {
             let inner = i.checked_sub(1).filter(|j| names.get(*j) == Some(&"runtime.semacquire1"));
             let candidates = inner.into_iter().chain(std::iter::once(i));
@@ -274,7 +274,7 @@ mod tests {
 
     fn funcs() -> Vec<LateFunc> {
         vec![
-            LateFunc { id: 1, symbol: "pkg.(*statusStorage).UpdateSync", role: Role::StatusUpdate },
+            LateFunc { id: 1, symbol: "pkg.(*statusStorage).UpdateSync", role: Role::LockHold },
             LateFunc { id: 2, symbol: "sync.runtime_SemacquireRWMutexR", role: Role::LockWait },
             LateFunc { id: 3, symbol: "pkg.(*criService).ListContainers", role: Role::CriHandler },
         ]
@@ -327,10 +327,10 @@ mod tests {
         let cfa = |j: usize| sps.get(j + 1).copied();
         let lock = 0xc000_0200u64;
         let m = [(0x2200, lock), (lock + READER_COUNT_OFF, HELD)];
-        assert_eq!(receiver_of(Role::StatusUpdate, 1, &names, &cfa, &mem(&m)), lock);
+        assert_eq!(receiver_of(Role::LockHold, 1, &names, &cfa, &mem(&m)), lock);
         // An unaligned or unheld value is no lock.
         let m = [(0x2200, lock + 1), (lock + 1 + READER_COUNT_OFF, HELD)];
-        assert_eq!(receiver_of(Role::StatusUpdate, 1, &names, &cfa, &mem(&m)), 0);
+        assert_eq!(receiver_of(Role::LockHold, 1, &names, &cfa, &mem(&m)), 0);
         // Other roles read nothing.
         assert_eq!(receiver_of(Role::CriHandler, 2, &names, &cfa, &mem(&m)), 0);
     }

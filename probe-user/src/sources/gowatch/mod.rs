@@ -435,7 +435,7 @@ impl GoWatch {
             }
             return;
         }
-        if role == Role::StatusUpdate {
+        if role == Role::LockHold {
             if self.locks.len() >= LOCKS_MAX && !self.locks.contains_key(&(rec.tgid, rec.receiver)) {
                 // Bounded over a long run (a lock per container ever seen):
                 // keep the half held longest.
@@ -547,9 +547,9 @@ impl GoWatch {
 
     /// The Status lock holder of `lock`, among the open calls.
     fn lock_holder(&self, tgid: u32, lock: u64) -> Option<&GoOpen> {
-        self.open.iter().find(|o| {
-            o.tgid == tgid && o.receiver == lock && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::StatusUpdate)
-        })
+        self.open
+            .iter()
+            .find(|o| o.tgid == tgid && o.receiver == lock && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::LockHold))
     }
 
     fn act(&mut self, actions: Vec<Action<GoKey>>, now_ns: u64, waits: &KernelWaits<'_>, out: &mut Vec<Event>) {
@@ -592,13 +592,13 @@ impl GoWatch {
                                 }),
                             )
                         }
-                        Role::StatusUpdate | Role::LockWait => {
+                        Role::LockHold | Role::LockWait => {
                             let gets = self.gets.get(&o.receiver);
                             (
                                 WaitKind::GoLock,
                                 json!({
                                     "lock": format!("{:#x}", o.receiver),
-                                    "lock_type": "sync.RWMutex (CRI container Status)",
+                                    "lock_type": targets::held_lock(f.target).1,
                                     "holder_function": f.symbol,
                                     "container": container_of(&o, &self.open, &self.attacher.funcs),
                                     "waiting_gets": gets.map(|g| g.0).unwrap_or(0),
@@ -635,7 +635,7 @@ impl GoWatch {
                     let role = self.registry.get(&key).and_then(|t| self.attacher.funcs.get(&t.info.func)).map(|f| f.role);
                     let kind = match role {
                         Some(Role::Relist) => WaitKind::PlegRelist,
-                        Some(Role::StatusUpdate | Role::LockWait) => WaitKind::GoLock,
+                        Some(Role::LockHold | Role::LockWait) => WaitKind::GoLock,
                         Some(Role::ShimTask | Role::RuncSystemd) => WaitKind::GoCall,
                         _ => WaitKind::CriCall,
                     };
@@ -657,13 +657,13 @@ impl GoWatch {
                 let f = self.attacher.funcs.get(&o.func)?;
                 let kind = match f.role {
                     Role::Relist => WaitKind::PlegRelist,
-                    Role::StatusUpdate | Role::LockWait => WaitKind::GoLock,
+                    Role::LockHold | Role::LockWait => WaitKind::GoLock,
                     Role::CriHandler => WaitKind::CriCall,
                     Role::ShimTask | Role::RuncSystemd => WaitKind::GoCall,
                 };
                 let mut what = short(f.symbol).to_string();
-                if f.role == Role::StatusUpdate {
-                    what = format!("{what} holding Status lock {:#x}", o.receiver);
+                if f.role == Role::LockHold {
+                    what = format!("{what} holding {} {:#x}", targets::held_lock(f.target).0, o.receiver);
                 }
                 if let Some(c) = &o.arg {
                     what.push_str(&format!(" for {} {}", f.arg.map(|a| a.name).unwrap_or("container"), c.get(..12).unwrap_or(c)));
@@ -673,7 +673,7 @@ impl GoWatch {
                         let func = self.parked_since.get(&(o.tgid, o.g)).and_then(|(_, id)| self.attacher.funcs.get(id));
                         what.push_str(&format!(", {}", parked_what(func.map(|f| f.symbol), *lock)));
                     } else {
-                        what.push_str(&format!(", waiting on Status lock {lock:#x}"));
+                        what.push_str(&format!(", waiting on {} {lock:#x}", targets::held_lock(f.target).0));
                     }
                 }
                 Some(OpenWait {
@@ -727,7 +727,7 @@ impl GoWatch {
                 let f = self.attacher.funcs.get(&o.func)?;
                 let role = match f.role {
                     Role::Relist => CallRole::Relist,
-                    Role::StatusUpdate => CallRole::StatusHolder,
+                    Role::LockHold => CallRole::StatusHolder,
                     Role::CriHandler => CallRole::CriHandler { list: is_list_call(f.symbol) },
                     Role::ShimTask => CallRole::ShimTask,
                     Role::RuncSystemd => CallRole::RuncSystemd,

@@ -59,8 +59,11 @@ pub enum Role {
     /// nothing while locks are free: `Get` runs for every container at every
     /// relist, this only when a reader really waits.
     LockWait,
-    /// `(*statusStorage).Update`/`UpdateSync`: holds it for writing.
-    StatusUpdate,
+    /// Holds a container's lock for writing: containerd's Status store
+    /// (`(*statusStorage).Update`/`UpdateSync`, the receiver is the lock), CRI-O's
+    /// `opLock` (`(*runtimeOCI).UpdateContainer` and the other OCI runtime calls:
+    /// the receiver reported is the lock, at [`Recv`] in the container).
+    LockHold,
     /// A CRI handler (ListContainers, UpdateContainerResources, ...).
     CriHandler,
     /// A shim's task service method (containerd's ttrpc request to the shim).
@@ -101,11 +104,38 @@ pub struct Arg {
     pub gogo: &'static [&'static str],
 }
 
-impl Arg {
-    pub fn spec(arg: Option<Arg>) -> GoArgSpec {
-        arg.map_or(GoArgSpec { reg: GO_ARG_NONE, off: 0 }, |a| GoArgSpec { reg: a.reg, off: a.off })
-    }
+/// What the kernel captures at a function's entry: its string argument, and where
+/// its receiver is (RAX plus 0 when `recv` is none).
+pub fn arg_spec(arg: Option<Arg>, recv: Option<Recv>) -> GoArgSpec {
+    let (reg, off) = arg.map_or((GO_ARG_NONE, 0), |a| (a.reg, a.off));
+    let (recv_reg, recv_off) = recv.map_or((0, 0), |r| (r.reg, r.off));
+    GoArgSpec { reg, off, recv_reg, recv_off }
+}
 
+/// A call whose receiver, as plegwatch reports it, is a lock inside one of its
+/// arguments: register `reg` (Go register ABI order) plus the offset of a
+/// `sync.RWMutex` field of the struct it points to. The offset is read from the
+/// binary: from `rlocked_in`, a method that read-locks the same field of its own
+/// receiver (see `GoBinary::rlock_field_offset`), so that a field moved by a
+/// release is still found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recv {
+    pub reg: u32,
+    /// The lock's offset in the struct, once resolved.
+    pub off: u32,
+    pub rlocked_in: &'static str,
+}
+
+impl Recv {
+    /// This receiver with the offset `bin` really uses.
+    pub fn resolve(self, bin: &crate::proto::gosym::GoBinary) -> Result<Recv, String> {
+        let off = bin.rlock_field_offset(self.rlocked_in).map_err(|e| e.to_string())?;
+        let off = u32::try_from(off).map_err(|_| format!("{}: lock offset {off:#x} out of range", short(self.rlocked_in)))?;
+        Ok(Recv { off, ..self })
+    }
+}
+
+impl Arg {
     /// This argument with the offset `bin` really uses, or `None` (nothing
     /// captured) when the binary says nothing about the layout.
     pub fn resolve(self, bin: &crate::proto::gosym::GoBinary) -> Result<Arg, String> {
@@ -131,14 +161,20 @@ pub struct GoFuncSpec {
     pub symbol: &'static str,
     pub role: Role,
     pub arg: Option<Arg>,
+    /// Where its receiver is, when not RAX (a lock inside an argument).
+    pub recv: Option<Recv>,
 }
 
 const fn spec(symbol: &'static str, role: Role) -> GoFuncSpec {
-    GoFuncSpec { symbol, role, arg: None }
+    GoFuncSpec { symbol, role, arg: None, recv: None }
 }
 
 const fn with_arg(symbol: &'static str, role: Role, arg: Arg) -> GoFuncSpec {
-    GoFuncSpec { symbol, role, arg: Some(arg) }
+    GoFuncSpec { symbol, role, arg: Some(arg), recv: None }
+}
+
+const fn holding(symbol: &'static str, recv: Recv) -> GoFuncSpec {
+    GoFuncSpec { symbol, role: Role::LockHold, arg: None, recv: Some(recv) }
 }
 
 /// The getter (or gogo marker) `$m` of cri-api's `$t`, vendored (Debian's
@@ -279,12 +315,12 @@ pub const KUBELET: &[Group] = &[
 pub const CONTAINERD: &[Group] = &[
     runtime(LOCK_WAITS),
     need(&[
-        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
-        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Update", Role::StatusUpdate),
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).Update", Role::LockHold),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).Update", Role::LockHold),
     ]),
     need(&[
-        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
-        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate),
+        spec("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::LockHold),
+        spec("github.com/containerd/containerd/v2/internal/cri/store/container.(*statusStorage).UpdateSync", Role::LockHold),
     ]),
     need(&[
         spec("github.com/containerd/containerd/pkg/cri/server.(*criService).ListContainers", Role::CriHandler),
@@ -412,6 +448,60 @@ pub const RUNC: &[Group] = &[
     opt(&[spec("github.com/opencontainers/cgroups/systemd.(*LegacyManager).Set.setUnitProperties.func1", Role::RuncSystemd)]),
 ];
 
+/// CRI-O's OCI runtime calls that hold a container's `opLock` for writing while they
+/// run the runtime (`update`, `start`, `delete`, `state`, the stop loop's `kill`):
+/// `func (r *runtimeOCI) UpdateContainer(ctx context.Context, c *Container, res
+/// *rspec.LinuxResources) error`, and `(ctx, c)` for the others: RDI = c. The lock is
+/// `c.opLock`, the `sync.RWMutex` that `(*Container).State` read-locks (at 0xd0 in
+/// 1.35.6). Checked on CRI-O 1.35.6 (Go 1.25.5) and its sources at the tag.
+const OP_LOCK: Recv = Recv { reg: 3, off: 0, rlocked_in: "github.com/cri-o/cri-o/internal/oci.(*Container).State" };
+
+/// `(s *Server) M(ctx context.Context, req *types.MRequest)`: RDI = req (cri-api
+/// v0.35 in CRI-O 1.35.6; the field's offset is read from its getter).
+const STOP_CONTAINER: Arg =
+    cri_arg("container", cri!("StopContainerRequest", "GetContainerId"), cri!("StopContainerRequest", "XXX_Unmarshal"));
+const REMOVE_CONTAINER: Arg =
+    cri_arg("container", cri!("RemoveContainerRequest", "GetContainerId"), cri!("RemoveContainerRequest", "XXX_Unmarshal"));
+const STOP_SANDBOX: Arg =
+    cri_arg("sandbox", cri!("StopPodSandboxRequest", "GetPodSandboxId"), cri!("StopPodSandboxRequest", "XXX_Unmarshal"));
+
+/// CRI-O's CRI server and the OCI runtime calls that hold a container's `opLock`.
+/// Checked on CRI-O 1.35.6 (Go 1.25.5; `../shared/bin/crio-1.35.6`): every group
+/// found, entries and RETs decoded, `opLock` at 0xd0 (`probe-user/tests/real_binaries.rs`).
+///
+/// | function | prototype | read at entry |
+/// |---|---|---|
+/// | `server.(*Server).ListContainers`, `ListPodSandbox`, `ListContainerStats`, `CreateContainer`, `RunPodSandbox` | `func (s *Server) ListContainers(ctx context.Context, req *types.ListContainersRequest) (*types.ListContainersResponse, error)` | nothing |
+/// | `(*Server).ContainerStatus`, `UpdateContainerResources`, `StartContainer`, `StopContainer`, `RemoveContainer` | `func (s *Server) UpdateContainerResources(ctx context.Context, req *types.UpdateContainerResourcesRequest) (*types.UpdateContainerResourcesResponse, error)` | RDI = req; its `ContainerId` |
+/// | `(*Server).PodSandboxStatus`, `StopPodSandbox` | as above | RDI = req; its `PodSandboxId` |
+/// | `internal/oci.(*runtimeOCI).UpdateContainer`, `StartContainer`, `DeleteContainer`, `UpdateContainerStatus`, `StopLoopForContainer` | `func (r *runtimeOCI) UpdateContainer(ctx context.Context, c *Container, res *rspec.LinuxResources) error` | RDI = c: the receiver reported is `&c.opLock` |
+/// | `sync.runtime_SemacquireRWMutexR` | as for containerd: a reader parked while a writer holds the lock (`(*Container).State`) | RAX = `&rw.readerSem` |
+///
+/// In 1.35.6 the relist's own calls do not take `opLock` (`ListContainers` reads
+/// `StateNoLock`, `ListPodSandbox` the sandbox's own lock); what parks behind a held
+/// `opLock` is another update, `ListContainerStats`, a stop, the exit handler and,
+/// with NRI on, every lifecycle call.
+pub const CRIO: &[Group] = &[
+    runtime(LOCK_WAITS),
+    need(&[spec("github.com/cri-o/cri-o/server.(*Server).ListContainers", Role::CriHandler)]),
+    need(&[spec("github.com/cri-o/cri-o/server.(*Server).ListPodSandbox", Role::CriHandler)]),
+    need(&[with_arg("github.com/cri-o/cri-o/server.(*Server).ContainerStatus", Role::CriHandler, CONTAINER_STATUS)]),
+    need(&[with_arg("github.com/cri-o/cri-o/server.(*Server).PodSandboxStatus", Role::CriHandler, SANDBOX_STATUS)]),
+    need(&[with_arg("github.com/cri-o/cri-o/server.(*Server).UpdateContainerResources", Role::CriHandler, UPDATE_RESOURCES)]),
+    need(&[with_arg("github.com/cri-o/cri-o/server.(*Server).StartContainer", Role::CriHandler, START_CONTAINER)]),
+    need(&[with_arg("github.com/cri-o/cri-o/server.(*Server).StopContainer", Role::CriHandler, STOP_CONTAINER)]),
+    need(&[with_arg("github.com/cri-o/cri-o/server.(*Server).RemoveContainer", Role::CriHandler, REMOVE_CONTAINER)]),
+    need(&[with_arg("github.com/cri-o/cri-o/server.(*Server).StopPodSandbox", Role::CriHandler, STOP_SANDBOX)]),
+    need(&[spec("github.com/cri-o/cri-o/server.(*Server).CreateContainer", Role::CriHandler)]),
+    need(&[spec("github.com/cri-o/cri-o/server.(*Server).RunPodSandbox", Role::CriHandler)]),
+    need(&[spec("github.com/cri-o/cri-o/server.(*Server).ListContainerStats", Role::CriHandler)]),
+    need(&[holding("github.com/cri-o/cri-o/internal/oci.(*runtimeOCI).UpdateContainer", OP_LOCK)]),
+    need(&[holding("github.com/cri-o/cri-o/internal/oci.(*runtimeOCI).StartContainer", OP_LOCK)]),
+    need(&[holding("github.com/cri-o/cri-o/internal/oci.(*runtimeOCI).DeleteContainer", OP_LOCK)]),
+    need(&[holding("github.com/cri-o/cri-o/internal/oci.(*runtimeOCI).UpdateContainerStatus", OP_LOCK)]),
+    need(&[holding("github.com/cri-o/cri-o/internal/oci.(*runtimeOCI).StopLoopForContainer", OP_LOCK)]),
+];
+
 /// A kind of binary plegwatch probes.
 #[derive(Clone, Copy, Debug)]
 pub struct Target {
@@ -429,6 +519,8 @@ pub const TARGETS: &[Target] = &[
     Target { name: "containerd", by_comm: |c| c == "containerd", groups: CONTAINERD },
     Target { name: "containerd-shim", by_comm: |c| c.starts_with("containerd-shim"), groups: SHIM },
     Target { name: "runc", by_comm: |c| c == "runc", groups: RUNC },
+    // A release names its binary `crio`; a versioned copy (`crio-1.35.6`) keeps the prefix.
+    Target { name: "crio", by_comm: |c| c == "crio" || c.starts_with("crio-"), groups: CRIO },
 ];
 
 /// The target a process with `comm` runs, if any.
@@ -448,6 +540,14 @@ pub fn arg_text(bytes: &[u8]) -> Option<String> {
     ok.then(|| String::from_utf8_lossy(bytes).into_owned())
 }
 
+/// The lock a target's [`Role::LockHold`] calls hold, in words.
+pub fn held_lock(target: &str) -> (&'static str, &'static str) {
+    match target {
+        "crio" => ("opLock", "sync.RWMutex (CRI-O container opLock)"),
+        _ => ("Status lock", "sync.RWMutex (CRI container Status)"),
+    }
+}
+
 /// `pkg.(*T).Method` without the import path.
 pub fn short(symbol: &str) -> &str {
     symbol.rsplit('/').next().unwrap_or(symbol)
@@ -464,6 +564,9 @@ mod tests {
         assert_eq!(target_of("kubelet").map(|t| t.name), Some("kubelet"));
         assert_eq!(target_of("fake-kubelet").map(|t| t.name), Some("kubelet"));
         assert_eq!(target_of("runc").map(|t| t.name), Some("runc"));
+        assert_eq!(target_of("crio").map(|t| t.name), Some("crio"));
+        assert_eq!(target_of("crio-1.35.6").map(|t| t.name), Some("crio"));
+        assert!(target_of("criostat").is_none());
         assert!(target_of("containerd-stres").is_none());
         assert!(target_of("bash").is_none());
     }

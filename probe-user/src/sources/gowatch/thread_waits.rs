@@ -43,7 +43,7 @@ mod tests {
         let f = |symbol, role, arg| ProbedFunc { symbol, role, arg, target: "containerd", binary: PathBuf::from("/usr/bin/containerd") };
         let container = Some(Arg { name: "container", reg: 3, off: 0, getters: &[], gogo: &[] });
         HashMap::from([
-            (1, f("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::StatusUpdate, None)),
+            (1, f("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::LockHold, None)),
             (2, f("github.com/containerd/containerd/pkg/cri/server.(*criService).UpdateContainerResources", Role::CriHandler, container)),
         ])
     }
