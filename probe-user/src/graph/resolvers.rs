@@ -8,7 +8,7 @@
 //! | edge | from → to | exact when |
 //! |---|---|---|
 //! | `nested_call` | a Go call → the call it made, open on the same goroutine | always (same goroutine, entered later) |
-//! | `go_lock` | a CRI handler whose goroutine is parked on a Status lock's reader semaphore → the call holding that lock | always (the semaphore's address is 12 bytes into the lock the holder's receiver names) |
+//! | `go_lock` | a CRI handler (or a lock holder's call waiting its turn) whose goroutine is parked on a held lock's semaphore (a reader, or a writer) → the call holding that lock (containerd's Status store, CRI-O's `opLock`) | always (the semaphore's place in the lock is known by the function it parks in; the lock is the one the holder's receiver names) |
 //! | `same_goroutine` | a Go call → the kernel wait its goroutine is in | always (g read from TLS at `sys_enter`) |
 //! | `ttrpc` | containerd's call → the shim at the other end of the socket its goroutine's ttrpc request is outstanding on (`graph::ttrpc`); with no stream seen, the shim's task call for the same container C | exact by stream id; the container-id and socket-peer fallbacks are inferred |
 //! | `shim_mutex` | a shim task call → the earlier task call for the same container in that shim | inferred (the shim's per-process mutex is not probed) |
@@ -62,7 +62,8 @@ pub struct GoCallFact {
 #[derive(Clone, Debug, Default)]
 pub struct GoFacts {
     pub calls: Vec<GoCallFact>,
-    /// Goroutines parked on a Status lock's reader semaphore: (tgid, g) → lock address.
+    /// Goroutines parked on a held lock (a reader, or a writer waiting its turn):
+    /// (tgid, g) → lock address.
     pub parked: HashMap<(u32, u64), u64>,
     /// Outstanding ttrpc requests, for the exact containerd → shim edge.
     pub ttrpc: super::ttrpc::TtrpcFacts,
@@ -203,24 +204,13 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
             continue;
         }
         match c.role {
-            CallRole::CriHandler { .. } => {
-                if let Some(lock) = facts.parked.get(&(c.tgid, c.g)) {
-                    if let Some(h) =
-                        facts.calls.iter().find(|h| h.role == CallRole::StatusHolder && h.tgid == c.tgid && h.receiver == *lock)
-                    {
-                        out.push(edge(
-                            c.key,
-                            HeldBy::Wait(h.key),
-                            EdgeKind::GoLock,
-                            Exactness::Exact,
-                            format!("parked on Status lock {lock:#x}'s reader semaphore; {} holds it", h.function),
-                        ));
-                        continue;
-                    }
+            CallRole::CriHandler { .. } | CallRole::StatusHolder => {
+                if let Some(e) = lock_edge(c, facts) {
+                    out.push(e);
+                    continue;
                 }
                 out.extend(to_shim(c, container.as_deref(), facts, waits, procs));
             }
-            CallRole::StatusHolder => out.extend(to_shim(c, container.as_deref(), facts, waits, procs)),
             CallRole::ShimTask => out.extend(shim_inner_edge(c, facts, waits, procs, &kernel_by_g)),
             CallRole::RuncSystemd => {
                 let dbus = waits
@@ -245,6 +235,20 @@ pub fn go_edges(facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> V
 
 /// containerd's call → the shim it waits on: by the ttrpc stream its
 /// goroutine has outstanding (exact, see [`super::ttrpc`]), else by container.
+/// A call whose goroutine is parked on a lock (a reader, or a writer waiting its turn)
+/// → the call holding that lock: the oldest holder call on it whose own goroutine is
+/// not parked on it (a second update parks as a writer on the lock its call names).
+fn lock_edge(c: &GoCallFact, facts: &GoFacts) -> Option<Edge> {
+    let lock = *facts.parked.get(&(c.tgid, c.g))?;
+    let h = facts
+        .calls
+        .iter()
+        .filter(|h| h.role == CallRole::StatusHolder && h.tgid == c.tgid && h.receiver == lock && h.g != c.g)
+        .filter(|h| facts.parked.get(&(h.tgid, h.g)) != Some(&lock))
+        .min_by_key(|h| h.start_ns)?;
+    Some(edge(c.key, HeldBy::Wait(h.key), EdgeKind::GoLock, Exactness::Exact, format!("parked on lock {lock:#x}; {} holds it", h.function)))
+}
+
 fn to_shim(c: &GoCallFact, container: Option<&str>, facts: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> Option<Edge> {
     super::ttrpc::stream_edge(c, container, facts, waits, procs).or_else(|| shim_edge(c, container, facts, procs))
 }
@@ -468,6 +472,29 @@ mod tests {
         );
         assert_eq!(to(&shim_update), vec![(HeldBy::Wait(shim_delete.key), EdgeKind::ShimMutex, Exactness::Inferred)]);
         assert_eq!(to(&shim_delete), vec![(HeldBy::Wait(umount.key), EdgeKind::SameGoroutine, Exactness::Exact)]);
+    }
+
+    /// CRI-O: an update holds a container's `opLock` while its `runc update` hangs; a
+    /// second update parks as a writer on the same lock, and `ListContainerStats` as a
+    /// writer too. Each is linked to the first update, never to itself.
+    #[test]
+    fn writers_waiting_their_turn_are_held_by_the_holder() {
+        const CRIO: u32 = 300;
+        let first = call(CRIO, 0x10, 4, CallRole::StatusHolder, 5, None);
+        let second = call(CRIO, 0x20, 4, CallRole::StatusHolder, 6, None);
+        let stats = call(CRIO, 0x30, 7, CallRole::CriHandler { list: false }, 7, None);
+        let facts = GoFacts {
+            calls: vec![first.clone(), second.clone(), stats.clone()],
+            parked: HashMap::from([((CRIO, 0x20), 0xc000), ((CRIO, 0x30), 0xc000)]),
+            ..Default::default()
+        };
+        let edges = go_edges(&facts, &[], &mut FakeProcs::default());
+        for waiter in [&second, &stats] {
+            let e = find(&edges, waiter.key);
+            assert_eq!(e.len(), 1, "{edges:?}");
+            assert_eq!((e[0].kind, &e[0].to, e[0].exactness), (EdgeKind::GoLock, &HeldBy::Wait(first.key), Exactness::Exact));
+        }
+        assert!(find(&edges, first.key).iter().all(|e| e.kind != EdgeKind::GoLock), "the holder waits on no lock: {edges:?}");
     }
 
     #[test]

@@ -43,7 +43,7 @@ use aya::{
 use plegwatch_abi::{go_maps, GoCall, GoCallEnd, GoCallKey, Record};
 use serde_json::{json, Value};
 use std::{collections::HashMap, path::PathBuf, time::Duration};
-use targets::{arg_text, short, Role, READER_SEM_OFF};
+use targets::{arg_text, parks_a_writer, sem_off, short, Role, READER_SEM_OFF};
 use thread_waits::{container_of, KernelWaits};
 
 /// An open Go call: the registry's item for kinds `pleg_relist`, `go_lock`,
@@ -187,6 +187,7 @@ fn is_list_call(symbol: &str) -> bool {
 fn parked_what(symbol: Option<&str>, lock: u64) -> String {
     match symbol {
         Some("sync.runtime_SemacquireRWMutexR") => format!("parked on sync.RWMutex {lock:#x}'s read lock"),
+        Some(s) if parks_a_writer(s) => format!("parked on sync.RWMutex {lock:#x}'s write lock"),
         _ => format!(
             "parked on a sync lock's semaphore {:#x} (a read lock of sync.RWMutex {lock:#x} if it is one)",
             lock.wrapping_add(READER_SEM_OFF)
@@ -420,11 +421,16 @@ impl GoWatch {
             c.recent.push_back((rec.start_ns, rec.end_ns));
         }
         if role == Role::LockWait {
-            // Kept only for the Status locks: held now, or held before.
-            let lock = rec.receiver.wrapping_sub(READER_SEM_OFF);
+            // Kept only for the locks of held calls: held now, or held before.
+            let lock = rec.receiver.wrapping_sub(sem_off(symbol));
             let known = self.locks.contains_key(&(rec.tgid, lock)) || self.lock_holder(rec.tgid, lock).is_some();
             if known {
-                self.latency.record(target, "container.(*statusStorage).Get (waiting)", took);
+                let row = match (target, parks_a_writer(symbol)) {
+                    ("crio", true) => "opLock write (waiting)",
+                    ("crio", false) => "oci.(*Container).State (waiting)",
+                    _ => "container.(*statusStorage).Get (waiting)",
+                };
+                self.latency.record(target, row, took);
                 let l = self.locks.entry((rec.tgid, lock)).or_default();
                 l.gets += 1;
                 l.max_get_wait = l.max_get_wait.max(took);
@@ -508,11 +514,13 @@ impl GoWatch {
                 clock.last_start_ns = clock.last_start_ns.max(c.start_ns);
             }
             if f.role == Role::LockWait {
-                // A reader parked on an RWMutex: keyed by the lock it waits on.
-                let lock = c.receiver.wrapping_sub(READER_SEM_OFF);
-                let e = self.gets.entry(lock).or_insert((0, c.start_ns));
-                e.0 += 1;
-                e.1 = e.1.min(c.start_ns);
+                // A reader or writer parked on an RWMutex: keyed by the lock it waits on.
+                let lock = c.receiver.wrapping_sub(sem_off(f.symbol));
+                if !parks_a_writer(f.symbol) {
+                    let e = self.gets.entry(lock).or_insert((0, c.start_ns));
+                    e.0 += 1;
+                    e.1 = e.1.min(c.start_ns);
+                }
                 self.get_by_g.insert((c.tgid, k.g), lock);
                 self.parked_since.insert((c.tgid, k.g), (c.start_ns, k.func));
                 continue;

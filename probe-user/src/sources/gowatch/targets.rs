@@ -76,6 +76,30 @@ pub enum Role {
 /// `writerSem`, `readerSem`: Go 1.9 to 1.26).
 pub const READER_SEM_OFF: u64 = 12;
 
+/// Where in a `sync.RWMutex` the semaphore a [`Role::LockWait`] function parks on
+/// sits, by the function (its first argument, RAX, is the semaphore's address):
+/// - `sync.runtime_SemacquireRWMutexR` (Go >= 1.20): a reader (`RLock`), `readerSem` at 12;
+/// - `sync.runtime_SemacquireRWMutex` (Go >= 1.20): a writer waiting for the readers
+///   to leave (`Lock`), `writerSem` at 8;
+/// - `internal/sync.runtime_SemacquireMutex` (Go >= 1.24): a writer waiting for another
+///   writer: the `sema` of the lock's `w`, a `sync.Mutex` (`state`, then `sema`), at 4;
+/// - `sync.runtime_SemacquireMutex` (Go <= 1.19, where every contended sync lock parks
+///   in it): taken as a reader, at 12 (the case that matters there: a relist's `Get`).
+///
+/// Checked on Go 1.25.5 (CRI-O 1.35.6) and 1.19.8 (containerd 1.6.20) by disassembly.
+pub fn sem_off(symbol: &str) -> u64 {
+    match symbol {
+        "sync.runtime_SemacquireRWMutex" => 8,
+        "internal/sync.runtime_SemacquireMutex" => 4,
+        _ => READER_SEM_OFF,
+    }
+}
+
+/// Whether a [`Role::LockWait`] function parks a writer (see [`sem_off`]).
+pub fn parks_a_writer(symbol: &str) -> bool {
+    sem_off(symbol) != READER_SEM_OFF
+}
+
 /// The string argument captured at a function's entry (see [`GoArgSpec`]).
 ///
 /// Where the field sits in the request struct depends on the code generator
@@ -266,6 +290,20 @@ const fn opt(funcs: &'static [GoFuncSpec]) -> Group {
 const fn runtime(funcs: &'static [GoFuncSpec]) -> Group {
     Group { funcs, optional: false, runtime: true, only_with: None }
 }
+
+/// A runtime function only some Go versions have.
+const fn runtime_opt(funcs: &'static [GoFuncSpec]) -> Group {
+    Group { funcs, optional: true, runtime: true, only_with: None }
+}
+
+/// Where a writer of a `sync.RWMutex` parks (see [`sem_off`]): waiting for the
+/// readers to leave, or for another writer (Go >= 1.24: `internal/sync`). A CRI-O
+/// `ListContainerStats` waits here behind a held `opLock` (`ContainerStats` takes it for
+/// writing); so does a second update.
+const WRITER_WAITS: &[Group] = &[
+    runtime_opt(&[spec("sync.runtime_SemacquireRWMutex", Role::LockWait)]),
+    runtime_opt(&[spec("internal/sync.runtime_SemacquireMutex", Role::LockWait)]),
+];
 
 /// Where `sync.RWMutex.RLock` parks a reader while a writer holds the lock:
 /// `runtime_SemacquireRWMutexR` from Go 1.20, `runtime_SemacquireMutex`
@@ -483,6 +521,8 @@ const STOP_SANDBOX: Arg =
 /// with NRI on, every lifecycle call.
 pub const CRIO: &[Group] = &[
     runtime(LOCK_WAITS),
+    WRITER_WAITS[0],
+    WRITER_WAITS[1],
     need(&[spec("github.com/cri-o/cri-o/server.(*Server).ListContainers", Role::CriHandler)]),
     need(&[spec("github.com/cri-o/cri-o/server.(*Server).ListPodSandbox", Role::CriHandler)]),
     need(&[with_arg("github.com/cri-o/cri-o/server.(*Server).ContainerStatus", Role::CriHandler, CONTAINER_STATUS)]),
@@ -585,9 +625,12 @@ mod tests {
             for g in t.groups {
                 assert!(!g.funcs.is_empty());
                 assert!(g.funcs.iter().all(|s| s.role == g.funcs[0].role), "{:?}", g.funcs[0].symbol);
-                let only_some = g.funcs[0].symbol.contains("/sbserver.") || g.funcs[0].symbol.contains("(*LegacyManager).Set.");
+                let writer_wait = g.funcs[0].role == Role::LockWait && parks_a_writer(g.funcs[0].symbol);
+                let only_some =
+                    g.funcs[0].symbol.contains("/sbserver.") || g.funcs[0].symbol.contains("(*LegacyManager).Set.") || writer_wait;
                 assert_eq!(g.optional, only_some, "{:?}", g.funcs[0].symbol);
-                assert_eq!(g.runtime, g.funcs[0].symbol.starts_with("sync."), "{:?}", g.funcs[0].symbol);
+                let go_runtime = g.funcs[0].symbol.starts_with("sync.") || g.funcs[0].symbol.starts_with("internal/sync.");
+                assert_eq!(g.runtime, go_runtime, "{:?}", g.funcs[0].symbol);
             }
             assert!(t.groups.iter().any(|g| !g.runtime), "{}: matched by its own functions", t.name);
         }
@@ -602,6 +645,19 @@ mod tests {
         // The relist alone otherwise: a real kubelet's probes are unchanged.
         let kubelet = target_named("kubelet").unwrap();
         assert_eq!(kubelet.groups.iter().filter(|g| g.only_with.is_none()).count(), 1);
+    }
+
+    #[test]
+    fn each_park_names_its_semaphore_in_the_lock() {
+        assert_eq!(sem_off("sync.runtime_SemacquireRWMutexR"), 12);
+        assert_eq!(sem_off("sync.runtime_SemacquireMutex"), 12, "Go <= 1.19: taken as a reader");
+        assert_eq!(sem_off("sync.runtime_SemacquireRWMutex"), 8);
+        assert_eq!(sem_off("internal/sync.runtime_SemacquireMutex"), 4);
+        // Only CRI-O gets the writer waits.
+        for t in TARGETS {
+            let writers = t.groups.iter().filter(|g| g.funcs.iter().any(|f| f.role == Role::LockWait && parks_a_writer(f.symbol))).count();
+            assert_eq!(writers, if t.name == "crio" { 2 } else { 0 }, "{}", t.name);
+        }
     }
 
     #[test]
