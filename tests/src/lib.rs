@@ -43,6 +43,7 @@ pub mod canary;
 pub mod child;
 pub mod chromium;
 pub mod containerd;
+pub mod crio;
 pub mod dbus;
 pub mod dirty;
 pub mod events;

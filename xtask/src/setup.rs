@@ -26,6 +26,10 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "util-linux",
     "containerd",
     "runc",
+    // CRI-O's container monitor (the CRI-O scenarios; CRI-O itself is in ../shared/bin), and
+    // crun, its default runtime (cgroup v2 guests only: 1.8.1 refuses this host's hybrid v1).
+    "conmon",
+    "crun",
     "dbus-daemon",
     "dbus",
     // dbus-test-tool: a real D-Bus service to freeze in the D-Bus scenarios.

@@ -221,6 +221,22 @@ impl Cri {
             .map(drop)
     }
 
+    /// `ListContainerStats` of every container: the number of stats returned.
+    pub fn list_container_stats(&self) -> Result<usize> {
+        let r = self.runtime_call("ListContainerStats", |mut c, t| async move {
+            c.list_container_stats(req(api::ListContainerStatsRequest::default(), t)).await
+        })?;
+        Ok(r.stats.len())
+    }
+
+    /// `PullImage`: CRI-O pulls every image it runs (it has no import).
+    pub fn pull_image(&self, image: &str) -> Result<String> {
+        let request =
+            api::PullImageRequest { image: Some(api::ImageSpec { image: image.into(), ..Default::default() }), ..Default::default() };
+        let r = self.image_call("PullImage", |mut c, t| async move { c.pull_image(req(request, t)).await })?;
+        Ok(r.image_ref)
+    }
+
     /// Whether the CRI image service knows `image` (e.g. `docker.io/local/pause:1`).
     pub fn has_image(&self, image: &str) -> Result<bool> {
         let request = api::ImageStatusRequest { image: Some(api::ImageSpec { image: image.into(), ..Default::default() }), verbose: false };

@@ -818,7 +818,7 @@ pub fn in_ns(ns_pid: Option<u32>, program: impl AsRef<std::ffi::OsStr>) -> Comma
 /// Unmounts every mount at or under `dir` (deepest first, lazily if a plain umount fails),
 /// in the mount namespace of `ns_pid` if given (the shims mount the rootfs there); whether
 /// none is left. A namespace gone already has no mounts left to undo.
-fn unmount_under(dir: &Path, ns_pid: Option<u32>) -> bool {
+pub(crate) fn unmount_under(dir: &Path, ns_pid: Option<u32>) -> bool {
     if ns_pid.is_some_and(|p| !procs::alive(p)) {
         return true;
     }

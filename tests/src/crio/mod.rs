@@ -1,0 +1,251 @@
+//! A real CRI-O for the CRI-O scenarios: the release build of 1.35.6 and its `pinns` in
+//! [`shared_bin`] (`../shared/bin/README.md` says how they were built), Debian's conmon
+//! 2.1.6, and Debian's runc 1.1.5 behind `rt-wrap` (Debian's crun 1.8.1 cannot run CRI-O
+//! 1.35.6's bundles on this host: it refuses `ociVersion` 1.3.0, and cgroup v1 with
+//! `hugetlb` on the v2 hierarchy).
+//!
+//! Everything lives under one temp dir: the config (`crio.conf`: cgroupfs, overlay
+//! storage, its own socket, NRI off), the storage, the runtime's state and a one-image-set
+//! registry (`registry.py` on 127.0.0.1: CRI-O has no image import, it pulls) serving the
+//! same busybox images the containerd scenarios import. Outside it, CRI-O's image library
+//! keeps a cache at `/var/lib/containers/cache/blob-info-cache-v1.sqlite` (no option moves it).
+//!
+//! Fault hooks: [`Crio::stop_next_update`] makes the runtime's next `update` stop itself
+//! (SIGSTOP) before runc runs, as a hung runtime would; [`Crio::continue_stopped`] lifts it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+
+use crate::containerd::cri::Cri;
+use crate::containerd::image::{busybox_layer, digest};
+use crate::containerd::procs;
+use crate::containerd::version::shared_bin;
+
+/// The CRI-O release the scenarios run.
+pub const CRIO_BIN: &str = "crio-1.35.6";
+/// Its namespace pinner, from the same build.
+pub const PINNS_BIN: &str = "pinns-1.35.6";
+/// The monitor CRI-O starts for each container (Debian's `conmon`).
+pub const CONMON: &str = "/usr/bin/conmon";
+/// The workload image, as pulled from the scenario's registry (its port is added).
+pub const BUSYBOX_REPO: &str = "local/busybox:1";
+/// The pod sandbox (infra) image: `sleep` forever, its `Cmd` (`pause_command = ""`).
+pub const PAUSE_REPO: &str = "local/pause:1";
+
+const CONFIG: &str = include_str!("crio.conf");
+const RT_WRAP: &str = include_str!("rt-wrap");
+const REGISTRY: &str = include_str!("registry.py");
+
+/// A running CRI-O with its registry. Dropping it stops every pod, CRI-O and the registry,
+/// and removes what they left (mounts first).
+pub struct Crio {
+    dir: PathBuf,
+    daemon: Child,
+    registry: Child,
+    port: u16,
+    cri: Cri,
+}
+
+impl Crio {
+    /// How long CRI-O may take to answer on its socket.
+    const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// The binaries the bed needs, or why it cannot run here.
+    pub fn missing() -> Option<String> {
+        let bin = shared_bin();
+        [bin.join(CRIO_BIN), bin.join(PINNS_BIN), PathBuf::from(CONMON), PathBuf::from("/usr/sbin/runc"), PathBuf::from("/bin/busybox")]
+            .into_iter()
+            .find(|p| !p.is_file())
+            .map(|p| format!("{} is missing (cargo xtask setup installs conmon, runc and busybox-static)", p.display()))
+    }
+
+    /// Starts the registry and CRI-O, and pulls both images.
+    pub fn start() -> Result<Self> {
+        let dir = tempfile::Builder::new().prefix("plegwatch-crio-").tempdir().context("temp dir")?.keep();
+        let t = dir.clone();
+        let (registry, port) = start_registry(&t)?;
+        for sub in ["conf.d", "registries.d", "cni-net", "cni-bin", "pods-log", "policies", "auth"] {
+            std::fs::create_dir_all(t.join(sub))?;
+        }
+        let fill = |text: &str| {
+            text.replace("@T@", &t.to_string_lossy())
+                .replace("@PORT@", &port.to_string())
+                .replace("@PINNS@", &shared_bin().join(PINNS_BIN).to_string_lossy())
+        };
+        std::fs::write(t.join("crio.conf"), fill(CONFIG))?;
+        let wrap = t.join("rt-wrap");
+        std::fs::write(&wrap, fill(RT_WRAP))?;
+        std::fs::set_permissions(&wrap, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        std::fs::write(t.join("policy.json"), json!({"default": [{"type": "insecureAcceptAnything"}]}).to_string())?;
+        std::fs::write(t.join("registries.conf"), format!("[[registry]]\nlocation = \"127.0.0.1:{port}\"\ninsecure = true\n"))?;
+        let log = std::fs::File::create(t.join("crio.log"))?;
+        let daemon = Command::new(shared_bin().join(CRIO_BIN))
+            .arg("--config")
+            .arg(t.join("crio.conf"))
+            .arg("--config-dir")
+            .arg(t.join("conf.d"))
+            .arg("--registries-conf")
+            .arg(t.join("registries.conf"))
+            .arg("--registries-conf-dir")
+            .arg(t.join("registries.d"))
+            .current_dir(&t)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("start crio")?;
+        let socket = t.join("crio.sock");
+        let began = Instant::now();
+        let cri = loop {
+            if socket.exists() {
+                if let Ok(cri) = Cri::connect(&socket) {
+                    if cri.version().is_ok() {
+                        break cri;
+                    }
+                }
+            }
+            if began.elapsed() > Self::START_TIMEOUT {
+                bail!("crio did not answer on {} within {:?}:\n{}", socket.display(), Self::START_TIMEOUT, log_tail(&t, 30));
+            }
+            thread::sleep(Duration::from_millis(100));
+        };
+        let me = Crio { dir, daemon, registry, port, cri };
+        for repo in [PAUSE_REPO, BUSYBOX_REPO] {
+            me.cri.pull_image(&me.image(repo)).with_context(|| format!("pull {repo}\n{}", log_tail(&t, 30)))?;
+        }
+        Ok(me)
+    }
+
+    /// The CRI client on CRI-O's socket.
+    pub fn cri(&self) -> &Cri {
+        &self.cri
+    }
+
+    /// CRI-O's process id.
+    pub fn pid(&self) -> u32 {
+        self.daemon.id()
+    }
+
+    /// `repo` (`local/busybox:1`) as pulled from the scenario's registry.
+    pub fn image(&self, repo: &str) -> String {
+        format!("127.0.0.1:{}/{repo}", self.port)
+    }
+
+    /// The temp dir everything lives in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The runtime's next `update` stops itself before runc runs.
+    pub fn stop_next_update(&self) -> Result<()> {
+        std::fs::write(self.dir().join("stop-update"), b"").context("stop-update")
+    }
+
+    /// The runtime wrappers a fault hook stopped: CRI-O's children named `rt-wrap` in state T.
+    pub fn stopped_runtimes(&self) -> Vec<u32> {
+        procs::stopped_children(self.pid(), "rt-wrap")
+    }
+
+    /// Removes the hook and continues every runtime it stopped.
+    pub fn continue_stopped(&self) {
+        let _ = std::fs::remove_file(self.dir().join("stop-update"));
+        for pid in self.stopped_runtimes() {
+            procs::signal_child(pid, self.pid(), "rt-wrap", libc::SIGCONT);
+        }
+    }
+
+    /// The last `n` lines of CRI-O's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        log_tail(self.dir(), n)
+    }
+}
+
+impl Drop for Crio {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            eprintln!("{}", self.log_tail(60));
+        }
+        self.continue_stopped();
+        let cri = self.cri.with_timeout(Duration::from_secs(20));
+        if let Ok(pods) = cri.list_pod_sandbox() {
+            for p in pods {
+                if let Err(e) = cri.stop_pod_sandbox(&p.id).and_then(|_| cri.remove_pod_sandbox(&p.id)) {
+                    eprintln!("cleanup: pod {}: {e:#}", p.id);
+                }
+            }
+        }
+        // SAFETY: kill(2) on the crio this bed started.
+        unsafe { libc::kill(self.daemon.id() as libc::pid_t, libc::SIGTERM) };
+        let began = Instant::now();
+        while matches!(self.daemon.try_wait(), Ok(None)) && began.elapsed() < Duration::from_secs(10) {
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.daemon.kill();
+        let _ = self.daemon.wait();
+        let _ = self.registry.kill();
+        let _ = self.registry.wait();
+        if crate::containerd::daemon::unmount_under(&self.dir, None) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("cleanup: mounts remain under {}; leaving its files in place", self.dir.display());
+        }
+    }
+}
+
+/// Writes the images' blobs and manifests under `t/registry` and starts `registry.py` on
+/// them; returns it and its port.
+fn start_registry(t: &Path) -> Result<(Child, u16)> {
+    let root = t.join("registry");
+    let blobs = root.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs)?;
+    let layer = busybox_layer()?;
+    for (repo, argv) in [(PAUSE_REPO, ["sleep", "2147483647"]), (BUSYBOX_REPO, ["sleep", "2147483647"])] {
+        let config = serde_json::to_vec(&json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": { "Env": ["PATH=/bin"], "Cmd": argv, "WorkingDir": "/" },
+            "rootfs": { "type": "layers", "diff_ids": [digest(&layer)] },
+        }))?;
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": { "mediaType": "application/vnd.oci.image.config.v1+json", "digest": digest(&config), "size": config.len() },
+            "layers": [{ "mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": digest(&layer), "size": layer.len() }],
+        }))?;
+        for blob in [&layer, &config, &manifest] {
+            std::fs::write(blobs.join(digest(blob).trim_start_matches("sha256:")), blob)?;
+        }
+        let (name, tag) = repo.rsplit_once(':').context("repo:tag")?;
+        let dir = root.join("manifests").join(name);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join(tag), &manifest)?;
+    }
+    let script = t.join("registry.py");
+    std::fs::write(&script, REGISTRY)?;
+    let log = std::fs::File::create(t.join("registry.log"))?;
+    let mut child = Command::new("python3")
+        .arg(&script)
+        .arg(&root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .context("start the registry")?;
+    let out = child.stdout.take().context("registry stdout")?;
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line).context("the registry's port")?;
+    let port = line.trim().parse().with_context(|| format!("the registry printed {line:?}, not a port"))?;
+    Ok((child, port))
+}
+
+fn log_tail(t: &Path, n: usize) -> String {
+    let log = std::fs::read_to_string(t.join("crio.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    format!("crio log (last {n} lines):\n{}", lines[lines.len().saturating_sub(n)..].join("\n"))
+}

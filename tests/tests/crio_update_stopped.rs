@@ -1,0 +1,191 @@
+//! CRI-O with its OCI runtime stopped under a container's `opLock`: CRI-O's version of a
+//! hung runtime behind a container lock (containerd#9770's shape), on real CRI-O 1.35.6,
+//! conmon 2.1.6 and runc 1.1.5 (see `plegwatch_scenarios::crio`).
+//!
+//! `UpdateContainerResources` runs `runc update` (through the bed's wrapper) while
+//! `(*runtimeOCI).UpdateContainer` holds the container's `opLock`; the wrapper stops
+//! itself (SIGSTOP) before runc runs. A second update then parks on the lock as a reader
+//! (`(*Container).State`), and `ListContainerStats` as a writer (`ContainerStats` takes
+//! it for writing). plegwatch must raise one incident, within 1 s of `--warn`:
+//! UpdateContainerResources → `UpdateContainer` holding opLock → its `waitid` on the
+//! runtime → the runtime, stopped; with the second update and the stats call in it; and
+//! resolve it once the runtime goes on.
+//!
+//! In 1.35.6 the relist's own calls take no `opLock` (ListContainers reads
+//! `StateNoLock`, ListPodSandbox the sandbox's own lock): a relist driver (kubelet's
+//! relist CRI traffic; there is no kubelet) runs throughout and must stay fast and out of
+//! the incident.
+
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use plegwatch_scenarios::containerd::cri::{container, host_network_pod, resources, LatencyStats, ListCall, Pod, RelistDriver};
+use plegwatch_scenarios::crio::{Crio, BUSYBOX_REPO};
+use plegwatch_scenarios::events::Event;
+use plegwatch_scenarios::incidents::{self, Incident};
+use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
+use plegwatch_scenarios::{preflight, Plegwatch};
+use serde_json::Value;
+
+const WARN: Duration = Duration::from_secs(2);
+/// How long the runtime stays stopped once the incident is up.
+const HOLD_AFTER_RAISED: Duration = Duration::from_secs(2);
+
+fn what(h: &Value) -> &str {
+    h["what"].as_str().unwrap_or_default()
+}
+
+fn function(e: &Event) -> &str {
+    e.str("/detail/function").unwrap_or_default()
+}
+
+#[test]
+fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Result<()> {
+    preflight::require();
+    if let Some(why) = Crio::missing() {
+        preflight::skip("crio_update_stopped", &why);
+        return Ok(());
+    }
+    let crio = Crio::start()?;
+    let cri = crio.cri().clone();
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    plegwatch.wait_ready(READY_TIMEOUT)?;
+    let probed = plegwatch.wait_for(Duration::from_secs(30), |e| {
+        e.is("target") && e.str("/target") == Some("crio") && e.u64("/pid") == Some(u64::from(crio.pid()))
+    });
+    let probed = probed.with_context(|| format!("no target line for crio pid {}", crio.pid()))?;
+    ensure!(probed.str("/status") == Some("probed"), "crio was not probed: {}", probed.json);
+
+    let mut sandbox = host_network_pod("crioupdate", "", &crio.dir().join("pods-log"))?;
+    // A pod-wide PID namespace, as kubelet asks by default: CRI-O then runs an infra
+    // container (with a host-network pod and a per-container PID namespace it runs none).
+    if let Some(ns) = sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
+        ns.pid = k8s_cri::v1::NamespaceMode::Pod as i32;
+    }
+    let pod = Pod::run(&cri, sandbox)?;
+    let image = crio.image(BUSYBOX_REPO);
+    let mut config = container("sleeper", &image, &["sleep", "100000"]);
+    if let Some(i) = config.image.as_mut() {
+        // CRI-O checks the image's signature policy against the name the user gave.
+        i.user_specified_image = image.clone();
+    }
+    let ctr = pod.run_container(&config)?;
+    let relist = RelistDriver::start(&cri, Duration::from_millis(200));
+
+    // The fault: the next update's runtime stops itself under the opLock.
+    crio.stop_next_update()?;
+    let sent = Instant::now();
+    let first = {
+        let (cri, ctr) = (cri.clone(), ctr.clone());
+        thread::spawn(move || cri.update_container_resources(&ctr, &resources(512, 100_000, 50_000)).map(|()| Instant::now()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stopped = loop {
+        if let Some(&pid) = crio.stopped_runtimes().first() {
+            break pid;
+        }
+        ensure!(Instant::now() < deadline, "the runtime's update never stopped:\n{}", crio.log_tail(30));
+        thread::sleep(Duration::from_millis(20));
+    };
+    let stopped_at = Instant::now();
+    // Behind it: a second update (a reader of the lock) and the stats (a writer).
+    let second = {
+        let (cri, ctr) = (cri.clone(), ctr.clone());
+        thread::spawn(move || cri.update_container_resources(&ctr, &resources(256, 100_000, 50_000)).map(|()| Instant::now()))
+    };
+    let stats = {
+        let cri = cri.clone();
+        thread::spawn(move || cri.list_container_stats().map(|_| Instant::now()))
+    };
+    let raised = plegwatch.wait_for(WARN + Duration::from_secs(4), |e| {
+        e.is("incident") && Incident::chain(e).last().is_some_and(|h| h["pid"].as_u64() == Some(u64::from(stopped)))
+    });
+    if raised.is_some() {
+        thread::sleep(HOLD_AFTER_RAISED);
+    }
+    let lifted = Instant::now();
+    crio.continue_stopped();
+    let ended = |h: thread::JoinHandle<Result<Instant>>, what: &str| -> Result<Instant> {
+        h.join().map_err(|_| anyhow::anyhow!("{what} panicked"))?.with_context(|| what.to_string())
+    };
+    let first_done = ended(first, "the first update")?;
+    let second_done = ended(second, "the second update")?;
+    let stats_done = ended(stats, "ListContainerStats")?;
+    plegwatch.wait_for(Duration::from_secs(5), |e| e.is("incident_resolved"));
+    let calls = relist.stop(Duration::from_secs(10));
+    let events = plegwatch.stop()?;
+    let all = || plegwatch_scenarios::events::dump(&events, sent);
+    drop(pod);
+
+    // One incident, down to the stopped runtime.
+    let is_holder = |h: &Value| h["kind"] == "go_lock" && what(h).contains("UpdateContainer holding opLock");
+    let i = incidents::the_one_since(&events, WARN, Some(sent), Some(lifted), is_holder).map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
+    let line = i
+        .line_where(|c| c.last().is_some_and(|h| h["pid"].as_u64() == Some(u64::from(stopped))))
+        .with_context(|| format!("incident #{} never reached the stopped runtime (pid {stopped}):\n{}", i.id, all()))?;
+    let chain = Incident::chain(line);
+    let text = incidents::chain_text(&chain);
+    let kinds: Vec<&str> = chain.iter().map(|h| h["kind"].as_str().unwrap_or("?")).collect();
+    assert_eq!(kinds, ["cri_call", "go_lock", "child_wait", "process"], "{text}");
+    let link = |n: usize| (chain[n]["edge"].as_str(), chain[n]["exactness"].as_str());
+    assert!(what(&chain[0]).contains("UpdateContainerResources") && what(&chain[0]).contains(&ctr[..12]), "{text}");
+    assert_eq!(link(0), (Some("nested_call"), Some("exact")), "{text}");
+    assert_eq!(link(1), (Some("same_goroutine"), Some("exact")), "the holder's goroutine waits on its runtime:\n{text}");
+    assert!(what(&chain[2]).contains(&format!("pid {stopped}")), "{text}");
+    assert_eq!(link(2), (Some("child"), Some("exact")), "{text}");
+    assert!(what(&chain[3]).contains("state T"), "{text}");
+    assert!(chain.iter().all(|h| h["pid"].as_u64() != Some(0)), "{text}");
+
+    // The waiters behind the lock are in it, each held by the update.
+    let waiting = |f: &str| events.iter().find(|e| e.is("stall") && function(e).ends_with(f) && e.at >= stopped_at).cloned();
+    let in_incident = |e: &Event| {
+        let id = e.u64("/id");
+        i.lines.iter().any(|l| l.get("/waits").and_then(Value::as_array).is_some_and(|w| w.iter().any(|x| x.as_u64() == id)))
+    };
+    for f in [".(*Server).ListContainerStats", ".(*Server).UpdateContainerResources"] {
+        let stall = waiting(f).with_context(|| format!("no stall for {f} behind the lock:\n{}", all()))?;
+        assert!(
+            stall.str("/holder/what").is_some_and(|w| w.contains("UpdateContainer holding opLock")),
+            "{f} should be held by the update holding the opLock: {}",
+            stall.json
+        );
+        assert!(in_incident(&stall), "{f}'s wait is not in incident #{}:\n{}", i.id, all());
+    }
+
+    // The relist stayed fast and out of it.
+    let during = |c: &plegwatch_scenarios::containerd::cri::TimedCall| c.started >= stopped_at && c.ended() <= lifted;
+    for call in [ListCall::PodSandbox, ListCall::Containers] {
+        let s = LatencyStats::of(&calls, call, during).with_context(|| format!("no {} during the stall", call.method()))?;
+        assert!(s.max < Duration::from_secs(1) && s.failed == 0, "{} during the stall: {s}", call.method());
+    }
+    assert!(
+        !i.lines
+            .iter()
+            .any(|l| Incident::chain(l).iter().any(|h| what(h).contains("ListContainers") || what(h).contains("ListPodSandbox"))),
+        "the relist's calls are in the incident:\n{}",
+        all()
+    );
+
+    // The hold, as plegwatch measured it, against the block the test measured.
+    let lock = events
+        .iter()
+        .find(|e| e.is("stall") && e.str("/kind") == Some("go_lock") && function(e).ends_with(".(*runtimeOCI).UpdateContainer"))
+        .with_context(|| format!("no stall for the opLock hold:\n{}", all()))?;
+    let held = events
+        .iter()
+        .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
+        .and_then(|e| e.f64("/waited_s"))
+        .with_context(|| format!("the hold never resolved:\n{}", all()))?;
+    let blocked = first_done.duration_since(sent).as_secs_f64();
+    assert!((held - blocked).abs() < 0.5, "opLock held {held:.3} s by plegwatch, the update blocked {blocked:.3} s");
+    eprintln!(
+        "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}\nopLock held {held:.3}s (update blocked {blocked:.3}s, \
+         second update {:.3}s, ListContainerStats {:.3}s)",
+        i.id,
+        i.raised_after_warn(WARN).as_secs_f64(),
+        second_done.duration_since(stopped_at).as_secs_f64(),
+        stats_done.duration_since(stopped_at).as_secs_f64()
+    );
+    Ok(())
+}
