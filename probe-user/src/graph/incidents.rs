@@ -255,6 +255,9 @@ struct Open {
     end: End,
     /// The deepest wait of its chain (none for a cycle).
     root: Option<WaitKey>,
+    /// What holds the root when that is not a wait (a stopped process, a device, the
+    /// kernel): its kind and, for one waits can share, its id.
+    terminal: Option<(&'static str, Option<HolderId>)>,
     level: Level,
     longest_chain: Vec<Hop>,
     /// The PLEG budget used at the last scan.
@@ -496,6 +499,10 @@ impl Incidents {
             chain.push(terminal_hop(t));
         }
         let root = root_key.and_then(|r| graph.hop(r, clocks.now_ns, true, ids));
+        let terminal = root_key.and_then(|r| graph.best.get(&r)).and_then(|e| match &e.to {
+            HeldBy::Terminal(t) => Some((t.kind, t.id)),
+            HeldBy::Wait(_) => None,
+        });
         let symptom_hop = chain.first().cloned()?;
         let attached: Vec<Hop> = members
             .iter()
@@ -519,7 +526,9 @@ impl Incidents {
                 self.raised += 1;
                 (id, Some(Vec::new()), Vec::new(), *oldest)
             }
-            Some(p) => (p.id, what_changed(p, level, root_key, *end, &path), p.longest_chain.clone(), p.first_start_ns.min(*oldest)),
+            Some(p) => {
+                (p.id, what_changed(p, level, root_key, *end, &path, terminal), p.longest_chain.clone(), p.first_start_ns.min(*oldest))
+            }
         };
         if chain.len() > longest.len() {
             longest = chain.clone();
@@ -553,6 +562,7 @@ impl Incidents {
             started_at,
             end: *end,
             root: root_key,
+            terminal,
             level,
             longest_chain: longest,
             budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
@@ -594,8 +604,17 @@ fn group_by_end(graph: &Graph<'_>, waits: &[OpenWait], now_ns: u64) -> Vec<Group
 }
 
 /// Why an open incident's line is printed again, if it is: its level rose, its root
-/// moved deeper (or it became a cycle), or its chain shows a wait it did not have.
-fn what_changed(p: &Open, level: Level, root_key: Option<WaitKey>, end: End, path: &[WaitKey]) -> Option<Vec<&'static str>> {
+/// moved deeper (or it became a cycle), or its chain shows a wait it did not have or a
+/// new holder of its root (a process found stopped, a D-Bus name's owner once the bus
+/// daemon answered, a device).
+fn what_changed(
+    p: &Open,
+    level: Level,
+    root_key: Option<WaitKey>,
+    end: End,
+    path: &[WaitKey],
+    terminal: Option<(&'static str, Option<HolderId>)>,
+) -> Option<Vec<&'static str>> {
     let mut why = Vec::new();
     if level > p.level {
         why.push("level");
@@ -609,7 +628,7 @@ fn what_changed(p: &Open, level: Level, root_key: Option<WaitKey>, end: End, pat
     }
     // A chain that only got shorter (its deepest waits ended), or that now shows waits
     // the incident already had, is not news.
-    let grew = path.iter().any(|k| !p.waits.contains(k));
+    let grew = path.iter().any(|k| !p.waits.contains(k)) || (terminal.is_some() && terminal != p.terminal);
     if grew && !root_moved {
         why.push("chain");
     }
@@ -817,6 +836,53 @@ mod tests {
         let mut b = builder();
         let c = b.scan(&waits, &edges, Clocks { relist_start_ns: Some(90 * S), ..clocks(105) }, &|_| true, &mut ids);
         assert!((raised(&c)[0].budget_used - 15.0 / 180.0).abs() < 1e-9);
+    }
+
+    /// A D-Bus call raised before the bus daemon said who owns its name: once the owner
+    /// is known (a stopped process), the incident's line is printed again with it at the
+    /// end of its chain (a guest run resolved such an incident having printed only the
+    /// chain without its holder). The same holder again is not news.
+    #[test]
+    fn a_root_whose_holder_is_found_later_prints_its_chain_again() {
+        let call = wait(1, WaitKind::DbusCall, "D-Bus StartTransientUnit", 100);
+        let mut b = builder();
+        let c = run(&mut b, std::slice::from_ref(&call), &[], 110);
+        assert_eq!(raised(&c)[0].chain.len(), 1);
+        let systemd = Terminal {
+            id: Some(HolderId::Process(9)),
+            kind: "process",
+            pid: Some(9),
+            comm: Some("systemd".into()),
+            what: "stopped (state T)".into(),
+        };
+        let owner = Edge {
+            from: call.key,
+            to: HeldBy::Terminal(systemd),
+            kind: EdgeKind::DbusOwner,
+            evidence: "owner".into(),
+            exactness: Exactness::Exact,
+        };
+        let c = run(&mut b, std::slice::from_ref(&call), std::slice::from_ref(&owner), 111);
+        let r = raised(&c);
+        assert_eq!(r.len(), 1, "{c:?}");
+        assert_eq!(r[0].changed, vec!["chain"]);
+        assert_eq!(r[0].chain.last().map(|h| (h.kind.as_str(), h.pid)), Some(("process", Some(9))));
+        assert!(run(&mut b, std::slice::from_ref(&call), std::slice::from_ref(&owner), 112).is_empty(), "the same holder again");
+        // A terminal without an id (the kernel) is news too, once.
+        let nl = wait(2, WaitKind::NetlinkRequest, "route", 100);
+        let mut b = builder();
+        run(&mut b, std::slice::from_ref(&nl), &[], 110);
+        let kernel = Terminal { id: None, kind: "kernel", pid: None, comm: None, what: "the kernel: no reply".into() };
+        let no_reply = Edge {
+            from: nl.key,
+            to: HeldBy::Terminal(kernel),
+            kind: EdgeKind::NoReply,
+            evidence: "seq".into(),
+            exactness: Exactness::Exact,
+        };
+        let c = run(&mut b, std::slice::from_ref(&nl), std::slice::from_ref(&no_reply), 111);
+        assert_eq!(raised(&c).first().map(|i| i.changed.clone()), Some(vec!["chain"]));
+        assert!(run(&mut b, std::slice::from_ref(&nl), std::slice::from_ref(&no_reply), 112).is_empty());
     }
 
     #[test]
