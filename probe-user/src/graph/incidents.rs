@@ -255,9 +255,10 @@ struct Open {
     end: End,
     /// The deepest wait of its chain (none for a cycle).
     root: Option<WaitKey>,
-    /// What holds the root when that is not a wait (a stopped process, a device, the
-    /// kernel): its kind and, for one waits can share, its id.
-    terminal: Option<(&'static str, Option<HolderId>)>,
+    /// Every holder its root has had that is not a wait (a stopped process, a device, the
+    /// kernel): its kind and, for one waits can share, its id. One seen before is not news
+    /// again (a root whose holder comes and goes does not print a line each time).
+    terminals: Vec<(&'static str, Option<HolderId>)>,
     level: Level,
     longest_chain: Vec<Hop>,
     /// The PLEG budget used at the last scan.
@@ -519,6 +520,7 @@ impl Incidents {
         if prev.is_some() {
             keys.extend(carried);
         }
+        let mut terminals = prev.as_ref().map(|p| p.terminals.clone()).unwrap_or_default();
         let (id, changed, mut longest, first_start) = match &prev {
             None => {
                 let id = self.next_id;
@@ -562,7 +564,12 @@ impl Incidents {
             started_at,
             end: *end,
             root: root_key,
-            terminal,
+            terminals: {
+                if let Some(t) = terminal.filter(|t| !terminals.contains(t)) {
+                    terminals.push(t);
+                }
+                terminals
+            },
             level,
             longest_chain: longest,
             budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
@@ -628,7 +635,7 @@ fn what_changed(
     }
     // A chain that only got shorter (its deepest waits ended), or that now shows waits
     // the incident already had, is not news.
-    let grew = path.iter().any(|k| !p.waits.contains(k)) || (terminal.is_some() && terminal != p.terminal);
+    let grew = path.iter().any(|k| !p.waits.contains(k)) || terminal.is_some_and(|t| !p.terminals.contains(&t));
     if grew && !root_moved {
         why.push("chain");
     }
@@ -868,6 +875,9 @@ mod tests {
         assert_eq!(r[0].changed, vec!["chain"]);
         assert_eq!(r[0].chain.last().map(|h| (h.kind.as_str(), h.pid)), Some(("process", Some(9))));
         assert!(run(&mut b, std::slice::from_ref(&call), std::slice::from_ref(&owner), 112).is_empty(), "the same holder again");
+        // A holder that comes and goes is news the first time only.
+        assert!(run(&mut b, std::slice::from_ref(&call), &[], 113).is_empty(), "gone: the chain only got shorter");
+        assert!(run(&mut b, std::slice::from_ref(&call), std::slice::from_ref(&owner), 114).is_empty(), "back: seen before");
         // A terminal without an id (the kernel) is news too, once.
         let nl = wait(2, WaitKind::NetlinkRequest, "route", 100);
         let mut b = builder();
