@@ -204,6 +204,16 @@ pub struct Links {
 }
 
 impl Graph<'_> {
+    /// The hops of `path` (its `root_key` marked as the root), then the root's holder when
+    /// that is not a wait: an incident's chain, or one wait's from it down.
+    fn chain(&self, path: &[WaitKey], root_key: Option<WaitKey>, now_ns: u64, ids: &mut dyn FnMut(WaitKey) -> u64) -> Vec<Hop> {
+        let mut chain: Vec<Hop> = path.iter().filter_map(|k| self.hop(*k, now_ns, Some(*k) == root_key, ids)).collect();
+        if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| self.best.get(&r)).map(|e| &e.to) {
+            chain.push(terminal_hop(t));
+        }
+        chain
+    }
+
     /// The links of wait `key` in this graph (empty when it is not in it).
     pub fn links(&self, key: WaitKey, now_ns: u64, ids: &mut dyn FnMut(WaitKey) -> u64) -> Links {
         if !self.waits.contains_key(&key) {
@@ -214,10 +224,7 @@ impl Graph<'_> {
             End::Cycle(_) => None,
             _ => path.last().copied(),
         };
-        let mut chain: Vec<Hop> = path.iter().filter_map(|k| self.hop(*k, now_ns, Some(*k) == root_key, ids)).collect();
-        if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| self.best.get(&r)).map(|e| &e.to) {
-            chain.push(terminal_hop(t));
-        }
+        let chain = self.chain(&path, root_key, now_ns, ids);
         let holder = chain.get(1).cloned();
         let cause = root_key.filter(|r| *r != key).and_then(|_| chain.iter().find(|h| h.root).cloned());
         Links { holder, cause, chain }
@@ -495,10 +502,7 @@ impl Incidents {
             End::Cycle(_) => None,
             _ => path.last().copied(),
         };
-        let mut chain: Vec<Hop> = path.iter().filter_map(|k| graph.hop(*k, clocks.now_ns, Some(*k) == root_key, ids)).collect();
-        if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| graph.best.get(&r)).map(|e| &e.to) {
-            chain.push(terminal_hop(t));
-        }
+        let chain = graph.chain(&path, root_key, clocks.now_ns, ids);
         let root = root_key.and_then(|r| graph.hop(r, clocks.now_ns, true, ids));
         let terminal = root_key.and_then(|r| graph.best.get(&r)).and_then(|e| match &e.to {
             HeldBy::Terminal(t) => Some((t.kind, t.id)),
