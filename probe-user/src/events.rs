@@ -108,6 +108,14 @@ pub struct Ready {
     pub imminent_s: f64,
 }
 
+impl Ready {
+    /// The `ready` line of this contract ([`CONTRACT`]), for `pid` with these probes
+    /// and levels (seconds).
+    pub fn new(pid: u32, probes: Vec<ProbeChoice>, warn_s: f64, critical_s: f64, imminent_s: f64) -> Self {
+        Ready { contract: CONTRACT, pid, probes, warn_s, critical_s, imminent_s }
+    }
+}
+
 /// What the startup sweep found already waiting when plegwatch started (sent only when
 /// it found a wait): those waits are tracked like the others, and each one that
 /// crosses `--warn` gets its `stall` line.

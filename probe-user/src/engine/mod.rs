@@ -55,14 +55,13 @@ pub async fn watch(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<Summary, Wat
     // after it, and plegwatch died of the signal). During setup they still kill at once.
     let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).map_err(|e| WatchError::Io("SIGINT handler", e))?;
     let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).map_err(|e| WatchError::Io("SIGTERM handler", e))?;
-    sink.emit(&Event::Ready(Ready {
-        contract: crate::events::CONTRACT,
-        pid: w.me,
-        probes: choices.iter().map(Choice::to_output).collect(),
-        warn_s: w.cfg.thresholds.warn.as_secs_f64(),
-        critical_s: w.cfg.thresholds.critical.as_secs_f64(),
-        imminent_s: w.cfg.thresholds.imminent.as_secs_f64(),
-    }));
+    sink.emit(&Event::Ready(Ready::new(
+        w.me,
+        choices.iter().map(Choice::to_output).collect(),
+        w.cfg.thresholds.warn.as_secs_f64(),
+        w.cfg.thresholds.critical.as_secs_f64(),
+        w.cfg.thresholds.imminent.as_secs_f64(),
+    )));
     let deadline = tokio::time::sleep(w.cfg.duration.unwrap_or(Duration::from_secs(100 * 365 * 86_400)));
     tokio::pin!(deadline);
     let mut tick = tokio::time::interval(w.cfg.interval);

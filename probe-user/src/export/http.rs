@@ -218,14 +218,7 @@ mod tests {
     fn routes() {
         let (mut sink, exp) = crate::sinks::metrics::metrics();
         assert_eq!(route(&exp, &get("/healthz")).status(), StatusCode::SERVICE_UNAVAILABLE);
-        sink.emit(&Event::Ready(Ready {
-            contract: crate::events::CONTRACT,
-            pid: 1,
-            probes: vec![],
-            warn_s: 1.0,
-            critical_s: 2.0,
-            imminent_s: 3.0,
-        }));
+        sink.emit(&Event::Ready(Ready::new(1, vec![], 1.0, 2.0, 3.0)));
         assert_eq!(route(&exp, &get("/healthz")).status(), StatusCode::OK);
         let m = route(&exp, &get("/metrics"));
         assert_eq!(m.status(), StatusCode::OK);
@@ -257,14 +250,7 @@ mod tests {
     #[test]
     fn promtool_accepts_the_classic_text() {
         let (mut sink, exp) = crate::sinks::metrics::metrics();
-        sink.emit(&Event::Ready(Ready {
-            contract: crate::events::CONTRACT,
-            pid: 1,
-            probes: vec![],
-            warn_s: 1.0,
-            critical_s: 2.0,
-            imminent_s: 3.0,
-        }));
+        sink.emit(&Event::Ready(Ready::new(1, vec![], 1.0, 2.0, 3.0)));
         let body = classic(&exp.metrics().unwrap());
         let Ok(mut child) = std::process::Command::new("promtool")
             .args(["check", "metrics"])
@@ -285,14 +271,7 @@ mod tests {
 
     fn ready_exposition() -> Exposition {
         let (mut sink, exp) = crate::sinks::metrics::metrics();
-        sink.emit(&Event::Ready(Ready {
-            contract: crate::events::CONTRACT,
-            pid: 1,
-            probes: vec![],
-            warn_s: 1.0,
-            critical_s: 2.0,
-            imminent_s: 3.0,
-        }));
+        sink.emit(&Event::Ready(Ready::new(1, vec![], 1.0, 2.0, 3.0)));
         exp
     }
 

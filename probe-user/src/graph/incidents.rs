@@ -204,6 +204,16 @@ pub struct Links {
 }
 
 impl Graph<'_> {
+    /// The hops of `path` (its `root_key` marked as the root), then the root's holder when
+    /// that is not a wait: an incident's chain, or one wait's from it down.
+    fn chain(&self, path: &[WaitKey], root_key: Option<WaitKey>, now_ns: u64, ids: &mut dyn FnMut(WaitKey) -> u64) -> Vec<Hop> {
+        let mut chain: Vec<Hop> = path.iter().filter_map(|k| self.hop(*k, now_ns, Some(*k) == root_key, ids)).collect();
+        if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| self.best.get(&r)).map(|e| &e.to) {
+            chain.push(terminal_hop(t));
+        }
+        chain
+    }
+
     /// The links of wait `key` in this graph (empty when it is not in it).
     pub fn links(&self, key: WaitKey, now_ns: u64, ids: &mut dyn FnMut(WaitKey) -> u64) -> Links {
         if !self.waits.contains_key(&key) {
@@ -214,10 +224,7 @@ impl Graph<'_> {
             End::Cycle(_) => None,
             _ => path.last().copied(),
         };
-        let mut chain: Vec<Hop> = path.iter().filter_map(|k| self.hop(*k, now_ns, Some(*k) == root_key, ids)).collect();
-        if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| self.best.get(&r)).map(|e| &e.to) {
-            chain.push(terminal_hop(t));
-        }
+        let chain = self.chain(&path, root_key, now_ns, ids);
         let holder = chain.get(1).cloned();
         let cause = root_key.filter(|r| *r != key).and_then(|_| chain.iter().find(|h| h.root).cloned());
         Links { holder, cause, chain }
@@ -255,6 +262,10 @@ struct Open {
     end: End,
     /// The deepest wait of its chain (none for a cycle).
     root: Option<WaitKey>,
+    /// Every holder its root has had that is not a wait (a stopped process, a device, the
+    /// kernel): its kind and, for one waits can share, its id. One seen before is not news
+    /// again (a root whose holder comes and goes does not print a line each time).
+    terminals: Vec<(&'static str, Option<HolderId>)>,
     level: Level,
     longest_chain: Vec<Hop>,
     /// The PLEG budget used at the last scan.
@@ -491,11 +502,12 @@ impl Incidents {
             End::Cycle(_) => None,
             _ => path.last().copied(),
         };
-        let mut chain: Vec<Hop> = path.iter().filter_map(|k| graph.hop(*k, clocks.now_ns, Some(*k) == root_key, ids)).collect();
-        if let Some(HeldBy::Terminal(t)) = root_key.and_then(|r| graph.best.get(&r)).map(|e| &e.to) {
-            chain.push(terminal_hop(t));
-        }
+        let chain = graph.chain(&path, root_key, clocks.now_ns, ids);
         let root = root_key.and_then(|r| graph.hop(r, clocks.now_ns, true, ids));
+        let terminal = root_key.and_then(|r| graph.best.get(&r)).and_then(|e| match &e.to {
+            HeldBy::Terminal(t) => Some((t.kind, t.id)),
+            HeldBy::Wait(_) => None,
+        });
         let symptom_hop = chain.first().cloned()?;
         let attached: Vec<Hop> = members
             .iter()
@@ -512,6 +524,7 @@ impl Incidents {
         if prev.is_some() {
             keys.extend(carried);
         }
+        let mut terminals = prev.as_ref().map(|p| p.terminals.clone()).unwrap_or_default();
         let (id, changed, mut longest, first_start) = match &prev {
             None => {
                 let id = self.next_id;
@@ -519,7 +532,9 @@ impl Incidents {
                 self.raised += 1;
                 (id, Some(Vec::new()), Vec::new(), *oldest)
             }
-            Some(p) => (p.id, what_changed(p, level, root_key, *end, &path), p.longest_chain.clone(), p.first_start_ns.min(*oldest)),
+            Some(p) => {
+                (p.id, what_changed(p, level, root_key, *end, &path, terminal), p.longest_chain.clone(), p.first_start_ns.min(*oldest))
+            }
         };
         if chain.len() > longest.len() {
             longest = chain.clone();
@@ -553,6 +568,12 @@ impl Incidents {
             started_at,
             end: *end,
             root: root_key,
+            terminals: {
+                if let Some(t) = terminal.filter(|t| !terminals.contains(t)) {
+                    terminals.push(t);
+                }
+                terminals
+            },
             level,
             longest_chain: longest,
             budget_used: budget as f64 / PLEG_BUDGET.as_nanos() as f64,
@@ -594,8 +615,17 @@ fn group_by_end(graph: &Graph<'_>, waits: &[OpenWait], now_ns: u64) -> Vec<Group
 }
 
 /// Why an open incident's line is printed again, if it is: its level rose, its root
-/// moved deeper (or it became a cycle), or its chain shows a wait it did not have.
-fn what_changed(p: &Open, level: Level, root_key: Option<WaitKey>, end: End, path: &[WaitKey]) -> Option<Vec<&'static str>> {
+/// moved deeper (or it became a cycle), or its chain shows a wait it did not have or a
+/// new holder of its root (a process found stopped, a D-Bus name's owner once the bus
+/// daemon answered, a device).
+fn what_changed(
+    p: &Open,
+    level: Level,
+    root_key: Option<WaitKey>,
+    end: End,
+    path: &[WaitKey],
+    terminal: Option<(&'static str, Option<HolderId>)>,
+) -> Option<Vec<&'static str>> {
     let mut why = Vec::new();
     if level > p.level {
         why.push("level");
@@ -609,7 +639,7 @@ fn what_changed(p: &Open, level: Level, root_key: Option<WaitKey>, end: End, pat
     }
     // A chain that only got shorter (its deepest waits ended), or that now shows waits
     // the incident already had, is not news.
-    let grew = path.iter().any(|k| !p.waits.contains(k));
+    let grew = path.iter().any(|k| !p.waits.contains(k)) || terminal.is_some_and(|t| !p.terminals.contains(&t));
     if grew && !root_moved {
         why.push("chain");
     }
@@ -817,6 +847,56 @@ mod tests {
         let mut b = builder();
         let c = b.scan(&waits, &edges, Clocks { relist_start_ns: Some(90 * S), ..clocks(105) }, &|_| true, &mut ids);
         assert!((raised(&c)[0].budget_used - 15.0 / 180.0).abs() < 1e-9);
+    }
+
+    /// A D-Bus call raised before the bus daemon said who owns its name: once the owner
+    /// is known (a stopped process), the incident's line is printed again with it at the
+    /// end of its chain (a guest run resolved such an incident having printed only the
+    /// chain without its holder). The same holder again is not news.
+    #[test]
+    fn a_root_whose_holder_is_found_later_prints_its_chain_again() {
+        let call = wait(1, WaitKind::DbusCall, "D-Bus StartTransientUnit", 100);
+        let mut b = builder();
+        let c = run(&mut b, std::slice::from_ref(&call), &[], 110);
+        assert_eq!(raised(&c)[0].chain.len(), 1);
+        let systemd = Terminal {
+            id: Some(HolderId::Process(9)),
+            kind: "process",
+            pid: Some(9),
+            comm: Some("systemd".into()),
+            what: "stopped (state T)".into(),
+        };
+        let owner = Edge {
+            from: call.key,
+            to: HeldBy::Terminal(systemd),
+            kind: EdgeKind::DbusOwner,
+            evidence: "owner".into(),
+            exactness: Exactness::Exact,
+        };
+        let c = run(&mut b, std::slice::from_ref(&call), std::slice::from_ref(&owner), 111);
+        let r = raised(&c);
+        assert_eq!(r.len(), 1, "{c:?}");
+        assert_eq!(r[0].changed, vec!["chain"]);
+        assert_eq!(r[0].chain.last().map(|h| (h.kind.as_str(), h.pid)), Some(("process", Some(9))));
+        assert!(run(&mut b, std::slice::from_ref(&call), std::slice::from_ref(&owner), 112).is_empty(), "the same holder again");
+        // A holder that comes and goes is news the first time only.
+        assert!(run(&mut b, std::slice::from_ref(&call), &[], 113).is_empty(), "gone: the chain only got shorter");
+        assert!(run(&mut b, std::slice::from_ref(&call), std::slice::from_ref(&owner), 114).is_empty(), "back: seen before");
+        // A terminal without an id (the kernel) is news too, once.
+        let nl = wait(2, WaitKind::NetlinkRequest, "route", 100);
+        let mut b = builder();
+        run(&mut b, std::slice::from_ref(&nl), &[], 110);
+        let kernel = Terminal { id: None, kind: "kernel", pid: None, comm: None, what: "the kernel: no reply".into() };
+        let no_reply = Edge {
+            from: nl.key,
+            to: HeldBy::Terminal(kernel),
+            kind: EdgeKind::NoReply,
+            evidence: "seq".into(),
+            exactness: Exactness::Exact,
+        };
+        let c = run(&mut b, std::slice::from_ref(&nl), std::slice::from_ref(&no_reply), 111);
+        assert_eq!(raised(&c).first().map(|i| i.changed.clone()), Some(vec!["chain"]));
+        assert!(run(&mut b, std::slice::from_ref(&nl), std::slice::from_ref(&no_reply), 112).is_empty());
     }
 
     #[test]

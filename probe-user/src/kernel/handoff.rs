@@ -87,7 +87,7 @@ pub fn fork_last_closer() -> Option<Handoff> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     /// The child holds a file until the hand-off is dropped, then exits.
     #[test]
@@ -111,9 +111,8 @@ mod tests {
         let e = ours.read(&mut buf).expect_err("EOF while the child still holds the peer");
         assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
         drop(handoff);
-        ours.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let t = Instant::now();
+        // EOF, not the read timeout (an error), once the child exited.
+        ours.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         assert_eq!(ours.read(&mut buf).unwrap(), 0, "EOF once the child exited");
-        assert!(t.elapsed() < Duration::from_secs(5));
     }
 }

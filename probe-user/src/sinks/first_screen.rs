@@ -74,7 +74,7 @@ fn ready() -> Event {
     .collect();
     probes[7].variant = "off".into();
     probes[7].why = Some("no tracepoint lock:contention_begin".into());
-    Event::Ready(Ready { contract: crate::events::CONTRACT, pid: 4100, probes, warn_s: 10.0, critical_s: 60.0, imminent_s: 150.0 })
+    Event::Ready(Ready::new(4100, probes, 10.0, 60.0, 150.0))
 }
 
 /// The seed incidents, by golden file name.

@@ -530,14 +530,7 @@ mod tests {
     #[test]
     fn an_incident_turns_the_series_on_and_back_to_zero() {
         let (mut sink, exp) = metrics();
-        sink.emit(&Event::Ready(Ready {
-            contract: crate::events::CONTRACT,
-            pid: 1,
-            probes: vec![],
-            warn_s: 2.0,
-            critical_s: 60.0,
-            imminent_s: 150.0,
-        }));
+        sink.emit(&Event::Ready(Ready::new(1, vec![], 2.0, 60.0, 150.0)));
         sink.emit(&incident(7, Level::Warn, vec![]));
         let status = Status {
             incidents: vec![OpenBudget { id: 7, level: Level::Critical, budget_used: 0.4, waited_s: 72.0 }],

@@ -831,14 +831,7 @@ mod tests {
             .collect();
         probes[2].variant = "off".into();
         probes[2].why = Some("no tracepoint lock:contention_begin".into());
-        let ready = Event::Ready(crate::events::Ready {
-            contract: crate::events::CONTRACT,
-            pid: 1,
-            probes,
-            warn_s: 2.0,
-            critical_s: 60.0,
-            imminent_s: 150.0,
-        });
+        let ready = Event::Ready(crate::events::Ready::new(1, probes, 2.0, 60.0, 150.0));
         let mut sum = summary();
         sum.relists = vec![json!({"pid": 4, "last": {"took_s": 0.2}})];
         for e in [Event::Stall(Box::new(s)), ready.clone(), Event::Summary(sum)] {
@@ -882,16 +875,7 @@ mod tests {
                 seed_chain: loss.is_some_and(|l| l.seed_chain),
             }
         };
-        let ready = |probes| {
-            Event::Ready(crate::events::Ready {
-                contract: crate::events::CONTRACT,
-                pid: 1,
-                probes,
-                warn_s: 2.0,
-                critical_s: 60.0,
-                imminent_s: 150.0,
-            })
-        };
+        let ready = |probes| Event::Ready(crate::events::Ready::new(1, probes, 2.0, 60.0, 150.0));
         let t = render_text(&ready(vec![choice("wait_enter", false), choice("socket_io", true), choice("block_io", true)]));
         assert!(t.contains("DEGRADED, not seen: netlink requests (the Terway chain)"), "{t}");
         assert!(t.contains("; the device hop under writeback waits"), "{t}");

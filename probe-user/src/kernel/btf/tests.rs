@@ -311,11 +311,12 @@ fn anonymous_fan_out_is_bounded() {
     }
     b.composite(STRUCT, "wide", false, 4, &[("", inner, 0)]);
     let btf = Btf::parse(b.finish()).unwrap_or_else(|e| panic!("{e}"));
-    let start = std::time::Instant::now();
     assert_eq!(btf.member_offset("wide", "leaf").ok(), Some(0), "found on the first path");
+    // The search ends because the member budget ran out (not after 10^12 paths): the
+    // error says so. No wall-clock bound: a debug build on a loaded machine once took
+    // over 5 s to spend the budget.
     let e = err_text(btf.member_offset("wide", "missing"));
     assert!(e.contains("members searched"), "{e}");
-    assert!(start.elapsed() < std::time::Duration::from_secs(5));
 }
 
 #[test]

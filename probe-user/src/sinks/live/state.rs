@@ -355,14 +355,8 @@ pub(crate) mod tests {
 
     pub(crate) fn ready() -> Event {
         let probe = |p: &str, v: &str| ProbeChoice { probe: p.into(), variant: v.into(), ..Default::default() };
-        Event::Ready(Ready {
-            contract: crate::events::CONTRACT,
-            pid: 4242,
-            probes: vec![probe("syscalls", "tracepoint raw_syscalls"), probe("umount_tail_end", "fexit"), probe("offcpu", "off")],
-            warn_s: 2.0,
-            critical_s: 60.0,
-            imminent_s: 150.0,
-        })
+        let probes = vec![probe("syscalls", "tracepoint raw_syscalls"), probe("umount_tail_end", "fexit"), probe("offcpu", "off")];
+        Event::Ready(Ready::new(4242, probes, 2.0, 60.0, 150.0))
     }
 
     fn target(binary: &str, status: &'static str) -> Event {
