@@ -133,12 +133,14 @@ pub struct Sweep {
     pub dbus_calls: usize,
     /// containerd → shim ttrpc connections already open.
     pub ttrpc_connections: usize,
+    /// Threads already blocked in `wait4`/`waitid` (a parent waiting on a child).
+    pub child_waits: usize,
 }
 
 impl Sweep {
     /// Whether it found a wait (sockets and connections alone are not news).
     pub fn found_waits(&self) -> bool {
-        self.kernel_waits + self.netlink_waiters + self.dbus_calls > 0
+        self.kernel_waits + self.netlink_waiters + self.dbus_calls + self.child_waits > 0
     }
 }
 

@@ -16,12 +16,12 @@
 //! relist CRI traffic; there is no kubelet) runs throughout and must stay fast and out of
 //! the incident.
 
-use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use plegwatch_scenarios::containerd::cri::{container, host_network_pod, resources, LatencyStats, ListCall, Pod, RelistDriver};
-use plegwatch_scenarios::crio::{Crio, BUSYBOX_REPO};
+use plegwatch_scenarios::containerd::cri::{LatencyStats, ListCall, RelistDriver};
+use plegwatch_scenarios::crio::update_stall::UpdateStall;
+use plegwatch_scenarios::crio::Crio;
 use plegwatch_scenarios::events::Event;
 use plegwatch_scenarios::incidents::{self, Incident};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
@@ -57,61 +57,17 @@ fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Res
     let probed = probed.with_context(|| format!("no target line for crio pid {}", crio.pid()))?;
     ensure!(probed.str("/status") == Some("probed"), "crio was not probed: {}", probed.json);
 
-    let mut sandbox = host_network_pod("crioupdate", "", &crio.dir().join("pods-log"))?;
-    // A pod-wide PID namespace, as kubelet asks by default: CRI-O then runs an infra
-    // container (with a host-network pod and a per-container PID namespace it runs none).
-    if let Some(ns) = sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
-        ns.pid = k8s_cri::v1::NamespaceMode::Pod as i32;
-    }
-    let pod = Pod::run(&cri, sandbox)?;
-    let image = crio.image(BUSYBOX_REPO);
-    let mut config = container("sleeper", &image, &["sleep", "100000"]);
-    if let Some(i) = config.image.as_mut() {
-        // CRI-O checks the image's signature policy against the name the user gave.
-        i.user_specified_image = image.clone();
-    }
-    let ctr = pod.run_container(&config)?;
     let relist = RelistDriver::start(&cri, Duration::from_millis(200));
-
-    // The fault: the next update's runtime stops itself under the opLock.
-    crio.stop_next_update()?;
-    let sent = Instant::now();
-    let first = {
-        let (cri, ctr) = (cri.clone(), ctr.clone());
-        thread::spawn(move || cri.update_container_resources(&ctr, &resources(512, 100_000, 50_000)).map(|()| Instant::now()))
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let stopped = loop {
-        if let Some(&pid) = crio.stopped_runtimes().first() {
-            break pid;
-        }
-        ensure!(Instant::now() < deadline, "the runtime's update never stopped:\n{}", crio.log_tail(30));
-        thread::sleep(Duration::from_millis(20));
-    };
-    let stopped_at = Instant::now();
-    // Behind it: a second update (a reader of the lock) and the stats (a writer).
-    let second = {
-        let (cri, ctr) = (cri.clone(), ctr.clone());
-        thread::spawn(move || cri.update_container_resources(&ctr, &resources(256, 100_000, 50_000)).map(|()| Instant::now()))
-    };
-    let stats = {
-        let cri = cri.clone();
-        thread::spawn(move || cri.list_container_stats().map(|_| Instant::now()))
-    };
+    let stall = UpdateStall::stage(&crio, "crioupdate")?;
+    let (sent, stopped, stopped_at, ctr) = (stall.sent, stall.stopped, stall.stopped_at, stall.ctr.clone());
     let raised = plegwatch.wait_for(WARN + Duration::from_secs(4), |e| {
         e.is("incident") && Incident::chain(e).last().is_some_and(|h| h["pid"].as_u64() == Some(u64::from(stopped)))
     });
     if raised.is_some() {
-        thread::sleep(HOLD_AFTER_RAISED);
+        std::thread::sleep(HOLD_AFTER_RAISED);
     }
     let lifted = Instant::now();
-    crio.continue_stopped();
-    let ended = |h: thread::JoinHandle<Result<Instant>>, what: &str| -> Result<Instant> {
-        h.join().map_err(|_| anyhow::anyhow!("{what} panicked"))?.with_context(|| what.to_string())
-    };
-    let first_done = ended(first, "the first update")?;
-    let second_done = ended(second, "the second update")?;
-    let stats_done = ended(stats, "ListContainerStats")?;
+    let (pod, done) = stall.lift(&crio)?;
     plegwatch.wait_for(Duration::from_secs(5), |e| e.is("incident_resolved"));
     let calls = relist.stop(Duration::from_secs(10));
     let events = plegwatch.stop()?;
@@ -177,15 +133,15 @@ fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Res
         .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
         .and_then(|e| e.f64("/waited_s"))
         .with_context(|| format!("the hold never resolved:\n{}", all()))?;
-    let blocked = first_done.duration_since(sent).as_secs_f64();
+    let blocked = done.first.duration_since(sent).as_secs_f64();
     assert!((held - blocked).abs() < 0.5, "opLock held {held:.3} s by plegwatch, the update blocked {blocked:.3} s");
     eprintln!(
         "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}\nopLock held {held:.3}s (update blocked {blocked:.3}s, \
          second update {:.3}s, ListContainerStats {:.3}s)",
         i.id,
         i.raised_after_warn(WARN).as_secs_f64(),
-        second_done.duration_since(stopped_at).as_secs_f64(),
-        stats_done.duration_since(stopped_at).as_secs_f64()
+        done.second.duration_since(stopped_at).as_secs_f64(),
+        done.stats.duration_since(stopped_at).as_secs_f64()
     );
     Ok(())
 }

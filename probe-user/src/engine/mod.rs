@@ -226,6 +226,9 @@ impl Watch {
             Background::Late(found) => {
                 let threads = self.go.on_late(found, &mut self.out);
                 self.syscalls.note_goroutines(&threads);
+                if let Some(c) = self.children.as_mut() {
+                    c.note_goroutines(&threads);
+                }
                 emit_all(&mut self.out, sink);
             }
         }

@@ -17,6 +17,7 @@ use crate::{
         offcpu::OffCpu,
         parked::Sampler,
         reqwatch::ReqWatch,
+        sweep,
         syscall_waits::SyscallWaits,
     },
 };
@@ -83,6 +84,11 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     if on("socket_io") {
         req.seed_all(me, &mut found);
     }
+    let mut children = if on("child_wait") { Some(ChildWaits::new(take_map(&mut ebpf, child_maps::CHILD_WAITS)?)) } else { None };
+    if let Some(c) = children.as_mut() {
+        let clock = sweep::AgeClock::new(me, crate::clock::monotonic_ns());
+        found.child_waits = c.seed(&sweep::blocked_threads(me), &clock);
+    }
     // The startup sweep is news only when it found a wait.
     tracing::debug!(?found, "startup sweep");
     if found.found_waits() {
@@ -95,7 +101,6 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
         false => None,
     };
     let devices = if on("block_io") { Some(DeviceIo::new(&mut ebpf)?) } else { None };
-    let children = if on("child_wait") { Some(ChildWaits::new(take_map(&mut ebpf, child_maps::CHILD_WAITS)?)) } else { None };
     let w = Watch {
         incidents: Incidents::new(cfg.thresholds),
         observe: Observe::new(lister),

@@ -48,6 +48,9 @@ pub struct ChildWaitFact {
     /// `wait4` or `waitid`.
     pub syscall: &'static str,
     pub start_ns: u64,
+    /// Exact when the kernel saw the wait begin; a lower bound for one the startup
+    /// sweep found.
+    pub start: super::model::StartTiming,
 }
 
 impl ChildWaitFact {
@@ -127,7 +130,7 @@ pub fn open_wait(f: &ChildWaitFact, comm: String) -> OpenWait {
         kind: crate::syscalls::WaitKind::ChildWait,
         what: f.what(),
         start_ns: f.start_ns,
-        start: super::model::StartTiming::Exact,
+        start: f.start,
         pleg_path: false,
     }
 }
@@ -297,7 +300,16 @@ mod tests {
     const RUNC: u32 = 300;
 
     fn fact(tgid: u32, tid: u32, g: Option<u64>, target: WaitTarget, start_ns: u64) -> ChildWaitFact {
-        ChildWaitFact { key: WaitKey::Kernel { tid, start_ns }, tgid, tid, g, target, syscall: "wait4", start_ns }
+        ChildWaitFact {
+            key: WaitKey::Kernel { tid, start_ns },
+            tgid,
+            tid,
+            g,
+            target,
+            syscall: "wait4",
+            start_ns,
+            start: crate::graph::model::StartTiming::Exact,
+        }
     }
 
     fn call(tgid: u32, g: u64, start_ns: u64, container: &str) -> GoCallFact {

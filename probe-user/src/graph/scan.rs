@@ -272,6 +272,7 @@ mod tests {
             target: WaitTarget::Pid(61),
             syscall: "wait4",
             start_ns: 0,
+            start: StartTiming::Exact,
         };
         let mut s = snapshot(12, Vec::new());
         s.child_waits = vec![f];

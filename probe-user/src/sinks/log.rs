@@ -22,6 +22,7 @@ impl Sink for LogSink {
             Event::Target(t) => tracing::info!(target_kind = %t.target, status = t.status, pid = t.pid, binary = %t.binary, "Go target"),
             Event::Sweep(s) => tracing::info!(
                 kernel_waits = s.kernel_waits,
+                child_waits = s.child_waits,
                 netlink_waiters = s.netlink_waiters,
                 dbus_calls = s.dbus_calls,
                 "startup sweep: already waiting when plegwatch started"

@@ -366,12 +366,16 @@ pub fn render_text_with(event: &Event, opts: &TextOptions) -> String {
 
 /// What the startup sweep found already waiting: only what it found.
 fn sweep_text(clock: &str, s: &crate::events::Sweep) -> String {
-    let found: Vec<String> =
-        [(s.kernel_waits, "kernel wait(s)"), (s.netlink_waiters, "netlink request(s)"), (s.dbus_calls, "D-Bus call(s)")]
-            .iter()
-            .filter(|(n, _)| *n > 0)
-            .map(|(n, what)| format!("{n} {what}"))
-            .collect();
+    let found: Vec<String> = [
+        (s.kernel_waits, "kernel wait(s)"),
+        (s.child_waits, "wait(s) on a child"),
+        (s.netlink_waiters, "netlink request(s)"),
+        (s.dbus_calls, "D-Bus call(s)"),
+    ]
+    .iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect();
     format!("{clock} already waiting when plegwatch started: {} (each is reported when it crosses --warn)", found.join(", "))
 }
 

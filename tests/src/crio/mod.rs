@@ -38,6 +38,8 @@ pub const BUSYBOX_REPO: &str = "local/busybox:1";
 /// The pod sandbox (infra) image: `sleep` forever, its `Cmd` (`pause_command = ""`).
 pub const PAUSE_REPO: &str = "local/pause:1";
 
+pub mod update_stall;
+
 const CONFIG: &str = include_str!("crio.conf");
 const RT_WRAP: &str = include_str!("rt-wrap");
 const REGISTRY: &str = include_str!("registry.py");

@@ -17,7 +17,7 @@
 
 use super::inspector::{Done, Inspector, Job};
 use super::late::{Job as LateJob, LateFunc, LateScanner};
-use super::targets::{arg_spec, short, target_named, target_of, Arg, GoFuncSpec, Role, Target};
+use super::targets::{arg_spec, short, target_named, target_of, Arg, GoFuncSpec, Recv, Role, Target};
 use crate::{
     events::Event, kernel::loader::take_map, kernel::loader::WatchError, observe::go_binary, observe::lister::Lister, observe::procfs,
 };
@@ -111,6 +111,8 @@ pub struct ProbedFunc {
     pub symbol: &'static str,
     pub role: Role,
     pub arg: Option<Arg>,
+    /// Where its receiver is, when not RAX (resolved for this binary).
+    pub recv: Option<Recv>,
     pub target: &'static str,
     pub binary: PathBuf,
 }
@@ -581,7 +583,10 @@ impl Attacher {
             return;
         }
         let Some(late) = &self.late else { return };
-        let funcs = ids.iter().filter_map(|id| self.funcs.get(id).map(|f| LateFunc { id: *id, symbol: f.symbol, role: f.role })).collect();
+        let funcs = ids
+            .iter()
+            .filter_map(|id| self.funcs.get(id).map(|f| LateFunc { id: *id, symbol: f.symbol, role: f.role, recv: f.recv }))
+            .collect();
         if late.submit(LateJob { pid, target: target.name, funcs }) {
             self.late_queued.insert(pid);
         }
@@ -703,7 +708,14 @@ impl Attacher {
             }
             self.funcs.insert(
                 id,
-                ProbedFunc { symbol: spec.symbol, role: spec.role, arg: spec.arg, target: target.name, binary: path.to_path_buf() },
+                ProbedFunc {
+                    symbol: spec.symbol,
+                    role: spec.role,
+                    arg: spec.arg,
+                    recv: spec.recv,
+                    target: target.name,
+                    binary: path.to_path_buf(),
+                },
             );
             plan.ids.push(id);
             plan.line.functions.push(format!("{} ({} RETs)", short(spec.symbol), points.ret_offsets.len()));
@@ -912,7 +924,7 @@ mod tests {
     use crate::sources::gowatch::targets::Role;
 
     fn func() -> ProbedFunc {
-        ProbedFunc { symbol: "f", role: Role::Relist, arg: None, target: "kubelet", binary: PathBuf::from("/x") }
+        ProbedFunc { symbol: "f", role: Role::Relist, arg: None, recv: None, target: "kubelet", binary: PathBuf::from("/x") }
     }
 
     #[test]

@@ -16,10 +16,18 @@
 //! What the entry probe would have read is recovered where Go's register ABI
 //! left it in memory: a register argument that is live across a call is spilled
 //! to its slot in the caller's frame, the first word above the return address.
-//! - `(*statusStorage).Update`/`UpdateSync(s, u)`: `s` (the lock) is live across
-//!   `u()`, so it sits at the frame's argument slot 0.
-//! - A reader parked in `RLock`: `runtime.semacquire1(addr, …)` keeps `addr`
-//!   (`&rw.readerSem`) across its park, at its argument slot 0.
+//! - `(*statusStorage).Update`/`UpdateSync(s, u)` (containerd): `s` (the lock) is
+//!   live across `u()`, so it sits at the frame's argument slot 0.
+//! - A holder whose lock is a field of an argument ([`Recv`]; CRI-O's
+//!   `(*runtimeOCI).UpdateContainer(r, ctx, c, res)` holding `c.opLock`): the
+//!   argument in register `reg` sits at slot `reg` (each argument before it is one
+//!   or two whole words in integer registers, so register and slot indices agree;
+//!   checked on crio 1.35.6, whose prologue stores RDI at slot 3), and the lock is
+//!   that pointer plus the field's offset.
+//! - A goroutine parked on a lock's semaphore: `runtime.semacquire1(addr, …)` keeps
+//!   `addr` across its park, at its argument slot 0. The lock is `addr` less the
+//!   semaphore's offset in `sync.RWMutex` ([`sem_off`]: `readerSem` for a reader,
+//!   `writerSem` or the inner mutex's `sema` for a writer).
 //!
 //! Each value is checked against the lock itself: a `sync.RWMutex` held for
 //! writing has a negative `readerCount`. A value that fails is not used (the
@@ -33,7 +41,7 @@
 //! unknown ([`StartTiming::Unknown`]). Calls on one goroutine keep their order:
 //! each outer one is given a start one nanosecond per frame earlier.
 
-use super::targets::Role;
+use super::targets::{sem_off, Recv, Role};
 use crate::clock::monotonic_ns;
 use crate::events::GoroutineScan;
 use crate::graph::model::StartTiming;
@@ -59,6 +67,8 @@ pub struct LateFunc {
     pub id: u32,
     pub symbol: &'static str,
     pub role: Role,
+    /// Where its lock is, when not its first argument itself (a [`Role::LockHold`]).
+    pub recv: Option<Recv>,
 }
 
 /// A process to read.
@@ -112,21 +122,26 @@ pub fn probed_frames<'a>(names: &[&str], funcs: &'a [LateFunc]) -> Vec<(usize, &
 
 /// The receiver of the probed call at frame `i` (see the module doc): `names`
 /// innermost first, `cfa(j)` the address of frame `j`'s argument slots (the caller's
-/// SP), `read_word` the process's memory. 0 when not found or not confirmed.
+/// SP), `read_word` the process's memory. 0 when not found or not confirmed. For a
+/// [`Role::LockWait`] it is the semaphore's address, as the entry probe reads it.
 pub fn receiver_of(
-    role: Role,
+    f: &LateFunc,
     i: usize,
     names: &[&str],
     cfa: &dyn Fn(usize) -> Option<u64>,
     read_word: &dyn Fn(u64) -> Option<u64>,
 ) -> u64 {
-    let arg0 = |j: usize| cfa(j).and_then(read_word);
-    match role {
-        Role::LockHold => arg0(i).filter(|s| writer_holds(read_word, *s)).unwrap_or(0),
+    let slot = |j: usize, k: u32| cfa(j).and_then(|a| read_word(a + 8 * u64::from(k)));
+    match f.role {
+        Role::LockHold => {
+            let (reg, off) = f.recv.map_or((0, 0), |r| (r.reg, r.off));
+            slot(i, reg).map(|p| p.wrapping_add(u64::from(off))).filter(|l| writer_holds(read_word, *l)).unwrap_or(0)
+        }
         Role::LockWait => {
             let inner = i.checked_sub(1).filter(|j| names.get(*j) == Some(&"runtime.semacquire1"));
             let candidates = inner.into_iter().chain(std::iter::once(i));
-            candidates.filter_map(arg0).find(|sem| writer_holds(read_word, sem.wrapping_sub(super::targets::READER_SEM_OFF))).unwrap_or(0)
+            let off = sem_off(f.symbol);
+            candidates.filter_map(|j| slot(j, 0)).find(|sem| writer_holds(read_word, sem.wrapping_sub(off))).unwrap_or(0)
         }
         _ => 0,
     }
@@ -215,7 +230,7 @@ pub fn read_process(job: &Job, cache: &mut HashMap<(u64, u64), Located>) -> Foun
                 tid: tid.unwrap_or(job.pid),
                 start_ns: base.saturating_sub(i as u64),
                 timing,
-                receiver: receiver_of(f.role, i, &names, &cfa, &read_word),
+                receiver: receiver_of(f, i, &names, &cfa, &read_word),
             });
         }
         found.parked.push(g.clone());
@@ -274,10 +289,14 @@ mod tests {
 
     fn funcs() -> Vec<LateFunc> {
         vec![
-            LateFunc { id: 1, symbol: "pkg.(*statusStorage).UpdateSync", role: Role::LockHold },
-            LateFunc { id: 2, symbol: "sync.runtime_SemacquireRWMutexR", role: Role::LockWait },
-            LateFunc { id: 3, symbol: "pkg.(*criService).ListContainers", role: Role::CriHandler },
+            LateFunc { id: 1, symbol: "pkg.(*statusStorage).UpdateSync", role: Role::LockHold, recv: None },
+            LateFunc { id: 2, symbol: "sync.runtime_SemacquireRWMutexR", role: Role::LockWait, recv: None },
+            LateFunc { id: 3, symbol: "pkg.(*criService).ListContainers", role: Role::CriHandler, recv: None },
         ]
+    }
+
+    fn func(symbol: &'static str, role: Role) -> LateFunc {
+        LateFunc { id: 9, symbol, role, recv: None }
     }
 
     /// A tiny memory: address → word.
@@ -312,12 +331,31 @@ mod tests {
         let sem = lock + 12;
         // semacquire1's slot 0 (at frame 2's SP) holds &readerSem; the lock is write-held.
         let m = [(0x1200, sem), (lock + READER_COUNT_OFF, HELD)];
-        assert_eq!(receiver_of(Role::LockWait, 2, &names, &cfa, &mem(&m)), sem);
+        let reader = func("sync.runtime_SemacquireRWMutexR", Role::LockWait);
+        assert_eq!(receiver_of(&reader, 2, &names, &cfa, &mem(&m)), sem);
         // Not held for writing: not believed.
         let m = [(0x1200, sem), (lock + READER_COUNT_OFF, 3)];
-        assert_eq!(receiver_of(Role::LockWait, 2, &names, &cfa, &mem(&m)), 0);
+        assert_eq!(receiver_of(&reader, 2, &names, &cfa, &mem(&m)), 0);
         // Nothing readable: unknown.
-        assert_eq!(receiver_of(Role::LockWait, 2, &names, &cfa, &mem(&[])), 0);
+        assert_eq!(receiver_of(&reader, 2, &names, &cfa, &mem(&[])), 0);
+    }
+
+    #[test]
+    fn a_parked_writers_semaphore_is_checked_against_its_own_offset() {
+        let names = ["runtime.gopark", "runtime.semacquire1", "internal/sync.runtime_SemacquireMutex", "pkg.Stats"];
+        let sps = [0x1000u64, 0x1100, 0x1200, 0x1300];
+        let cfa = |j: usize| sps.get(j + 1).copied();
+        let lock = 0xc000_0100u64;
+        // A writer waiting behind another writer parks on the inner mutex's sema (+4).
+        let m = [(0x1200, lock + 4), (lock + READER_COUNT_OFF, HELD)];
+        let writer = func("internal/sync.runtime_SemacquireMutex", Role::LockWait);
+        assert_eq!(receiver_of(&writer, 2, &names, &cfa, &mem(&m)), lock + 4);
+        // Read as a reader's semaphore (+12) the same word points at no held lock.
+        let reader = func("sync.runtime_SemacquireRWMutexR", Role::LockWait);
+        assert_eq!(receiver_of(&reader, 2, &names, &cfa, &mem(&m)), 0);
+        // A writer waiting for readers to leave parks on writerSem (+8).
+        let m = [(0x1200, lock + 8), (lock + READER_COUNT_OFF, HELD)];
+        assert_eq!(receiver_of(&func("sync.runtime_SemacquireRWMutex", Role::LockWait), 2, &names, &cfa, &mem(&m)), lock + 8);
     }
 
     #[test]
@@ -327,11 +365,32 @@ mod tests {
         let cfa = |j: usize| sps.get(j + 1).copied();
         let lock = 0xc000_0200u64;
         let m = [(0x2200, lock), (lock + READER_COUNT_OFF, HELD)];
-        assert_eq!(receiver_of(Role::LockHold, 1, &names, &cfa, &mem(&m)), lock);
+        let holder = func("pkg.(*statusStorage).UpdateSync", Role::LockHold);
+        assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&m)), lock);
         // An unaligned or unheld value is no lock.
         let m = [(0x2200, lock + 1), (lock + 1 + READER_COUNT_OFF, HELD)];
-        assert_eq!(receiver_of(Role::LockHold, 1, &names, &cfa, &mem(&m)), 0);
+        assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&m)), 0);
         // Other roles read nothing.
-        assert_eq!(receiver_of(Role::CriHandler, 2, &names, &cfa, &mem(&m)), 0);
+        assert_eq!(receiver_of(&func("pkg.ListContainers", Role::CriHandler), 2, &names, &cfa, &mem(&m)), 0);
+    }
+
+    #[test]
+    fn a_holders_lock_inside_an_argument_comes_from_that_arguments_slot() {
+        // crio's (*runtimeOCI).UpdateContainer(r, ctx, c, res): c in RDI (register 3) is
+        // stored at slot 3; the opLock is c + 0xd0.
+        let names = ["runtime.gopark", "oci.(*runtimeOCI).UpdateContainer", "server.(*Server).UpdateContainerResources"];
+        let sps = [0x2000u64, 0x2100, 0x2200];
+        let cfa = |j: usize| sps.get(j + 1).copied();
+        let c = 0xc000_4000u64;
+        let lock = c + 0xd0;
+        let recv = Recv { reg: 3, off: 0xd0, rlocked_in: "oci.(*Container).State" };
+        let holder = LateFunc { id: 4, symbol: "oci.(*runtimeOCI).UpdateContainer", role: Role::LockHold, recv: Some(recv) };
+        let m = [(0x2200, 0xc000_9000), (0x2218, c), (lock + READER_COUNT_OFF, HELD)];
+        assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&m)), lock);
+        // Slot 0 (the runtime) plus the offset is not a held lock: with no Recv, nothing.
+        assert_eq!(receiver_of(&LateFunc { recv: None, ..holder.clone() }, 1, &names, &cfa, &mem(&m)), 0);
+        // The container's lock not held (its update returned): not believed.
+        let m = [(0x2218, c), (lock + READER_COUNT_OFF, 1)];
+        assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&m)), 0);
     }
 }

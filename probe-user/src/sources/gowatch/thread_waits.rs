@@ -40,7 +40,14 @@ mod tests {
     use std::path::PathBuf;
 
     fn funcs() -> HashMap<u32, ProbedFunc> {
-        let f = |symbol, role, arg| ProbedFunc { symbol, role, arg, target: "containerd", binary: PathBuf::from("/usr/bin/containerd") };
+        let f = |symbol, role, arg| ProbedFunc {
+            symbol,
+            role,
+            arg,
+            recv: None,
+            target: "containerd",
+            binary: PathBuf::from("/usr/bin/containerd"),
+        };
         let container = Some(Arg { name: "container", reg: 3, off: 0, getters: &[], gogo: &[] });
         HashMap::from([
             (1, f("github.com/containerd/containerd/pkg/cri/store/container.(*statusStorage).UpdateSync", Role::LockHold, None)),

@@ -1,0 +1,104 @@
+//! The opLock stall of the CRI-O scenarios, staged on a [`Crio`] bed: a pod (with an
+//! infra container, as kubelet's default pod-wide PID namespace gives), one busybox
+//! container, and an `UpdateContainerResources` whose runtime stops itself (SIGSTOP)
+//! while `(*runtimeOCI).UpdateContainer` holds the container's `opLock`. Behind it, a
+//! second update parks on the lock as a reader (`(*Container).State`) and
+//! `ListContainerStats` as a writer (`ContainerStats` takes it for writing).
+
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+
+use super::{Crio, BUSYBOX_REPO};
+use crate::containerd::cri::{container, host_network_pod, resources, Pod};
+
+/// The stall, under way. Dropped unlifted (a failed test), it continues the runtime
+/// first, so that the pod's removal does not wait on it.
+pub struct UpdateStall {
+    pod: Option<Pod>,
+    crio_pid: u32,
+    /// The container whose opLock is held.
+    pub ctr: String,
+    /// When the first update was sent.
+    pub sent: Instant,
+    /// The stopped runtime (`rt-wrap`, a child of crio).
+    pub stopped: u32,
+    /// When it was seen stopped; the waiters were sent right after.
+    pub stopped_at: Instant,
+    calls: Option<[JoinHandle<Result<Instant>>; 3]>,
+}
+
+/// When each call of the stall returned, once lifted.
+pub struct Ended {
+    pub first: Instant,
+    pub second: Instant,
+    pub stats: Instant,
+}
+
+impl UpdateStall {
+    /// Stages it (the pod is named `name`); returns once the runtime is stopped and the
+    /// two waiters are sent.
+    pub fn stage(crio: &Crio, name: &str) -> Result<Self> {
+        let cri = crio.cri().clone();
+        let mut sandbox = host_network_pod(name, "", &crio.dir().join("pods-log"))?;
+        // A pod-wide PID namespace, as kubelet asks by default: CRI-O then runs an infra
+        // container (with a host-network pod and a per-container PID namespace it runs none).
+        if let Some(ns) = sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
+            ns.pid = k8s_cri::v1::NamespaceMode::Pod as i32;
+        }
+        let pod = Pod::run(&cri, sandbox)?;
+        let image = crio.image(BUSYBOX_REPO);
+        let mut config = container("sleeper", &image, &["sleep", "100000"]);
+        if let Some(i) = config.image.as_mut() {
+            // CRI-O checks the image's signature policy against the name the user gave.
+            i.user_specified_image = image.clone();
+        }
+        let ctr = pod.run_container(&config)?;
+
+        crio.stop_next_update()?;
+        let sent = Instant::now();
+        let update = |memory_mib: i64| {
+            let (cri, ctr) = (cri.clone(), ctr.clone());
+            thread::spawn(move || cri.update_container_resources(&ctr, &resources(memory_mib, 100_000, 50_000)).map(|()| Instant::now()))
+        };
+        let first = update(512);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let stopped = loop {
+            if let Some(&pid) = crio.stopped_runtimes().first() {
+                break pid;
+            }
+            ensure!(Instant::now() < deadline, "the runtime's update never stopped:\n{}", crio.log_tail(30));
+            thread::sleep(Duration::from_millis(20));
+        };
+        let stopped_at = Instant::now();
+        let second = update(256);
+        let stats = {
+            let cri = cri.clone();
+            thread::spawn(move || cri.list_container_stats().map(|_| Instant::now()))
+        };
+        Ok(UpdateStall { pod: Some(pod), crio_pid: crio.pid(), ctr, sent, stopped, stopped_at, calls: Some([first, second, stats]) })
+    }
+
+    /// Lifts it (the runtime goes on) and waits for the three calls; gives back the pod.
+    pub fn lift(mut self, crio: &Crio) -> Result<(Pod, Ended)> {
+        crio.continue_stopped();
+        let ended = |h: JoinHandle<Result<Instant>>, what: &str| -> Result<Instant> {
+            h.join().map_err(|_| anyhow::anyhow!("{what} panicked"))?.with_context(|| what.to_string())
+        };
+        let [first, second, stats] = self.calls.take().context("lifted twice")?;
+        let first = ended(first, "the first update")?;
+        let second = ended(second, "the second update")?;
+        let stats = ended(stats, "ListContainerStats")?;
+        let pod = self.pod.take().context("lifted twice")?;
+        Ok((pod, Ended { first, second, stats }))
+    }
+}
+
+impl Drop for UpdateStall {
+    fn drop(&mut self) {
+        if self.calls.is_some() {
+            crate::containerd::procs::signal_child(self.stopped, self.crio_pid, "rt-wrap", libc::SIGCONT);
+        }
+    }
+}
