@@ -66,7 +66,8 @@ fn started_in_a_crio_stall_it_finds_the_lock_holder_and_its_waiters() -> Result<
     let (stopped, ctr) = (stall.stopped, stall.ctr.clone());
     std::thread::sleep(START_INTO_STALL.saturating_sub(stall.stopped_at.elapsed()));
 
-    let mut plegwatch = Plegwatch::start(&["--warn", "1s"])?;
+    let endpoint = format!("unix://{}", crio.dir().join("crio.sock").display());
+    let mut plegwatch = Plegwatch::start(&["--warn", "1s", "--runtime-endpoint", &endpoint])?;
     plegwatch.wait_ready(READY_TIMEOUT)?;
     let ready = Instant::now();
     let at = plegwatch.wait_for(WITHIN, |e| whole_chain(e, stopped)).map(|_| Instant::now());
@@ -100,6 +101,12 @@ fn started_in_a_crio_stall_it_finds_the_lock_holder_and_its_waiters() -> Result<
     assert_eq!(link(1), (Some("same_goroutine"), Some("exact")), "the update's goroutine waits on its runtime:\n{text}");
     assert_eq!(link(2), (Some("child"), Some("exact")), "{text}");
     assert!(what(&chain[3]).contains("state T"), "{text}");
+    let field = |k: &str| chain[3].get(k).and_then(Value::as_str);
+    assert_eq!(
+        (field("pod"), field("container"), field("container_id")),
+        (Some("criolate"), Some("sleeper"), Some(ctr.as_str())),
+        "{text}"
+    );
     assert!(chain[1]["goroutine"].as_str().is_some_and(|g| g.starts_with("0xc")), "the holder's goroutine: {text}");
     // Found, not seen starting: their ages say so.
     for h in &chain[..2] {

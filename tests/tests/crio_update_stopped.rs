@@ -49,7 +49,10 @@ fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Res
     }
     let crio = Crio::start()?;
     let cri = crio.cri().clone();
-    let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
+    // The pod runs before plegwatch starts, as on a node: its first CRI answers name it.
+    let prepared = UpdateStall::prepare(&crio, "crioupdate")?;
+    let endpoint = format!("unix://{}", crio.dir().join("crio.sock").display());
+    let mut plegwatch = Plegwatch::start(&["--warn", "2s", "--runtime-endpoint", &endpoint])?;
     plegwatch.wait_ready(READY_TIMEOUT)?;
     let probed = plegwatch.wait_for(Duration::from_secs(30), |e| {
         e.is("target") && e.str("/target") == Some("crio") && e.u64("/pid") == Some(u64::from(crio.pid()))
@@ -58,7 +61,7 @@ fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Res
     ensure!(probed.str("/status") == Some("probed"), "crio was not probed: {}", probed.json);
 
     let relist = RelistDriver::start(&cri, Duration::from_millis(200));
-    let stall = UpdateStall::stage(&crio, "crioupdate")?;
+    let stall = prepared.stall(&crio)?;
     let (sent, stopped, stopped_at, ctr) = (stall.sent, stall.stopped, stall.stopped_at, stall.ctr.clone());
     let raised = plegwatch.wait_for(WARN + Duration::from_secs(4), |e| {
         e.is("incident") && Incident::chain(e).last().is_some_and(|h| h["pid"].as_u64() == Some(u64::from(stopped)))
@@ -92,6 +95,15 @@ fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Res
     assert_eq!(link(2), (Some("child"), Some("exact")), "{text}");
     assert!(what(&chain[3]).contains("state T"), "{text}");
     assert!(chain.iter().all(|h| h["pid"].as_u64() != Some(0)), "{text}");
+    // Pod names: the runtime crio runs names the container it updates (from its command
+    // line, named by crio's CRI answers); crio's own hops are a host process's.
+    let field = |h: &Value, k: &str| h.get(k).and_then(Value::as_str).map(str::to_string);
+    let names = |h: &Value| (field(h, "pod"), field(h, "namespace"), field(h, "container"), field(h, "container_id"));
+    let want = (Some("crioupdate".to_string()), Some("plegwatch".to_string()), Some("sleeper".to_string()), Some(ctr.clone()));
+    assert_eq!(names(&chain[3]), want, "the stopped runtime's hop:\n{text}");
+    for h in &chain[..3] {
+        assert_eq!(names(h), (None, None, None, None), "crio's hop names a pod:\n{text}");
+    }
 
     // The waiters behind the lock are in it, each held by the update.
     let waiting = |f: &str| events.iter().find(|e| e.is("stall") && function(e).ends_with(f) && e.at >= stopped_at).cloned();

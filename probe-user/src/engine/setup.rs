@@ -57,6 +57,10 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     let host = namespaces::resolve().map_err(|e| WatchError::Namespace(e.to_string()))?;
     let me = host.tgid;
     let mounts = mounts::watch(host.mountinfo).map_err(|e| WatchError::Io(host.mountinfo, e))?;
+    // The runtime is asked for pod names now, off the loop, so that its first answer is
+    // in by the first scan (loading and attaching take a second or more): an incident
+    // found at once (one begun before the start) is then named on its first line.
+    let pods = Pods::new(cfg.runtime_socket.clone());
     // End records for waits shorter than --warn would be thrown away.
     let (mut ebpf, offsets) = loader::load(LoadOptions { report_min: cfg.thresholds.warn, tracer_tgid: me })?;
     let env = probes::AttachEnv::probe(offsets.task_pid.offset().is_some());
@@ -104,7 +108,7 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     let w = Watch {
         incidents: Incidents::new(cfg.thresholds),
         observe: Observe::new(lister),
-        pods: Pods::new(cfg.runtime_socket.clone()),
+        pods,
         cfg,
         started,
         me,

@@ -29,6 +29,13 @@ pub struct UpdateStall {
     calls: Option<[JoinHandle<Result<Instant>>; 3]>,
 }
 
+/// The pod and its container, before the stall.
+pub struct Prepared {
+    pod: Pod,
+    /// The container.
+    pub ctr: String,
+}
+
 /// When each call of the stall returned, once lifted.
 pub struct Ended {
     pub first: Instant,
@@ -40,6 +47,11 @@ impl UpdateStall {
     /// Stages it (the pod is named `name`); returns once the runtime is stopped and the
     /// two waiters are sent.
     pub fn stage(crio: &Crio, name: &str) -> Result<Self> {
+        Self::prepare(crio, name)?.stall(crio)
+    }
+
+    /// The pod `name` (namespace `plegwatch`) and its container `sleeper`, running.
+    pub fn prepare(crio: &Crio, name: &str) -> Result<Prepared> {
         let cri = crio.cri().clone();
         let mut sandbox = host_network_pod(name, "", &crio.dir().join("pods-log"))?;
         // A pod-wide PID namespace, as kubelet asks by default: CRI-O then runs an infra
@@ -55,7 +67,15 @@ impl UpdateStall {
             i.user_specified_image = image.clone();
         }
         let ctr = pod.run_container(&config)?;
+        Ok(Prepared { pod, ctr })
+    }
+}
 
+impl Prepared {
+    /// The stall, on this pod's container (see [`UpdateStall::stage`]).
+    pub fn stall(self, crio: &Crio) -> Result<UpdateStall> {
+        let Prepared { pod, ctr } = self;
+        let cri = crio.cri().clone();
         crio.stop_next_update()?;
         let sent = Instant::now();
         let update = |memory_mib: i64| {
@@ -79,7 +99,9 @@ impl UpdateStall {
         };
         Ok(UpdateStall { pod: Some(pod), crio_pid: crio.pid(), ctr, sent, stopped, stopped_at, calls: Some([first, second, stats]) })
     }
+}
 
+impl UpdateStall {
     /// Lifts it (the runtime goes on) and waits for the three calls; gives back the pod.
     pub fn lift(mut self, crio: &Crio) -> Result<(Pod, Ended)> {
         crio.continue_stopped();

@@ -4,7 +4,9 @@
 //! naming).
 //!
 //! The shapes, cgroup v1 (`N:controller:/path`) and v2 (`0::/path`) alike:
-//! - kubelet, cgroupfs driver: `/kubepods[/burstable|/besteffort]/pod<uid>/<id>`;
+//! - kubelet, cgroupfs driver: `/kubepods[/burstable|/besteffort]/pod<uid>/<id>`
+//!   (containerd), `…/pod<uid>/crio-<id>` (CRI-O's container) or
+//!   `…/pod<uid>/crio-conmon-<id>` (its conmon, with `conmon_cgroup = "pod"`);
 //! - kubelet, systemd driver: `/kubepods.slice/kubepods-burstable.slice/
 //!   kubepods-burstable-pod<uid with _ for ->.slice/cri-containerd-<id>.scope`
 //!   (`docker-<id>.scope`, `crio-<id>.scope`);
@@ -75,13 +77,14 @@ fn is_id(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// `<id>` (cgroupfs) or `<runtime>-<id>.scope` (systemd).
+/// `<id>` or `crio[-conmon]-<id>` (cgroupfs), or `<runtime>-<id>.scope` (systemd). A
+/// conmon monitors one container: its cgroup names that container.
 fn container_of(element: &str) -> Option<String> {
     if is_id(element) {
         return Some(element.to_string());
     }
-    let scope = element.strip_suffix(".scope")?;
-    let id = scope.rsplit('-').next()?;
+    let named = element.strip_suffix(".scope").or_else(|| element.strip_prefix("crio-"))?;
+    let id = named.rsplit('-').next()?;
     is_id(id).then(|| id.to_string())
 }
 
@@ -104,6 +107,17 @@ mod tests {
 
     fn want(uid: Option<&str>) -> Option<CgroupIds> {
         Some(CgroupIds { pod_uid: uid.map(String::from), container_id: Some(ID.into()) })
+    }
+
+    #[test]
+    fn crio_cgroupfs_paths() {
+        assert_eq!(parse_path(&format!("/kubepods/burstable/pod{UID}/crio-{ID}")), want(Some(UID)));
+        assert_eq!(parse_path(&format!("/kubepods/burstable/pod{UID}/crio-conmon-{ID}")), want(Some(UID)));
+        // Another parent (the test bed's): the id, no pod UID.
+        assert_eq!(parse_path(&format!("/plegwatch-crio/crio-{ID}")), want(None));
+        // A short id, or another prefix without a scope, is no container.
+        assert_eq!(parse_path(&format!("/kubepods/pod{UID}/crio-{}", &ID[..12])), None);
+        assert_eq!(parse_path(&format!("/kubepods/pod{UID}/docker-{ID}")), None);
     }
 
     #[test]

@@ -21,13 +21,18 @@
 //! shim's cgroup) is found by its shim: a `runc` naming a container id on its
 //! command line is that container; the shim itself, and anything else under
 //! it, is the shim's pod (its `-id` is the pod sandbox's), with no container:
-//! one shim serves the whole pod. A host process has none.
+//! one shim serves the whole pod. CRI-O runs the OCI runtime itself for
+//! `update`, `state`, `kill` and `delete` (a child of crio, in crio's cgroup): a
+//! child of crio naming a container id on its command line is that container
+//! (its names from CRI only: crio's bundles are not read). A host process has
+//! none.
 
 pub mod bundle;
 pub mod cgroup;
 pub mod cri;
 
 use crate::graph::model::PodRef;
+use crate::observe::procfs;
 use bundle::Names;
 use std::{
     collections::HashMap,
@@ -90,7 +95,7 @@ impl Pods {
             let names = self.container_names(&id, || bundle::shim_of(pid));
             return pod_ref(names, Some(id));
         }
-        let Some(shim) = bundle::shim_of(pid) else { return PodRef::default() };
+        let Some(shim) = bundle::shim_of(pid) else { return self.crio_runtime(pid) };
         if shim.pid != pid {
             // A runc (or other helper) the shim runs: the container it names, if any.
             let argv = bundle::cmdline(pid);
@@ -110,6 +115,20 @@ impl Pods {
         r
     }
 
+    /// A runtime CRI-O runs for a container (see the module doc), else nothing.
+    fn crio_runtime(&mut self, pid: u32) -> PodRef {
+        let parent = procfs::ppid(pid).and_then(procfs::comm);
+        if !parent.as_deref().is_some_and(is_crio_comm) {
+            return PodRef::default();
+        }
+        let argv = bundle::cmdline(pid);
+        let Some(id) = argv.iter().rev().find(|a| a.len() == 64 && a.bytes().all(|b| b.is_ascii_hexdigit())) else {
+            return PodRef::default();
+        };
+        let names = self.cri.as_ref().and_then(|c| c.container(id));
+        pod_ref(names, Some(id.clone()))
+    }
+
     fn container_names(&mut self, id: &str, shim: impl FnOnce() -> Option<bundle::Shim>) -> Option<Names> {
         self.cri.as_ref().and_then(|c| c.container(id)).or_else(|| self.bundle_names(id, shim))
     }
@@ -127,6 +146,11 @@ impl Pods {
         self.bundles.insert(id.to_string(), (Instant::now(), n.clone()));
         n
     }
+}
+
+/// CRI-O's process name (`crio`; a renamed build keeps the prefix).
+fn is_crio_comm(comm: &str) -> bool {
+    comm == "crio" || comm.starts_with("crio-")
 }
 
 fn pod_ref(names: Option<Names>, container_id: Option<String>) -> PodRef {
