@@ -854,16 +854,46 @@ impl FakeKubelet {
     }
 
     /// Has a goroutine take the fake runtime's `sync.RWMutex` for writing and hold it until
-    /// [`wunlock`](Self::wunlock); returns the lock's address once it is held. Every relist
-    /// that starts after this returns parks in `RLock` (`relist rlock-wait`), in the Go
-    /// runtime's reader semaphore. As with [`block_next`](Self::block_next), the next
-    /// [`wait_relist_start`](Self::wait_relist_start) returns such a relist. (Not in CRI mode.)
+    /// [`wunlock`](Self::wunlock); returns the lock's address once it is held. The next relist
+    /// to read the pods parks in `RLock` (`relist rlock-wait`), in the Go runtime's reader
+    /// semaphore: the one under way when the lock was taken, if it had not read them yet,
+    /// else the next one. [`wait_rlock_parked`](Self::wait_rlock_parked) says which.
+    /// (Not in CRI mode.)
     pub fn wlock(&mut self) -> Result<u64> {
         let i = self.command("wlock", "ack wlock 0xADDR", |k| matches!(k, Kind::WriteLocked { .. }))?;
         self.start_cursor = self.start_cursor.max(i + 1);
         match self.shared.0.lock().unwrap().lines[i].kind {
             Kind::WriteLocked { lock } => Ok(lock),
             _ => unreachable!(),
+        }
+    }
+
+    /// The relist parked in `RLock` behind [`wlock`](Self::wlock)'s writer: the one that
+    /// said `relist rlock-wait` and not yet `relist rlock-got` (the fixture says
+    /// `rlock-wait` only once the writer holds the lock, so that relist parks; relists run
+    /// one at a time, so there is one). Waits up to `timeout`; later
+    /// [`wait_relist_start`](Self::wait_relist_start) calls return relists after it.
+    pub fn wait_rlock_parked(&mut self, timeout: Duration) -> Option<u64> {
+        let deadline = Instant::now() + timeout;
+        let (state, cond) = &*self.shared;
+        let mut state = state.lock().unwrap();
+        loop {
+            let got: std::collections::HashSet<u64> =
+                state.lines.iter().filter_map(|l| if let Kind::RelistRlockGot { n, .. } = l.kind { Some(n) } else { None }).collect();
+            let parked = state.lines.iter().find_map(|l| match l.kind {
+                Kind::RelistRlockWait { n, .. } if !got.contains(&n) => Some(n),
+                _ => None,
+            });
+            if let Some(n) = parked {
+                let start = state.lines.iter().position(|l| matches!(l.kind, Kind::RelistStart { n: m, .. } if m == n));
+                self.start_cursor = self.start_cursor.max(start.map_or(0, |i| i + 1));
+                return Some(n);
+            }
+            let now = Instant::now();
+            if state.eof || now >= deadline {
+                return None;
+            }
+            state = cond.wait_timeout(state, deadline - now).unwrap().0;
         }
     }
 

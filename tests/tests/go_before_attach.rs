@@ -30,12 +30,15 @@ fn parked_before_attach(rlock: bool) -> anyhow::Result<(FakeKubelet, Instant, Op
     let mut kubelet = FakeKubelet::start(&bin)?;
     kubelet.wait_relist_start(Duration::from_secs(3)).context("the fixture does not relist")?;
     let lock = if rlock {
-        Some(kubelet.wlock()?)
+        let lock = kubelet.wlock()?;
+        // The relist under way may be the one that parks (if it had not read the pods yet).
+        kubelet.wait_rlock_parked(Duration::from_secs(3)).context("no relist parked in RLock behind the write lock")?;
+        Some(lock)
     } else {
         kubelet.block_next()?;
+        kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after parking")?;
         None
     };
-    kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after parking")?;
     let parked_at = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
     kubelet.gc()?;

@@ -188,7 +188,7 @@ fn one_version(tc: &GoToolchain, bin: &std::path::Path) -> Result<Outcome> {
 
     // A relist parked in RLock behind a held write lock.
     let lock = kubelet.wlock()?;
-    let reader = kubelet.wait_relist_start(Duration::from_secs(3)).context("no relist started after wlock")?;
+    let reader = kubelet.wait_rlock_parked(Duration::from_secs(3)).context("no relist parked in RLock after wlock")?;
     let reader_stall = plegwatch.wait_for(Duration::from_secs_f64(WARN_S + SLACK_S + 1.0), |e| {
         // The registry keeps one id per (process, goroutine, function): a new relist is told
         // apart by its start.
