@@ -73,7 +73,7 @@ pub fn parse_path(path: &str) -> Option<CgroupIds> {
     Some(CgroupIds { pod_uid, container_id: Some(container_id) })
 }
 
-fn is_id(s: &str) -> bool {
+pub(crate) fn is_id(s: &str) -> bool {
     s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 

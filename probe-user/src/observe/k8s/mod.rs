@@ -99,7 +99,7 @@ impl Pods {
         if shim.pid != pid {
             // A runc (or other helper) the shim runs: the container it names, if any.
             let argv = bundle::cmdline(pid);
-            if let Some(id) = argv.iter().rev().find(|a| a.len() == 64 && a.bytes().all(|b| b.is_ascii_hexdigit())) {
+            if let Some(id) = argv.iter().rev().find(|a| cgroup::is_id(a)) {
                 let names = self.container_names(id, || Some(shim.clone()));
                 if names.is_some() {
                     return pod_ref(names, Some(id.clone()));
@@ -122,7 +122,7 @@ impl Pods {
             return PodRef::default();
         }
         let argv = bundle::cmdline(pid);
-        let Some(id) = argv.iter().rev().find(|a| a.len() == 64 && a.bytes().all(|b| b.is_ascii_hexdigit())) else {
+        let Some(id) = argv.iter().rev().find(|a| cgroup::is_id(a)) else {
             return PodRef::default();
         };
         let names = self.cri.as_ref().and_then(|c| c.container(id));
