@@ -67,7 +67,11 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     let choices = probes::attach_all(&mut ebpf, &env)?;
     let on = |probe: &str| choices.iter().any(|c| c.probe == probe && !c.is_off());
 
-    let (syscalls, swept) = SyscallWaits::attach(&mut ebpf, cfg.thresholds, cfg.filter.clone(), mounts, &choices, me)?;
+    // Threads already blocked in a system call, listed once, now that the probes see
+    // every new one: the syscall and child-wait sources seed from the same list.
+    let clock = sweep::AgeClock::new(me, crate::clock::monotonic_ns());
+    let blocked = sweep::blocked_threads(me);
+    let (syscalls, swept) = SyscallWaits::attach(&mut ebpf, cfg.thresholds, cfg.filter.clone(), mounts, &choices, &blocked, &clock)?;
     let mut found = Sweep { kernel_waits: swept.len(), ..Sweep::default() };
     let events = async_ring(&mut ebpf, maps::EVENTS)?;
     let mut req = ReqWatch::new(&mut ebpf, cfg.thresholds, cfg.filter.clone())?;
@@ -90,8 +94,7 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     }
     let mut children = if on("child_wait") { Some(ChildWaits::new(take_map(&mut ebpf, child_maps::CHILD_WAITS)?)) } else { None };
     if let Some(c) = children.as_mut() {
-        let clock = sweep::AgeClock::new(me, crate::clock::monotonic_ns());
-        found.child_waits = c.seed(&sweep::blocked_threads(me), &clock);
+        found.child_waits = c.seed(&blocked, &clock);
     }
     // The startup sweep is news only when it found a wait.
     tracing::debug!(?found, "startup sweep");
@@ -127,6 +130,8 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
         late_since: Vec::new(),
         out,
     };
+    // What loading parsed (BTF, the object, the sweep's reads) is freed by now (see `heap`).
+    crate::heap::give_back();
     Ok((w, Rings { events, go: go_ring, sock }, choices))
 }
 

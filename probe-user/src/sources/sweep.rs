@@ -25,11 +25,10 @@ pub struct Swept {
     pub tail: bool,
 }
 
-/// Sweeps every thread in `/proc` but those of `self_tgid`; `now_ns` is
-/// CLOCK_MONOTONIC.
-pub fn sweep(self_tgid: u32, now_ns: u64) -> Vec<Swept> {
-    let clock = AgeClock::new(self_tgid, now_ns);
-    blocked_threads(self_tgid).iter().filter_map(|b| check_thread(b, &clock)).collect()
+/// The watched waits among `blocked` (from [`blocked_threads`], taken once at start
+/// for every source that seeds from it), aged by `clock`.
+pub fn sweep(blocked: &[Blocked], clock: &AgeClock) -> Vec<Swept> {
+    blocked.iter().filter_map(|b| check_thread(b, clock)).collect()
 }
 
 /// A thread blocked in a syscall, as `/proc/TID/syscall` says.

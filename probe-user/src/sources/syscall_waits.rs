@@ -86,11 +86,12 @@ impl SyscallWaits {
         filter: Filter,
         mounts: SharedMounts,
         choices: &[Choice],
-        me: u32,
+        blocked: &[sweep::Blocked],
+        clock: &sweep::AgeClock,
     ) -> Result<(Self, Vec<Wait>), WatchError> {
         let mut inflight: BpfHashMap<MapData, u32, Wait> = take_map(ebpf, maps::INFLIGHT)?;
         let mut tails: Array<MapData, u64> = take_map(ebpf, maps::TAIL_PENDING)?;
-        let (swept, ended) = seed_swept(&mut inflight, &mut tails, me);
+        let (swept, ended) = seed_swept(&mut inflight, &mut tails, sweep::sweep(blocked, clock));
         let poll_tails = choices.iter().any(|c| c.probe == "umount_tail_end" && c.is_proc_poll());
         let mut waits = SyscallWaits {
             registry: Registry::new(thresholds, filter),
@@ -409,11 +410,14 @@ impl SyscallWaits {
 /// kernel's map, so the kernel closes them like its own. Returns how many, and
 /// those that ended as they were put in (marked over, never deleted: see
 /// [`EndedWaits`]).
-fn seed_swept(inflight: &mut BpfHashMap<MapData, u32, Wait>, tails: &mut Array<MapData, u64>, me: u32) -> (Vec<Wait>, EndedWaits) {
+fn seed_swept(
+    inflight: &mut BpfHashMap<MapData, u32, Wait>,
+    tails: &mut Array<MapData, u64>,
+    found: Vec<sweep::Swept>,
+) -> (Vec<Wait>, EndedWaits) {
     const BPF_NOEXIST: u64 = 1;
     let mut n = Vec::new();
     let mut raced = EndedWaits::default();
-    let found = sweep::sweep(me, monotonic_ns());
     // The gate opens before the tails go in: a tail's end (the thread's next
     // syscall) may come at once. The first scan sets it from the map.
     let tails_found = found.iter().filter(|s| s.tail).count() as u64;
