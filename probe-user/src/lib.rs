@@ -28,6 +28,7 @@ pub mod sources;
 // Shared vocabulary, imported by any of the above.
 pub mod clock;
 pub mod durations;
+pub mod heap;
 pub mod latency;
 pub mod levels;
 pub mod logging;

@@ -9,6 +9,8 @@ use plegwatch::{
 };
 
 fn main() {
+    // Before any thread exists (tokio's, the workers'): see `heap`.
+    plegwatch::heap::tune();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
