@@ -29,11 +29,29 @@ pub fn is_root() -> bool {
 }
 
 /// A `cargo` command run from the workspace root (uses `$CARGO` when cargo gave us one).
+/// Under CI (`CI` set) it builds without incremental state, unless told otherwise: a
+/// fresh clone builds each crate once, and that state was 2.3 GB of its target directory.
 pub fn cargo() -> Command {
     let program = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(program);
     cmd.current_dir(workspace_root());
+    if std::env::var_os("CI").is_some() && std::env::var_os("CARGO_INCREMENTAL").is_none() {
+        cmd.env("CARGO_INCREMENTAL", "0");
+    }
     cmd
+}
+
+/// GiB free to an unprivileged writer on the filesystem holding `path` (or its nearest
+/// existing ancestor).
+pub fn free_gib(path: &Path) -> Result<f64> {
+    let existing = path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("/"));
+    let c = std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).context("a path with a NUL byte")?;
+    // SAFETY: a zeroed statvfs is a valid out-buffer; `c` is a NUL-terminated path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error()).with_context(|| format!("statvfs {}", existing.display()));
+    }
+    Ok(st.f_bavail as f64 * st.f_frsize as f64 / f64::from(1u32 << 30))
 }
 
 /// The command line as a shell would show it, with the env vars we set in front.

@@ -63,6 +63,7 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     cmd::header("setup");
     setup::ensure()?;
+    room_to_build()?;
     if let Some(o) = args.only.iter().find(|o| !guest_matrix().any(|t| t.file == o.as_str())) {
         bail!("--only {o}: not a scenario of the guest matrix");
     }
@@ -93,6 +94,44 @@ pub fn run(args: &Args) -> Result<()> {
     fuzz()?;
     eprintln!("\nxtask test: all stages passed");
     Ok(())
+}
+
+/// Disk a whole `cargo xtask test` writes from a fresh clone, in GiB: the target
+/// directory (the debug build, ~55 scenario binaries, the release build, the guest's
+/// state) and the fuzz builds. With full debug info and incremental state the target
+/// directory alone reached 12 GB; see `[profile.dev]` in the workspace manifest.
+const BUILD_ROOM_GIB: f64 = 8.0;
+
+/// Fails at once, in one line, when the disk cannot hold the build: a linker that runs
+/// out of room mid-build dies of SIGBUS ("ld terminated with signal 7 [Bus error]") with
+/// no word of the disk. Counts what the target directory already holds as room.
+fn room_to_build() -> Result<()> {
+    let target = cmd::target_dir();
+    let free = cmd::free_gib(&target)?;
+    let held = dir_gib(&target) + dir_gib(&cmd::workspace_root().join("fuzz/target"));
+    if free + held < BUILD_ROOM_GIB {
+        bail!(
+            "{free:.1} GiB free on the disk of {} (and {held:.1} GiB built already): a fresh `cargo xtask test` writes about {BUILD_ROOM_GIB:.0} GiB; free some room first",
+            target.display()
+        );
+    }
+    Ok(())
+}
+
+/// The apparent size of what `dir` holds, in GiB (0 when it does not exist).
+fn dir_gib(dir: &Path) -> f64 {
+    fn walk(dir: &Path) -> u64 {
+        let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+        entries
+            .flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => walk(&e.path()),
+                Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+                _ => 0,
+            })
+            .sum()
+    }
+    walk(dir) as f64 / f64::from(1u32 << 30)
 }
 
 /// Scenario tests run in a guest: a test binary of the scenario crate (its file name
