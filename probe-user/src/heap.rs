@@ -17,8 +17,11 @@
 //!     own mapping, returned whole when freed.
 //! - [`give_back`] after the big transient work (a Go binary inspected, a process's
 //!   goroutines read): `malloc_trim(0)` returns the free pages of every arena to the
-//!   kernel. It walks the free lists, a millisecond or so for a heap of tens of MB,
-//!   so it runs only after such work, not on every scan.
+//!   kernel. It walks the free lists: 16–57 ms for a 36 MB heap cut into 200,000 free
+//!   chunks, measured in C on this machine kind. So it never runs on the event loop:
+//!   the workers that do such work call it through [`jobs`] once they have been idle
+//!   for [`SETTLE`] (by then the loop has taken in and dropped what they sent), and
+//!   setup calls it once before the loop starts.
 //!
 //! Other C libraries (musl) keep no per-thread arenas: both are no-ops there. Nothing
 //! here can fail in a way that matters: a refused setting leaves glibc's default.
@@ -48,6 +51,37 @@ pub fn tune() -> bool {
     }
 }
 
+/// How long a worker waits, idle after a job, before it gives the heap back.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A worker thread's job loop: `each` job as it comes, until the channel closes or
+/// `each` says stop (false); after a job, once no other came for [`SETTLE`], the
+/// heap is given back ([`give_back`]), off the event loop.
+pub fn jobs<J>(rx: &std::sync::mpsc::Receiver<J>, mut each: impl FnMut(J) -> bool) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut worked = false;
+    loop {
+        // Idle and given back: sleep until the next job, with no wakeups meanwhile.
+        let next = match worked {
+            true => rx.recv_timeout(SETTLE),
+            false => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match next {
+            Ok(job) => {
+                if !each(job) {
+                    return;
+                }
+                worked = true;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                worked = false;
+                give_back();
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
 /// Returns the free pages of every arena to the kernel; whether any were.
 pub fn give_back() -> bool {
     #[cfg(target_env = "gnu")]
@@ -64,6 +98,34 @@ pub fn give_back() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every job is done in order; the loop ends when the sender is gone, or at once
+    /// when a job says stop.
+    #[test]
+    fn a_workers_loop_runs_each_job_and_ends_with_its_channel() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for j in 0..5 {
+            tx.send(j).expect("open");
+        }
+        drop(tx);
+        let mut seen = Vec::new();
+        jobs(&rx, |j| {
+            seen.push(j);
+            true
+        });
+        assert_eq!(seen, [0, 1, 2, 3, 4]);
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        for j in 0..5 {
+            tx.send(j).expect("open");
+        }
+        let mut seen = Vec::new();
+        jobs(&rx, |j| {
+            seen.push(j);
+            j < 2
+        });
+        assert_eq!(seen, [0, 1, 2], "the loop ends at the job that said stop");
+    }
 
     /// A freed block in another thread's arena is given back: the trim reports that
     /// it released pages. (Whether glibc keeps freed memory at all depends on its

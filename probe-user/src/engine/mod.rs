@@ -222,11 +222,7 @@ impl Watch {
     fn on_background(&mut self, done: Background, sink: &mut dyn Sink) {
         match done {
             // A new Go binary, read off the loop: its uprobes are attached by slices.
-            Background::Inspected(done) => {
-                self.go.on_inspected(done);
-                // The binary's tables, parsed off the loop, are freed now (see `heap`).
-                crate::heap::give_back();
-            }
+            Background::Inspected(done) => self.go.on_inspected(done),
             Background::Late(found) => {
                 let threads = self.go.on_late(found, &mut self.out);
                 self.syscalls.note_goroutines(&threads);
@@ -234,7 +230,6 @@ impl Watch {
                     c.note_goroutines(&threads);
                 }
                 emit_all(&mut self.out, sink);
-                crate::heap::give_back();
             }
         }
     }

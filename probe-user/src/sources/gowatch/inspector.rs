@@ -61,14 +61,14 @@ impl Inspector {
     pub fn start() -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::channel::<Job>();
         let (tx, done) = tokio::sync::mpsc::unbounded_channel();
+        // A binary's tables are tens of MB while parsed: `heap::jobs` gives them back
+        // once the worker is idle.
         std::thread::Builder::new().name("go-inspect".into()).spawn(move || {
-            while let Ok(job) = rx.recv() {
+            crate::heap::jobs(&rx, |job| {
                 let started = Instant::now();
                 let inspected = inspect(&job.open_path(), job.target);
-                if tx.send(Done { job, inspected, took: started.elapsed() }).is_err() {
-                    break;
-                }
-            }
+                tx.send(Done { job, inspected, took: started.elapsed() }).is_ok()
+            })
         })?;
         Ok(Inspector { jobs, done })
     }

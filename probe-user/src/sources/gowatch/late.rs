@@ -257,13 +257,11 @@ impl LateScanner {
     pub fn start() -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::channel::<Job>();
         let (tx, done) = tokio::sync::mpsc::unbounded_channel();
+        // A process's goroutines are read in bulk: `heap::jobs` gives the buffers back
+        // once the worker is idle.
         std::thread::Builder::new().name("go-goroutines".into()).spawn(move || {
             let mut cache = HashMap::new();
-            while let Ok(job) = rx.recv() {
-                if tx.send(read_process(&job, &mut cache)).is_err() {
-                    break;
-                }
-            }
+            crate::heap::jobs(&rx, |job| tx.send(read_process(&job, &mut cache)).is_ok())
         })?;
         Ok(LateScanner { jobs, done })
     }
