@@ -252,6 +252,16 @@ pub struct ScanSummary {
     /// (its reading is done off the loop; the attach goes a 20 ms slice at a
     /// time, so one slow attach can make a turn longer).
     pub go_attach_max_ms: f64,
+    /// Where the slowest scan's time went: its phases in the order they ran, those
+    /// under 0.1 ms left out.
+    pub slowest: Vec<PhaseTime>,
+}
+
+/// One phase of a scan and how long it took.
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseTime {
+    pub phase: &'static str,
+    pub ms: f64,
 }
 
 /// A Go binary plegwatch looked at: probed, or left alone and why.

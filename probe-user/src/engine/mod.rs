@@ -136,12 +136,15 @@ struct Watch {
     late_since: Vec<f64>,
     /// The events a source made in its last call, handed on at once.
     out: Vec<Event>,
+    /// The last scan's wait-for graph, for the stall lines of waits ended since.
+    last_graph: Option<graph_step::LastGraph>,
 }
 
 impl Watch {
     /// One scan: every source's open waits and events, then the graph's step.
     fn tick(&mut self, scheduled: Instant, rings: &mut Rings, sink: &mut dyn Sink) {
         let began = Instant::now();
+        let mut phases = scan_clock::Phases::start();
         let late = began.saturating_duration_since(scheduled);
         self.scans.late(late);
         if self.cfg.status_every.is_some() && self.late_since.len() < 4096 {
@@ -156,16 +159,23 @@ impl Watch {
                 tracing::debug!(entries, stacks, "pruned the off-CPU aggregate and the stack map");
             }
         }
+        phases.mark("offcpu");
         // Short Go calls and socket records are queued without a wakeup: take them now.
         self.drain_go(rings.go.get_mut(), sink);
+        phases.mark("go_ring");
         self.drain_sock(rings.sock.get_mut());
+        phases.mark("socket_ring");
         self.syscalls.scan(&mut self.out);
+        phases.mark("syscall_waits");
         self.req.scan(monotonic_ns(), &mut self.out);
+        phases.mark("requests");
         let waits = KernelWaits { by_tid: self.syscalls.open_by_tid(), by_g: self.syscalls.open_by_g() };
         self.go.scan(monotonic_ns(), &waits, &mut self.out);
-        self.step_and_emit(sink);
+        phases.mark("go_calls");
+        self.step_and_emit(sink, &mut phases);
         self.go.poll(&mut self.ebpf, &mut self.out);
         emit_all(&mut self.out, sink);
+        phases.mark("go_poll");
         self.drops.check(&self.ebpf);
         if let Some(every) = self.cfg.status_every {
             if self.last_status.elapsed() >= every {
@@ -174,7 +184,8 @@ impl Watch {
                 sink.emit(&Event::Status(Box::new(status)));
             }
         }
-        self.scans.took(began.elapsed());
+        phases.mark("status");
+        self.scans.took(began.elapsed(), phases);
     }
 
     /// Every record in the Go ring: calls' ends, exits and execs (a new target is probed).
@@ -182,6 +193,7 @@ impl Watch {
         while let Some(item) = ring.next() {
             self.go.on_record(&mut self.ebpf, &item, &mut self.out);
         }
+        self.link_ended();
         emit_all(&mut self.out, sink);
     }
 
@@ -195,17 +207,20 @@ impl Watch {
     /// Every end record of a long kernel wait.
     fn drain_ends(&mut self, ring: &mut RingBuf<MapData>, sink: &mut dyn Sink) {
         self.syscalls.drain(ring, &mut self.out);
+        self.link_ended();
         self.emit_decorated(sink);
     }
 
     /// The graph's step over the waits the sources just scanned: their `stall` lines
     /// take their holders from it and go first, then the incidents' changes.
-    fn step_and_emit(&mut self, sink: &mut dyn Sink) {
-        let changes = self.step_graph();
+    fn step_and_emit(&mut self, sink: &mut dyn Sink, phases: &mut scan_clock::Phases) {
+        let changes = self.step_graph(phases);
         self.emit_decorated(sink);
+        phases.mark("decorate");
         for e in changes {
             sink.emit(&e);
         }
+        phases.mark("incidents_out");
     }
 
     /// Hands the events the sources just made to the sink, each stall decorated
@@ -222,7 +237,13 @@ impl Watch {
     fn on_background(&mut self, done: Background, sink: &mut dyn Sink) {
         match done {
             // A new Go binary, read off the loop: its uprobes are attached by slices.
-            Background::Inspected(done) => self.go.on_inspected(done),
+            Background::Inspected(mut done) => {
+                // Its symbols name its stall lines' user stacks (parsed off the loop already).
+                if let Ok(Some(symbols)) = done.inspected.as_mut().map(|i| i.symbols.take()) {
+                    self.ustack.prime(done.job.key.0, done.job.key.1, symbols);
+                }
+                self.go.on_inspected(done)
+            }
             Background::Late(found) => {
                 let threads = self.go.on_late(found, &mut self.out);
                 self.syscalls.note_goroutines(&threads);
@@ -243,7 +264,7 @@ impl Watch {
         self.drain_sock(rings.sock.get_mut());
         self.syscalls.scan(&mut self.out);
         self.req.scan(monotonic_ns(), &mut self.out);
-        self.step_and_emit(sink);
+        self.step_and_emit(sink, &mut scan_clock::Phases::start());
         let summary = summary::summary(
             &self.ebpf,
             self.started,

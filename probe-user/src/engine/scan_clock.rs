@@ -1,7 +1,8 @@
 //! The scheduler's own clock: how late each scan starts after its tick, how long it
-//! takes, and the longest slice spent attaching uprobes (the summary's `scans`).
+//! takes, where the slowest one's time went, and the longest slice spent attaching
+//! uprobes (the summary's `scans`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How late each scan starts after its tick, and how long it takes (µs;
 /// none if the histogram could not be made, which fixed bounds rule out).
@@ -9,12 +10,14 @@ pub(super) struct ScanClock {
     late: Option<hdrhistogram::Histogram<u64>>,
     took: Option<hdrhistogram::Histogram<u64>>,
     attach_max: Duration,
+    /// The slowest scan's phases.
+    slowest: Option<(Duration, Vec<(&'static str, Duration)>)>,
 }
 
 impl Default for ScanClock {
     fn default() -> Self {
         let h = || hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).ok();
-        ScanClock { late: h(), took: h(), attach_max: Duration::ZERO }
+        ScanClock { late: h(), took: h(), attach_max: Duration::ZERO, slowest: None }
     }
 }
 
@@ -25,9 +28,13 @@ impl ScanClock {
         }
     }
 
-    pub(super) fn took(&mut self, d: Duration) {
+    /// A scan's end: its length, and its phases kept if it is the slowest yet.
+    pub(super) fn took(&mut self, d: Duration, phases: Phases) {
         if let Some(h) = self.took.as_mut() {
             let _ = h.record(d.as_micros().max(1) as u64);
+        }
+        if self.slowest.as_ref().is_none_or(|(max, _)| d > *max) {
+            self.slowest = Some((d, phases.marks));
         }
     }
 
@@ -46,6 +53,32 @@ impl ScanClock {
             took_p99_ms: q(&self.took, 0.99),
             go_attach_max_ms: self.attach_max.as_secs_f64() * 1e3,
             took_max_ms: q(&self.took, 1.0),
+            slowest: self.slowest.as_ref().map_or_else(Vec::new, |(_, marks)| {
+                marks
+                    .iter()
+                    .filter(|(_, d)| *d >= Duration::from_micros(100))
+                    .map(|&(phase, d)| crate::events::PhaseTime { phase, ms: d.as_secs_f64() * 1e3 })
+                    .collect()
+            }),
         }
+    }
+}
+
+/// Where one scan's time went, phase by phase, in the order they ran.
+pub(super) struct Phases {
+    last: Instant,
+    marks: Vec<(&'static str, Duration)>,
+}
+
+impl Phases {
+    pub(super) fn start() -> Self {
+        Phases { last: Instant::now(), marks: Vec::with_capacity(16) }
+    }
+
+    /// Closes the phase that ran since the last mark, under `name`.
+    pub(super) fn mark(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.marks.push((name, now.saturating_duration_since(self.last)));
+        self.last = now;
     }
 }

@@ -129,6 +129,7 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
         last_status: Instant::now(),
         late_since: Vec::new(),
         out,
+        last_graph: None,
     };
     // What loading parsed (BTF, the object, the sweep's reads) is freed by now (see `heap`).
     crate::heap::give_back();

@@ -11,9 +11,13 @@
 //!
 //! An address neither names stays as `0x…` with its object's file name, so a
 //! frame is never dropped. Each binary's Go symbols are parsed once, keyed by
-//! device and inode, and kept: the first stall line of a Go process pays the parse
-//! on the scan loop (2 to 8 ms in a release build for containerd 1.7.34 and 2.3.4,
-//! printed by `tests/real_binaries.rs`), the following ones a lookup. Stall lines
+//! device and inode, and kept. The binaries plegwatch probes (containerd, its shims,
+//! kubelet, runc) come parsed already: the Go inspector reads them off the scan loop
+//! to place their uprobes and hands their tables over ([`UserSymbolizer::prime`]).
+//! Any other Go process pays the parse on the scan loop at its first stall line (5
+//! to 13 ms here for containerd 2.3.4 from memory, more with its file's pages cold,
+//! and about a second in an emulated guest reading the file through 9p, where one
+//! scan then missed a wait's whole life), the following ones a lookup. Stall lines
 //! are rare (one per wait per level).
 //!
 //! Memory is bounded by bytes: the binary is mapped (memmap2), not read whole (a
@@ -155,6 +159,18 @@ impl UserSymbolizer {
         }
     }
 
+    /// Keeps the symbols of the binary `st_dev`/`inode` (as `stat` gives them), parsed
+    /// elsewhere, for the stall lines of the processes running it.
+    pub fn prime(&mut self, st_dev: u64, inode: u64, symbols: Arc<GoSymbols>) {
+        let key = (dev_key(libc::major(st_dev), libc::minor(st_dev)), inode);
+        if self.go.contains_key(&key) {
+            return;
+        }
+        self.tick += 1;
+        let size = symbols.heap_bytes();
+        self.keep(key, Some(symbols), size);
+    }
+
     fn go_symbols(&mut self, pid: u32, m: &Mapped) -> Option<Arc<GoSymbols>> {
         let key = (m.dev, m.inode);
         self.tick += 1;
@@ -192,6 +208,11 @@ impl UserSymbolizer {
     }
 }
 
+/// A device's major and minor numbers as one key (as `/proc/PID/maps` shows them).
+fn dev_key(major: u32, minor: u32) -> u64 {
+    (u64::from(major) << 32) | u64::from(minor)
+}
+
 /// `path` mapped read-only (see the module doc on why this is safe here).
 fn map_file(path: &str) -> Option<memmap2::Mmap> {
     let file = std::fs::File::open(path).ok()?;
@@ -225,7 +246,7 @@ fn mappings(pid: u32) -> Vec<ExecMap> {
                 map: Mapped {
                     start: m.address.0,
                     offset: m.offset,
-                    dev: ((m.dev.0 as u64) << 32) | m.dev.1 as u64,
+                    dev: dev_key(m.dev.0 as u32, m.dev.1 as u32),
                     inode: m.inode,
                     path: path.to_string_lossy().into_owned(),
                 },
@@ -238,6 +259,18 @@ fn mappings(pid: u32) -> Vec<ExecMap> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A binary primed by its `stat` is the one its processes' maps name: the two
+    /// spell the device differently, and a mismatch would parse it again on the loop.
+    #[test]
+    fn primed_keys_are_the_maps_keys() {
+        use std::os::unix::fs::MetadataExt as _;
+        let exe = std::fs::read_link("/proc/self/exe").expect("our exe");
+        let meta = std::fs::metadata(&exe).expect("stat our exe");
+        let maps = mappings(std::process::id());
+        let ours = maps.iter().find(|m| std::path::Path::new(&m.map.path) == exe).expect("our exe in our maps");
+        assert_eq!((dev_key(libc::major(meta.dev()), libc::minor(meta.dev())), meta.ino()), (ours.map.dev, ours.map.inode));
+    }
 
     /// Our own stack: this test's Rust frames are named by blazesym from the test
     /// binary's symbols; an unmapped address stays hex.

@@ -467,6 +467,13 @@ fn summary_text(clock: &str, s: &crate::events::Summary) -> String {
         s.scans.late_max_ms,
         s.scans.took_p99_ms
     ));
+    // Where the slowest scan went, when it was slow enough to matter (a quarter second).
+    if s.scans.took_max_ms >= 250.0 {
+        let mut phases: Vec<&crate::events::PhaseTime> = s.scans.slowest.iter().collect();
+        phases.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+        let top: Vec<String> = phases.iter().take(3).map(|p| format!("{} {:.0} ms", p.phase, p.ms)).collect();
+        out.push_str(&format!("\n    slowest scan: {:.0} ms ({})", s.scans.took_max_ms, top.join(", ")));
+    }
     let q = &s.requests_seen;
     out.push_str(&format!(
         "\n    requests seen: {} netlink ({} answered), {} D-Bus calls ({} answered), {} ttrpc to shims ({} answered{})",

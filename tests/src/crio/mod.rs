@@ -35,7 +35,7 @@ pub const PINNS_BIN: &str = "pinns-1.35.6";
 pub const CONMON: &str = "/usr/bin/conmon";
 /// The workload image, as pulled from the scenario's registry (its port is added).
 pub const BUSYBOX_REPO: &str = "local/busybox:1";
-/// The pod sandbox (infra) image: `sleep` forever, its `Cmd` (`pause_command = ""`).
+/// The pod sandbox (infra) image: an idle shell that exits on SIGTERM, its `Cmd` (`pause_command = ""`).
 pub const PAUSE_REPO: &str = "local/pause:1";
 
 pub mod update_stall;
@@ -207,7 +207,10 @@ fn start_registry(t: &Path) -> Result<(Child, u16)> {
     let blobs = root.join("blobs/sha256");
     std::fs::create_dir_all(&blobs)?;
     let layer = busybox_layer()?;
-    for (repo, argv) in [(PAUSE_REPO, ["sleep", "2147483647"]), (BUSYBOX_REPO, ["sleep", "2147483647"])] {
+    // As a pid namespace's init, a plain `sleep` ignores SIGTERM and every stop waits out
+    // its grace period (30 s a pod); a shell that traps it exits at once.
+    let idle = ["sh", "-c", "trap 'exit 0' TERM; sleep 2147483647 & wait"];
+    for (repo, argv) in [(PAUSE_REPO, idle), (BUSYBOX_REPO, idle)] {
         let config = serde_json::to_vec(&json!({
             "architecture": "amd64",
             "os": "linux",

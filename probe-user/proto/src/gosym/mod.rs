@@ -313,6 +313,11 @@ impl GoBinary {
         &self.symbols
     }
 
+    /// The parsed symbols, the file's bytes dropped.
+    pub fn into_symbols(self) -> GoSymbols {
+        self.symbols
+    }
+
     /// Uprobe points of the function `name`.
     pub fn probe_points(&self, name: &str) -> Result<ProbePoints, GoSymError> {
         self.symbols.probe_points(&self.data, name)

@@ -154,6 +154,10 @@ pub struct Inspection {
     /// The binary's program headers, to place its probe points in its code
     /// (address mode).
     pub elf: crate::proto::gosym::elf::Elf,
+    /// A target's parsed symbols, for naming its stall lines' user stacks without
+    /// parsing the binary again on the scan loop (`UserSymbolizer::prime`); none
+    /// for a binary that is no target.
+    pub symbols: Option<std::sync::Arc<crate::proto::gosym::GoSymbols>>,
 }
 
 /// An expected function that is not probed, and why.
@@ -223,17 +227,24 @@ pub fn inspect(path: &Path, target: &Target) -> Result<Inspection, crate::proto:
         // Only runtime functions, which every Go binary has: not this target.
         found.clear();
     }
+    let probed = !found.is_empty();
+    let g_tls = bin.g_tls().map(|t| t.offset).map_err(|e| e.to_string());
+    let goexit = bin.entry_offset(GOEXIT).ok();
+    let ttrpc11 = match bin.symbols().lookup(TTRPC_CREATE_STREAM) {
+        Some(_) => None,
+        None => bin.entry_offset(TTRPC_DISPATCH).ok().zip(bin.entry_offset(TTRPC_SEND).ok()),
+    };
+    let go_version = bin.symbols().version();
+    let elf = bin.symbols().elf().clone();
     Ok(Inspection {
-        go_version: bin.symbols().version(),
+        go_version,
         found,
         missing,
-        g_tls: bin.g_tls().map(|t| t.offset).map_err(|e| e.to_string()),
-        goexit: bin.entry_offset(GOEXIT).ok(),
-        ttrpc11: match bin.symbols().lookup(TTRPC_CREATE_STREAM) {
-            Some(_) => None,
-            None => bin.entry_offset(TTRPC_DISPATCH).ok().zip(bin.entry_offset(TTRPC_SEND).ok()),
-        },
-        elf: bin.symbols().elf().clone(),
+        g_tls,
+        goexit,
+        ttrpc11,
+        elf,
+        symbols: probed.then(|| std::sync::Arc::new(bin.into_symbols())),
     })
 }
 
