@@ -226,7 +226,7 @@ impl Watch {
     /// Hands the events the sources just made to the sink, each stall decorated
     /// (`sources::decorate`).
     fn emit_decorated(&mut self, sink: &mut dyn Sink) {
-        let mut decorate = Decorate { offcpu: self.offcpu.as_ref(), ustack: &mut self.ustack, pods: &mut self.pods };
+        let mut decorate = Decorate::new(self.offcpu.as_ref(), &mut self.ustack, &mut self.pods);
         for e in self.out.drain(..) {
             sink.emit(&decorate.event(e));
         }

@@ -12,7 +12,7 @@ use crate::{
     graph::model::Hop,
     observe::k8s::Pods,
     observe::ustack::UserSymbolizer,
-    sources::offcpu::OffCpu,
+    sources::offcpu::{DSleeps, OffCpu},
 };
 use serde_json::Value;
 
@@ -23,6 +23,8 @@ pub struct Decorate<'a> {
     pub ustack: &'a mut UserSymbolizer,
     /// Who is in which pod.
     pub pods: &'a mut Pods,
+    /// The kernel's D sleeps, read at the batch's first stall line.
+    sleeps: Option<DSleeps>,
 }
 
 /// Each hop's pod and container, by its process, as its line is printed (after the
@@ -35,7 +37,11 @@ pub fn name_pods<'h>(hops: impl Iterator<Item = &'h mut Hop>, pods: &mut Pods) {
     }
 }
 
-impl Decorate<'_> {
+impl<'a> Decorate<'a> {
+    pub fn new(offcpu: Option<&'a OffCpu>, ustack: &'a mut UserSymbolizer, pods: &'a mut Pods) -> Self {
+        Decorate { offcpu, ustack, pods, sleeps: None }
+    }
+
     /// `event`, decorated.
     pub fn event(&mut self, event: Event) -> Event {
         match event {
@@ -66,7 +72,8 @@ impl Decorate<'_> {
             s.user_stack = self.ustack.blocked_go_thread(s.pid, s.tid);
         }
         let Some(o) = self.offcpu else { return };
-        if let (Some(v), Value::Object(d)) = (o.for_tid(s.tid, now), &mut s.detail) {
+        let sleeps = self.sleeps.get_or_insert_with(|| o.d_sleeps());
+        if let (Some(v), Value::Object(d)) = (o.for_tid(sleeps, s.tid, now), &mut s.detail) {
             d.insert("offcpu".into(), v);
         }
     }

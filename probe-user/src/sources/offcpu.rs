@@ -53,6 +53,10 @@ pub struct OffCpu {
     unreferenced: HashSet<u32>,
 }
 
+/// The kernel's D-sleep aggregate as one read saw it: (stack id, sums) by thread.
+#[derive(Default)]
+pub struct DSleeps(HashMap<u32, Vec<(i32, OffCpuVal)>>);
+
 /// Most rows kept of processes pruned from the aggregate.
 const RETIRED_MAX: usize = 64;
 
@@ -212,18 +216,27 @@ impl OffCpu {
             .collect()
     }
 
+    /// The kernel's D-sleep aggregate, read once, by thread: a batch of stall lines
+    /// reads the map once, not once a line (each entry is two syscalls to read, and
+    /// a busy node's map holds thousands).
+    pub fn d_sleeps(&self) -> DSleeps {
+        let mut by_tid: HashMap<u32, Vec<(i32, OffCpuVal)>> = HashMap::new();
+        for (k, v) in self.agg.iter().filter_map(Result::ok) {
+            by_tid.entry(k.tid).or_default().push((k.stack_id, v));
+        }
+        DSleeps(by_tid)
+    }
+
     /// The `offcpu` detail of thread `tid` at `now_ns`: its D time recorded
     /// so far, the D sleep it is in now, and the stack it spent most D time in.
-    pub fn for_tid(&self, tid: u32, now_ns: u64) -> Option<Value> {
+    pub fn for_tid(&self, sleeps: &DSleeps, tid: u32, now_ns: u64) -> Option<Value> {
         let mut total = 0u64;
         let mut count = 0u64;
         let mut by_stack: HashMap<i32, u64> = HashMap::new();
-        for (k, v) in self.agg.iter().filter_map(Result::ok) {
-            if k.tid == tid {
-                total += v.total_ns;
-                count += v.count;
-                *by_stack.entry(k.stack_id).or_default() += v.total_ns;
-            }
+        for &(stack_id, v) in sleeps.0.get(&tid).map_or(&[][..], Vec::as_slice) {
+            total += v.total_ns;
+            count += v.count;
+            *by_stack.entry(stack_id).or_default() += v.total_ns;
         }
         let current = self.open.get(&tid, 0).ok();
         if let Some(c) = &current {
