@@ -32,9 +32,9 @@ use crate::{
     graph::children::{ChildProcs, PipeLink},
     graph::resolvers::Procs,
 };
-use holders::{SocketOwners, UnixPeers};
+use holders::UnixPeers;
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -45,7 +45,6 @@ const CONNECTED_MAX: usize = 4096;
 
 pub struct Observe {
     peers: UnixPeers,
-    owners: SocketOwners,
     connected: HashMap<(u32, u32), (Instant, bool)>,
     pipes: HashMap<u32, (Instant, Vec<PipeLink>)>,
     /// `/proc` as the listing thread last saw it, for children.
@@ -54,7 +53,7 @@ pub struct Observe {
 
 impl Observe {
     pub fn new(lister: lister::Lister) -> Self {
-        Observe { peers: UnixPeers::default(), owners: SocketOwners::default(), connected: HashMap::new(), pipes: HashMap::new(), lister }
+        Observe { peers: UnixPeers::default(), connected: HashMap::new(), pipes: HashMap::new(), lister }
     }
 
     /// `pid`'s children, from the newest listing of `/proc` (at most
@@ -112,15 +111,32 @@ impl Procs for Observe {
         if self.connected.len() >= CONNECTED_MAX {
             self.connected.retain(|_, (at, _)| at.elapsed() < CONNECTED_TTL);
         }
-        let mut yes = false;
-        for (_, inode) in procfs::socket_fds(client) {
-            let Some(peer) = self.peers.peer_of(inode) else { continue };
-            if self.owners.pids_of(peer.peer_inode).contains(&server) {
-                yes = true;
-                break;
-            }
-        }
+        // The peers of the client's unix sockets, then whether the server holds one:
+        // two processes' fd tables, not every process's (a walk of all of /proc on
+        // the scan loop took most of a second in an emulated guest).
+        let peers: HashSet<u64> =
+            procfs::socket_fds(client).into_iter().filter_map(|(_, inode)| self.peers.peer_of(inode)).map(|p| p.peer_inode).collect();
+        let yes = !peers.is_empty() && procfs::socket_fds(server).iter().any(|(_, inode)| peers.contains(inode));
         self.connected.insert((client, server), (Instant::now(), yes));
         yes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two ends of a socket pair: this process is connected to itself, and not to
+    /// a process that holds neither end.
+    #[test]
+    fn connected_by_the_peer_of_a_unix_socket() {
+        let (_a, _b) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        let mut o = Observe::new(lister::Lister::start());
+        let me = std::process::id();
+        assert!(o.connected(me, me));
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
+        assert!(!o.connected(me, child.id()));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
