@@ -7,8 +7,10 @@
 //! - container churn on a private containerd 1.6 (the containerd bed's [`Stage`], its root
 //!   on a loop ext4 of its own): a container created, started, stopped (SIGKILL at once)
 //!   and removed every second in a host-network pod;
-//! - the fake-kubelet fixture (a test fixture, not kubelet) relisting over CRI against that
-//!   containerd every second;
+//! - the same churn on a private CRI-O 1.35.6 (the CRI-O bed, [`Crio`]: conmon and runc),
+//!   in a host-network pod of its own;
+//! - the fake-kubelet fixture (a test fixture, not kubelet) relisting over CRI every second,
+//!   one against that containerd and one against that CRI-O;
 //! - D-Bus calls on a private bus, several a second (`dbus-send --print-reply` to a live
 //!   `dbus-test-tool echo` service and to the bus itself), and two `gdbus monitor` signal
 //!   listeners, which block in read forever by design (one started before plegwatch, found
@@ -26,7 +28,8 @@
 //! What plegwatch saw is taken from its `summary` line and checked against floors derived
 //! from what the test did (at least half of each): netlink requests and D-Bus calls seen
 //! and answered (`requests_seen`), relists and CRI calls seen as Go calls (`go_latency`,
-//! `relists`), container exits seen in containerd and the shim, and the watched syscalls
+//! `relists`), container exits seen in containerd and the shim, CRI-O's list calls and
+//! container starts and removals, and the watched syscalls
 //! (`syscalls`, `waits_started`). The counts are printed.
 //!
 //! Needs root, `PLEGWATCH_BIN`, the containerd bed's tools, the fixture's Go build, and the
@@ -44,9 +47,10 @@ use serde_json::Value;
 
 use plegwatch_scenarios::child::Proc;
 use plegwatch_scenarios::containerd::bed::Stage;
-use plegwatch_scenarios::containerd::cri::{self, ContainerConfig, Cri, PodSandboxConfig};
+use plegwatch_scenarios::containerd::cri::{self, host_network_pod, ContainerConfig, Cri, Pod, PodSandboxConfig};
 use plegwatch_scenarios::containerd::image::BUSYBOX;
 use plegwatch_scenarios::containerd::{self, procs, Placement, Runc};
+use plegwatch_scenarios::crio::{self, Crio};
 use plegwatch_scenarios::dbus::{self, PrivateBus, START_TIMEOUT};
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::gofixture::{self, FakeKubelet};
@@ -90,6 +94,10 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
         return Ok(());
     }
     containerd::require();
+    if let Some(why) = Crio::missing() {
+        preflight::skip(SCENARIO, &why);
+        return Ok(());
+    }
     let soak = soak_duration()?;
     let fixture = gofixture::build_fake_kubelet()?;
 
@@ -105,6 +113,9 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     // root, where whatever else dirtied it (a build just before) would be synced too.
     let containerd_fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
     let stage = Stage::start(Placement::RootUnder(containerd_fs.mount_point().to_path_buf()), Runc::Real, "soak")?;
+    let crio = Crio::start()?;
+    let crio_pod = Pod::run(crio.cri(), host_network_pod("soak-crio", "", &crio.dir().join("pods-log"))?)?;
+    let crio_image = crio.image(crio::BUSYBOX_REPO);
     let bus = PrivateBus::start()?;
     let echo = dbus::spawn("dbus-test-tool echo", bus.command("dbus-test-tool").args(["echo", "--session"]).arg(format!("--name={ECHO}")))?;
     bus.wait_owned(ECHO, START_TIMEOUT)?;
@@ -112,6 +123,8 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     let monitor_before = Proc::spawn("ip monitor", Command::new("ip").arg("monitor"))?;
     let endpoint = format!("unix://{}", stage.containerd().socket().display());
     let kubelet = FakeKubelet::start_cri(&fixture, &endpoint, &["--period", "1s"])?;
+    let crio_endpoint = format!("unix://{}", crio.socket().display());
+    let crio_kubelet = FakeKubelet::start_cri(&fixture, &crio_endpoint, &["--period", "1s"])?;
     // Let the listeners settle into their blocking reads before plegwatch's sweep.
     thread::sleep(Duration::from_millis(500));
 
@@ -124,27 +137,39 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     let long_lived: Vec<u32> = [&echo, &listener_before, &listener_after, &monitor_before, &monitor_after]
         .iter()
         .map(|p| p.pid())
-        .chain([bus.daemon_pid(), kubelet.pid(), stage.containerd().pid()])
+        .chain([bus.daemon_pid(), kubelet.pid(), stage.containerd().pid(), crio_kubelet.pid(), crio.pid()])
         .collect();
 
     let bus_address = format!("unix:path={}", bus.socket().display());
     let churn_cri = stage.cri().with_timeout(Duration::from_secs(30));
     let pod = (stage.pod().id().to_string(), stage.pod().config().clone());
+    let crio_churn_cri = crio.cri().with_timeout(Duration::from_secs(30));
+    let crio_pod_ids = (crio_pod.id().to_string(), crio_pod.config().clone());
+    let containerd_config = |name: &str| cri::container(name, BUSYBOX, &["/bin/sleep", "600"]);
+    let crio_config = |name: &str| {
+        let mut config = cri::container(name, &crio_image, &["/bin/sleep", "600"]);
+        if let Some(i) = config.image.as_mut() {
+            // CRI-O checks the image's signature policy against the name the user gave.
+            i.user_specified_image = crio_image.clone();
+        }
+        config
+    };
     let started = Instant::now();
     eprintln!("soak: {:.0}s of ordinary load under plegwatch --warn {warn}", soak.as_secs_f64());
 
     let stop = AtomicBool::new(false);
     let mut ours: HashSet<u32> = long_lived.iter().copied().collect();
     let mut reported = 0;
-    let (churned, called, asked, io) = thread::scope(|s| {
+    let (churned, crio_churned, called, asked, io) = thread::scope(|s| {
         let _stop = StopOnDrop(&stop);
-        let churn = s.spawn(|| churn(&churn_cri, &pod, &stop));
+        let churn_containerd = s.spawn(|| churn(&churn_cri, &pod, &containerd_config, &stop));
+        let churn_crio = s.spawn(|| churn(&crio_churn_cri, &crio_pod_ids, &crio_config, &stop));
         let dbus = s.spawn(|| dbus_calls(&bus_address, &stop));
         let ip = s.spawn(|| ip_requests(&stop));
         let io = s.spawn(|| syncs_and_mounts(&mut fs, tmpfs.target(), &spare_dir, &stop));
         while started.elapsed() < soak {
             thread::sleep(Duration::from_secs(1));
-            note_our_processes(&mut ours, &stage);
+            note_our_processes(&mut ours, &stage, &crio);
             // Say at once when something is reported, with whose it is.
             let events = plegwatch.events();
             for e in events[reported..].iter().filter(|e| e.is("incident") || e.is("stall")) {
@@ -153,11 +178,17 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
             reported = events.len();
         }
         stop.store(true, Ordering::Relaxed);
-        Ok::<_, anyhow::Error>((join("churn", churn)?, join("D-Bus", dbus)?, join("ip", ip)?, join("sync/mount", io)?))
+        Ok::<_, anyhow::Error>((
+            join("containerd churn", churn_containerd)?,
+            join("CRI-O churn", churn_crio)?,
+            join("D-Bus", dbus)?,
+            join("ip", ip)?,
+            join("sync/mount", io)?,
+        ))
     })?;
     let ran = started.elapsed();
-    note_our_processes(&mut ours, &stage);
-    ours.extend(churned.pids.iter().chain(&called.pids).chain(&asked.pids));
+    note_our_processes(&mut ours, &stage, &crio);
+    ours.extend(churned.pids.iter().chain(&crio_churned.pids).chain(&called.pids).chain(&asked.pids));
     // The last relists and calls end; then plegwatch's last scan sees nothing open.
     thread::sleep(Duration::from_secs(1));
     let stop_mono = gofixture::monotonic_now();
@@ -165,10 +196,11 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     let all = || dump(&events, started);
 
     eprintln!(
-        "soak: the test did in {:.1}s: {} containers (create, start, stop, remove); {} D-Bus calls; {} ip \
-         requests; {} fsync, {} fdatasync, {} sync_file_range, {} syncfs, {} sync FILE, {} sync -f FILE; {} umounts",
+        "soak: the test did in {:.1}s: {} containers on containerd and {} on CRI-O (create, start, stop, \
+         remove); {} D-Bus calls; {} ip requests; {} fsync, {} fdatasync, {} sync_file_range, {} syncfs, {} sync FILE, {} sync -f FILE; {} umounts",
         ran.as_secs_f64(),
         churned.done,
+        crio_churned.done,
         called.done,
         asked.done,
         io.fsync,
@@ -180,7 +212,8 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
         io.umounts,
     );
     let relists = relists_between(&kubelet, ready_mono, stop_mono)?;
-    eprintln!("soak: the fixture's relists while plegwatch watched: {relists}");
+    let crio_relists = relists_between(&crio_kubelet, ready_mono, stop_mono)?;
+    eprintln!("soak: the fixtures' relists while plegwatch watched: {relists} on containerd, {crio_relists} on CRI-O");
 
     // Nothing reported: no incident, no stall line...
     let mut problems = Vec::new();
@@ -201,6 +234,7 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     let seen = Seen::of(summary, kubelet.pid());
     let half = |n: u64| n.div_ceil(2);
     let relists = u64::from(relists);
+    let crio_relists = u64::from(crio_relists);
     let checks: Vec<(&str, u64, u64)> = vec![
         ("netlink requests seen (requests_seen.netlink_requests) vs ip requests made", seen.netlink_requests, half(asked.done)),
         ("netlink requests answered (requests_seen.netlink_answered) vs ip requests made", seen.netlink_answered, half(asked.done)),
@@ -216,6 +250,10 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
             half(churned.done),
         ),
         ("containerd-shim Delete calls (go_latency) vs containers", seen.go("containerd-shim", ".Delete"), half(churned.done)),
+        ("crio ListPodSandbox calls (go_latency) vs its fixture's relists", seen.go("crio", "Server).ListPodSandbox"), half(crio_relists)),
+        ("crio ListContainers calls (go_latency) vs its fixture's relists", seen.go("crio", "Server).ListContainers"), half(crio_relists)),
+        ("crio StartContainer calls (go_latency) vs its containers", seen.go("crio", "Server).StartContainer"), half(crio_churned.done)),
+        ("crio RemoveContainer calls (go_latency) vs its containers", seen.go("crio", "Server).RemoveContainer"), half(crio_churned.done)),
         ("umount2 calls (syscalls) vs umounts made", seen.syscall("umount2"), half(io.umounts)),
         ("fsync calls (syscalls) vs fsync + sync FILE made", seen.syscall("fsync"), half(io.fsync + io.sync_cmd)),
         ("fdatasync calls (syscalls) vs made", seen.syscall("fdatasync"), half(io.fdatasync)),
@@ -296,12 +334,17 @@ fn pace(since: Instant, period: Duration, stop: &AtomicBool) {
 
 /// One container through its whole life (create, start, stop with SIGKILL at once, remove)
 /// every [`CHURN_PERIOD`].
-fn churn(cri: &Cri, (pod_id, pod_config): &(String, PodSandboxConfig), stop: &AtomicBool) -> Result<Tally> {
+fn churn(
+    cri: &Cri,
+    (pod_id, pod_config): &(String, PodSandboxConfig),
+    config_of: &dyn Fn(&str) -> ContainerConfig,
+    stop: &AtomicBool,
+) -> Result<Tally> {
     let mut t = Tally::default();
     while !stop.load(Ordering::Relaxed) {
         let began = Instant::now();
         let name = format!("churn-{}", t.done);
-        let config: ContainerConfig = cri::container(&name, BUSYBOX, &["/bin/sleep", "600"]);
+        let config = config_of(&name);
         let id = cri.create_container(pod_id, &config, pod_config).with_context(|| format!("create {name}"))?;
         let cycle = (|| {
             cri.start_container(&id)?;
@@ -421,10 +464,15 @@ fn synced_writes(dir: &Path, io: &mut Io) -> Result<()> {
     Ok(())
 }
 
-/// Adds the processes that are the test's now: its descendants, and the shims of its
-/// containerd with theirs (a shim leaves its parent's tree when it daemonizes).
-fn note_our_processes(ours: &mut HashSet<u32>, stage: &Stage) {
+/// Adds the processes that are the test's now: its descendants, the shims of its
+/// containerd with theirs (a shim leaves its parent's tree when it daemonizes), and
+/// CRI-O's conmons with theirs (likewise).
+fn note_our_processes(ours: &mut HashSet<u32>, stage: &Stage, crio: &Crio) {
     ours.extend(procs::descendants(std::process::id()));
+    for conmon in crio.conmons() {
+        ours.insert(conmon);
+        ours.extend(procs::descendants(conmon));
+    }
     for shim in stage.containerd().shims() {
         ours.insert(shim.pid);
         ours.extend(procs::descendants(shim.pid));

@@ -144,6 +144,22 @@ impl Crio {
         &self.dir
     }
 
+    /// CRI-O's CRI socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("crio.sock")
+    }
+
+    /// The conmons of this CRI-O's containers (a conmon leaves crio's tree when it
+    /// daemonizes): those whose arguments name paths under the bed's dir.
+    pub fn conmons(&self) -> Vec<u32> {
+        let dir = self.dir.to_string_lossy();
+        procs::pids()
+            .into_iter()
+            .filter(|&pid| procs::comm(pid).is_some_and(|c| c == "conmon"))
+            .filter(|&pid| procs::cmdline(pid).is_some_and(|argv| argv.iter().any(|a| a.contains(dir.as_ref()))))
+            .collect()
+    }
+
     /// The runtime's next `update` stops itself before runc runs.
     pub fn stop_next_update(&self) -> Result<()> {
         std::fs::write(self.dir().join("stop-update"), b"").context("stop-update")
