@@ -130,6 +130,10 @@ fn started_in_a_crio_stall_it_finds_the_lock_holder_and_its_waiters() -> Result<
         assert!(in_incident(stall), "{f}'s wait is not in the incident:\n{}", all());
         ensure!(stall.at < lifted, "{f} was reported only after the lift");
     }
+    // The waiting update, begun before the probes, names its container: read from the
+    // request its frame keeps (no entry probe saw it).
+    let update = events.iter().find(|e| held_waiter(e, WAITERS[1])).context("the waiting update")?;
+    assert_eq!(update.str("/detail/container"), Some(ctr.as_str()), "the waiting update's container: {}", update.json);
     // The goroutine scan of crio, and the container the handler names.
     let scan = events.iter().find(|e| e.is("goroutine_scan") && e.u64("/pid") == Some(u64::from(crio.pid())));
     let scan = scan.with_context(|| format!("no goroutine_scan of crio:\n{}", all()))?;

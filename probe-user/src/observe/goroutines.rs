@@ -291,6 +291,12 @@ impl GoroutineReader {
         self.mem.read_exact_at(&mut b, addr).ok().map(|_| u64::from_le_bytes(b))
     }
 
+    /// `len` bytes at `addr` in the process (a string argument).
+    pub fn read_bytes(&self, addr: u64, len: usize) -> Option<Vec<u8>> {
+        let mut b = vec![0u8; len];
+        self.mem.read_exact_at(&mut b, addr).ok().map(|_| b)
+    }
+
     /// Reads `g` once more: whether it is still the same goroutine parked at the same
     /// place (same goid, status and saved `sp`). A goroutine that ran in between may
     /// have returned from calls it was seen in.

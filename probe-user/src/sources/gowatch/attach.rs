@@ -596,7 +596,15 @@ impl Attacher {
         let Some(late) = &self.late else { return };
         let funcs = ids
             .iter()
-            .filter_map(|id| self.funcs.get(id).map(|f| LateFunc { id: *id, symbol: f.symbol, role: f.role, recv: f.recv }))
+            .filter_map(|id| {
+                self.funcs.get(id).map(|f| LateFunc {
+                    id: *id,
+                    symbol: f.symbol,
+                    role: f.role,
+                    recv: f.recv,
+                    arg: f.arg.map(|a| (a.reg, a.off)),
+                })
+            })
             .collect();
         if late.submit(LateJob { pid, target: target.name, funcs }) {
             self.late_queued.insert(pid);

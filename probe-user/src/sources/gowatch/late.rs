@@ -29,9 +29,17 @@
 //!   semaphore's offset in `sync.RWMutex` ([`sem_off`]: `readerSem` for a reader,
 //!   `writerSem` or the inner mutex's `sema` for a writer).
 //!
+//! - A call's string argument (the container a CRI handler or a shim task is for): the
+//!   pointer in register `reg` is at slot `reg` when the function keeps it across a
+//!   call, as the lock's argument above is; the `string` header sits `off` into what it
+//!   points to, as the entry probe reads it ([`arg_of`]). Checked on crio 1.35.6, whose
+//!   `(*Server).UpdateContainerResources(s, ctx, req)` keeps `req` at slot 3.
+//!
 //! Each value is checked against the lock itself: a `sync.RWMutex` held for
 //! writing has a negative `readerCount`. A value that fails is not used (the
-//! lock is then unknown, and the link to its holder is not made).
+//! lock is then unknown, and the link to its holder is not made). A string is
+//! taken only when its length fits what the entry probe keeps and every byte is
+//! printable ASCII (a slot the function never wrote holds whatever was there).
 //!
 //! A call's start is unknown. The goroutine's `waitsince` (what a goroutine
 //! dump's "[semacquire, 3 minutes]" shows) is used where the runtime set it: a
@@ -47,6 +55,7 @@ use crate::events::GoroutineScan;
 use crate::graph::model::StartTiming;
 use crate::observe::goroutines::{Goroutine, GoroutineReader};
 use crate::proto::gosym::{AllGs, GLayout, GStatus, GoSymbols};
+use plegwatch_abi::GO_ARG_LEN;
 use std::{
     collections::HashMap,
     os::unix::fs::MetadataExt as _,
@@ -69,6 +78,9 @@ pub struct LateFunc {
     pub role: Role,
     /// Where its lock is, when not its first argument itself (a [`Role::LockHold`]).
     pub recv: Option<Recv>,
+    /// Its string argument's register and the `string` header's offset in what that
+    /// register points to (resolved for this binary), as the entry probe reads it.
+    pub arg: Option<(u32, u32)>,
 }
 
 /// A process to read.
@@ -91,6 +103,8 @@ pub struct LateCall {
     pub timing: StartTiming,
     /// What the entry probe reads (the lock, or `&rw.readerSem`), 0 when unknown.
     pub receiver: u64,
+    /// Its string argument (a container id), empty when unknown.
+    pub arg: Vec<u8>,
 }
 
 /// What reading one process gave.
@@ -145,6 +159,28 @@ pub fn receiver_of(
         }
         _ => 0,
     }
+}
+
+/// The string argument of the probed call at frame `i` (see the module doc): the
+/// pointer at its slot `reg`, the `string` header `off` into what it points to, and its
+/// bytes; empty when any read fails, the length is 0 or over [`GO_ARG_LEN`], or a byte
+/// is not printable ASCII.
+pub fn arg_of(
+    f: &LateFunc,
+    i: usize,
+    cfa: &dyn Fn(usize) -> Option<u64>,
+    read_word: &dyn Fn(u64) -> Option<u64>,
+    read_bytes: &dyn Fn(u64, usize) -> Option<Vec<u8>>,
+) -> Vec<u8> {
+    let Some((reg, off)) = f.arg else { return Vec::new() };
+    let read = || {
+        let ptr = cfa(i).and_then(|a| read_word(a + 8 * u64::from(reg))).filter(|p| *p != 0)?;
+        let header = ptr.checked_add(u64::from(off))?;
+        let (data, len) = (read_word(header)?, read_word(header + 8)?);
+        let len = usize::try_from(len).ok().filter(|l| (1..=GO_ARG_LEN).contains(l))?;
+        read_bytes(data, len).filter(|b| b.iter().all(|c| c.is_ascii_graphic()))
+    };
+    read().unwrap_or_default()
 }
 
 /// Where `pid`'s binary keeps its goroutines, per binary.
@@ -204,6 +240,7 @@ pub fn read_process(job: &Job, cache: &mut HashMap<(u64, u64), Located>) -> Foun
     let found_ns = monotonic_ns();
     let threads = reader.threads_in_syscall();
     let read_word = |a: u64| reader.read_word(a);
+    let read_bytes = |a: u64, n: usize| reader.read_bytes(a, n);
     for g in &scan.goroutines {
         if !matches!(g.status, GStatus::Waiting | GStatus::Syscall) {
             continue;
@@ -231,6 +268,7 @@ pub fn read_process(job: &Job, cache: &mut HashMap<(u64, u64), Located>) -> Foun
                 start_ns: base.saturating_sub(i as u64),
                 timing,
                 receiver: receiver_of(f, i, &names, &cfa, &read_word),
+                arg: arg_of(f, i, &cfa, &read_word, &read_bytes),
             });
         }
         found.parked.push(g.clone());
@@ -287,14 +325,14 @@ mod tests {
 
     fn funcs() -> Vec<LateFunc> {
         vec![
-            LateFunc { id: 1, symbol: "pkg.(*statusStorage).UpdateSync", role: Role::LockHold, recv: None },
-            LateFunc { id: 2, symbol: "sync.runtime_SemacquireRWMutexR", role: Role::LockWait, recv: None },
-            LateFunc { id: 3, symbol: "pkg.(*criService).ListContainers", role: Role::CriHandler, recv: None },
+            LateFunc { id: 1, symbol: "pkg.(*statusStorage).UpdateSync", role: Role::LockHold, recv: None, arg: None },
+            LateFunc { id: 2, symbol: "sync.runtime_SemacquireRWMutexR", role: Role::LockWait, recv: None, arg: None },
+            LateFunc { id: 3, symbol: "pkg.(*criService).ListContainers", role: Role::CriHandler, recv: None, arg: None },
         ]
     }
 
     fn func(symbol: &'static str, role: Role) -> LateFunc {
-        LateFunc { id: 9, symbol, role, recv: None }
+        LateFunc { id: 9, symbol, role, recv: None, arg: None }
     }
 
     /// A tiny memory: address → word.
@@ -382,7 +420,7 @@ mod tests {
         let c = 0xc000_4000u64;
         let lock = c + 0xd0;
         let recv = Recv { reg: 3, off: 0xd0, rlocked_in: "oci.(*Container).State" };
-        let holder = LateFunc { id: 4, symbol: "oci.(*runtimeOCI).UpdateContainer", role: Role::LockHold, recv: Some(recv) };
+        let holder = LateFunc { id: 4, symbol: "oci.(*runtimeOCI).UpdateContainer", role: Role::LockHold, recv: Some(recv), arg: None };
         let m = [(0x2200, 0xc000_9000), (0x2218, c), (lock + READER_COUNT_OFF, HELD)];
         assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&m)), lock);
         // Slot 0 (the runtime) plus the offset is not a held lock: with no Recv, nothing.
@@ -390,5 +428,29 @@ mod tests {
         // The container's lock not held (its update returned): not believed.
         let m = [(0x2218, c), (lock + READER_COUNT_OFF, 1)];
         assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&m)), 0);
+    }
+
+    /// A handler's container id, from the request its frame keeps at slot 3: taken when
+    /// it reads as printable ASCII of a length the entry probe keeps, else nothing.
+    #[test]
+    fn a_handlers_container_id_comes_from_its_requests_slot_and_is_checked() {
+        let handler = LateFunc { arg: Some((3, 40)), ..func("server.(*Server).UpdateContainerResources", Role::CriHandler) };
+        let sps = [0x1000u64, 0x1100];
+        let cfa = |j: usize| sps.get(j + 1).copied();
+        let (req, data) = (0xc000_2000u64, 0xc000_3000u64);
+        let id = b"4f1c0e2a9b7d4a6f8e3c1b2a0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e";
+        let words = |len: u64| vec![(0x1100 + 8 * 3, req), (req + 40, data), (req + 48, len)];
+        let bytes = |text: &'static [u8]| move |a: u64, n: usize| (a == data && n <= text.len()).then(|| text[..n].to_vec());
+        let m = words(64);
+        assert_eq!(arg_of(&handler, 0, &cfa, &mem(&m), &bytes(id)), id.to_vec());
+        // Garbage where the string should be, a length 0 or past what is kept: nothing.
+        assert!(
+            arg_of(&handler, 0, &cfa, &mem(&m), &bytes(b"4f1c\x1b[2Jrest-of-it-is-not-an-id-at-all-and-is-long-enough-to-read")).is_empty()
+        );
+        assert!(arg_of(&handler, 0, &cfa, &mem(&words(0)), &bytes(id)).is_empty());
+        assert!(arg_of(&handler, 0, &cfa, &mem(&words(65)), &bytes(id)).is_empty());
+        // No argument to read, or an empty slot.
+        assert!(arg_of(&LateFunc { arg: None, ..handler.clone() }, 0, &cfa, &mem(&m), &bytes(id)).is_empty());
+        assert!(arg_of(&handler, 0, &cfa, &mem(&[]), &bytes(id)).is_empty());
     }
 }

@@ -331,15 +331,10 @@ impl GoWatch {
                 continue;
             }
             let key = GoCallKey { g: c.g, func: c.func, tgid: pid };
-            let call = GoCall {
-                start_ns: c.start_ns,
-                receiver: c.receiver,
-                tgid: pid,
-                tid: c.tid,
-                arg_len: 0,
-                _pad: 0,
-                arg: [0; plegwatch_abi::GO_ARG_LEN],
-            };
+            let mut arg = [0; plegwatch_abi::GO_ARG_LEN];
+            let len = c.arg.len().min(arg.len());
+            arg[..len].copy_from_slice(&c.arg[..len]);
+            let call = GoCall { start_ns: c.start_ns, receiver: c.receiver, tgid: pid, tid: c.tid, arg_len: len as u32, _pad: 0, arg };
             if self.calls.insert(key, call, BPF_NOEXIST).is_ok() {
                 self.late.insert((pid, c.g, c.func), (c.start_ns, c.timing));
                 seeded.push((key, c.start_ns));
