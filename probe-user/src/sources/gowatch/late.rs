@@ -38,8 +38,9 @@
 //! Each value is checked against the lock itself: a `sync.RWMutex` held for
 //! writing has a negative `readerCount`. A value that fails is not used (the
 //! lock is then unknown, and the link to its holder is not made). A string is
-//! taken only when its length fits what the entry probe keeps and every byte is
-//! printable ASCII (a slot the function never wrote holds whatever was there).
+//! taken only when its length fits what the entry probe keeps and every byte is a
+//! hex digit, as container and sandbox ids are (a slot the function never wrote
+//! holds whatever was there).
 //!
 //! A call's start is unknown. The goroutine's `waitsince` (what a goroutine
 //! dump's "[semacquire, 3 minutes]" shows) is used where the runtime set it: a
@@ -164,7 +165,7 @@ pub fn receiver_of(
 /// The string argument of the probed call at frame `i` (see the module doc): the
 /// pointer at its slot `reg`, the `string` header `off` into what it points to, and its
 /// bytes; empty when any read fails, the length is 0 or over [`GO_ARG_LEN`], or a byte
-/// is not printable ASCII.
+/// is not a hex digit (every argument read is a container or sandbox id: 64 of them).
 pub fn arg_of(
     f: &LateFunc,
     i: usize,
@@ -178,7 +179,7 @@ pub fn arg_of(
         let header = ptr.checked_add(u64::from(off))?;
         let (data, len) = (read_word(header)?, read_word(header + 8)?);
         let len = usize::try_from(len).ok().filter(|l| (1..=GO_ARG_LEN).contains(l))?;
-        read_bytes(data, len).filter(|b| b.iter().all(|c| c.is_ascii_graphic()))
+        read_bytes(data, len).filter(|b| b.iter().all(u8::is_ascii_hexdigit))
     };
     read().unwrap_or_default()
 }
@@ -431,7 +432,7 @@ mod tests {
     }
 
     /// A handler's container id, from the request its frame keeps at slot 3: taken when
-    /// it reads as printable ASCII of a length the entry probe keeps, else nothing.
+    /// it reads as hex digits of a length the entry probe keeps, else nothing.
     #[test]
     fn a_handlers_container_id_comes_from_its_requests_slot_and_is_checked() {
         let handler = LateFunc { arg: Some((3, 40)), ..func("server.(*Server).UpdateContainerResources", Role::CriHandler) };
@@ -446,6 +447,10 @@ mod tests {
         // Garbage where the string should be, a length 0 or past what is kept: nothing.
         assert!(
             arg_of(&handler, 0, &cfa, &mem(&m), &bytes(b"4f1c\x1b[2Jrest-of-it-is-not-an-id-at-all-and-is-long-enough-to-read")).is_empty()
+        );
+        // A path (printable, not an id).
+        assert!(
+            arg_of(&handler, 0, &cfa, &mem(&m), &bytes(b"/run/containerd/io.containerd.runtime.v2.task/k8s.io/4f1c0e2a9b7d")).is_empty()
         );
         assert!(arg_of(&handler, 0, &cfa, &mem(&words(0)), &bytes(id)).is_empty());
         assert!(arg_of(&handler, 0, &cfa, &mem(&words(65)), &bytes(id)).is_empty());
