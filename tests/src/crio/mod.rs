@@ -48,6 +48,8 @@ const REGISTRY: &str = include_str!("registry.py");
 /// and removes what they left (mounts first).
 pub struct Crio {
     dir: PathBuf,
+    /// Its storage root (in `dir`, or where [`Crio::start_on`] put it).
+    root: PathBuf,
     daemon: Child,
     registry: Child,
     port: u16,
@@ -69,14 +71,24 @@ impl Crio {
 
     /// Starts the registry and CRI-O, and pulls both images.
     pub fn start() -> Result<Self> {
+        Self::start_on(None)
+    }
+
+    /// [`Crio::start`] with CRI-O's storage root at `root` (a dir it makes), else in its
+    /// temp dir: a container's rootfs is then an overlay whose upper dir is on `root`'s
+    /// file system.
+    pub fn start_on(root: Option<PathBuf>) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("plegwatch-crio-").tempdir().context("temp dir")?.keep();
         let t = dir.clone();
         let (registry, port) = start_registry(&t)?;
         for sub in ["conf.d", "registries.d", "cni-net", "cni-bin", "pods-log", "policies", "auth"] {
             std::fs::create_dir_all(t.join(sub))?;
         }
+        let root = root.unwrap_or_else(|| t.join("root"));
+        std::fs::create_dir_all(&root)?;
         let fill = |text: &str| {
-            text.replace("@T@", &t.to_string_lossy())
+            text.replace("@ROOT@", &root.to_string_lossy())
+                .replace("@T@", &t.to_string_lossy())
                 .replace("@PORT@", &port.to_string())
                 .replace("@PINNS@", &shared_bin().join(PINNS_BIN).to_string_lossy())
         };
@@ -117,7 +129,7 @@ impl Crio {
             }
             thread::sleep(Duration::from_millis(100));
         };
-        let me = Crio { dir, daemon, registry, port, cri };
+        let me = Crio { dir, root, daemon, registry, port, cri };
         for repo in [PAUSE_REPO, BUSYBOX_REPO] {
             me.cri.pull_image(&me.image(repo)).with_context(|| format!("pull {repo}\n{}", log_tail(&t, 30)))?;
         }
@@ -208,6 +220,10 @@ impl Drop for Crio {
         let _ = self.daemon.wait();
         let _ = self.registry.kill();
         let _ = self.registry.wait();
+        // The storage root's mounts first, where it is outside the temp dir.
+        if !self.root.starts_with(&self.dir) && !crate::containerd::daemon::unmount_under(&self.root, None) {
+            eprintln!("cleanup: mounts remain under {}", self.root.display());
+        }
         if crate::containerd::daemon::unmount_under(&self.dir, None) {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
