@@ -414,10 +414,19 @@ fn spawn_reader(name: &str, body: impl FnOnce() + Send + 'static) -> Result<Join
 }
 
 fn read_stdout(stdout: ChildStdout, tx: Sender<Event>, not_json: Arc<Mutex<Vec<String>>>) {
+    // Echoed from a thread of its own: a slow stderr (a TCG guest's serial console takes
+    // seconds for a burst of long lines) must not stop this reader, nor, through a full
+    // pipe, plegwatch.
+    let (echo, lines) = std::sync::mpsc::channel::<String>();
+    let _ = std::thread::Builder::new().name("echo".into()).spawn(move || {
+        for line in lines {
+            eprintln!("[plegwatch stdout] {line}");
+        }
+    });
     for line in BufReader::new(stdout).lines() {
         let Ok(line) = line else { break };
         let at = Instant::now();
-        eprintln!("[plegwatch stdout] {line}");
+        let _ = echo.send(line.clone());
         match serde_json::from_str::<Value>(&line) {
             Ok(json) if json.is_object() => {
                 let _ = tx.send(Event { at, json });

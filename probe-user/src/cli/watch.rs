@@ -5,7 +5,7 @@ use crate::{
     engine::{self, WatchConfig},
     events::Sink,
     levels::Thresholds,
-    sinks::{JsonSink, LiveSink, ReportSink, Tee, TextOptions, TextSink},
+    sinks::{stdout_writer::StdoutWriter, JsonSink, LiveSink, ReportSink, Tee, TextOptions, TextSink},
     sources::inflight::Filter,
 };
 use clap::Args;
@@ -200,17 +200,18 @@ impl WatchArgs {
 /// (colour, verbosity) for the text sink.
 pub async fn run(args: WatchArgs, text: TextOptions) -> anyhow::Result<()> {
     let cfg = args.config().map_err(super::UsageError)?;
-    let stdout = std::io::stdout();
     let opts = TextOptions { waits: args.waits, full_stacks: args.stacks == Stacks::Full, ..text };
-    let text = || Box::new(TextSink::new(std::io::stdout().lock(), opts));
+    // Lines go out from a thread of their own: a slow reader never holds the scans back.
+    let out = || StdoutWriter::start(std::io::stdout()).map_err(|e| anyhow::anyhow!("cannot start the stdout writer thread: {e}"));
+    let text = || -> anyhow::Result<Box<dyn Sink>> { Ok(Box::new(TextSink::new(out()?, opts))) };
     let mut sink: Box<dyn Sink> = match args.output(LiveSink::supported()) {
-        Output::Json => Box::new(JsonSink(stdout.lock())),
-        Output::Text => text(),
+        Output::Json => Box::new(JsonSink(out()?)),
+        Output::Text => text()?,
         Output::Live => match LiveSink::start(opts.color) {
             Ok(live) => Box::new(live),
             Err(e) => {
                 tracing::warn!("live view: cannot start its thread ({e}); printing lines");
-                text()
+                text()?
             }
         },
     };

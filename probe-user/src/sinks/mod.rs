@@ -16,6 +16,7 @@ pub(crate) mod live;
 mod log;
 pub mod metrics;
 pub mod report;
+pub mod stdout_writer;
 mod text;
 
 pub use live::{LiveSink, LiveState};
