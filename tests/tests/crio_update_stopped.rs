@@ -146,7 +146,14 @@ fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Res
         .and_then(|e| e.f64("/waited_s"))
         .with_context(|| format!("the hold never resolved:\n{}", all()))?;
     let blocked = done.first.duration_since(sent).as_secs_f64();
-    assert!((held - blocked).abs() < 0.5, "opLock held {held:.3} s by plegwatch, the update blocked {blocked:.3} s");
+    // The hold lies inside the call; the rest is the call's way in and out (gRPC, the
+    // handler's start), slower under emulation: the slack is on the scenarios' clock (a
+    // 6.1 TCG guest: held 4.831 s, blocked 5.472 s).
+    let slack = plegwatch_scenarios::timing::scaled(Duration::from_millis(500)).as_secs_f64();
+    assert!(
+        held <= blocked + 0.05 && blocked - held < slack,
+        "opLock held {held:.3} s by plegwatch, the update blocked {blocked:.3} s (slack {slack:.1} s)"
+    );
     eprintln!(
         "incident #{} raised {:.3}s after crossing --warn; chain:\n{text}\nopLock held {held:.3}s (update blocked {blocked:.3}s, \
          second update {:.3}s, ListContainerStats {:.3}s)",

@@ -176,8 +176,16 @@ pub const GUEST_SEED: &[GuestTests] = &[
 
 /// What the whole matrix runs besides [`GUEST_CI`] and [`GUEST_SEED`]: kubelet's relist clock on the Go fixture (uprobes without attach
 /// cookies before 5.15), netlink requests on their own, pod names from live containers,
-/// and the negative soak.
-pub const GUEST_MATRIX_MORE: &[GuestTests] = &[all("pleg_relist"), all("netlink_request"), all("pod_names"), all("negative_soak")];
+/// the negative soak, and CRI-O's opLock stall and a start in its middle (CRI-O 1.35.6 with
+/// its cgroupfs driver, on the guests' cgroup v2).
+pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
+    all("pleg_relist"),
+    all("netlink_request"),
+    all("pod_names"),
+    all("negative_soak"),
+    all("crio_update_stopped"),
+    all("crio_before_attach"),
+];
 
 /// The whole guest matrix, in order.
 fn guest_matrix() -> impl Iterator<Item = &'static GuestTests> {

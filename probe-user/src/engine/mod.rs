@@ -208,15 +208,15 @@ impl Watch {
     fn drain_ends(&mut self, ring: &mut RingBuf<MapData>, sink: &mut dyn Sink) {
         self.syscalls.drain(ring, &mut self.out);
         self.link_ended();
-        self.emit_decorated(sink);
+        let _ = self.emit_decorated(sink);
     }
 
     /// The graph's step over the waits the sources just scanned: their `stall` lines
     /// take their holders from it and go first, then the incidents' changes.
     fn step_and_emit(&mut self, sink: &mut dyn Sink, phases: &mut scan_clock::Phases) {
         let changes = self.step_graph(phases);
-        self.emit_decorated(sink);
-        phases.mark("decorate");
+        let spent = self.emit_decorated(sink);
+        phases.mark_parts(&spent, "stall_lines_out");
         for e in changes {
             sink.emit(&e);
         }
@@ -225,11 +225,12 @@ impl Watch {
 
     /// Hands the events the sources just made to the sink, each stall decorated
     /// (`sources::decorate`).
-    fn emit_decorated(&mut self, sink: &mut dyn Sink) {
+    fn emit_decorated(&mut self, sink: &mut dyn Sink) -> [(&'static str, Duration); 3] {
         let mut decorate = Decorate::new(self.offcpu.as_ref(), &mut self.ustack, &mut self.pods);
         for e in self.out.drain(..) {
             sink.emit(&decorate.event(e));
         }
+        decorate.spent()
     }
 
     /// Work done off the loop, come back: a Go binary inspected, or a newly probed

@@ -81,4 +81,15 @@ impl Phases {
         self.marks.push((name, now.saturating_duration_since(self.last)));
         self.last = now;
     }
+
+    /// Closes the phase that ran since the last mark as `parts` (measured inside it) and
+    /// the rest of it under `rest`.
+    pub(super) fn mark_parts(&mut self, parts: &[(&'static str, Duration)], rest: &'static str) {
+        let now = Instant::now();
+        let total = now.saturating_duration_since(self.last);
+        let inside: Duration = parts.iter().map(|p| p.1).sum();
+        self.marks.extend_from_slice(parts);
+        self.marks.push((rest, total.saturating_sub(inside)));
+        self.last = now;
+    }
 }

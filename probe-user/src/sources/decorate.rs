@@ -25,6 +25,8 @@ pub struct Decorate<'a> {
     pub pods: &'a mut Pods,
     /// The kernel's D sleeps, read at the batch's first stall line.
     sleeps: Option<DSleeps>,
+    /// Time spent naming pods, naming user stacks and reading off-CPU figures.
+    spent: [std::time::Duration; 3],
 }
 
 /// Each hop's pod and container, by its process, as its line is printed (after the
@@ -39,7 +41,7 @@ pub fn name_pods<'h>(hops: impl Iterator<Item = &'h mut Hop>, pods: &mut Pods) {
 
 impl<'a> Decorate<'a> {
     pub fn new(offcpu: Option<&'a OffCpu>, ustack: &'a mut UserSymbolizer, pods: &'a mut Pods) -> Self {
-        Decorate { offcpu, ustack, pods, sleeps: None }
+        Decorate { offcpu, ustack, pods, sleeps: None, spent: Default::default() }
     }
 
     /// `event`, decorated.
@@ -57,10 +59,26 @@ impl<'a> Decorate<'a> {
         }
     }
 
+    /// Where this batch's time went: naming pods, naming user stacks, off-CPU figures.
+    pub fn spent(&self) -> [(&'static str, std::time::Duration); 3] {
+        [("decorate_pods", self.spent[0]), ("decorate_user_stacks", self.spent[1]), ("decorate_offcpu", self.spent[2])]
+    }
+
     fn stall(&mut self, s: &mut Stall) {
         let now = monotonic_ns();
+        let began = std::time::Instant::now();
         s.pod = self.pods.of_pid(s.pid);
         name_pods(s.holder.iter_mut().chain(s.cause.iter_mut()).chain(s.chain.iter_mut()), self.pods);
+        let named = std::time::Instant::now();
+        self.spent[0] += named - began;
+        self.user_stack(s);
+        let stacked = std::time::Instant::now();
+        self.spent[1] += stacked - named;
+        self.offcpu(s, now);
+        self.spent[2] += stacked.elapsed();
+    }
+
+    fn user_stack(&mut self, s: &mut Stall) {
         if s.user_stack.is_empty() {
             if let Some(o) = self.offcpu {
                 // Innermost first from the kernel, as the kernel stack.
@@ -71,6 +89,9 @@ impl<'a> Decorate<'a> {
             // Begun before the probes: a Go thread's stack is unwound from outside.
             s.user_stack = self.ustack.blocked_go_thread(s.pid, s.tid);
         }
+    }
+
+    fn offcpu(&mut self, s: &mut Stall, now: u64) {
         let Some(o) = self.offcpu else { return };
         let sleeps = self.sleeps.get_or_insert_with(|| o.d_sleeps());
         if let (Some(v), Value::Object(d)) = (o.for_tid(sleeps, s.tid, now), &mut s.detail) {
