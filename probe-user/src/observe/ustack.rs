@@ -180,7 +180,17 @@ impl UserSymbolizer {
         }
         // Through the process's root: its mount namespace's view of the path.
         let path = format!("/proc/{pid}/root{}", m.path);
+        let began = std::time::Instant::now();
         let parsed = map_file(&path).and_then(|data| GoSymbols::from_elf_named(&data, &m.path).ok()).map(Arc::new);
+        // Said once per binary: a probed target's parse here means its priming missed.
+        tracing::info!(
+            binary = %m.path,
+            dev = m.dev,
+            inode = m.inode,
+            go = parsed.is_some(),
+            took_ms = began.elapsed().as_secs_f64() * 1e3,
+            "a binary's Go symbols read on the scan loop for a user stack (not primed)"
+        );
         let size = parsed.as_ref().map_or(64, |g| g.heap_bytes());
         self.keep(key, parsed.clone(), size);
         parsed
