@@ -62,15 +62,7 @@ impl Watch {
             );
         }
         // The stall lines' holders: decided here, once, as the incidents' hops are.
-        let mut stalls: Vec<&mut Stall> = self
-            .out
-            .iter_mut()
-            .filter_map(|e| match e {
-                Event::Stall(s) => Some(&mut **s),
-                _ => None,
-            })
-            .filter(|s| s.wait.is_some())
-            .collect();
+        let mut stalls: Vec<&mut Stall> = stalls_with_waits(&mut self.out).collect();
         let keys: Vec<WaitKey> = stalls.iter().filter_map(|s| s.wait).collect();
         for (s, links) in stalls.iter_mut().zip(scanned.links(&keys, now, &mut ids::id_of)) {
             s.holder = links.holder;
@@ -103,15 +95,7 @@ impl Watch {
     /// take their links from the last scan's graph (see the module doc).
     pub(super) fn link_ended(&mut self) {
         let Some(last) = &self.last_graph else { return };
-        let mut stalls: Vec<&mut Stall> = self
-            .out
-            .iter_mut()
-            .filter_map(|e| match e {
-                Event::Stall(s) => Some(&mut **s),
-                _ => None,
-            })
-            .filter(|s| s.wait.is_some() && s.holder.is_none() && s.chain.is_empty())
-            .collect();
+        let mut stalls: Vec<&mut Stall> = stalls_with_waits(&mut self.out).filter(|s| s.holder.is_none() && s.chain.is_empty()).collect();
         if stalls.is_empty() {
             return;
         }
@@ -129,6 +113,16 @@ impl Watch {
             }
         }
     }
+}
+
+/// The stall lines in `out` that name their wait (those the graph can link).
+fn stalls_with_waits(out: &mut [Event]) -> impl Iterator<Item = &mut Stall> {
+    out.iter_mut()
+        .filter_map(|e| match e {
+            Event::Stall(s) => Some(&mut **s),
+            _ => None,
+        })
+        .filter(|s| s.wait.is_some())
 }
 
 /// The last scan's graph and when it was made.
