@@ -60,3 +60,40 @@ pub fn synced_writes(dir: &Path, bytes: usize) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `vm.dirty_expire_centisecs` raised for as long as the guard lives, then set back.
+///
+/// The kernel's flusher writes back dirty pages older than this (30 s by default) on its
+/// own. A staging whose sync must find all its data still dirty loses part of it when the
+/// data waits that long first (a slow guest: the container's exit and the shim's umount
+/// came 36 s after the writes, and the umount synced the last 14 of 24 MiB). A global
+/// knob: the scenarios run one at a time.
+pub struct KeepDirty {
+    before: Option<String>,
+}
+
+const DIRTY_EXPIRE: &str = "/proc/sys/vm/dirty_expire_centisecs";
+
+impl KeepDirty {
+    /// Dirty pages left alone for at least `secs` (a lower setting is raised; a higher one
+    /// is kept).
+    pub fn for_secs(secs: u64) -> io::Result<Self> {
+        let before = std::fs::read_to_string(DIRTY_EXPIRE)?.trim().to_string();
+        let want = secs * 100;
+        if before.parse::<u64>().is_ok_and(|b| b >= want) {
+            return Ok(KeepDirty { before: None });
+        }
+        std::fs::write(DIRTY_EXPIRE, want.to_string())?;
+        Ok(KeepDirty { before: Some(before) })
+    }
+}
+
+impl Drop for KeepDirty {
+    fn drop(&mut self) {
+        if let Some(b) = &self.before {
+            if let Err(e) = std::fs::write(DIRTY_EXPIRE, b) {
+                eprintln!("cleanup: setting {DIRTY_EXPIRE} back to {b}: {e}");
+            }
+        }
+    }
+}

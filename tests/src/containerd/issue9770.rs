@@ -37,6 +37,7 @@ use super::image::BUSYBOX;
 use super::procs::{self, Shim, ThreadSnapshot, UmountSpan, UmountWatch};
 use super::version::ContainerdRelease;
 use super::Version;
+use crate::dirty::KeepDirty;
 use crate::LoopFs;
 
 /// Which of containerd's data sits on the throttled disk.
@@ -139,7 +140,14 @@ pub struct Bed {
     options: Options,
     /// How many times [`Bed::trigger_with`] ran (names each writer container apart).
     triggers: u32,
+    /// The container's writes stay dirty until the umount syncs them, however slow the
+    /// machine (set back last).
+    _keep_dirty: KeepDirty,
 }
+
+/// How long the container's writes are left to the umount at least: past the container's
+/// run, its exit and the shim's unmount in a slow guest (36 s there), and the stall itself.
+const KEEP_DIRTY_S: u64 = 600;
 
 /// What the mid-stall hook of [`Bed::trigger_with`] gets.
 pub struct MidStall<'a> {
@@ -286,6 +294,7 @@ impl Bed {
 
     /// Everything up to a running pod, with the relist driver going and writes throttled.
     pub fn prepare(options: Options) -> Result<Self> {
+        let keep_dirty = KeepDirty::for_secs(KEEP_DIRTY_S)?;
         let fs = LoopFs::new(options.disk_size)?;
         let base = fs.mount_point().to_path_buf();
         let placement = match options.on_disk {
@@ -293,7 +302,7 @@ impl Bed {
             OnDisk::Snapshots => Placement::SnapshotsUnder(base),
         };
         let stage = Stage::start_version(options.version, placement, Runc::Real, "stall9770")?;
-        let mut bed = Self { stage, fs, options, triggers: 0 };
+        let mut bed = Self { stage, fs, options, triggers: 0, _keep_dirty: keep_dirty };
         // Only what the container writes is to be dirty when the throttle goes on.
         syncfs(bed.fs.mount_point())?;
         bed.stage.throttle(bed.fs.dev(), bed.options.throttle_bps)?;
