@@ -226,6 +226,11 @@ impl Watch {
     /// Hands the events the sources just made to the sink, each stall decorated
     /// (`sources::decorate`).
     fn emit_decorated(&mut self, sink: &mut dyn Sink) -> [(&'static str, Duration); 3] {
+        // The probed binaries' symbols, parsed already (at startup or off the loop), name
+        // their user stacks: never a second parse on the loop.
+        for ((dev, inode), symbols) in self.go.take_symbols() {
+            self.ustack.prime(dev, inode, symbols);
+        }
         let mut decorate = Decorate::new(self.offcpu.as_ref(), &mut self.ustack, &mut self.pods);
         for e in self.out.drain(..) {
             sink.emit(&decorate.event(e));
@@ -238,13 +243,7 @@ impl Watch {
     fn on_background(&mut self, done: Background, sink: &mut dyn Sink) {
         match done {
             // A new Go binary, read off the loop: its uprobes are attached by slices.
-            Background::Inspected(mut done) => {
-                // Its symbols name its stall lines' user stacks (parsed off the loop already).
-                if let Ok(Some(symbols)) = done.inspected.as_mut().map(|i| i.symbols.take()) {
-                    self.ustack.prime(done.job.key.0, done.job.key.1, symbols);
-                }
-                self.go.on_inspected(done)
-            }
+            Background::Inspected(done) => self.go.on_inspected(done),
             Background::Late(found) => {
                 let threads = self.go.on_late(found, &mut self.out);
                 self.syscalls.note_goroutines(&threads);

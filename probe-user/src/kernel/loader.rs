@@ -123,6 +123,7 @@ pub struct LoadOptions {
 /// filtered out), the end-record threshold and the watched syscall numbers.
 pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
     raise_memlock();
+    crate::kernel::pin_code::pin_own_code();
     let tgid = opts.tracer_tgid;
     let report_min = opts.report_min.as_nanos().min(u64::MAX as u128) as u64;
     let watched = syscalls::watched_nr_table();

@@ -10,4 +10,5 @@ pub mod btf;
 pub mod handoff;
 pub mod loader;
 pub mod netlink;
+pub mod pin_code;
 pub mod probes;

@@ -364,6 +364,9 @@ pub struct Attacher {
     late_queued: HashSet<u32>,
     /// Why the last binary left alone was (for a binary named by flag).
     last_why: Option<String>,
+    /// Probed binaries' parsed symbols, by (dev, inode), until the engine takes them
+    /// ([`Attacher::take_symbols`]) for naming user stacks.
+    symbols: Vec<((u64, u64), std::sync::Arc<crate::proto::gosym::GoSymbols>)>,
 }
 
 impl Attacher {
@@ -393,6 +396,7 @@ impl Attacher {
                 .ok(),
             late_queued: HashSet::new(),
             last_why: None,
+            symbols: Vec::new(),
         })
     }
 
@@ -638,6 +642,12 @@ impl Attacher {
         self.conclude(ebpf, plan, out);
     }
 
+    /// The symbols of the binaries probed since the last call (read at startup on the
+    /// loop, or off it by the inspector), by `stat`'s (dev, inode).
+    pub fn take_symbols(&mut self) -> Vec<((u64, u64), std::sync::Arc<crate::proto::gosym::GoSymbols>)> {
+        std::mem::take(&mut self.symbols)
+    }
+
     /// A binary read off the loop: plans its attach (see [`Attacher::attach_some`]).
     pub fn finish(&mut self, done: Done) {
         let Done { job, inspected, took } = done;
@@ -680,7 +690,7 @@ impl Attacher {
             transient: false,
             _file: file,
         };
-        let i = match inspected {
+        let mut i = match inspected {
             Ok(i) => i,
             Err(e) => {
                 // The process may be gone already (a short-lived runc): try again with the next one.
@@ -692,6 +702,9 @@ impl Attacher {
             }
         };
         plan.line.go_version = i.go_version.clone();
+        if let Some(symbols) = i.symbols.take() {
+            self.symbols.push((key, symbols));
+        }
         if i.found.is_empty() {
             plan.line.status = "unmatched";
             plan.why = Some(format!(

@@ -359,6 +359,12 @@ impl GoWatch {
         self.attacher.finish(done);
     }
 
+    /// The symbols of the Go binaries probed since the last call, by `stat`'s (dev,
+    /// inode): already parsed, they name user stacks without a second read.
+    pub fn take_symbols(&mut self) -> Vec<((u64, u64), std::sync::Arc<crate::proto::gosym::GoSymbols>)> {
+        self.attacher.take_symbols()
+    }
+
     /// Whether uprobes are waiting to be attached.
     pub fn attaching(&self) -> bool {
         self.attacher.attaching()
