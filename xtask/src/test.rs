@@ -195,7 +195,8 @@ pub const GUEST_SEED: &[GuestTests] = &[
 /// What the whole matrix runs besides [`GUEST_CI`] and [`GUEST_SEED`]: kubelet's relist clock on the Go fixture (uprobes without attach
 /// cookies before 5.15), netlink requests on their own, pod names from live containers,
 /// the negative soak, and CRI-O's opLock stall and a start in its middle (CRI-O 1.35.6 with
-/// its cgroupfs driver, on the guests' cgroup v2).
+/// its cgroupfs driver, on the guests' cgroup v2) and the same lock held across runc's call
+/// to a frozen systemd (its systemd driver).
 pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
     all("pleg_relist"),
     all("netlink_request"),
@@ -203,6 +204,7 @@ pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
     all("negative_soak"),
     all("crio_update_stopped"),
     all("crio_before_attach"),
+    all("crio_systemd_dbus"),
 ];
 
 /// The whole guest matrix, in order.

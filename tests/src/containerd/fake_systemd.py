@@ -9,7 +9,9 @@
 #   "done" (runc waits up to 30 s for it after the call returns);
 # - Manager.SetUnitProperties, ResetFailedUnit: an empty reply;
 # - Properties.Get: Manager.Version ("252"); a unit's DevicePolicy ("auto") and DeviceAllow
-#   (empty), which runc's Set reads; anything else is an UnknownProperty error.
+#   (empty), which runc's Set reads; anything else is an UnknownProperty error;
+# - Properties.GetAll of a unit: none (CRI-O runs `systemctl show -p NAME systemd` to learn
+#   whether systemd has a property: it has not).
 # Any other call gets an UnknownMethod error. With cgroup v1 it never touches a cgroup: runc
 # joins the cgroups itself after StartTransientUnit. With cgroup v2 runc leaves that to
 # systemd, so, as systemd does, StartTransientUnit makes the unit's cgroup under its Slice
@@ -104,6 +106,10 @@ async def main(address):
             return Message.new_method_return(msg, "o", [job])
         if msg.interface == MANAGER and msg.member in ("SetUnitProperties", "ResetFailedUnit"):
             return Message.new_method_return(msg)
+        if msg.interface == PROPERTIES and msg.member == "GetAll" and msg.path.startswith(UNIT_PATH):
+            # `systemctl show -p NAME UNIT` (CRI-O asks it whether systemd has a property):
+            # no properties, so that NAME is not supported.
+            return Message.new_method_return(msg, "a{sv}", [{}])
         if msg.interface == PROPERTIES and msg.member == "Get" and len(msg.body) == 2:
             iface, prop = msg.body
             value = None

@@ -44,6 +44,19 @@ const CONFIG: &str = include_str!("crio.conf");
 const RT_WRAP: &str = include_str!("rt-wrap");
 const REGISTRY: &str = include_str!("registry.py");
 
+/// How a [`Crio`] is set up.
+#[derive(Debug, Default)]
+pub struct Setup {
+    /// Its storage root (a dir it makes), else in its temp dir.
+    pub root: Option<PathBuf>,
+    /// Run in the mount namespace of this process (a [`NodeRun`]'s holder), with the
+    /// systemd cgroup manager: CRI-O and the runc it runs talk to the systemd on that
+    /// namespace's system bus. Else cgroupfs, in this process's namespace.
+    ///
+    /// [`NodeRun`]: crate::containerd::systemd_dbus::NodeRun
+    pub systemd_ns: Option<u32>,
+}
+
 /// A running CRI-O with its registry. Dropping it stops every pod, CRI-O and the registry,
 /// and removes what they left (mounts first).
 pub struct Crio {
@@ -54,6 +67,8 @@ pub struct Crio {
     registry: Child,
     port: u16,
     cri: Cri,
+    /// The mount namespace it runs in ([`Setup::systemd_ns`]), where its mounts are.
+    ns: Option<u32>,
 }
 
 impl Crio {
@@ -78,6 +93,12 @@ impl Crio {
     /// temp dir: a container's rootfs is then an overlay whose upper dir is on `root`'s
     /// file system.
     pub fn start_on(root: Option<PathBuf>) -> Result<Self> {
+        Self::start_with(Setup { root, systemd_ns: None })
+    }
+
+    /// [`Crio::start`] as `setup` says.
+    pub fn start_with(setup: Setup) -> Result<Self> {
+        let Setup { root, systemd_ns } = setup;
         let dir = tempfile::Builder::new().prefix("plegwatch-crio-").tempdir().context("temp dir")?.keep();
         let t = dir.clone();
         let (registry, port) = start_registry(&t)?;
@@ -91,6 +112,7 @@ impl Crio {
                 .replace("@T@", &t.to_string_lossy())
                 .replace("@PORT@", &port.to_string())
                 .replace("@PINNS@", &shared_bin().join(PINNS_BIN).to_string_lossy())
+                .replace("@CGROUP_MANAGER@", if systemd_ns.is_some() { "systemd" } else { "cgroupfs" })
         };
         std::fs::write(t.join("crio.conf"), fill(CONFIG))?;
         let wrap = t.join("rt-wrap");
@@ -99,7 +121,7 @@ impl Crio {
         std::fs::write(t.join("policy.json"), json!({"default": [{"type": "insecureAcceptAnything"}]}).to_string())?;
         std::fs::write(t.join("registries.conf"), format!("[[registry]]\nlocation = \"127.0.0.1:{port}\"\ninsecure = true\n"))?;
         let log = std::fs::File::create(t.join("crio.log"))?;
-        let daemon = Command::new(shared_bin().join(CRIO_BIN))
+        let daemon = crate::containerd::daemon::in_ns(systemd_ns, shared_bin().join(CRIO_BIN))
             .arg("--config")
             .arg(t.join("crio.conf"))
             .arg("--config-dir")
@@ -129,7 +151,7 @@ impl Crio {
             }
             thread::sleep(Duration::from_millis(100));
         };
-        let me = Crio { dir, root, daemon, registry, port, cri };
+        let me = Crio { dir, root, daemon, registry, port, cri, ns: systemd_ns };
         for repo in [PAUSE_REPO, BUSYBOX_REPO] {
             me.cri.pull_image(&me.image(repo)).with_context(|| format!("pull {repo}\n{}", log_tail(&t, 30)))?;
         }
@@ -221,10 +243,10 @@ impl Drop for Crio {
         let _ = self.registry.kill();
         let _ = self.registry.wait();
         // The storage root's mounts first, where it is outside the temp dir.
-        if !self.root.starts_with(&self.dir) && !crate::containerd::daemon::unmount_under(&self.root, None) {
+        if !self.root.starts_with(&self.dir) && !crate::containerd::daemon::unmount_under(&self.root, self.ns) {
             eprintln!("cleanup: mounts remain under {}", self.root.display());
         }
-        if crate::containerd::daemon::unmount_under(&self.dir, None) {
+        if crate::containerd::daemon::unmount_under(&self.dir, self.ns) {
             let _ = std::fs::remove_dir_all(&self.dir);
         } else {
             eprintln!("cleanup: mounts remain under {}; leaving its files in place", self.dir.display());
