@@ -205,6 +205,7 @@ pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
     all("crio_update_stopped"),
     all("crio_before_attach"),
     all("crio_systemd_dbus"),
+    all("crio_pod_names"),
 ];
 
 /// The whole guest matrix, in order.
