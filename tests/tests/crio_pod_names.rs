@@ -72,7 +72,8 @@ fn names_by_cgroup(systemd: bool) -> Result<()> {
     };
     let crio = Crio::start_with(Setup { root: None, systemd_ns: ns.as_ref().map(NodeRun::pid) })?;
     let cri = crio.cri().clone();
-    let mut sandbox = host_network_pod("criopodnames", "", &crio.dir().join("pods-log"))?;
+    // In a cgroup parent of the bed's own: on cgroup v2 the write limit goes on it.
+    let mut sandbox = host_network_pod("criopodnames", crio.cgroup_parent(), &crio.dir().join("pods-log"))?;
     // A pod-wide PID namespace, as kubelet asks by default (CRI-O runs an infra container).
     if let Some(ns) = sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
         ns.pid = api::NamespaceMode::Pod as i32;
@@ -101,7 +102,7 @@ fn names_by_cgroup(systemd: bool) -> Result<()> {
     plegwatch.wait_ready(READY_TIMEOUT)?;
     // Only what the container writes is to be dirty when the throttle goes on.
     syncfs(fs.mount_point())?;
-    let throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
+    let throttle = WriteThrottle::for_cgroup(fs.dev(), THROTTLE_BPS, crio.cgroup_parent())?;
     let sent = Instant::now();
     std::fs::write(vol.join("go"), b"")?;
     let stall = plegwatch.wait_for(plegwatch_scenarios::timing::scaled(Duration::from_secs(15)), |e| {

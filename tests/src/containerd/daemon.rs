@@ -856,7 +856,7 @@ fn unescape(field: &str) -> String {
 }
 
 /// Removes a cgroup dir and the cgroups below it (rmdir only, children first).
-fn rmdir_tree(dir: &Path) {
+pub(crate) fn rmdir_tree(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {

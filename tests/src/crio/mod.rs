@@ -69,6 +69,8 @@ pub struct Crio {
     cri: Cri,
     /// The mount namespace it runs in ([`Setup::systemd_ns`]), where its mounts are.
     ns: Option<u32>,
+    /// A cgroup parent for pods of its own ([`Crio::cgroup_parent`]).
+    cgroup_parent: String,
 }
 
 impl Crio {
@@ -151,7 +153,11 @@ impl Crio {
             }
             thread::sleep(Duration::from_millis(100));
         };
-        let me = Crio { dir, root, daemon, registry, port, cri, ns: systemd_ns };
+        let rand: String =
+            dir.file_name().map(|n| n.to_string_lossy().chars().filter(char::is_ascii_alphanumeric).collect()).unwrap_or_default();
+        // A slice name's dashes are its hierarchy: one word.
+        let cgroup_parent = if systemd_ns.is_some() { format!("{rand}.slice") } else { format!("/{rand}") };
+        let me = Crio { dir, root, daemon, registry, port, cri, ns: systemd_ns, cgroup_parent };
         for repo in [PAUSE_REPO, BUSYBOX_REPO] {
             me.cri.pull_image(&me.image(repo)).with_context(|| format!("pull {repo}\n{}", log_tail(&t, 30)))?;
         }
@@ -171,6 +177,13 @@ impl Crio {
     /// `repo` (`local/busybox:1`) as pulled from the scenario's registry.
     pub fn image(&self, repo: &str) -> String {
         format!("127.0.0.1:{}/{repo}", self.port)
+    }
+
+    /// A cgroup parent for pods (`LinuxPodSandboxConfig.cgroup_parent`), of this bed only:
+    /// `/NAME` with the cgroupfs driver, `NAME.slice` with systemd's. Its cgroups are
+    /// removed on drop. (Pods given none go to CRI-O's default place.)
+    pub fn cgroup_parent(&self) -> &str {
+        &self.cgroup_parent
     }
 
     /// The temp dir everything lives in.
@@ -242,6 +255,7 @@ impl Drop for Crio {
         let _ = self.daemon.wait();
         let _ = self.registry.kill();
         let _ = self.registry.wait();
+        remove_cgroups(&self.cgroup_parent);
         // The storage root's mounts first, where it is outside the temp dir.
         if !self.root.starts_with(&self.dir) && !crate::containerd::daemon::unmount_under(&self.root, self.ns) {
             eprintln!("cleanup: mounts remain under {}", self.root.display());
@@ -301,6 +315,20 @@ fn start_registry(t: &Path) -> Result<(Child, u16)> {
     BufReader::new(out).read_line(&mut line).context("the registry's port")?;
     let port = line.trim().parse().with_context(|| format!("the registry printed {line:?}, not a port"))?;
     Ok((child, port))
+}
+
+/// Removes the cgroups named `parent` in every hierarchy (v1 controllers, or v2's).
+fn remove_cgroups(parent: &str) {
+    let name = parent.trim_start_matches('/');
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else { return };
+    let bases = std::iter::once(PathBuf::from("/sys/fs/cgroup"))
+        .chain(controllers.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+    for base in bases {
+        let dir = base.join(name);
+        if dir.is_dir() {
+            crate::containerd::daemon::rmdir_tree(&dir);
+        }
+    }
 }
 
 fn log_tail(t: &Path, n: usize) -> String {
