@@ -11,9 +11,9 @@
 
 use aya_ebpf::{
     helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user_str_bytes},
-    macros::{map, raw_tracepoint, tracepoint},
+    macros::{fexit, map, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{RawTracePointContext, TracePointContext},
+    programs::{FExitContext, RawTracePointContext, TracePointContext},
     EbpfContext as _,
 };
 use plegwatch_abi::{
@@ -43,6 +43,24 @@ static TRACER_TGID: u32 = 0;
 static REPORT_MIN_NS: u64 = 1_000_000_000;
 #[unsafe(no_mangle)]
 static WATCHED_NR: [u32; WATCHED_SLOTS] = [u32::MAX; WATCHED_SLOTS];
+#[unsafe(no_mangle)]
+static TASK_WORKS_OFF: u32 = u32::MAX;
+
+/// Whether the current thread has task_work queued (`current->task_works` is not
+/// NULL); `None` when the offset is unknown or the read fails.
+#[inline(always)]
+fn task_works_queued() -> Option<bool> {
+    // SAFETY: a read-only global patched by the loader.
+    let off = unsafe { core::ptr::read_volatile(&TASK_WORKS_OFF) };
+    if off == u32::MAX {
+        return None;
+    }
+    // SAFETY: a plain helper call; the task is only read through probe_read.
+    let task = unsafe { aya_ebpf::helpers::bpf_get_current_task() } as *const u8;
+    // SAFETY: bounds and faults are checked by the helper.
+    let works = unsafe { aya_ebpf::helpers::bpf_probe_read_kernel(task.wrapping_add(off as usize) as *const u64) }.ok()?;
+    Some(works != 0)
+}
 
 /// Offsets in the `syscalls:sys_enter_*` / `sys_exit_*` tracepoint records
 /// (`/sys/kernel/tracing/events/syscalls/*/format`, stable since Linux 2.6.33).
@@ -310,8 +328,9 @@ fn try_wait_exit(ctx: &TracePointContext) -> Result<(), i64> {
         return Ok(());
     }
     wait.ret = ret;
-    if wait.slot == SLOT_UMOUNT2 && ret == 0 {
-        // The unmount's sync is still to come, in task_work.
+    // The unmount's sync is still to come, in task_work, unless none is queued (the
+    // mount had other users, or a lazy unmount): then it ends here.
+    if wait.slot == SLOT_UMOUNT2 && ret == 0 && task_works_queued() != Some(false) {
         wait.sys_exit_ns = now;
         tail_pending_add(wait.flags, 1);
         count(Stat::TailsStarted);
@@ -330,6 +349,17 @@ fn try_wait_exit(ctx: &TracePointContext) -> Result<(), i64> {
 /// since the thread is back from user space with a new syscall.
 #[raw_tracepoint(tracepoint = "sys_enter")]
 pub fn tail_end_raw(_ctx: RawTracePointContext) -> i32 {
+    tail_end();
+    0
+}
+
+/// fexit on `void task_work_run(void)` (kernel/task_work.c; Linux 5.10, 6.1 and
+/// 6.12 in the guests): the thread has run its queued task_work, the unmount's
+/// `__cleanup_mnt` among it, and returns to user space. Fires only where task_work
+/// ran (a last `fput`, an unmount), not on every syscall as [`tail_end_raw`] does,
+/// and ends the tail when it ends, not at the thread's next syscall.
+#[fexit(function = "task_work_run")]
+pub fn tail_end_fexit(_ctx: FExitContext) -> i32 {
     tail_end();
     0
 }

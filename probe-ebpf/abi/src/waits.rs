@@ -43,6 +43,10 @@ pub mod globals {
     /// `[u32; SOCK_SLOTS]`: syscall numbers of write, writev, sendto, sendmsg,
     /// read, readv, recvfrom, recvmsg, in that order (see [`super::SockSlot`](crate::SockSlot)).
     pub const SOCK_NR: &str = "SOCK_NR";
+    /// `u32`: the offset of `task_struct.task_works` (`struct callback_head *`), from
+    /// BTF; `u32::MAX` when unknown. At a umount2's sys_exit, an empty list means no
+    /// task_work tail is to come: the wait ends there.
+    pub const TASK_WORKS_OFF: &str = "TASK_WORKS_OFF";
 }
 
 /// Maximum number of waits open at once in [`maps::INFLIGHT`] (the default; the

@@ -142,6 +142,7 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
     let task_mm_off = offsets.task_mm.offset().unwrap_or(u32::MAX);
     let mm_start_code_off = offsets.mm_start_code.offset().unwrap_or(u32::MAX);
     let mm_end_code_off = offsets.mm_end_code.offset().unwrap_or(u32::MAX);
+    let task_works_off = offsets.task_works.offset().unwrap_or(u32::MAX);
     let rwbs_off = crate::kernel::probes::rwbs_offset().unwrap_or(u32::MAX);
     if rwbs_off == u32::MAX {
         tracing::debug!("block:block_rq_issue has no rwbs in its tracefs format: block writes are not told from reads");
@@ -158,6 +159,7 @@ pub fn load(opts: LoadOptions) -> Result<(Ebpf, KernelOffsets), LoadError> {
         .override_global(plegwatch_abi::go_maps::MM_START_CODE_OFF, &mm_start_code_off, true)
         .override_global(plegwatch_abi::go_maps::MM_END_CODE_OFF, &mm_end_code_off, true)
         .override_global(plegwatch_abi::block_tp::RWBS_OFF, &rwbs_off, true)
+        .override_global(plegwatch_abi::globals::TASK_WORKS_OFF, &task_works_off, true)
         .load(PROBES_OBJ)?;
     Ok((ebpf, offsets))
 }

@@ -7,7 +7,7 @@
 
 use crate::{events::ProbeChoice, syscalls::WATCHED};
 use aya::{
-    programs::{BtfTracePoint, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, FExit, RawTracePoint, TracePoint},
     Ebpf,
 };
 use thiserror::Error;
@@ -22,6 +22,9 @@ pub enum Variant {
     /// A BTF tracepoint (tp_btf) program; needs kernel BTF, and the kernel
     /// struct offsets it reads.
     BtfTracepoint { program: &'static str, tracepoint: &'static str },
+    /// An fexit program on a kernel function; needs kernel BTF (and a kernel that
+    /// allows it: this host's refuses fentry and fexit).
+    Fexit { program: &'static str, function: &'static str },
     /// No kernel program: the kernel-wait source polls `/proc` for this job at each scan
     /// (coarser timing, same result).
     ProcPoll,
@@ -102,6 +105,7 @@ impl Variant {
             }
             Variant::RawTracepoint { tracepoint, .. } => format!("raw_tp {tracepoint}"),
             Variant::BtfTracepoint { tracepoint, .. } => format!("tp_btf {tracepoint}"),
+            Variant::Fexit { function, .. } => format!("fexit {function}"),
             Variant::ProcPoll => "/proc poll".to_string(),
             Variant::Off => "off".to_string(),
         }
@@ -252,9 +256,10 @@ pub const PROBES: &[Probe] = &[
     },
     Probe {
         name: "umount_tail_end",
-        about: "closes a umount2 wait when its thread is back in user space",
+        about: "closes a umount2 wait when its task_work tail has run (or, as a fallback, at its thread's next syscall)",
         required: false,
         variants: &[
+            Variant::Fexit { program: "tail_end_fexit", function: "task_work_run" },
             Variant::RawTracepoint { program: "tail_end_raw", tracepoint: "sys_enter" },
             Variant::Tracepoints(&[tp("tail_end_tp", "raw_syscalls", Names::One("sys_enter"))]),
             Variant::ProcPoll,
@@ -539,6 +544,12 @@ fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), Stri
             prog.load(tracepoint, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
             prog.attach().map(|_| ()).map_err(|e| format!("attach {program}: {e}"))
         }
+        Variant::Fexit { program, function } => {
+            let btf = env.btf.as_ref().ok_or("no kernel BTF")?;
+            let prog: &mut FExit = program_mut(ebpf, program)?;
+            prog.load(function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
+            prog.attach().map(|_| ()).map_err(|e| format!("attach {program}: {e}"))
+        }
         Variant::ProcPoll | Variant::Off => Ok(()),
     }
 }
@@ -625,7 +636,8 @@ mod tests {
             assert_eq!(can_be_off, p.loses.is_some(), "{}: loses must be said exactly when the probe can be off", p.name);
         }
         assert_eq!(PROBES[0].variants[0].describe(), "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}");
-        assert_eq!(PROBES[2].variants[0].describe(), "raw_tp sys_enter");
+        assert_eq!(PROBES[2].variants[0].describe(), "fexit task_work_run");
+        assert_eq!(PROBES[2].variants[1].describe(), "raw_tp sys_enter");
         assert_eq!(
             PROBES[5].variants[0].describe(),
             "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \

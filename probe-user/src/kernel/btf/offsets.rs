@@ -111,6 +111,8 @@ pub struct KernelOffsets {
     pub mm_start_code: Field,
     /// `mm_struct.end_code` (`unsigned long`).
     pub mm_end_code: Field,
+    /// `task_struct.task_works` (`struct callback_head *`: the thread's queued task_work).
+    pub task_works: Field,
 }
 
 impl KernelOffsets {
@@ -134,6 +136,7 @@ impl KernelOffsets {
             task_mm: f("task_struct.mm"),
             mm_start_code: f("mm_struct.start_code"),
             mm_end_code: f("mm_struct.end_code"),
+            task_works: f("task_struct.task_works"),
         }
     }
 
@@ -162,11 +165,12 @@ impl KernelOffsets {
             task_mm: f("task_struct.mm"),
             mm_start_code: f("mm_struct.start_code"),
             mm_end_code: f("mm_struct.end_code"),
+            task_works: f("task_struct.task_works"),
         }
     }
 
     /// All fields, in declaration order (for `plegwatch doctor` and logs).
-    pub fn fields(&self) -> [&Field; 16] {
+    pub fn fields(&self) -> [&Field; 17] {
         [
             &self.task_pid,
             &self.task_tgid,
@@ -184,6 +188,7 @@ impl KernelOffsets {
             &self.task_mm,
             &self.mm_start_code,
             &self.mm_end_code,
+            &self.task_works,
         ]
     }
 
