@@ -1,14 +1,16 @@
 //! `cargo xtask test`: every test tier that cargo alone can't sequence.
 //!
-//! Stages, in order; the first failure stops the run with a non-zero exit:
+//! Stages; the first failure stops the run with a non-zero exit:
 //! 1. lint: `cargo fmt --check` (the workspace and `fuzz/`, by `rustfmt.toml`) and
 //!    `cargo clippy --workspace --all-targets -- -D warnings`;
 //! 2. unit tests of the whole workspace except the scenario crate (no root);
 //! 3. the privileged scenarios against the real kernel (root; one thread, since they
-//!    share mounts, throttles and daemons), and beside them
-//! 4. a guest stage on Debian 12's 6.1 with cgroup v2 ([`GUEST_CI`], [`GUEST_SEED`]): its
-//!    own kernel (nothing either does is seen by the other's probes) on one host thread,
-//!    its output into `target/guest/6.1.log`, a failed test's output printed at its end;
+//!    share mounts, throttles and daemons);
+//! 4. beside 1–3, from their start: a guest stage on Debian 12's 6.1 with cgroup v2
+//!    ([`GUEST_CI`], [`GUEST_SEED`]), built first: its own kernel (nothing either does is
+//!    seen by the other's probes) on one host thread, its output into
+//!    `target/guest/6.1.log`, a failed test's output printed at its end; a failure in 1–3
+//!    stops it;
 //! 5. a short fuzz run of each parser target (cargo-fuzz, nightly).
 //!
 //! `--kernel K` (repeatable) and `--kernels all` run the guest matrix ([`GUEST_CI`], [`GUEST_SEED`] and [`GUEST_MATRIX_MORE`]) on
@@ -87,10 +89,10 @@ pub fn run(args: &Args) -> Result<()> {
         eprintln!("\nxtask test: the guest matrix passed on {}", kernels.join(", "));
         return Ok(());
     }
-    lint()?;
-    unit_tests()?;
-    // The guest stage runs beside the host's scenarios: it takes one host thread (TCG) and
-    // its own kernel, so neither sees the other's stalls, and the run keeps under its hour.
+    // The guest stage runs beside everything on the host (lint, unit tests, scenarios): it
+    // takes one host thread (TCG) and has its own kernel, so neither sees the other's
+    // stalls, and the run keeps under its hour. It is built first; a host stage that
+    // fails stops it.
     let guest = if args.no_guest {
         None
     } else {
@@ -99,7 +101,10 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let (host, guest) = std::thread::scope(|scope| {
         let guest = guest.map(|stage| scope.spawn(move || run_logged(stage)));
-        let host = scenarios(args.soak.then_some(SOAK_SECS));
+        let host = lint().and_then(|()| unit_tests()).and_then(|()| scenarios(args.soak.then_some(SOAK_SECS)));
+        if host.is_err() {
+            vm::cancel_guests();
+        }
         let guest = guest.map(|g| g.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the guest stage's thread panicked"))));
         (host, guest)
     });

@@ -364,6 +364,15 @@ sysctl -qw kernel.hung_task_timeout_secs=60 kernel.softlockup_all_cpu_backtrace=
 /// With `limit`, a guest still running after it is stopped from here (vng, QEMU and
 /// everything they started, as one process group) and the call fails naming `label`: a
 /// guest whose kernel hangs never runs its own `timeout`s.
+/// Set by [`cancel_guests`]: every running guest is stopped.
+static CANCELLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Stops every guest this process runs, within half a second (a stage that runs beside
+/// them failed: no need to wait for theirs).
+pub fn cancel_guests() {
+    CANCELLED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Option<Duration>, log: Option<&Path>) -> Result<i32> {
     ensure_vng()?;
     if cmd::probe(Command::new("qemu-system-x86_64").arg("--version")).is_none() {
@@ -421,10 +430,15 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Opti
         if let Some(status) = child.try_wait().context("waiting for vng")? {
             break Some(status);
         }
-        if limit.is_some_and(|l| started.elapsed() >= l) {
+        let cancelled = CANCELLED.load(std::sync::atomic::Ordering::Relaxed);
+        if cancelled || limit.is_some_and(|l| started.elapsed() >= l) {
             // SAFETY: kill(2) on the process group this call created (the child leads it).
             unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL) };
             let _ = child.wait();
+            if cancelled {
+                let _ = std::fs::remove_file(&script);
+                bail!("the guest on Linux {} ({label}) was stopped: another stage failed", kernel.release);
+            }
             break None;
         }
         std::thread::sleep(Duration::from_millis(500));
