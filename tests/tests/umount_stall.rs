@@ -27,7 +27,22 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
     let fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
     let _throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
-    plegwatch.wait_ready(READY_TIMEOUT)?;
+    let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
+    // The tail's end: fexit on task_work_run where the kernel takes fexit programs (the
+    // guests' Debian kernels: `PLEGWATCH_TEST_FEXIT`), else the thread's next syscall.
+    let tail_end = ready
+        .get("/probes")
+        .and_then(serde_json::Value::as_array)
+        .and_then(|p| p.iter().find(|p| p["probe"] == "umount_tail_end"))
+        .and_then(|p| p["variant"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    if std::env::var_os("PLEGWATCH_TEST_FEXIT").is_some() {
+        assert_eq!(tail_end, "fexit task_work_run", "the ready line: {}", ready.json);
+    } else {
+        assert!(!tail_end.is_empty() && tail_end != "off", "umount_tail_end is not attached: {}", ready.json);
+    }
+    eprintln!("umount_tail_end: {tail_end}");
 
     let target = fs.mount_point();
     // Closed without a sync: the 6 MiB stay dirty in the page cache until the umount.
