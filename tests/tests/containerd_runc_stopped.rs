@@ -238,7 +238,7 @@ fn one_incident(w: &Watched<Bed>) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
     // The chain as it stood before runc was continued: holder -> shim -> runc (T).
     let line = i
-        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process"))
+        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process" && h["pid"].as_u64() == Some(u64::from(o.runc_pid))))
         .unwrap_or_else(|| panic!("incident #{} never reached the stopped runc:\n{}", i.id, all()));
     let chain = incidents::Incident::chain(line);
     let text = incidents::chain_text(&chain);

@@ -208,8 +208,15 @@ fn one_incident(version: Version) -> Result<()> {
 
     // One incident, raised within 1 s of --warn, resolved after the thaw.
     let i = incidents::the_one(&w.events, WARN, Some(o.continued), is_start_unit).map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
+    // The line whose chain runs from the CRI call to the frozen stand-in: an earlier one
+    // may end at runc itself, seen before its D-Bus call was (a slow guest, ci6: `runc
+    // not answering (state S)`).
+    let frozen = u64::from(o.systemd_pid);
     let line = i
-        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process") && c.first().is_some_and(|h| h["kind"] == "cri_call"))
+        .line_where(|c| {
+            c.last().is_some_and(|h| h["kind"] == "process" && h["pid"].as_u64() == Some(frozen))
+                && c.first().is_some_and(|h| h["kind"] == "cri_call")
+        })
         .unwrap_or_else(|| panic!("incident #{} never ran from the CRI call to the frozen systemd:\n{}", i.id, all()));
     let chain = Incident::chain(line);
     let text = incidents::chain_text(&chain);

@@ -68,7 +68,8 @@ fn a_frozen_bus_daemon_never_makes_a_scan_late() -> anyhow::Result<()> {
     assert!(raised.is_some(), "no incident reached a process while the daemon was frozen:\n{}", all());
     let mine = |h: &serde_json::Value| h["kind"] == "dbus_call" && h["pid"].as_u64() == Some(u64::from(send_pid));
     let i = incidents::the_one(&events, WARN, Some(lifted), mine).unwrap_or_else(|e| panic!("{e}\n{}", all()));
-    let line = i.line_where(|c| c.last().is_some_and(|h| h["kind"] == "process")).expect("a chain to a process");
+    let stopped = |h: &serde_json::Value| h["kind"] == "process" && h["what"].as_str().is_some_and(|w| w.contains("state T"));
+    let line = i.line_where(|c| c.last().is_some_and(stopped)).expect("a chain to a stopped process");
     let chain = incidents::Incident::chain(line);
     let text = incidents::chain_text(&chain);
     let end = chain.last().expect("a chain");

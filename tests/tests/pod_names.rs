@@ -60,7 +60,9 @@ fn check(w: &Watched<Bed>) -> Result<()> {
     let i = incidents::the_one_since(&w.events, w.warn, Some(o.stop_seen), Some(o.continued), is_holder)
         .map_err(|e| anyhow::anyhow!("{e}\n{}", all()))?;
     let line = i
-        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process"))
+        // Ending at the stopped runc: an earlier line may end at a process seen before
+        // its own wait was (a slow guest).
+        .line_where(|c| c.last().is_some_and(|h| h["kind"] == "process" && h["what"].as_str().is_some_and(|w| w.contains("state T"))))
         .unwrap_or_else(|| panic!("incident #{} never reached the stopped runc:\n{}", i.id, all()));
     let chain = incidents::Incident::chain(line);
     let text = format!("{}\n{}", incidents::chain_text(&chain), serde_json::to_string_pretty(&chain).unwrap_or_default());
