@@ -59,6 +59,11 @@ pub struct Args {
     /// e.g. `--only umount_stall`.
     #[arg(long, value_name = "FILE")]
     pub only: Vec<String>,
+    /// With --kernel/--kernels: plegwatch passes over its fexit variants in the guests
+    /// (PLEGWATCH_FALLBACK=all), so that the matrix runs the fallbacks those kernels would
+    /// not otherwise take.
+    #[arg(long)]
+    pub fallback: bool,
     /// Leave out the guest stage of a plain `cargo xtask test` (a quicker run on the host).
     #[arg(long, conflicts_with_all = ["kernel", "kernels"])]
     pub no_guest: bool,
@@ -80,7 +85,7 @@ pub fn run(args: &Args) -> Result<()> {
         let mut stages = Vec::new();
         for k in &kernels {
             let chosen = guest_matrix().filter(|t| args.only.is_empty() || args.only.iter().any(|o| o == t.file));
-            stages.push(prepare_stage(k, chosen, args.soak.then_some(SOAK_SECS), None)?);
+            stages.push(prepare_stage(k, chosen, args.soak.then_some(SOAK_SECS), None, args.fallback)?);
         }
         let failed = run_stages(stages);
         if !failed.is_empty() {
@@ -97,7 +102,7 @@ pub fn run(args: &Args) -> Result<()> {
         None
     } else {
         warm_go_fixture()?;
-        Some(prepare_stage(GUEST_CI_KERNEL, GUEST_CI.iter().chain(GUEST_SEED), None, Some(GUEST_CI_LIMIT))?)
+        Some(prepare_stage(GUEST_CI_KERNEL, GUEST_CI.iter().chain(GUEST_SEED), None, Some(GUEST_CI_LIMIT), false)?)
     };
     let (host, guest) = std::thread::scope(|scope| {
         let guest = guest.map(|stage| scope.spawn(move || run_logged(stage)));
@@ -330,6 +335,7 @@ fn prepare_stage<'a>(
     tests: impl IntoIterator<Item = &'a GuestTests>,
     soak_secs: Option<u32>,
     limit: Option<Duration>,
+    fallback: bool,
 ) -> Result<GuestStage> {
     cmd::header(&format!("privileged scenarios in a guest: Linux {kernel}"));
     if !cmd::is_root() {
@@ -349,6 +355,9 @@ fn prepare_stage<'a>(
     // Debian's kernels take fentry/fexit programs (this host's refuses them): the
     // scenarios check that plegwatch chose those variants there.
     script.push_str("export PLEGWATCH_TEST_FEXIT=1\n");
+    if fallback {
+        script.push_str("export PLEGWATCH_FALLBACK=all\n");
+    }
     if std::env::var_os("CI").is_some() {
         script.push_str("export CI=true\n");
     }

@@ -408,6 +408,11 @@ pub const PROBES: &[Probe] = &[
     },
 ];
 
+/// The environment variable naming probes (comma-separated, or `all`) whose
+/// kernel-function variants (fexit) are passed over, so that their fallbacks run on a
+/// kernel that has the better ones: for the scenarios' fallback runs, not for nodes.
+pub const FALLBACK_ENV: &str = "PLEGWATCH_FALLBACK";
+
 /// What some variants need besides the eBPF object.
 #[derive(Default)]
 pub struct AttachEnv {
@@ -415,12 +420,26 @@ pub struct AttachEnv {
     pub btf: Option<aya::Btf>,
     /// Whether the struct offsets the tp_btf programs read were found.
     pub offsets_known: bool,
+    /// [`FALLBACK_ENV`] as set, if it is.
+    pub fallback: Option<String>,
 }
 
 impl AttachEnv {
-    /// Reads the kernel's BTF (`offsets_known` as the loader found them).
+    /// Reads the kernel's BTF (`offsets_known` as the loader found them) and [`FALLBACK_ENV`].
     pub fn probe(offsets_known: bool) -> Self {
-        AttachEnv { btf: aya::Btf::from_sys_fs().ok(), offsets_known }
+        AttachEnv { btf: aya::Btf::from_sys_fs().ok(), offsets_known, fallback: std::env::var(FALLBACK_ENV).ok() }
+    }
+
+    /// Whether `probe`'s kernel-function variants are to be passed over.
+    fn forced_fallback(&self, probe: &str) -> bool {
+        self.fallback.as_deref().is_some_and(|list| list.split(',').map(str::trim).any(|p| p == "all" || p == probe))
+    }
+}
+
+impl Variant {
+    /// A program on a kernel function (fexit), rather than a tracepoint.
+    fn on_kernel_function(&self) -> bool {
+        matches!(self, Variant::Fexit { .. })
     }
 }
 
@@ -484,6 +503,10 @@ pub fn attach_all(ebpf: &mut Ebpf, env: &AttachEnv) -> Result<Vec<Choice>, Probe
 pub fn attach(ebpf: &mut Ebpf, env: &AttachEnv, probe: &Probe) -> Result<Choice, ProbeError> {
     let mut passed_over = Vec::new();
     for v in probe.variants {
+        if v.on_kernel_function() && env.forced_fallback(probe.name) {
+            passed_over.push(format!("{}: passed over ({FALLBACK_ENV})", v.describe()));
+            continue;
+        }
         match try_variant(ebpf, env, v) {
             Ok(()) => {
                 if matches!(v, Variant::Off) {
@@ -621,6 +644,18 @@ mod tests {
         let l = one_line(&log);
         assert!(l.len() < 600 && !l.contains('\n'), "{l}");
         assert!(l.starts_with("load sock_exit") && l.ends_with("too large. | "), "{l}");
+    }
+
+    #[test]
+    fn forced_fallbacks_name_probes_or_all() {
+        let env = |v: Option<&str>| AttachEnv { fallback: v.map(String::from), ..AttachEnv::default() };
+        assert!(!env(None).forced_fallback("umount_tail_end"));
+        assert!(env(Some("all")).forced_fallback("umount_tail_end"));
+        assert!(env(Some("socket_io, umount_tail_end")).forced_fallback("umount_tail_end"));
+        assert!(!env(Some("socket_io")).forced_fallback("umount_tail_end"));
+        assert!(!env(Some("umount_tail")).forced_fallback("umount_tail_end"));
+        assert!(Variant::Fexit { program: "p", function: "f" }.on_kernel_function());
+        assert!(!PROBES[2].variants[1].on_kernel_function());
     }
 
     #[test]
