@@ -97,8 +97,17 @@ fn baseline(version: Version) -> Result<()> {
         return Ok(());
     }
     let options = options(version);
-    let mut bed = Bed::prepare(options.clone())?;
-    let o = bed.trigger()?;
+    let mut attempts = 0;
+    let (bed, o) = loop {
+        let mut bed = Bed::prepare(options.clone())?;
+        let o = bed.trigger()?;
+        attempts += 1;
+        if attempts < 2 && runc_could_not_freeze(&o.start.result) {
+            eprintln!("warning: runc could not freeze the container's cgroup (a loaded host): staged again on a new bed\n{}", o.summary());
+            continue;
+        }
+        break (bed, o);
+    };
     eprintln!("{}", o.summary());
     let context = || bed.context(&o);
     assert_eq!(o.call.destination.as_deref(), Some(SYSTEMD), "{}", context());
@@ -141,6 +150,15 @@ fn assert_calls_known(o: &systemd_dbus::Outcome) {
     );
 }
 
+/// runc's cgroup v1 freezer gives up ("unable to freeze") when the container's cgroup
+/// stays `FREEZING` through its thousand tries (opencontainers/cgroups `fs/freezer.go`),
+/// which a CPU hog on the host made happen around runc 1.4.3's `SetUnitProperties`
+/// (ci7, under `stress-ng`): the container start then fails for a reason that is runc's,
+/// not the stall's, and the staging is run again, once, on a new bed.
+fn runc_could_not_freeze(start: &Result<(), String>) -> bool {
+    start.as_ref().err().is_some_and(|e| e.contains("unable to freeze"))
+}
+
 /// A hop of runc's `StartTransientUnit` call.
 fn is_start_unit(h: &Value) -> bool {
     h["kind"] == "dbus_call" && h["what"].as_str().is_some_and(|s| s.contains(START_UNIT))
@@ -167,9 +185,18 @@ fn one_incident(version: Version) -> Result<()> {
         return Ok(());
     }
     // Other scenarios may run beside this one: stop at the resolution of this stall's incident.
-    let w = Watched::run_until(Bed::prepare(options(version))?, |e| {
-        e.is("incident_resolved") && e.get("/longest_chain").and_then(Value::as_array).is_some_and(|c| c.iter().any(is_start_unit))
-    })?;
+    let mut attempts = 0;
+    let w = loop {
+        let w = Watched::run_until(Bed::prepare(options(version))?, |e| {
+            e.is("incident_resolved") && e.get("/longest_chain").and_then(Value::as_array).is_some_and(|c| c.iter().any(is_start_unit))
+        })?;
+        attempts += 1;
+        if attempts < 2 && runc_could_not_freeze(&w.outcome.start.result) {
+            eprintln!("warning: runc could not freeze the container's cgroup (a loaded host): staged again on a new bed");
+            continue;
+        }
+        break w;
+    };
     let o = &w.outcome;
     let all = || w.all();
     assert_eq!(o.start.result, Ok(()), "StartContainer should succeed after the thaw\n{}", all());

@@ -91,7 +91,13 @@ fn one_incident_from_run_pod_sandbox_to_the_daemons_netlink_request() -> Result<
     let all = || plegwatch_scenarios::events::dump(&events, sent);
 
     let i = incidents::the_one(&events, WARN, Some(lifted), is_root).map_err(|e| anyhow!("{e}\n{}", all()))?;
-    let full = |c: &[Value]| c.first().is_some_and(|h| h["kind"] == "cri_call") && c.iter().any(|h| h["kind"] == "unix_recv");
+    // Down to the kernel: an earlier line may stop at the request, before its no-reply
+    // link was found (a loaded guest, ci7).
+    let full = |c: &[Value]| {
+        c.first().is_some_and(|h| h["kind"] == "cri_call")
+            && c.iter().any(|h| h["kind"] == "unix_recv")
+            && c.last().is_some_and(|h| h["kind"] == "kernel")
+    };
     let line =
         i.line_where(full).unwrap_or_else(|| panic!("incident #{} never ran from RunPodSandbox through the plugin:\n{}", i.id, all()));
     let chain = Incident::chain(line);

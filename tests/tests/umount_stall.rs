@@ -101,12 +101,15 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
     eprintln!("summary's umount2: {row}; measured by the test: {measured:?}");
     assert!(row["measured"].as_u64() >= Some(1), "{row}");
     let ours = measured.as_secs_f64();
+    // `measured` also covers the umount command's start and exit, which a loaded guest
+    // makes long (ci7, 6.1: 1.05 s over the wait): that slack is on the scenarios' clock.
+    let slack = plegwatch_scenarios::timing::scaled(Duration::from_millis(500)).as_secs_f64();
     // Only ours lasted past --warn; other umounts on the node (short ones) may pull the
     // p50 down into the kernel's buckets, so it counts only when ours was the only one.
     let qs: &[&str] = if row["count"].as_u64() == Some(1) { &["p50_s", "p99_s", "max_s"] } else { &["p99_s", "max_s"] };
     for q in qs {
         let v = row[q].as_f64().unwrap_or_else(|| panic!("{q} is not measured: {row}"));
-        assert!(v <= ours + 0.01 && v >= ours - 0.5, "{q} = {v:.3}s, the umount took {ours:.3}s: {row}");
+        assert!(v <= ours + 0.01 && v >= ours - slack, "{q} = {v:.3}s, the umount took {ours:.3}s (slack {slack:.1}s): {row}");
     }
     Ok(())
 }
