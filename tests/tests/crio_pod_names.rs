@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use k8s_cri::v1 as api;
-use plegwatch_scenarios::containerd::cri::{container, host_network_pod, Pod};
+use plegwatch_scenarios::containerd::cri::{container, Pod};
 use plegwatch_scenarios::containerd::issue9770::syncfs;
 use plegwatch_scenarios::containerd::systemd_dbus::{self, FakeSystemd, NodeRun, BUS_SOCKET};
 use plegwatch_scenarios::crio::{Crio, Setup, BUSYBOX_REPO};
@@ -73,11 +73,7 @@ fn names_by_cgroup(systemd: bool) -> Result<()> {
     let crio = Crio::start_with(Setup { root: None, systemd_ns: ns.as_ref().map(NodeRun::pid) })?;
     let cri = crio.cri().clone();
     // In a cgroup parent of the bed's own: on cgroup v2 the write limit goes on it.
-    let mut sandbox = host_network_pod("criopodnames", crio.cgroup_parent(), &crio.dir().join("pods-log"))?;
-    // A pod-wide PID namespace, as kubelet asks by default (CRI-O runs an infra container).
-    if let Some(ns) = sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
-        ns.pid = api::NamespaceMode::Pod as i32;
-    }
+    let sandbox = crio.pod_config("criopodnames", crio.cgroup_parent())?;
     let pod = Pod::run(&cri, sandbox)?;
     let image = crio.image(BUSYBOX_REPO);
     let script = format!(

@@ -23,12 +23,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use plegwatch_scenarios::containerd::cri::{container, host_network_pod, LatencyStats, ListCall, Pod, RelistDriver};
+use plegwatch_scenarios::containerd::cri::{container, LatencyStats, ListCall, Pod, RelistDriver};
 use plegwatch_scenarios::containerd::issue9770::syncfs;
 use plegwatch_scenarios::crio::{Crio, BUSYBOX_REPO};
-use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::throttle::WriteThrottle;
-use plegwatch_scenarios::{preflight, LoopFs, Plegwatch};
+use plegwatch_scenarios::{preflight, LoopFs};
 use serde_json::Value;
 
 const SCENARIO: &str = "crio_storage_umount";
@@ -58,11 +57,7 @@ fn a_stop_unmounts_a_volatile_overlay_without_syncing_and_nothing_stalls() -> Re
     let fs = LoopFs::new(DISK_SIZE)?;
     let crio = Crio::start_on(Some(fs.mount_point().join("root")))?;
     let cri = crio.cri().clone();
-    let mut sandbox = host_network_pod("criounmount", "", &crio.dir().join("pods-log"))?;
-    // A pod-wide PID namespace, as kubelet asks by default (CRI-O runs an infra container).
-    if let Some(ns) = sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
-        ns.pid = k8s_cri::v1::NamespaceMode::Pod as i32;
-    }
+    let sandbox = crio.pod_config("criounmount", "")?;
     let pod = Pod::run(&cri, sandbox)?;
     // Only what the container writes is to be dirty when the throttle goes on.
     syncfs(fs.mount_point())?;
@@ -77,15 +72,7 @@ fn a_stop_unmounts_a_volatile_overlay_without_syncing_and_nothing_stalls() -> Re
     let ctr = pod.run_container(&config)?;
     wait_written(fs.mount_point(), &ctr)?;
 
-    let endpoint = format!("unix://{}", crio.socket().display());
-    let warn = format!("{}ms", WARN.as_millis());
-    let mut plegwatch = Plegwatch::start(&["--warn", &warn, "--runtime-endpoint", &endpoint])?;
-    plegwatch.wait_ready(READY_TIMEOUT)?;
-    let probed = plegwatch.wait_for(Duration::from_secs(30), |e| {
-        e.is("target") && e.str("/target") == Some("crio") && e.u64("/pid") == Some(u64::from(crio.pid()))
-    });
-    let probed = probed.with_context(|| format!("no target line for crio pid {}", crio.pid()))?;
-    ensure!(probed.str("/status") == Some("probed"), "crio was not probed: {}", probed.json);
+    let plegwatch = crio.watched(WARN)?;
 
     let rootfs = volatile_rootfs(&ctr)?;
     eprintln!("the container's rootfs overlay ({rootfs}) is mounted volatile");

@@ -29,8 +29,7 @@ use plegwatch_scenarios::crio::update_stall::UpdateStall;
 use plegwatch_scenarios::crio::{Crio, Setup};
 use plegwatch_scenarios::dbus::{BusMonitor, MsgKind, PrivateBus};
 use plegwatch_scenarios::incidents::{self, Incident};
-use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
-use plegwatch_scenarios::{preflight, Plegwatch};
+use plegwatch_scenarios::preflight;
 use serde_json::Value;
 
 const WARN: Duration = Duration::from_secs(2);
@@ -79,14 +78,7 @@ fn an_update_waiting_on_a_frozen_systemd_is_one_incident_down_to_systemd() -> Re
         crio.log_tail(30)
     );
 
-    let endpoint = format!("unix://{}", crio.socket().display());
-    let mut plegwatch = Plegwatch::start(&["--warn", "2s", "--runtime-endpoint", &endpoint])?;
-    plegwatch.wait_ready(READY_TIMEOUT)?;
-    let probed = plegwatch.wait_for(Duration::from_secs(30), |e| {
-        e.is("target") && e.str("/target") == Some("crio") && e.u64("/pid") == Some(u64::from(crio.pid()))
-    });
-    let probed = probed.with_context(|| format!("no target line for crio pid {}", crio.pid()))?;
-    ensure!(probed.str("/status") == Some("probed"), "crio was not probed: {}", probed.json);
+    let mut plegwatch = crio.watched(WARN)?;
 
     // The stall.
     let earlier = monitor.messages().len();

@@ -18,14 +18,13 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 use plegwatch_scenarios::containerd::cri::{LatencyStats, ListCall, RelistDriver};
 use plegwatch_scenarios::crio::update_stall::UpdateStall;
 use plegwatch_scenarios::crio::Crio;
 use plegwatch_scenarios::events::Event;
 use plegwatch_scenarios::incidents::{self, Incident};
-use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
-use plegwatch_scenarios::{preflight, Plegwatch};
+use plegwatch_scenarios::preflight;
 use serde_json::Value;
 
 const WARN: Duration = Duration::from_secs(2);
@@ -51,14 +50,7 @@ fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Res
     let cri = crio.cri().clone();
     // The pod runs before plegwatch starts, as on a node: its first CRI answers name it.
     let prepared = UpdateStall::prepare(&crio, "crioupdate")?;
-    let endpoint = format!("unix://{}", crio.dir().join("crio.sock").display());
-    let mut plegwatch = Plegwatch::start(&["--warn", "2s", "--runtime-endpoint", &endpoint])?;
-    plegwatch.wait_ready(READY_TIMEOUT)?;
-    let probed = plegwatch.wait_for(Duration::from_secs(30), |e| {
-        e.is("target") && e.str("/target") == Some("crio") && e.u64("/pid") == Some(u64::from(crio.pid()))
-    });
-    let probed = probed.with_context(|| format!("no target line for crio pid {}", crio.pid()))?;
-    ensure!(probed.str("/status") == Some("probed"), "crio was not probed: {}", probed.json);
+    let mut plegwatch = crio.watched(WARN)?;
 
     let relist = RelistDriver::start(&cri, Duration::from_millis(200));
     let stall = prepared.stall(&crio)?;

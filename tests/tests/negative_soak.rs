@@ -47,7 +47,7 @@ use serde_json::Value;
 
 use plegwatch_scenarios::child::Proc;
 use plegwatch_scenarios::containerd::bed::Stage;
-use plegwatch_scenarios::containerd::cri::{self, host_network_pod, ContainerConfig, Cri, Pod, PodSandboxConfig};
+use plegwatch_scenarios::containerd::cri::{self, ContainerConfig, Cri, Pod, PodSandboxConfig};
 use plegwatch_scenarios::containerd::image::BUSYBOX;
 use plegwatch_scenarios::containerd::{self, procs, Placement, Runc};
 use plegwatch_scenarios::crio::{self, Crio};
@@ -114,13 +114,7 @@ fn ordinary_node_load_raises_no_incident() -> Result<()> {
     let containerd_fs = LoopFs::new(LoopFs::DEFAULT_SIZE)?;
     let stage = Stage::start(Placement::RootUnder(containerd_fs.mount_point().to_path_buf()), Runc::Real, "soak")?;
     let crio = Crio::start()?;
-    let mut crio_sandbox = host_network_pod("soak-crio", "", &crio.dir().join("pods-log"))?;
-    // A pod-wide PID namespace, as kubelet asks by default (and as the containers' own
-    // config asks): CRI-O runs an infra container for it.
-    if let Some(ns) = crio_sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
-        ns.pid = k8s_cri::v1::NamespaceMode::Pod as i32;
-    }
-    let crio_pod = Pod::run(crio.cri(), crio_sandbox)?;
+    let crio_pod = Pod::run(crio.cri(), crio.pod_config("soak-crio", "")?)?;
     let crio_image = crio.image(crio::BUSYBOX_REPO);
     let bus = PrivateBus::start()?;
     let echo = dbus::spawn("dbus-test-tool echo", bus.command("dbus-test-tool").args(["echo", "--session"]).arg(format!("--name={ECHO}")))?;

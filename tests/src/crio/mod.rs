@@ -186,6 +186,33 @@ impl Crio {
         &self.cgroup_parent
     }
 
+    /// A host-network pod `name` (namespace `plegwatch`) under `cgroup_parent` ("" for
+    /// CRI-O's default), with a pod-wide PID namespace as kubelet asks by default (and
+    /// as [`container`](crate::containerd::cri::container)'s config asks): CRI-O runs an
+    /// infra container for it.
+    pub fn pod_config(&self, name: &str, cgroup_parent: &str) -> Result<k8s_cri::v1::PodSandboxConfig> {
+        let mut sandbox = crate::containerd::cri::host_network_pod(name, cgroup_parent, &self.dir.join("pods-log"))?;
+        if let Some(ns) = sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
+            ns.pid = k8s_cri::v1::NamespaceMode::Pod as i32;
+        }
+        Ok(sandbox)
+    }
+
+    /// `plegwatch watch --warn WARN` with this CRI-O as its runtime endpoint, ready, and
+    /// its `target` line for this CRI-O's process saying `probed`.
+    pub fn watched(&self, warn: Duration) -> Result<crate::Plegwatch> {
+        let endpoint = format!("unix://{}", self.socket().display());
+        let warn = format!("{}ms", warn.as_millis());
+        let mut plegwatch = crate::Plegwatch::start(&["--warn", &warn, "--runtime-endpoint", &endpoint])?;
+        plegwatch.wait_ready(crate::plegwatch::READY_TIMEOUT)?;
+        let pid = u64::from(self.pid());
+        let probed = plegwatch
+            .wait_for(Duration::from_secs(30), |e| e.is("target") && e.str("/target") == Some("crio") && e.u64("/pid") == Some(pid));
+        let probed = probed.with_context(|| format!("no target line for crio pid {pid}"))?;
+        anyhow::ensure!(probed.str("/status") == Some("probed"), "crio was not probed: {}", probed.json);
+        Ok(plegwatch)
+    }
+
     /// The temp dir everything lives in.
     pub fn dir(&self) -> &Path {
         &self.dir

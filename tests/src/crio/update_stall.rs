@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 
 use super::{Crio, BUSYBOX_REPO};
-use crate::containerd::cri::{container, host_network_pod, resources, Pod};
+use crate::containerd::cri::{container, resources, Pod};
 
 /// The stall, under way. Dropped unlifted (a failed test), it continues the runtime
 /// first, so that the pod's removal does not wait on it.
@@ -53,13 +53,9 @@ impl UpdateStall {
     /// The pod `name` (namespace `plegwatch`) and its container `sleeper`, running.
     pub fn prepare(crio: &Crio, name: &str) -> Result<Prepared> {
         let cri = crio.cri().clone();
-        let mut sandbox = host_network_pod(name, "", &crio.dir().join("pods-log"))?;
-        // A pod-wide PID namespace, as kubelet asks by default: CRI-O then runs an infra
-        // container (with a host-network pod and a per-container PID namespace it runs none).
-        if let Some(ns) = sandbox.linux.as_mut().and_then(|l| l.security_context.as_mut()).and_then(|c| c.namespace_options.as_mut()) {
-            ns.pid = k8s_cri::v1::NamespaceMode::Pod as i32;
-        }
-        let pod = Pod::run(&cri, sandbox)?;
+        // A pod-wide PID namespace: CRI-O then runs an infra container (with a host-network
+        // pod and a per-container PID namespace it runs none).
+        let pod = Pod::run(&cri, crio.pod_config(name, "")?)?;
         let image = crio.image(BUSYBOX_REPO);
         let mut config = container("sleeper", &image, &["sleep", "100000"]);
         if let Some(i) = config.image.as_mut() {
