@@ -497,18 +497,7 @@ impl Containerd {
     }
 
     fn remove_cgroups(&self) {
-        let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
-            return;
-        };
-        let name = self.cgroup_parent.trim_start_matches('/');
-        let mut bases = vec![PathBuf::from("/sys/fs/cgroup")];
-        bases.extend(controllers.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
-        for base in bases {
-            let dir = base.join(name);
-            if dir.is_dir() {
-                rmdir_tree(&dir);
-            }
-        }
+        remove_cgroups_named(&self.cgroup_parent);
     }
 }
 
@@ -856,7 +845,24 @@ fn unescape(field: &str) -> String {
 }
 
 /// Removes a cgroup dir and the cgroups below it (rmdir only, children first).
-pub(crate) fn rmdir_tree(dir: &Path) {
+/// Removes the cgroups named `parent` (a pod cgroup parent, `/NAME` or `NAME.slice`) in
+/// every hierarchy: v2's root and each v1 controller's.
+pub(crate) fn remove_cgroups_named(parent: &str) {
+    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let name = parent.trim_start_matches('/');
+    let mut bases = vec![PathBuf::from("/sys/fs/cgroup")];
+    bases.extend(controllers.filter_map(|e| e.ok()).filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
+    for base in bases {
+        let dir = base.join(name);
+        if dir.is_dir() {
+            rmdir_tree(&dir);
+        }
+    }
+}
+
+fn rmdir_tree(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for e in entries.flatten() {
             if e.file_type().is_ok_and(|t| t.is_dir()) {

@@ -282,7 +282,7 @@ impl Drop for Crio {
         let _ = self.daemon.wait();
         let _ = self.registry.kill();
         let _ = self.registry.wait();
-        remove_cgroups(&self.cgroup_parent);
+        crate::containerd::daemon::remove_cgroups_named(&self.cgroup_parent);
         // The storage root's mounts first, where it is outside the temp dir.
         if !self.root.starts_with(&self.dir) && !crate::containerd::daemon::unmount_under(&self.root, self.ns) {
             eprintln!("cleanup: mounts remain under {}", self.root.display());
@@ -342,20 +342,6 @@ fn start_registry(t: &Path) -> Result<(Child, u16)> {
     BufReader::new(out).read_line(&mut line).context("the registry's port")?;
     let port = line.trim().parse().with_context(|| format!("the registry printed {line:?}, not a port"))?;
     Ok((child, port))
-}
-
-/// Removes the cgroups named `parent` in every hierarchy (v1 controllers, or v2's).
-fn remove_cgroups(parent: &str) {
-    let name = parent.trim_start_matches('/');
-    let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") else { return };
-    let bases = std::iter::once(PathBuf::from("/sys/fs/cgroup"))
-        .chain(controllers.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()));
-    for base in bases {
-        let dir = base.join(name);
-        if dir.is_dir() {
-            crate::containerd::daemon::rmdir_tree(&dir);
-        }
-    }
 }
 
 fn log_tail(t: &Path, n: usize) -> String {
