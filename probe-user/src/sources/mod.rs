@@ -29,6 +29,7 @@ pub mod offcpu;
 pub mod offcpu_prune;
 pub mod parked;
 pub mod reqwatch;
+pub mod request_holders;
 pub mod sockets;
 pub mod stats;
 pub mod sweep;

@@ -13,20 +13,20 @@ use crate::{
     events::{Event, Stall, Sweep},
     graph::ttrpc::TtrpcFacts,
     graph::{
-        model::{EdgeKind, Exactness, OpenWait, StartTiming, WaitKey, Who},
+        model::{OpenWait, StartTiming, WaitKey, Who},
         requests::Answerer,
     },
     kernel::loader::{take_map, WatchError},
     levels::Thresholds,
     observe::holders::{
         bus_owner::{self, Owner},
-        owner_lookups::OwnerLookups,
-        SocketOwners, UnixPeers,
+        owner_cache::OwnerCache,
     },
     observe::procfs::{self, SyscallState},
     sources::dbus_sweep,
     sources::inflight::Item,
     sources::inflight::{Action, Filter, Registry},
+    sources::request_holders::{RequestHolders, OWNER_TIMEOUT},
     sources::sockets::{sock_key, DbusOpen, NetlinkOpen, Sockets},
     sources::sweep::{self, AgeClock},
     sources::ttrpc::TtrpcWatch,
@@ -37,7 +37,7 @@ use aya::{
     Ebpf,
 };
 use plegwatch_abi::{sock_maps, ttrpc_maps, Record, SockCall, SockClass, SockIo, SockKind, TtrpcPos};
-use std::{collections::HashMap, time::Duration};
+use std::collections::HashMap;
 
 /// The receive syscalls a thread blocked on a netlink reply may sit in.
 const RECV_NRS: [i64; 4] = [libc::SYS_recvfrom, libc::SYS_recvmsg, libc::SYS_read, libc::SYS_readv];
@@ -45,7 +45,8 @@ const RECV_NRS: [i64; 4] = [libc::SYS_recvfrom, libc::SYS_recvmsg, libc::SYS_rea
 pub struct ReqWatch {
     registry: Registry<NetlinkOpen>,
     dbus: Registry<DbusOpen>,
-    holders: DbusHolders,
+    /// Who answers each request, found on worker threads.
+    holders: RequestHolders,
     sockets: Sockets,
     socks: BpfHashMap<MapData, u64, SockClass>,
     /// `SOCK_GEN`: each process's socket generation, stamped into the entries seeded.
@@ -75,25 +76,21 @@ pub struct ReqWatch {
 }
 
 /// Requests younger than this get no holder lookup (most are answered in microseconds).
+const ASK_AFTER_NS: u64 = 200_000_000;
+/// Requests this old are linked to their holder. The holder is looked up from
+/// [`ASK_AFTER_NS`] on: the answer comes from a worker thread and is taken in at a
+/// later scan, and a loaded node took over a second for that (a guest's first
+/// `dbus_call` warn line went out with no holder, the holder came 85 ms later). Asked
+/// this early, the answer is in long before the warn line.
 const RESOLVE_AFTER_NS: u64 = 1_000_000_000;
-/// A D-Bus call this old has its destination's owner asked of the bus daemon already,
-/// though it is linked to it only from [`RESOLVE_AFTER_NS`]: the answer comes from
-/// another thread and is taken in at a later scan, and a loaded node took over a second
-/// for that (a guest's first `dbus_call` warn line went out with no holder, the holder
-/// came 85 ms later). Asked this early, the answer is in long before the warn line.
-const DBUS_ASK_AFTER_NS: u64 = 200_000_000;
-const _: () = assert!(DBUS_ASK_AFTER_NS < RESOLVE_AFTER_NS);
+const _: () = assert!(ASK_AFTER_NS < RESOLVE_AFTER_NS);
 
 impl ReqWatch {
     pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter) -> Result<Self, WatchError> {
         Ok(ReqWatch {
             registry: Registry::new(thresholds, filter.clone()),
             dbus: Registry::new(thresholds, filter),
-            holders: DbusHolders {
-                peers: UnixPeers::default(),
-                owners: SocketOwners::new(),
-                lookups: OwnerLookups::start(ask_owner).map_err(|e| WatchError::Io("starting the bus-owner lookup thread", e))?,
-            },
+            holders: RequestHolders::start().map_err(|e| WatchError::Io("starting the request-holder lookup threads", e))?,
             sockets: Sockets::with_families(crate::kernel::netlink::genl_families().unwrap_or_else(|e| {
                 tracing::warn!("generic netlink families unknown until seen on the wire: {e}");
                 Default::default()
@@ -233,14 +230,15 @@ impl ReqWatch {
             self.sockets.seed_dbus(c.tgid, c.fd, procfs::comm(c.tgid).unwrap_or_default());
         }
         let clock = AgeClock::new(self_tgid, monotonic_ns());
+        let mut names = OwnerCache::default();
         for q in &found.queued {
             // The caller: named by the sender the bus stamped on the call, or
             // the other end of the daemon's socket the call sits in.
             let caller = match (&q.sender, q.peer_pid) {
                 (Some(sender), _) if !found.connections.iter().any(|c| c.tgid == q.holder_pid && c.daemon_side) => {
                     // At startup, before the scan loop: waiting here delays nothing.
-                    match self.holders.lookups.wait(&q.bus_path, sender, OWNER_TIMEOUT * 2) {
-                        Some(Owner::Pid(p)) => Some(p),
+                    match names.get(&q.bus_path, sender, |bus, name| bus_owner::owner_of(bus, name, OWNER_TIMEOUT * 2)) {
+                        Owner::Pid(p) => Some(p),
                         _ => None,
                     }
                 }
@@ -416,48 +414,46 @@ impl ReqWatch {
         }
     }
 
-    /// Who must answer each request open a second or more (looked up once per request;
-    /// a D-Bus call's from [`DBUS_ASK_AFTER_NS`], and a name still being asked of the
-    /// bus daemon is looked up again next scan).
+    /// Who must answer each request open a second or more. Each is looked up once, from
+    /// [`ASK_AFTER_NS`], on a worker thread when that takes I/O; an answer not in yet
+    /// is taken at a later scan.
     pub fn answers(&mut self, now_ns: u64) -> Vec<(WaitKey, Answerer)> {
         let open: std::collections::HashSet<WaitKey> = self.open_waits.iter().map(|w| w.key).collect();
         self.answerers.retain(|k, _| open.contains(k));
-        let mut out = Vec::new();
-        for o in self.last_netlink.clone() {
-            if now_ns.saturating_sub(o.start_ns) < RESOLVE_AFTER_NS {
-                continue;
+        for (key, a) in self.holders.answers() {
+            if open.contains(&key) {
+                self.answerers.insert(key, a);
             }
-            let key = Item::wait_key(&o);
-            if !self.answerers.contains_key(&key) {
-                let a = netlink_answerer(&o, &mut self.holders.owners);
-                self.answerers.insert(key, Some(a));
-            }
-            let a = self.answerers.get(&key).cloned().flatten();
-            out.extend(a.map(|a| (key, a)));
         }
-        for o in self.last_dbus.clone() {
+        let mut out = Vec::new();
+        for o in &self.last_netlink {
             let age = now_ns.saturating_sub(o.start_ns);
-            if age < DBUS_ASK_AFTER_NS {
+            if age < ASK_AFTER_NS {
                 continue;
             }
-            let key = Item::wait_key(&o);
-            let a = match self.answerers.get(&key) {
-                Some(a) => a.clone(),
-                None => {
-                    let holder = self.holders.holder_of(&o);
-                    let a = holder.answerer();
-                    // Asked off the loop: looked up again at the next scan.
-                    if holder != DbusHolder::Pending {
-                        if let DbusHolder::Unknown(why) = &holder {
-                            tracing::debug!(pid = o.tgid, serial = o.serial, why, "no holder for a D-Bus call");
-                        }
-                        self.answerers.insert(key, a.clone());
-                    }
-                    a
+            let key = Item::wait_key(o);
+            if !self.answerers.contains_key(&key) {
+                if let Some(a) = self.holders.ask_netlink(key, o) {
+                    self.answerers.insert(key, Some(a));
                 }
-            };
+            }
             if age >= RESOLVE_AFTER_NS {
-                out.extend(a.map(|a| (key, a)));
+                out.extend(self.answerers.get(&key).cloned().flatten().map(|a| (key, a)));
+            }
+        }
+        for o in &self.last_dbus {
+            let age = now_ns.saturating_sub(o.start_ns);
+            if age < ASK_AFTER_NS {
+                continue;
+            }
+            let key = Item::wait_key(o);
+            if !self.answerers.contains_key(&key) {
+                if let Some(a) = self.holders.ask_dbus(key, o) {
+                    self.answerers.insert(key, a);
+                }
+            }
+            if age >= RESOLVE_AFTER_NS {
+                out.extend(self.answerers.get(&key).cloned().flatten().map(|a| (key, a)));
             }
         }
         out
@@ -502,169 +498,3 @@ fn dbus_node(o: &DbusOpen) -> OpenWait {
     }
 }
 
-/// The process holding a netlink request's destination port id (0: the kernel), from
-/// the watch's one socket-owner table (its /proc scan is rate-limited).
-fn netlink_peer(o: &NetlinkOpen, owners: &mut SocketOwners) -> Option<u32> {
-    procfs::netlink_sockets(o.tgid)
-        .into_iter()
-        .find(|s| s.portid == o.dst_portid && s.protocol == o.protocol)
-        .and_then(|s| owners.pids_of(s.inode).into_iter().next())
-}
-
-fn netlink_answerer(o: &NetlinkOpen, owners: &mut SocketOwners) -> Answerer {
-    if o.dst_portid != 0 {
-        return match netlink_peer(o, owners) {
-            Some(pid) => Answerer {
-                pid: Some(pid),
-                kind: EdgeKind::NetlinkPeer,
-                exactness: Exactness::Exact,
-                evidence: format!("port id {} is this process's socket (/proc/net/netlink)", o.dst_portid),
-            },
-            None => Answerer {
-                pid: None,
-                kind: EdgeKind::NetlinkPeer,
-                exactness: Exactness::Exact,
-                evidence: format!("no process holds port id {} now", o.dst_portid),
-            },
-        };
-    }
-    let evidence = if o.in_send {
-        "the sender is still inside the send: the kernel has not taken the request yet"
-    } else if o.before_attach {
-        "blocked in a receive on a request socket since before plegwatch started"
-    } else {
-        "sent to the kernel (port 0); no reply matched its seq, and the sender waits in a receive"
-    };
-    Answerer {
-        pid: None,
-        kind: EdgeKind::NoReply,
-        exactness: if o.before_attach { Exactness::Inferred } else { Exactness::Exact },
-        evidence: evidence.into(),
-    }
-}
-
-/// Who holds a D-Bus call, as the socket source finds it.
-#[derive(Clone, Debug, PartialEq)]
-enum DbusHolder {
-    /// The call sits unread in this process's socket (found by the startup sweep).
-    UnreadQueue { pid: u32, name: Option<String> },
-    /// The owner of the destination name, asked of the bus daemon at `bus` (its path as
-    /// the daemon bound it), reached at `reached_at` when that differs.
-    NameOwner { pid: u32, name: String, bus: String, reached_at: Option<String> },
-    /// The bus daemon (when known) does not answer who owns the name.
-    BusDaemon { pid: Option<u32>, name: String, bus: String },
-    /// The peer of a peer-to-peer connection (no bus).
-    SocketPeer { pid: u32, path: Option<String> },
-    /// Being asked of the bus daemon, off the loop.
-    Pending,
-    /// Not found, and why.
-    Unknown(String),
-}
-
-impl DbusHolder {
-    /// The holder as the graph's request resolver takes it: who must answer, and the
-    /// evidence (the bus and the name it was asked about).
-    fn answerer(&self) -> Option<Answerer> {
-        let (pid, kind, exactness, evidence) = match self {
-            DbusHolder::UnreadQueue { pid, name } => (
-                *pid,
-                EdgeKind::DbusOwner,
-                Exactness::Exact,
-                format!("the call to {} sits unread in this process's socket", name.as_deref().unwrap_or("it")),
-            ),
-            DbusHolder::NameOwner { pid, name, bus, reached_at } => (
-                *pid,
-                EdgeKind::DbusOwner,
-                Exactness::Exact,
-                match reached_at {
-                    Some(at) => format!("owner of {name} on the bus {bus}, asked at {at} (GetConnectionUnixProcessID)"),
-                    None => format!("owner of {name} on the bus {bus} (GetConnectionUnixProcessID)"),
-                },
-            ),
-            DbusHolder::BusDaemon { pid, name, bus } => {
-                ((*pid)?, EdgeKind::DbusOwner, Exactness::Inferred, format!("the bus daemon of {bus} does not answer who owns {name}"))
-            }
-            DbusHolder::SocketPeer { pid, path } => (
-                *pid,
-                EdgeKind::UnixPeer,
-                Exactness::Exact,
-                format!(
-                    "the peer of a peer-to-peer D-Bus socket{} (sock_diag)",
-                    path.as_ref().map(|p| format!(" at {p}")).unwrap_or_default()
-                ),
-            ),
-            DbusHolder::Pending | DbusHolder::Unknown(_) => return None,
-        };
-        Some(Answerer { pid: Some(pid), kind, exactness, evidence })
-    }
-}
-
-/// How long the bus daemon gets to say who owns a name.
-const OWNER_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// Finds who holds a D-Bus call: the owner of its destination, asked of the
-/// bus daemon; the daemon itself when it does not answer; the socket's peer
-/// for a peer-to-peer connection (no bus).
-struct DbusHolders {
-    peers: UnixPeers,
-    owners: SocketOwners,
-    /// Name owners, asked of the bus daemon off the scan loop.
-    lookups: OwnerLookups,
-}
-
-/// The blocking lookup the worker thread makes.
-fn ask_owner(path: &std::path::Path, name: &str) -> Owner {
-    bus_owner::owner_of(path, name, OWNER_TIMEOUT)
-}
-
-impl DbusHolders {
-    fn holder_of(&mut self, o: &DbusOpen) -> DbusHolder {
-        if let Some(pid) = o.holder_pid {
-            // Found queued unread in this process's socket.
-            return DbusHolder::UnreadQueue { pid, name: o.destination.clone() };
-        }
-        let inode = std::fs::read_link(format!("/proc/{}/fd/{}", o.tgid, o.fd))
-            .ok()
-            .and_then(|l| crate::observe::holders::unix_peer::parse_socket_link(l.as_os_str().as_encoded_bytes()));
-        let peer = inode.and_then(|i| self.peers.peer_of(i));
-        let daemon = |me: &mut Self| -> Option<u32> {
-            let p = peer.as_ref()?;
-            me.owners.pids_of(p.peer_inode).into_iter().next()
-        };
-        let bus_path = peer.as_ref().and_then(|p| p.path().map(String::from));
-        let Some(name) = o.destination.clone() else {
-            // No destination: a peer-to-peer connection; the peer answers.
-            return match daemon(self) {
-                Some(pid) => DbusHolder::SocketPeer { pid, path: bus_path },
-                None => DbusHolder::Unknown("no destination and no socket peer found".into()),
-            };
-        };
-        let Some(bus) = bus_path else {
-            return DbusHolder::Unknown(format!("the bus socket's path is unknown (call to {name})"));
-        };
-        // The path is the daemon's: reach it in the daemon's mount namespace.
-        let daemon_pid = daemon(self);
-        let same_ns = daemon_pid.is_none_or(bus_owner::in_my_mount_ns);
-        let Some(reach) = bus_owner::reachable_bus_path(&bus, daemon_pid, same_ns) else {
-            return DbusHolder::Unknown(format!(
-                "the bus daemon of {bus} is in another mount namespace and /proc/PID/root plus the path is too long for a socket address"
-            ));
-        };
-        let owner = if name == "org.freedesktop.DBus" {
-            Owner::BusNotAnswering
-        } else {
-            match self.lookups.get(&reach, &name) {
-                Some(o) => o,
-                None => return DbusHolder::Pending,
-            }
-        };
-        match owner {
-            Owner::Pid(pid) => {
-                let reached_at = (reach != bus).then_some(reach);
-                DbusHolder::NameOwner { pid, name, bus, reached_at }
-            }
-            Owner::BusNotAnswering => DbusHolder::BusDaemon { pid: daemon_pid, name, bus },
-            Owner::Unknown(why) => DbusHolder::Unknown(format!("{why} (owner of {name} on {bus})")),
-        }
-    }
-}

@@ -23,7 +23,7 @@ pub enum Owner {
 /// Asks the bus at `bus_path` which process owns `name`, waiting at most
 /// `timeout` for the whole exchange (connect, auth, Hello, the call).
 ///
-/// Blocking: call it off the scan loop ([`super::owner_lookups`] does). It runs
+/// Blocking: call it off the scan loop (`sources::request_holders` does). It runs
 /// zbus on a throwaway current-thread tokio runtime, so that the one deadline
 /// also bounds the SASL handshake, which a frozen daemon never finishes.
 pub fn owner_of(bus_path: &Path, name: &str, timeout: Duration) -> Owner {

@@ -4,7 +4,8 @@
 //! `/run/systemd/private`.
 
 pub mod bus_owner;
-pub mod owner_lookups;
+pub mod off_loop;
+pub mod owner_cache;
 pub mod unix_peer;
 
 pub use unix_peer::{PeerInfo, SocketOwners, UnixPeers, UnixSocketInfo};
