@@ -29,6 +29,8 @@ mod locks;
 #[cfg(target_arch = "bpf")]
 mod offcpu;
 #[cfg(target_arch = "bpf")]
+mod sock_functions;
+#[cfg(target_arch = "bpf")]
 mod sockets;
 #[cfg(target_arch = "bpf")]
 mod ttrpc;

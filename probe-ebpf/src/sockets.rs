@@ -478,20 +478,39 @@ pub fn sock_enter(ctx: TracePointContext) -> u32 {
 }
 
 fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
     // SAFETY: offsets from the format above.
     let fd: u64 = unsafe { crate::ctxread::field(ctx, OFF_ARG0) };
-    // SAFETY: read-only peek; the hot path ends here for untracked fds.
-    let Some(class) = (unsafe { SOCKS.get(&key(tgid, fd as u32)) }).copied() else { return Ok(()) };
-    // Forgotten since (an exec, a wide close_range): another file now.
-    if class.gen != gen_of(tgid) || tgid == tracer_tgid() {
-        return Ok(());
-    }
+    // The hot path ends here for untracked fds.
+    let Some((tgid, class)) = tracked_call(fd) else { return Ok(()) };
     let nr: i32 = unsafe { crate::ctxread::field(ctx, OFF_NR) };
     let Some(slot) = sock_slot(nr as u32) else { return Ok(()) };
     let arg1: u64 = unsafe { crate::ctxread::field(ctx, OFF_ARG1) };
-    let arg2: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG2) };
+    let arg2: u64 = unsafe { crate::ctxread::field(ctx, OFF_ARG2) };
+    // sendto's destination address: arg4, through a helper (`write`'s record ends before it).
+    let arg4 = || if slot == 2 { unsafe { ctx.read_at::<u64>(OFF_ARG4) }.unwrap_or(0) } else { 0 };
+    open_call(tgid, class, fd, slot, arg1, arg2, arg4);
+    Ok(())
+}
+
+/// The calling process and the class of its `fd`, when that fd is a tracked socket
+/// (not forgotten since) and the caller is not plegwatch.
+#[inline(always)]
+pub(crate) fn tracked_call(fd: u64) -> Option<(u32, SockClass)> {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: read-only peek.
+    let class = (unsafe { SOCKS.get(&key(tgid, fd as u32)) }).copied()?;
+    // Forgotten since (an exec, a wide close_range): another file now.
+    if class.gen != gen_of(tgid) || tgid == tracer_tgid() {
+        return None;
+    }
+    Some((tgid, class))
+}
+
+/// Opens the [`SOCK_CALLS`] entry of a send or receive on a tracked socket: `slot` says
+/// which syscall; `arg1`, `arg2` are its second and third arguments, `arg4` its fifth
+/// (asked only for sendto).
+#[inline(always)]
+pub(crate) fn open_call(tgid: u32, class: SockClass, fd: u64, slot: u32, arg1: u64, arg2: u64, arg4: impl FnOnce() -> u64) {
     let (buf, buf_len) = match slot % 4 {
         1 => first_iovec(arg1),
         3 => {
@@ -513,8 +532,7 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
         // `struct sockaddr_nl { sa_family_t; unsigned short pad; __u32 nl_pid; ... }`:
         // sendto's arg4, or sendmsg's `msg_name` (offset 0 of `user_msghdr`).
         let addr: u64 = match slot {
-            // Through a helper: `write`'s record ends before arg4.
-            2 => unsafe { ctx.read_at(OFF_ARG4) }.unwrap_or(0),
+            2 => arg4(),
             // SAFETY: the helper checks the user pointer.
             3 => unsafe { bpf_probe_read_user(arg1 as *const u64) }.unwrap_or(0),
             _ => 0,
@@ -524,11 +542,10 @@ fn try_sock_enter(ctx: &TracePointContext) -> Result<(), i64> {
             call.nl_dst = unsafe { bpf_probe_read_user((addr + 4) as *const u32) }.unwrap_or(0);
         }
     }
-    let tid = pid_tgid as u32;
+    let tid = bpf_get_current_pid_tgid() as u32;
     if crate::gate::insert_counted(&SOCK_CALLS, &tid, &call, &SOCK_CALLS_OPEN, 0).is_err() {
         count(Stat::SockCallsFull);
     }
-    Ok(())
 }
 
 /// `struct iovec { void *iov_base; size_t iov_len; }` at `iov` (uapi).
@@ -550,7 +567,8 @@ pub fn sock_exit(ctx: TracePointContext) -> u32 {
     if !crate::gate::open(&SOCK_CALLS_OPEN, 0) {
         return 0;
     }
-    let _ = try_sock_exit::<true>(&ctx);
+    // SAFETY: offset from the format above.
+    let _ = try_sock_exit::<true>(unsafe { crate::ctxread::field(&ctx, OFF_RET) });
     0
 }
 
@@ -563,13 +581,14 @@ pub fn sock_exit_nl(ctx: TracePointContext) -> u32 {
     if !crate::gate::open(&SOCK_CALLS_OPEN, 0) {
         return 0;
     }
-    let _ = try_sock_exit::<false>(&ctx);
+    // SAFETY: offset from the format above.
+    let _ = try_sock_exit::<false>(unsafe { crate::ctxread::field(&ctx, OFF_RET) });
     0
 }
 
 /// `HELPER_LOOP`: step the D-Bus walk with `bpf_loop`, else with bounded loops.
 #[inline(always)]
-fn try_sock_exit<const HELPER_LOOP: bool>(ctx: &TracePointContext) -> Result<(), i64> {
+pub(crate) fn try_sock_exit<const HELPER_LOOP: bool>(ret: i64) -> Result<(), i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     // SAFETY: copied out before removal.
@@ -577,8 +596,6 @@ fn try_sock_exit<const HELPER_LOOP: bool>(ctx: &TracePointContext) -> Result<(),
     if SOCK_CALLS.remove(&tid).is_ok() {
         crate::gate::add(&SOCK_CALLS_OPEN, 0, -1);
     }
-    // SAFETY: offset from the format above.
-    let ret: i64 = unsafe { crate::ctxread::field(ctx, OFF_RET) };
     if ret <= 0 || call.buf == 0 {
         return Ok(());
     }

@@ -63,6 +63,7 @@ pub mod terway;
 pub mod throttle;
 pub mod timing;
 pub mod tmux;
+pub mod variants;
 
 pub use events::Event;
 pub use loopfs::LoopFs;

@@ -25,7 +25,7 @@ use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::incidents;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::stall::wait_resolved;
-use plegwatch_scenarios::{preflight, Event, Plegwatch};
+use plegwatch_scenarios::{preflight, variants, Event, Plegwatch};
 
 const WARN_S: f64 = 2.0;
 /// A report may come this late after its wait crossed `--warn` (1 s, times the
@@ -51,6 +51,9 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
 
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
     let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
+    // The calls are seen by fentry/fexit on the syscalls' functions where the kernel
+    // takes them (and has bpf_loop), else by the syscall tracepoints.
+    variants::assert_variant(&ready, "socket_io", "fentry+fexit", (5, 17), "tracepoint syscalls:sys_exit_{write");
 
     let mut listener = start_signal_listener(&bus)?;
 

@@ -27,7 +27,7 @@ use plegwatch_scenarios::incidents::{self, Incident};
 use plegwatch_scenarios::netlink::NetNs;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::terway::{self, Daemon};
-use plegwatch_scenarios::{preflight, Plegwatch};
+use plegwatch_scenarios::{preflight, variants, Plegwatch};
 use serde_json::Value;
 
 const WARN: Duration = Duration::from_secs(3);
@@ -50,7 +50,10 @@ fn one_incident_from_run_pod_sandbox_to_the_daemons_netlink_request() -> Result<
     let cri = ctrd.cri()?.with_timeout(Duration::from_secs(120));
     let mut daemon = Daemon::start(&daemon_bin, &terway::daemon_socket(&ctrd), &netns, WAITERS as u32)?;
     let mut pw = Plegwatch::start(&["--warn", &format!("{}ms", WARN.as_millis())])?;
-    pw.wait_ready(READY_TIMEOUT)?;
+    let ready = pw.wait_ready(READY_TIMEOUT)?;
+    // The netlink requests are seen by fentry/fexit on the syscalls' functions where
+    // the kernel takes them (and has bpf_loop), else by the syscall tracepoints.
+    variants::assert_variant(&ready, "socket_io", "fentry+fexit", (5, 17), "tracepoint syscalls:sys_exit_{write");
     pw.wait_probed(ctrd.pid(), Duration::from_secs(30))?;
     // containerd's CNI config watcher picks up the config written after it started: wait
     // until its Status says the pod network is ready.

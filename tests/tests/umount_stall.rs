@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use plegwatch_scenarios::dirty::{self, MIB};
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
 use plegwatch_scenarios::stall::{assert_reported, CausedWait};
-use plegwatch_scenarios::{incidents, preflight, LoopFs, Plegwatch, WriteThrottle};
+use plegwatch_scenarios::{incidents, preflight, variants, LoopFs, Plegwatch, WriteThrottle};
 
 const DIRTY: usize = 6 * MIB;
 const THROTTLE_BPS: u64 = 1 << 20;
@@ -28,26 +28,9 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
     let _throttle = WriteThrottle::new(fs.dev(), THROTTLE_BPS)?;
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
     let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
-    // The tail's end: fexit on task_work_run where the kernel takes fexit programs (the
-    // guests' Debian kernels: `PLEGWATCH_TEST_FEXIT`) unless `PLEGWATCH_FALLBACK` passes
-    // it over, else the thread's next syscall (raw_tp sys_enter).
-    let tail_end = ready
-        .get("/probes")
-        .and_then(serde_json::Value::as_array)
-        .and_then(|p| p.iter().find(|p| p["probe"] == "umount_tail_end"))
-        .and_then(|p| p["variant"].as_str())
-        .unwrap_or_default()
-        .to_string();
-    let forced =
-        std::env::var("PLEGWATCH_FALLBACK").is_ok_and(|v| v.split(',').any(|p| p.trim() == "all" || p.trim() == "umount_tail_end"));
-    if forced {
-        assert_eq!(tail_end, "raw_tp sys_enter", "PLEGWATCH_FALLBACK is set; the ready line: {}", ready.json);
-    } else if std::env::var_os("PLEGWATCH_TEST_FEXIT").is_some() {
-        assert_eq!(tail_end, "fexit task_work_run", "the ready line: {}", ready.json);
-    } else {
-        assert!(!tail_end.is_empty() && tail_end != "off", "umount_tail_end is not attached: {}", ready.json);
-    }
-    eprintln!("umount_tail_end: {tail_end}");
+    // The tail's end: fexit on task_work_run where the kernel takes fexit programs,
+    // else the thread's next syscall (raw_tp sys_enter).
+    variants::assert_variant(&ready, "umount_tail_end", "fexit task_work_run", (5, 5), "raw_tp sys_enter");
 
     let target = fs.mount_point();
     // Closed without a sync: the 6 MiB stay dirty in the page cache until the umount.

@@ -7,7 +7,7 @@
 
 use crate::{events::ProbeChoice, syscalls::WATCHED};
 use aya::{
-    programs::{BtfTracePoint, FExit, RawTracePoint, TracePoint},
+    programs::{BtfTracePoint, FEntry, FExit, RawTracePoint, TracePoint},
     Ebpf,
 };
 use thiserror::Error;
@@ -25,12 +25,44 @@ pub enum Variant {
     /// An fexit program on a kernel function; needs kernel BTF (and a kernel that
     /// allows it: this host's refuses fentry and fexit).
     Fexit { program: &'static str, function: &'static str },
+    /// An fentry and an fexit program on the kernel function of each syscall
+    /// (`__x64_sys_NAME`); needs kernel BTF, as [`Variant::Fexit`].
+    SyscallFunctions(&'static [SyscallHooks]),
     /// No kernel program: the kernel-wait source polls `/proc` for this job at each scan
     /// (coarser timing, same result).
     ProcPoll,
     /// Nothing: the probe is off, and what it would catch is not caught.
     Off,
 }
+
+/// The fentry and fexit programs of one syscall's kernel function.
+#[derive(Clone, Copy, Debug)]
+pub struct SyscallHooks {
+    pub syscall: &'static str,
+    pub enter: &'static str,
+    pub exit: &'static str,
+}
+
+/// The kernel function of `syscall` (the arch's `pt_regs` wrapper, Linux >= 4.17).
+pub fn syscall_function(syscall: &str) -> String {
+    #[cfg(target_arch = "aarch64")]
+    const PREFIX: &str = "__arm64_sys_";
+    #[cfg(not(target_arch = "aarch64"))]
+    const PREFIX: &str = "__x64_sys_";
+    format!("{PREFIX}{syscall}")
+}
+
+/// The socket probe's fentry and fexit programs, in `SOCK_NR` slot order.
+const SOCK_FUNCTIONS: [SyscallHooks; plegwatch_abi::SOCK_SLOTS] = [
+    SyscallHooks { syscall: "write", enter: "sock_fentry_write", exit: "sock_fexit_write" },
+    SyscallHooks { syscall: "writev", enter: "sock_fentry_writev", exit: "sock_fexit_writev" },
+    SyscallHooks { syscall: "sendto", enter: "sock_fentry_sendto", exit: "sock_fexit_sendto" },
+    SyscallHooks { syscall: "sendmsg", enter: "sock_fentry_sendmsg", exit: "sock_fexit_sendmsg" },
+    SyscallHooks { syscall: "read", enter: "sock_fentry_read", exit: "sock_fexit_read" },
+    SyscallHooks { syscall: "readv", enter: "sock_fentry_readv", exit: "sock_fexit_readv" },
+    SyscallHooks { syscall: "recvfrom", enter: "sock_fentry_recvfrom", exit: "sock_fexit_recvfrom" },
+    SyscallHooks { syscall: "recvmsg", enter: "sock_fentry_recvmsg", exit: "sock_fexit_recvmsg" },
+];
 
 /// One tracepoint program and where it attaches.
 #[derive(Clone, Copy, Debug)]
@@ -106,6 +138,10 @@ impl Variant {
             Variant::RawTracepoint { tracepoint, .. } => format!("raw_tp {tracepoint}"),
             Variant::BtfTracepoint { tracepoint, .. } => format!("tp_btf {tracepoint}"),
             Variant::Fexit { function, .. } => format!("fexit {function}"),
+            Variant::SyscallFunctions(hooks) => {
+                let names: Vec<&str> = hooks.iter().map(|h| h.syscall).collect();
+                format!("fentry+fexit {}{{{}}}", syscall_function(""), names.join(","))
+            }
             Variant::ProcPoll => "/proc poll".to_string(),
             Variant::Off => "off".to_string(),
         }
@@ -299,7 +335,12 @@ pub const PROBES: &[Probe] = &[
         // sys_exit seen, so no SOCK_CALLS entry (and its gate count) is left behind.
         // sock_exit_nl: the same without bpf_loop (Linux < 5.17), its D-Bus
         // walk in bounded loops that cost the verifier more.
+        // fentry+fexit first: a trampoline on each syscall's function costs a few ns
+        // where the syscall tracepoints cost tens each way; needs bpf_loop (>= 5.17).
+        // No kprobe variant: a kretprobe holds one of its few instances per thread
+        // parked in a receive, and past them misses the returns that close the calls.
         variants: &[
+            Variant::SyscallFunctions(&SOCK_FUNCTIONS),
             Variant::Tracepoints(&[tp("sock_exit", "syscalls", Names::SockExit), tp("sock_enter", "syscalls", Names::SockEnter)]),
             Variant::Tracepoints(&[
                 tp_noted("sock_exit_nl", "syscalls", Names::SockExit, "no bpf_loop"),
@@ -439,7 +480,7 @@ impl AttachEnv {
 impl Variant {
     /// A program on a kernel function (fexit), rather than a tracepoint.
     fn on_kernel_function(&self) -> bool {
-        matches!(self, Variant::Fexit { .. })
+        matches!(self, Variant::Fexit { .. } | Variant::SyscallFunctions(_))
     }
 }
 
@@ -573,8 +614,45 @@ fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), Stri
             prog.load(function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
             prog.attach().map(|_| ()).map_err(|e| format!("attach {program}: {e}"))
         }
+        Variant::SyscallFunctions(hooks) => attach_syscall_functions(ebpf, env, hooks),
         Variant::ProcPoll | Variant::Off => Ok(()),
     }
+}
+
+/// Loads and attaches each syscall's fexit, then its fentry (so that no call is
+/// opened whose end goes unseen); on any failure, detaches what it attached.
+fn attach_syscall_functions(ebpf: &mut Ebpf, env: &AttachEnv, hooks: &[SyscallHooks]) -> Result<(), String> {
+    let btf = env.btf.as_ref().ok_or("no kernel BTF")?;
+    let mut exits = Vec::new();
+    let mut enters = Vec::new();
+    let result = (|| {
+        for h in hooks {
+            let function = syscall_function(h.syscall);
+            let prog: &mut FExit = program_mut(ebpf, h.exit)?;
+            prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {}: {e}", h.exit))?;
+            exits.push((h.exit, prog.attach().map_err(|e| format!("attach {} to {function}: {e}", h.exit))?));
+        }
+        for h in hooks {
+            let function = syscall_function(h.syscall);
+            let prog: &mut FEntry = program_mut(ebpf, h.enter)?;
+            prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {}: {e}", h.enter))?;
+            enters.push((h.enter, prog.attach().map_err(|e| format!("attach {} to {function}: {e}", h.enter))?));
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        for (program, link) in enters {
+            if let Ok(prog) = program_mut::<FEntry>(ebpf, program) {
+                let _ = prog.detach(link);
+            }
+        }
+        for (program, link) in exits {
+            if let Ok(prog) = program_mut::<FExit>(ebpf, program) {
+                let _ = prog.detach(link);
+            }
+        }
+    }
+    result
 }
 
 /// A kernel refusal as one short line: the verifier's log can run to
@@ -660,6 +738,11 @@ mod tests {
 
     #[test]
     fn table_is_sound() {
+        // The socket probe's functions are its tracepoints' syscalls, slot for slot.
+        for (h, name) in SOCK_FUNCTIONS.iter().zip(SOCK_SYSCALLS) {
+            assert_eq!(h.syscall, name);
+            assert_eq!((h.enter, h.exit), (format!("sock_fentry_{name}").as_str(), format!("sock_fexit_{name}").as_str()));
+        }
         for p in PROBES {
             assert!(!p.variants.is_empty(), "{}", p.name);
             if !p.required {
@@ -673,13 +756,15 @@ mod tests {
         assert_eq!(PROBES[0].variants[0].describe(), "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}");
         assert_eq!(PROBES[2].variants[0].describe(), "fexit task_work_run");
         assert_eq!(PROBES[2].variants[1].describe(), "raw_tp sys_enter");
+        assert_eq!(PROBES[5].variants[0].describe(), "fentry+fexit __x64_sys_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}");
+        assert!(PROBES[5].variants[0].on_kernel_function());
         assert_eq!(
-            PROBES[5].variants[0].describe(),
+            PROBES[5].variants[1].describe(),
             "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} + \
              syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
         );
         assert_eq!(
-            PROBES[5].variants[1].describe(),
+            PROBES[5].variants[2].describe(),
             "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} (no bpf_loop) + \
              syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
         );

@@ -242,11 +242,7 @@ impl DbusHolders {
                 "the bus daemon of {bus} is in another mount namespace and /proc/PID/root plus the path is too long for a socket address"
             ));
         };
-        let owner = if name == "org.freedesktop.DBus" {
-            Owner::BusNotAnswering
-        } else {
-            self.names.get(&reach, &name, ask_owner)
-        };
+        let owner = if name == "org.freedesktop.DBus" { Owner::BusNotAnswering } else { self.names.get(&reach, &name, ask_owner) };
         match owner {
             Owner::Pid(pid) => {
                 let reached_at = (reach != bus).then_some(reach);

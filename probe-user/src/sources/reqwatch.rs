@@ -497,4 +497,3 @@ fn dbus_node(o: &DbusOpen) -> OpenWait {
         pleg_path: false,
     }
 }
-
