@@ -4,7 +4,9 @@
 //!   doing equivalent enter/exit tracking, and under the floors any hook costs (one empty
 //!   program on `raw_syscalls:sys_enter`; one on a syscall tracepoint the loop never
 //!   calls) and the hook-free set (`sched_switch` and the `sock:*` length tracepoints),
-//!   each with its spread over the rounds;
+//!   and under plegwatch with its kernel-function variants passed over (`pw-fallback`),
+//!   each with its spread over the rounds; `--kernel K` runs them in a guest of a Debian
+//!   kernel, where the fentry/fexit variants run (this host refuses them);
 //! - `relist`: the latency of containerd's `ListContainers` and `ListPodSandbox` under the
 //!   test bed's relist driver (a private containerd 1.6.20, a pod of running containers),
 //!   untraced, under plegwatch (its uprobes on containerd's CRI functions), untraced again
@@ -49,6 +51,14 @@ pub struct Args {
     /// `ListContainers`).
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=50))]
     pub containers: u32,
+    /// Run the loops in a guest booting this kernel (`5.10`, `6.1`, `6.12`, as `cargo
+    /// xtask vm`), where the kernel-function variants (fentry/fexit) run: plegwatch, its
+    /// forced fallbacks, bpftrace and the floors side by side, ratios within the guest.
+    #[arg(long, value_name = "KERNEL")]
+    pub kernel: Option<String>,
+    /// Set by `--kernel` for the run inside the guest: no setup, no build.
+    #[arg(long, hide = true)]
+    pub in_guest: bool,
     /// Minutes of the daemon soak of `service`: `plegwatch daemon` on a node of container
     /// churn with an incident a minute; its memory, fds and scan lateness (0: no soak;
     /// issue 19 asks for 60).
@@ -75,16 +85,23 @@ impl Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    setup::ensure()?;
     if !cmd::is_root() {
         bail!("cargo xtask bench loads eBPF programs and needs root: run as root");
+    }
+    if let Some(kernel) = &args.kernel {
+        return in_guest(args, kernel);
+    }
+    if !args.in_guest {
+        setup::ensure()?;
     }
 
     let bench_dir = cmd::target_dir().join("bench");
     std::fs::create_dir_all(&bench_dir).with_context(|| format!("cannot create {}", bench_dir.display()))?;
 
-    cmd::header("build");
-    cmd::run(cmd::cargo().args(["build", "--release", "-p", "plegwatch"]))?;
+    if !args.in_guest {
+        cmd::header("build");
+        cmd::run(cmd::cargo().args(["build", "--release", "-p", "plegwatch"]))?;
+    }
     let plegwatch = cmd::target_dir().join("release").join("plegwatch");
     let relist_driver = args.runs(Bench::Relist).then(relist::build_driver).transpose()?;
     let soak = (args.runs(Bench::Service) && args.soak_minutes > 0).then(|| service::build_soak(args.soak_minutes)).transpose()?;
@@ -149,6 +166,30 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The loops in a guest of `kernel`: plegwatch's release build from here, this xtask
+/// run again inside with `--in-guest`. Under emulation every figure is slower; only the
+/// ratios within the guest's run mean anything.
+fn in_guest(args: &Args, kernel: &str) -> Result<()> {
+    if args.only != [Bench::Loops] {
+        bail!("--kernel runs the syscall loops only: add `--only loops`");
+    }
+    setup::ensure()?;
+    cmd::header("build");
+    cmd::run(cmd::cargo().args(["build", "--release", "-p", "plegwatch"]))?;
+    let k = crate::vm::resolve(kernel)?;
+    let exe = std::env::current_exe().context("the xtask binary's path")?;
+    let mut line = format!("{} bench --in-guest --only loops --rounds {}", exe.display(), args.rounds);
+    if let Some(n) = args.iterations {
+        line += &format!(" --iterations {n}");
+    }
+    let limit = std::time::Duration::from_secs(4 * 3600);
+    let status = crate::vm::guest(&k, "4G", "the loops bench", &line, Some(limit), None)?;
+    if status != 0 {
+        bail!("the loops bench in the guest of {kernel} failed: exit {status}");
+    }
+    Ok(())
+}
+
 /// The syscall loops, untraced, under plegwatch and under bpftrace; the rendered table.
 fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec<report::Figure>)> {
     let loop_bin = compile_loop(bench_dir)?;
@@ -165,6 +206,7 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
 
     cmd::header(&format!("measure loops: {} round(s), logs in {}", args.rounds, bench_dir.display()));
     let mut samples = Vec::new();
+    let mut hot_paths = Vec::new();
     for round in 1..=args.rounds {
         for &(mode, default_iterations) in MODES {
             let iterations = args.iterations.unwrap_or(default_iterations);
@@ -172,7 +214,10 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
 
             let untraced = measure()?;
 
-            let pw = tracer::plegwatch(plegwatch, bench_dir)?;
+            let mut pw = tracer::plegwatch(plegwatch, bench_dir)?;
+            if round == 1 && hot_paths.is_empty() {
+                hot_paths.push(format!("plegwatch ran {}", pw.hot_path()));
+            }
             let traced = measure();
             pw.stop();
             let under_plegwatch = traced?;
@@ -210,6 +255,13 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
                 };
                 traced.push(t);
             }
+            let mut pw = tracer::plegwatch_fallback(plegwatch, bench_dir)?;
+            if round == 1 && hot_paths.len() == 1 {
+                hot_paths.push(format!("pw-fallback ran {}", pw.hot_path()));
+            }
+            let t = measure();
+            pw.stop();
+            traced.push(Some(t?));
 
             let cells: Vec<String> = report::COLUMNS
                 .iter()
@@ -223,7 +275,13 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
     }
 
     let modes: Vec<&str> = MODES.iter().map(|&(m, _)| m).collect();
-    Ok((report::render(&samples, &modes), report::loop_figures(&samples)))
+    let mut text = report::render(&samples, &modes);
+    text += &format!("kernel {}\n", std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim());
+    for line in hot_paths {
+        text += &line;
+        text.push('\n');
+    }
+    Ok((text, report::loop_figures(&samples)))
 }
 
 /// `cc -O2 xtask/bench/loop.c -o target/bench/loop`, every time (it takes a moment).

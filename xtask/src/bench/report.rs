@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 /// The tracers each loop runs under, besides untraced, in table order: plegwatch, then
 /// the references it is judged against (see [`super::tracer::REFERENCES`]).
-pub const COLUMNS: &[&str] = &["plegwatch", "bpftrace", "floor-raw", "floor-unused", "hook-free"];
+pub const COLUMNS: &[&str] = &["plegwatch", "bpftrace", "floor-raw", "floor-unused", "hook-free", "pw-fallback"];
 
 /// One (mode, round) measurement, in ns per loop iteration.
 #[derive(Clone, Debug)]
@@ -62,7 +62,8 @@ pub fn render(samples: &[Sample], modes: &[&str]) -> String {
     let _ = writeln!(
         out,
         "floor-raw: one empty program on raw_syscalls:sys_enter; floor-unused: one on a syscall tracepoint the loop never calls \
-         (the tracing slow path alone); hook-free: only sched:sched_switch and sock:sock_send_length/sock_recv_length"
+         (the tracing slow path alone); hook-free: only sched:sched_switch and sock:sock_send_length/sock_recv_length; \
+         pw-fallback: plegwatch with PLEGWATCH_FALLBACK=all (the tracepoint variants where the kernel takes fentry/fexit)"
     );
     out
 }

@@ -96,6 +96,17 @@ pub fn plegwatch(bin: &Path, log_dir: &Path) -> Result<Tracer> {
     Ok(tracer)
 }
 
+/// Start `plegwatch watch --json` with every kernel-function variant passed over
+/// (`PLEGWATCH_FALLBACK=all`: the tracepoint programs a kernel without fentry runs), and
+/// wait for its ready line.
+pub fn plegwatch_fallback(bin: &Path, log_dir: &Path) -> Result<Tracer> {
+    let mut command = Command::new(bin);
+    command.args(["watch", "--json"]).env("PLEGWATCH_FALLBACK", "all");
+    let mut tracer = Tracer::spawn("plegwatch-fallback", command, log_dir)?;
+    tracer.wait_for(PLEGWATCH_READY_TIMEOUT, "a {\"type\":\"ready\"} line", is_ready_line)?;
+    Ok(tracer)
+}
+
 /// Start `plegwatch watch --json ARGS`, logging as `<log_dir>/<name>.*.log`, and wait for
 /// its ready line.
 pub fn plegwatch_with(bin: &Path, log_dir: &Path, name: &'static str, args: &[&str]) -> Result<Tracer> {
@@ -137,6 +148,22 @@ impl Tracer {
         let stdout = child.stdout.take().ok_or_else(|| anyhow!("`{line}`: no stdout pipe"))?;
         let lines = tee_lines(stdout, stdout_file);
         Ok(Tracer { name, line, child, stderr_log, lines, seen: Vec::new() })
+    }
+
+    /// The variants plegwatch's ready line names for the probes on the loops' hot path
+    /// (`socket_io`, `umount_tail_end`), e.g. `socket_io: fentry+fexit __x64_sys_{…}`.
+    pub fn hot_path(&mut self) -> String {
+        let Ok(ready) = self.wait_for(Duration::ZERO, "ready", is_ready_line) else { return "no ready line".into() };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&ready) else { return "an unreadable ready line".into() };
+        let probes = v["probes"].as_array().cloned().unwrap_or_default();
+        ["socket_io", "umount_tail_end"]
+            .iter()
+            .map(|name| {
+                let variant = probes.iter().find(|p| p["probe"] == *name).and_then(|p| p["variant"].as_str()).unwrap_or("?");
+                format!("{name}: {variant}")
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// Wait for a stdout line matching `wanted`, also among those already received (a line
