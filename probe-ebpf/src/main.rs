@@ -29,9 +29,9 @@ mod locks;
 #[cfg(target_arch = "bpf")]
 mod offcpu;
 #[cfg(target_arch = "bpf")]
-mod sock_functions;
-#[cfg(target_arch = "bpf")]
 mod sockets;
+#[cfg(target_arch = "bpf")]
+mod syscall_functions;
 #[cfg(target_arch = "bpf")]
 mod ttrpc;
 #[cfg(target_arch = "bpf")]

@@ -90,6 +90,16 @@ pub(crate) fn tracer_tgid() -> u32 {
     unsafe { core::ptr::read_volatile(&TRACER_TGID) }
 }
 
+/// The syscall number in `slot` of `WATCHED_NR`.
+#[inline(always)]
+pub(crate) fn watched_nr(slot: u32) -> u32 {
+    if slot as usize >= WATCHED_SLOTS {
+        return u32::MAX;
+    }
+    // SAFETY: a read-only global patched by the loader; `slot` is in bounds.
+    unsafe { core::ptr::read_volatile(&WATCHED_NR[slot as usize]) }
+}
+
 #[inline(always)]
 fn slot_of(nr: u32) -> Option<u32> {
     let mut i = 0;
@@ -231,6 +241,20 @@ pub fn wait_enter(ctx: TracePointContext) -> u32 {
 }
 
 fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY: offsets from the tracepoint format above.
+    let nr: i32 = unsafe { crate::ctxread::field(ctx, OFF_NR) };
+    let Some(slot) = slot_of(nr as u32) else {
+        return Ok(());
+    };
+    // Through a helper, not a direct read: `sys_enter_sync` has no arguments,
+    // and a direct read past its record would make the attach fail.
+    open_wait(nr as u32, slot, || (unsafe { ctx.read_at(OFF_ARG0) }.unwrap_or(0), unsafe { ctx.read_at(OFF_ARG1) }.unwrap_or(0)))
+}
+
+/// Opens the [`INFLIGHT`] wait of a watched syscall: `nr`, in `slot` of `WATCHED_NR`;
+/// `args` reads its first two arguments.
+#[inline(always)]
+pub(crate) fn open_wait(nr: u32, slot: u32, args: impl FnOnce() -> (u64, u64)) -> Result<(), i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if tgid == tracer_tgid() {
@@ -239,21 +263,11 @@ fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
     let tid = pid_tgid as u32;
     // SAFETY: a plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: offsets from the tracepoint format above.
-    let nr: i32 = unsafe { crate::ctxread::field(ctx, OFF_NR) };
-    let Some(slot) = slot_of(nr as u32) else {
-        return Ok(());
-    };
     // A wait still open here ended unseen (a tail whose sys_enter raced us).
     if tails_pending() {
         close_tail(tid, now, EndReason::Replaced);
     }
-
-    // SAFETY: as above.
-    // Through a helper, not a direct read: `sys_enter_sync` has no arguments,
-    // and a direct read past its record would make the attach fail.
-    let arg0: u64 = unsafe { ctx.read_at(OFF_ARG0) }.unwrap_or(0);
-    let arg1: u64 = unsafe { ctx.read_at(OFF_ARG1) }.unwrap_or(0);
+    let (arg0, arg1) = args();
     let mut wait = Wait {
         start_ns: now,
         sys_exit_ns: 0,
@@ -262,7 +276,7 @@ fn try_wait_enter(ctx: &TracePointContext) -> Result<(), i64> {
         ret: 0,
         tgid,
         tid,
-        nr: nr as u32,
+        nr,
         slot,
         // The user stack is taken at the first sleep ([`fill_at_sleep`]).
         flags: WAIT_DETAILS_PENDING,
@@ -314,14 +328,20 @@ pub fn wait_exit(ctx: TracePointContext) -> u32 {
 }
 
 fn try_wait_exit(ctx: &TracePointContext) -> Result<(), i64> {
+    // SAFETY: offset from the tracepoint format above.
+    close_at_exit(unsafe { crate::ctxread::field(ctx, OFF_RET) })
+}
+
+/// The end of a watched syscall, which returned `ret`: closes its wait, or for a
+/// umount2 with task_work queued, starts its tail.
+#[inline(always)]
+pub(crate) fn close_at_exit(ret: i64) -> Result<(), i64> {
     let tid = bpf_get_current_pid_tgid() as u32;
     let Some(p) = INFLIGHT.get_ptr_mut(&tid) else {
         return Ok(());
     };
     // SAFETY: a plain helper call.
     let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: offset from the tracepoint format above.
-    let ret: i64 = unsafe { crate::ctxread::field(&ctx, OFF_RET) };
     // SAFETY: `p` points at this thread's live entry; only this thread writes it.
     let wait = unsafe { &mut *p };
     if wait.sys_exit_ns != 0 {

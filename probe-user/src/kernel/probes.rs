@@ -35,12 +35,12 @@ pub enum Variant {
     Off,
 }
 
-/// The fentry and fexit programs of one syscall's kernel function.
+/// The fentry and fexit programs (either may be absent) of one syscall's kernel function.
 #[derive(Clone, Copy, Debug)]
 pub struct SyscallHooks {
     pub syscall: &'static str,
-    pub enter: &'static str,
-    pub exit: &'static str,
+    pub enter: Option<&'static str>,
+    pub exit: Option<&'static str>,
 }
 
 /// The kernel function of `syscall` (the arch's `pt_regs` wrapper, Linux >= 4.17).
@@ -52,16 +52,48 @@ pub fn syscall_function(syscall: &str) -> String {
     format!("{PREFIX}{syscall}")
 }
 
+const fn both(syscall: &'static str, enter: &'static str, exit: &'static str) -> SyscallHooks {
+    SyscallHooks { syscall, enter: Some(enter), exit: Some(exit) }
+}
+
+const fn enter(syscall: &'static str, program: &'static str) -> SyscallHooks {
+    SyscallHooks { syscall, enter: Some(program), exit: None }
+}
+
+const fn exit(syscall: &'static str, program: &'static str) -> SyscallHooks {
+    SyscallHooks { syscall, enter: None, exit: Some(program) }
+}
+
 /// The socket probe's fentry and fexit programs, in `SOCK_NR` slot order.
 const SOCK_FUNCTIONS: [SyscallHooks; plegwatch_abi::SOCK_SLOTS] = [
-    SyscallHooks { syscall: "write", enter: "sock_fentry_write", exit: "sock_fexit_write" },
-    SyscallHooks { syscall: "writev", enter: "sock_fentry_writev", exit: "sock_fexit_writev" },
-    SyscallHooks { syscall: "sendto", enter: "sock_fentry_sendto", exit: "sock_fexit_sendto" },
-    SyscallHooks { syscall: "sendmsg", enter: "sock_fentry_sendmsg", exit: "sock_fexit_sendmsg" },
-    SyscallHooks { syscall: "read", enter: "sock_fentry_read", exit: "sock_fexit_read" },
-    SyscallHooks { syscall: "readv", enter: "sock_fentry_readv", exit: "sock_fexit_readv" },
-    SyscallHooks { syscall: "recvfrom", enter: "sock_fentry_recvfrom", exit: "sock_fexit_recvfrom" },
-    SyscallHooks { syscall: "recvmsg", enter: "sock_fentry_recvmsg", exit: "sock_fexit_recvmsg" },
+    both("write", "sock_fentry_write", "sock_fexit_write"),
+    both("writev", "sock_fentry_writev", "sock_fexit_writev"),
+    both("sendto", "sock_fentry_sendto", "sock_fexit_sendto"),
+    both("sendmsg", "sock_fentry_sendmsg", "sock_fexit_sendmsg"),
+    both("read", "sock_fentry_read", "sock_fexit_read"),
+    both("readv", "sock_fentry_readv", "sock_fexit_readv"),
+    both("recvfrom", "sock_fentry_recvfrom", "sock_fexit_recvfrom"),
+    both("recvmsg", "sock_fentry_recvmsg", "sock_fexit_recvmsg"),
+];
+
+/// The waits' fentry programs, in `WATCHED_NR` slot order (`syscalls::WATCHED`).
+const WAIT_ENTER_FUNCTIONS: [SyscallHooks; 6] = [
+    enter("umount", "wait_fentry_umount"),
+    enter("sync", "wait_fentry_sync"),
+    enter("syncfs", "wait_fentry_syncfs"),
+    enter("fsync", "wait_fentry_fsync"),
+    enter("fdatasync", "wait_fentry_fdatasync"),
+    enter("sync_file_range", "wait_fentry_sync_file_range"),
+];
+
+/// The waits' fexit programs, likewise.
+const WAIT_EXIT_FUNCTIONS: [SyscallHooks; 6] = [
+    exit("umount", "wait_fexit_umount"),
+    exit("sync", "wait_fexit_sync"),
+    exit("syncfs", "wait_fexit_syncfs"),
+    exit("fsync", "wait_fexit_fsync"),
+    exit("fdatasync", "wait_fexit_fdatasync"),
+    exit("sync_file_range", "wait_fexit_sync_file_range"),
 ];
 
 /// One tracepoint program and where it attaches.
@@ -140,7 +172,12 @@ impl Variant {
             Variant::Fexit { function, .. } => format!("fexit {function}"),
             Variant::SyscallFunctions(hooks) => {
                 let names: Vec<&str> = hooks.iter().map(|h| h.syscall).collect();
-                format!("fentry+fexit {}{{{}}}", syscall_function(""), names.join(","))
+                let kind = match (hooks.iter().any(|h| h.enter.is_some()), hooks.iter().any(|h| h.exit.is_some())) {
+                    (true, true) => "fentry+fexit",
+                    (true, false) => "fentry",
+                    _ => "fexit",
+                };
+                format!("{kind} {}{{{}}}", syscall_function(""), names.join(","))
             }
             Variant::ProcPoll => "/proc poll".to_string(),
             Variant::Off => "off".to_string(),
@@ -280,14 +317,20 @@ pub const PROBES: &[Probe] = &[
         name: "wait_enter",
         about: "opens a wait at sys_enter of umount2 and the sync family",
         required: true,
-        variants: &[Variant::Tracepoints(&[tp("wait_enter", "syscalls", Names::SyscallEnter)])],
+        variants: &[
+            Variant::SyscallFunctions(&WAIT_ENTER_FUNCTIONS),
+            Variant::Tracepoints(&[tp("wait_enter", "syscalls", Names::SyscallEnter)]),
+        ],
         loses: None,
     },
     Probe {
         name: "wait_exit",
         about: "closes it at sys_exit (umount2 goes on in task_work)",
         required: true,
-        variants: &[Variant::Tracepoints(&[tp("wait_exit", "syscalls", Names::SyscallExit)])],
+        variants: &[
+            Variant::SyscallFunctions(&WAIT_EXIT_FUNCTIONS),
+            Variant::Tracepoints(&[tp("wait_exit", "syscalls", Names::SyscallExit)]),
+        ],
         loses: None,
     },
     Probe {
@@ -627,16 +670,18 @@ fn attach_syscall_functions(ebpf: &mut Ebpf, env: &AttachEnv, hooks: &[SyscallHo
     let mut enters = Vec::new();
     let result = (|| {
         for h in hooks {
+            let Some(program) = h.exit else { continue };
             let function = syscall_function(h.syscall);
-            let prog: &mut FExit = program_mut(ebpf, h.exit)?;
-            prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {}: {e}", h.exit))?;
-            exits.push((h.exit, prog.attach().map_err(|e| format!("attach {} to {function}: {e}", h.exit))?));
+            let prog: &mut FExit = program_mut(ebpf, program)?;
+            prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
+            exits.push((program, prog.attach().map_err(|e| format!("attach {program} to {function}: {e}"))?));
         }
         for h in hooks {
+            let Some(program) = h.enter else { continue };
             let function = syscall_function(h.syscall);
-            let prog: &mut FEntry = program_mut(ebpf, h.enter)?;
-            prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {}: {e}", h.enter))?;
-            enters.push((h.enter, prog.attach().map_err(|e| format!("attach {} to {function}: {e}", h.enter))?));
+            let prog: &mut FEntry = program_mut(ebpf, program)?;
+            prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
+            enters.push((program, prog.attach().map_err(|e| format!("attach {program} to {function}: {e}"))?));
         }
         Ok(())
     })();
@@ -741,7 +786,14 @@ mod tests {
         // The socket probe's functions are its tracepoints' syscalls, slot for slot.
         for (h, name) in SOCK_FUNCTIONS.iter().zip(SOCK_SYSCALLS) {
             assert_eq!(h.syscall, name);
-            assert_eq!((h.enter, h.exit), (format!("sock_fentry_{name}").as_str(), format!("sock_fexit_{name}").as_str()));
+            assert_eq!(h.enter, Some(format!("sock_fentry_{name}").as_str()));
+            assert_eq!(h.exit, Some(format!("sock_fexit_{name}").as_str()));
+        }
+        // The waits' functions are the watched syscalls' (by their tracepoint names), slot for slot.
+        for ((e, x), w) in WAIT_ENTER_FUNCTIONS.iter().zip(&WAIT_EXIT_FUNCTIONS).zip(WATCHED) {
+            assert_eq!((e.syscall, x.syscall), (w.tracepoint, w.tracepoint));
+            assert_eq!(e.enter, Some(format!("wait_fentry_{}", w.tracepoint).as_str()));
+            assert_eq!(x.exit, Some(format!("wait_fexit_{}", w.tracepoint).as_str()));
         }
         for p in PROBES {
             assert!(!p.variants.is_empty(), "{}", p.name);
@@ -753,7 +805,9 @@ mod tests {
             let can_be_off = matches!(p.variants.last(), Some(Variant::Off));
             assert_eq!(can_be_off, p.loses.is_some(), "{}: loses must be said exactly when the probe can be off", p.name);
         }
-        assert_eq!(PROBES[0].variants[0].describe(), "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}");
+        assert_eq!(PROBES[0].variants[0].describe(), "fentry __x64_sys_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}");
+        assert_eq!(PROBES[1].variants[0].describe(), "fexit __x64_sys_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}");
+        assert_eq!(PROBES[0].variants[1].describe(), "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}");
         assert_eq!(PROBES[2].variants[0].describe(), "fexit task_work_run");
         assert_eq!(PROBES[2].variants[1].describe(), "raw_tp sys_enter");
         assert_eq!(PROBES[5].variants[0].describe(), "fentry+fexit __x64_sys_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}");

@@ -1,0 +1,100 @@
+//! Programs on the syscalls' own kernel functions, `__x64_sys_NAME(const struct
+//! pt_regs *regs)` (the arch/x86/entry wrappers, Linux >= 4.17): an fentry and an
+//! fexit program on each syscall of the socket probe (`write`, `writev`, `sendto`,
+//! `sendmsg`, `read`, `readv`, `recvfrom`, `recvmsg`) and of the waits (`umount`,
+//! `sync`, `syncfs`, `fsync`, `fdatasync`, `sync_file_range`). Checked on Debian's
+//! 6.1.0-56 in a guest; this host's 6.18 refuses fentry and fexit, and keeps the
+//! syscall tracepoints of [`crate::sockets`] and [`crate::waits`].
+//!
+//! The same work as those tracepoint programs, reached through a BPF trampoline (a
+//! few ns a call) instead of the syscall tracepoints' perf path (tens of ns each
+//! way). The syscall is known by the program, not looked up by number, and its
+//! arguments are read from `regs`.
+//!
+//! Per-CPU scratch (the socket probe's record): fentry and fexit programs run with
+//! migration disabled, not preemption; on a fully preemptible kernel two of them
+//! could share a CPU's scratch at once (Debian's kernels run preemption `voluntary`
+//! by default, where a BPF program is never preempted). The socket probe's D-Bus
+//! walk needs `bpf_loop` (Linux >= 5.17): older kernels keep its tracepoints.
+
+use aya_ebpf::{
+    macros::{fentry, fexit},
+    programs::{FEntryContext, FExitContext},
+};
+
+use crate::sockets::{open_call, tracked_call, try_sock_exit, SOCK_CALLS_OPEN};
+use crate::waits::{close_at_exit, open_wait, watched_nr};
+
+/// Offsets in `struct pt_regs` (arch/x86/include/asm/ptrace.h, x86_64) of a
+/// syscall's first five arguments: di, si, dx, r10, r8.
+const REG_ARG: [usize; 5] = [112, 104, 96, 56, 72];
+
+/// The syscall's argument `i`, read from `regs` (a BTF pointer the verifier lets
+/// a tracing program load from at the offsets of `struct pt_regs`' fields).
+#[inline(always)]
+fn arg(regs: *const u8, i: usize) -> u64 {
+    // SAFETY: `regs` is the traced function's `struct pt_regs *`; the offsets are its fields'.
+    unsafe { core::ptr::read_volatile(regs.add(REG_ARG[i]).cast::<u64>()) }
+}
+
+/// An fentry and an fexit program on one syscall's function; `$slot` is the
+/// syscall's place in `SOCK_NR` (the userspace attach table's `SOCK_SYSCALLS`).
+macro_rules! on_syscall_function {
+    ($enter:ident, $exit:ident, $slot:expr) => {
+        #[fentry]
+        pub fn $enter(ctx: FEntryContext) -> i32 {
+            let regs: *const u8 = ctx.arg(0);
+            let fd = arg(regs, 0);
+            // The hot path ends here for untracked fds.
+            let Some((tgid, class)) = tracked_call(fd) else { return 0 };
+            open_call(tgid, class, fd, $slot, arg(regs, 1), arg(regs, 2), || arg(regs, 4));
+            0
+        }
+
+        #[fexit]
+        pub fn $exit(ctx: FExitContext) -> i32 {
+            if !crate::gate::open(&SOCK_CALLS_OPEN, 0) {
+                return 0;
+            }
+            let ret: i64 = ctx.arg(1);
+            let _ = try_sock_exit::<true>(ret);
+            0
+        }
+    };
+}
+
+on_syscall_function!(sock_fentry_write, sock_fexit_write, 0);
+on_syscall_function!(sock_fentry_writev, sock_fexit_writev, 1);
+on_syscall_function!(sock_fentry_sendto, sock_fexit_sendto, 2);
+on_syscall_function!(sock_fentry_sendmsg, sock_fexit_sendmsg, 3);
+on_syscall_function!(sock_fentry_read, sock_fexit_read, 4);
+on_syscall_function!(sock_fentry_readv, sock_fexit_readv, 5);
+on_syscall_function!(sock_fentry_recvfrom, sock_fexit_recvfrom, 6);
+on_syscall_function!(sock_fentry_recvmsg, sock_fexit_recvmsg, 7);
+
+/// An fentry and an fexit program on one watched syscall's function; `$slot` is its
+/// place in `WATCHED_NR` (the userspace table `syscalls::WATCHED`).
+macro_rules! on_wait_function {
+    ($enter:ident, $exit:ident, $slot:expr) => {
+        #[fentry]
+        pub fn $enter(ctx: FEntryContext) -> i32 {
+            let regs: *const u8 = ctx.arg(0);
+            let _ = open_wait(watched_nr($slot), $slot, || (arg(regs, 0), arg(regs, 1)));
+            0
+        }
+
+        #[fexit]
+        pub fn $exit(ctx: FExitContext) -> i32 {
+            let ret: i64 = ctx.arg(1);
+            let _ = close_at_exit(ret);
+            0
+        }
+    };
+}
+
+on_wait_function!(wait_fentry_umount, wait_fexit_umount, 0);
+on_wait_function!(wait_fentry_sync, wait_fexit_sync, 1);
+on_wait_function!(wait_fentry_syncfs, wait_fexit_syncfs, 2);
+on_wait_function!(wait_fentry_fsync, wait_fexit_fsync, 3);
+on_wait_function!(wait_fentry_fdatasync, wait_fexit_fdatasync, 4);
+on_wait_function!(wait_fentry_sync_file_range, wait_fexit_sync_file_range, 5);
