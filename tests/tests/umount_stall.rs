@@ -31,6 +31,9 @@ fn umount_of_dirty_ext4_on_throttled_disk_is_reported_in_flight() -> anyhow::Res
     // The tail's end: fexit on task_work_run where the kernel takes fexit programs,
     // else the thread's next syscall (raw_tp sys_enter).
     variants::assert_variant(&ready, "umount_tail_end", "fexit task_work_run", (5, 5), "raw_tp sys_enter");
+    // Its start and sys_exit: fentry and fexit on umount's own function, else the tracepoints.
+    variants::assert_variant(&ready, "wait_enter", "fentry __x64_sys_", (5, 5), "tracepoint syscalls:sys_enter_");
+    variants::assert_variant(&ready, "wait_exit", "fexit __x64_sys_", (5, 5), "tracepoint syscalls:sys_exit_");
 
     let target = fs.mount_point();
     // Closed without a sync: the 6 MiB stay dirty in the page cache until the umount.
