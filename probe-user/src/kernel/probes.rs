@@ -52,6 +52,22 @@ pub fn syscall_function(syscall: &str) -> String {
     format!("{PREFIX}{syscall}")
 }
 
+/// The function of `syscall` that the kernel's BTF has: the arch wrapper, or for a
+/// syscall without arguments (`sync`) `__do_sys_NAME`, whose alias the wrapper is (an
+/// alias has no BTF entry; checked on 6.1). Both take `const struct pt_regs *`.
+fn syscall_function_in(btf: &aya::Btf, syscall: &str) -> Result<String, String> {
+    use aya_obj::btf::BtfKind;
+    let wrapper = syscall_function(syscall);
+    let inner = format!("__do_sys_{syscall}");
+    if btf.id_by_type_name_kind(&wrapper, BtfKind::Func).is_ok() {
+        return Ok(wrapper);
+    }
+    if btf.id_by_type_name_kind(&inner, BtfKind::Func).is_ok() {
+        return Ok(inner);
+    }
+    Err(format!("neither {wrapper} nor {inner} is in the kernel's BTF"))
+}
+
 const fn both(syscall: &'static str, enter: &'static str, exit: &'static str) -> SyscallHooks {
     SyscallHooks { syscall, enter: Some(enter), exit: Some(exit) }
 }
@@ -671,14 +687,14 @@ fn attach_syscall_functions(ebpf: &mut Ebpf, env: &AttachEnv, hooks: &[SyscallHo
     let result = (|| {
         for h in hooks {
             let Some(program) = h.exit else { continue };
-            let function = syscall_function(h.syscall);
+            let function = syscall_function_in(btf, h.syscall)?;
             let prog: &mut FExit = program_mut(ebpf, program)?;
             prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
             exits.push((program, prog.attach().map_err(|e| format!("attach {program} to {function}: {e}"))?));
         }
         for h in hooks {
             let Some(program) = h.enter else { continue };
-            let function = syscall_function(h.syscall);
+            let function = syscall_function_in(btf, h.syscall)?;
             let prog: &mut FEntry = program_mut(ebpf, program)?;
             prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
             enters.push((program, prog.attach().map_err(|e| format!("attach {program} to {function}: {e}"))?));
