@@ -69,10 +69,34 @@ pub struct Args {
     pub no_guest: bool,
 }
 
+/// Each stage's wall time, in the order they ended, for the run's last line.
+static STAGE_TIMES: std::sync::Mutex<Vec<(&str, Duration)>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs one stage and prints how long it took (and keeps it for the last line): a CI
+/// run must stay under its hour, and the stages share the host's two cores.
+fn timed<T>(stage: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let began = std::time::Instant::now();
+    let result = f();
+    let took = began.elapsed();
+    eprintln!("xtask test: {stage} {} after {:.0} s", if result.is_ok() { "passed" } else { "failed" }, took.as_secs_f64());
+    if let Ok(mut times) = STAGE_TIMES.lock() {
+        times.push((stage, took));
+    }
+    result
+}
+
+/// `stage 12 s, stage 340 s, …`.
+fn stage_times() -> String {
+    let times = STAGE_TIMES.lock().map(|t| t.clone()).unwrap_or_default();
+    times.iter().map(|(stage, took)| format!("{stage} {:.0} s", took.as_secs_f64())).collect::<Vec<_>>().join(", ")
+}
+
 pub fn run(args: &Args) -> Result<()> {
     cmd::header("setup");
-    setup::ensure()?;
-    room_to_build()?;
+    timed("setup", || {
+        setup::ensure()?;
+        room_to_build()
+    })?;
     if let Some(o) = args.only.iter().find(|o| !guest_matrix().any(|t| t.file == o.as_str())) {
         bail!("--only {o}: not a scenario of the guest matrix");
     }
@@ -101,12 +125,16 @@ pub fn run(args: &Args) -> Result<()> {
     let guest = if args.no_guest {
         None
     } else {
-        warm_go_fixture()?;
-        Some(prepare_stage(GUEST_CI_KERNEL, GUEST_CI.iter().chain(GUEST_SEED), None, Some(GUEST_CI_LIMIT), false)?)
+        Some(timed("guest build", || {
+            warm_go_fixture()?;
+            prepare_stage(GUEST_CI_KERNEL, GUEST_CI.iter().chain(GUEST_SEED), None, Some(GUEST_CI_LIMIT), false)
+        })?)
     };
     let (host, guest) = std::thread::scope(|scope| {
-        let guest = guest.map(|stage| scope.spawn(move || run_logged(stage)));
-        let host = lint().and_then(|()| unit_tests()).and_then(|()| scenarios(args.soak.then_some(SOAK_SECS)));
+        let guest = guest.map(|stage| scope.spawn(move || timed("guest stage", || run_logged(stage))));
+        let host = timed("lint", lint)
+            .and_then(|()| timed("unit tests", unit_tests))
+            .and_then(|()| timed("host scenarios", || scenarios(args.soak.then_some(SOAK_SECS))));
         if host.is_err() {
             vm::cancel_guests();
         }
@@ -119,8 +147,8 @@ pub fn run(args: &Args) -> Result<()> {
         (Ok(()), Err(g)) => return Err(g),
         (Err(h), Err(g)) => bail!("{h:#}; and {g:#}"),
     }
-    fuzz()?;
-    eprintln!("\nxtask test: all stages passed");
+    timed("fuzz", fuzz)?;
+    eprintln!("\nxtask test: all stages passed ({})", stage_times());
     Ok(())
 }
 
