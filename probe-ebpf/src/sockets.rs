@@ -124,7 +124,7 @@ const CLOSE_RANGE_CLOEXEC: u64 = 1 << 2;
 const CLOSE_RANGE_WALK: u32 = 64;
 /// `bpf_map_update_elem` flag (include/uapi/linux/bpf.h).
 const BPF_NOEXIST: u64 = 1;
-const AF_NETLINK: u64 = 16;
+pub(crate) const AF_NETLINK: u64 = 16;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_HDRLEN: u64 = 16;
 
@@ -313,10 +313,7 @@ pub fn socket_exit(ctx: TracePointContext) -> u32 {
     let _ = SOCKET_CALLS.remove(&tid);
     // SAFETY: offset from the format above.
     let ret: i64 = unsafe { crate::ctxread::field(&ctx, OFF_RET) };
-    if ret < 0 || (pid_tgid >> 32) as u32 == tracer_tgid() {
-        return 0;
-    }
-    track((pid_tgid >> 32) as u32, ret as u32, SockKind::Netlink, proto);
+    on_netlink_socket(pid_tgid, proto, ret);
     0
 }
 
@@ -330,17 +327,35 @@ pub fn connect_enter(ctx: TracePointContext) -> u32 {
     if tgid == tracer_tgid() {
         return 0;
     }
-    // SAFETY: offsets from the format above; the helper checks the user pointer.
+    // SAFETY: offsets from the format above.
     let fd: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG0) };
     let addr: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG1) };
-    let Ok(family) = (unsafe { bpf_probe_read_user(addr as *const u16) }) else { return 0 };
-    if family != AF_UNIX {
-        return 0;
-    }
     let addrlen: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG2) };
+    on_connect(tgid, fd, addr, addrlen);
+    0
+}
+
+/// A `connect(fd, addr, addrlen)` by `tgid` (not plegwatch): an AF_UNIX one is
+/// tracked, as a ttrpc connection when it names a shim socket.
+#[inline(always)]
+pub(crate) fn on_connect(tgid: u32, fd: u64, addr: u64, addrlen: u64) {
+    // SAFETY: the helper checks the user pointer.
+    let Ok(family) = (unsafe { bpf_probe_read_user(addr as *const u16) }) else { return };
+    if family != AF_UNIX {
+        return;
+    }
     let kind = if crate::ttrpc::is_shim_path(addr, addrlen & 0xffff_ffff) { SockKind::Ttrpc } else { SockKind::UnixCandidate };
     track(tgid, fd as u32, kind, 0);
-    0
+}
+
+/// A `socket(family, type, protocol)` by `pid_tgid` that returned `ret`: a netlink
+/// socket is tracked with its protocol.
+#[inline(always)]
+pub(crate) fn on_netlink_socket(pid_tgid: u64, proto: u32, ret: i64) {
+    if ret < 0 || (pid_tgid >> 32) as u32 == tracer_tgid() {
+        return;
+    }
+    track((pid_tgid >> 32) as u32, ret as u32, SockKind::Netlink, proto);
 }
 
 /// `syscalls:sys_enter_close`: `(unsigned int fd)` (Linux 6.18). Forgets the fd.

@@ -1,7 +1,9 @@
 //! Programs on the syscalls' own kernel functions, `__x64_sys_NAME(const struct
 //! pt_regs *regs)` (the arch/x86/entry wrappers, Linux >= 4.17): an fentry and an
 //! fexit program on each syscall of the socket probe (`write`, `writev`, `sendto`,
-//! `sendmsg`, `read`, `readv`, `recvfrom`, `recvmsg`) and of the waits (`umount`,
+//! `sendmsg`, `read`, `readv`, `recvfrom`, `recvmsg`), the socket classifier's
+//! (`socket`: fexit, which sees the arguments and the new fd at once; `connect`,
+//! `close`: fentry) and the waits' (`umount`,
 //! `sync`, `syncfs`, `fsync`, `fdatasync`, `sync_file_range`). Checked on Debian's
 //! 6.1.0-56 in a guest; this host's 6.18 refuses fentry and fexit, and keeps the
 //! syscall tracepoints of [`crate::sockets`] and [`crate::waits`].
@@ -22,7 +24,9 @@ use aya_ebpf::{
     programs::{FEntryContext, FExitContext},
 };
 
-use crate::sockets::{open_call, tracked_call, try_sock_exit, SOCK_CALLS_OPEN};
+use aya_ebpf::helpers::bpf_get_current_pid_tgid;
+
+use crate::sockets::{forget, on_connect, on_netlink_socket, open_call, tracked_call, try_sock_exit, AF_NETLINK, SOCK_CALLS_OPEN};
 use crate::waits::{close_at_exit, open_wait, watched_nr};
 
 /// Offsets in `struct pt_regs` (arch/x86/include/asm/ptrace.h, x86_64) of a
@@ -98,3 +102,37 @@ on_wait_function!(wait_fentry_syncfs, wait_fexit_syncfs, 2);
 on_wait_function!(wait_fentry_fsync, wait_fexit_fsync, 3);
 on_wait_function!(wait_fentry_fdatasync, wait_fexit_fdatasync, 4);
 on_wait_function!(wait_fentry_sync_file_range, wait_fexit_sync_file_range, 5);
+
+/// fexit on `socket(int family, int type, int protocol)`: a netlink socket's new fd is
+/// tracked with its protocol (the tracepoint variant needs an entry program too).
+#[fexit]
+pub fn socket_fexit(ctx: FExitContext) -> i32 {
+    let regs: *const u8 = ctx.arg(0);
+    if arg(regs, 0) != AF_NETLINK {
+        return 0;
+    }
+    let ret: i64 = ctx.arg(1);
+    on_netlink_socket(bpf_get_current_pid_tgid(), arg(regs, 2) as u32, ret);
+    0
+}
+
+/// fentry on `connect(int fd, struct sockaddr *uservaddr, int addrlen)`.
+#[fentry]
+pub fn connect_fentry(ctx: FEntryContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid == crate::waits::tracer_tgid() {
+        return 0;
+    }
+    let regs: *const u8 = ctx.arg(0);
+    on_connect(tgid, arg(regs, 0), arg(regs, 1), arg(regs, 2));
+    0
+}
+
+/// fentry on `close(unsigned int fd)`: forgets the fd.
+#[fentry]
+pub fn close_fentry(ctx: FEntryContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let regs: *const u8 = ctx.arg(0);
+    forget(tgid, arg(regs, 0) as u32);
+    0
+}

@@ -54,6 +54,7 @@ fn calls_to_a_frozen_service_are_flagged_then_resolved() -> anyhow::Result<()> {
     // The calls are seen by fentry/fexit on the syscalls' functions where the kernel
     // takes them (and has bpf_loop), else by the syscall tracepoints.
     variants::assert_variant(&ready, "socket_io", "fentry+fexit", (5, 17), "tracepoint syscalls:sys_exit_{write");
+    variants::assert_variant(&ready, "socket_classify", "fentry+fexit", (5, 5), "tracepoint syscalls:sys_enter_socket");
 
     let mut listener = start_signal_listener(&bus)?;
 

@@ -92,6 +92,11 @@ const SOCK_FUNCTIONS: [SyscallHooks; plegwatch_abi::SOCK_SLOTS] = [
     both("recvmsg", "sock_fentry_recvmsg", "sock_fexit_recvmsg"),
 ];
 
+/// The socket classifier's programs: fexit on socket (arguments and new fd at once),
+/// fentry on connect and close.
+const CLASSIFY_FUNCTIONS: [SyscallHooks; 3] =
+    [exit("socket", "socket_fexit"), enter("connect", "connect_fentry"), enter("close", "close_fentry")];
+
 /// The waits' fentry programs, in `WATCHED_NR` slot order (`syscalls::WATCHED`).
 const WAIT_ENTER_FUNCTIONS: [SyscallHooks; 6] = [
     enter("umount", "wait_fentry_umount"),
@@ -376,6 +381,7 @@ pub const PROBES: &[Probe] = &[
         about: "marks netlink sockets at socket(), unix sockets at connect() (ttrpc when they name a containerd shim socket), forgets them at close()",
         required: false,
         variants: &[
+            Variant::SyscallFunctions(&CLASSIFY_FUNCTIONS),
             Variant::Tracepoints(&[
                 tp("socket_enter", "syscalls", Names::One("sys_enter_socket")),
                 tp("socket_exit", "syscalls", Names::One("sys_exit_socket")),
@@ -826,6 +832,7 @@ mod tests {
         assert_eq!(PROBES[0].variants[1].describe(), "tracepoint syscalls:sys_enter_{umount,sync,syncfs,fsync,fdatasync,sync_file_range}");
         assert_eq!(PROBES[2].variants[0].describe(), "fexit task_work_run");
         assert_eq!(PROBES[2].variants[1].describe(), "raw_tp sys_enter");
+        assert_eq!(PROBES[4].variants[0].describe(), "fentry+fexit __x64_sys_{socket,connect,close}");
         assert_eq!(PROBES[5].variants[0].describe(), "fentry+fexit __x64_sys_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}");
         assert!(PROBES[5].variants[0].on_kernel_function());
         assert_eq!(
