@@ -27,6 +27,15 @@ pub enum Owner {
 /// zbus on a throwaway current-thread tokio runtime, so that the one deadline
 /// also bounds the SASL handshake, which a frozen daemon never finishes.
 pub fn owner_of(bus_path: &Path, name: &str, timeout: Duration) -> Owner {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        // On a runtime's thread (the startup sweep runs on the main one), where a
+        // runtime of our own may not block: the lookup goes to a thread of its own.
+        return std::thread::scope(|s| {
+            s.spawn(|| owner_of(bus_path, name, timeout))
+                .join()
+                .unwrap_or_else(|_| Owner::Unknown("the bus-owner lookup thread panicked".into()))
+        });
+    }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => return Owner::Unknown(format!("no runtime for the lookup: {e}")),
@@ -100,6 +109,15 @@ mod tests {
     #[test]
     fn a_missing_bus_is_not_a_pid() {
         let o = owner_of(Path::new("/nonexistent/bus"), ":1.1", Duration::from_millis(100));
+        assert!(matches!(o, Owner::Unknown(_)), "{o:?}");
+    }
+
+    /// Asked from a runtime's own thread (the startup sweep's case), the lookup answers
+    /// rather than panicking ("Cannot start a runtime from within a runtime").
+    #[test]
+    fn asked_from_inside_a_runtime_it_answers() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let o = rt.block_on(async { owner_of(Path::new("/nonexistent/bus"), ":1.1", Duration::from_millis(100)) });
         assert!(matches!(o, Owner::Unknown(_)), "{o:?}");
     }
 }
