@@ -77,11 +77,6 @@ impl RequestHolders {
         out.extend(self.dbus.answers());
         out
     }
-
-    /// Questions not answered yet (netlink, D-Bus).
-    pub fn pending(&self) -> (usize, usize) {
-        (self.netlink.pending(), self.dbus.pending())
-    }
 }
 
 /// When a worker thread is gone (it panicked): no holder, and the evidence says why.
