@@ -97,3 +97,12 @@ impl Drop for KeepDirty {
         }
     }
 }
+
+/// The page cache's `Dirty` and `Writeback` in KiB (/proc/meminfo), if it reads.
+pub fn dirty_and_writeback_kib() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    };
+    Some((field("Dirty")?, field("Writeback")?))
+}

@@ -150,6 +150,16 @@ fn build() -> Result<PathBuf> {
     let dir = output_dir()?;
     let tmp = dir.join(format!("fake-kubelet.tmp.{}", std::process::id()));
     let bin = dir.join("fake-kubelet");
+    let stamp_file = dir.join("fake-kubelet.stamp");
+    let stamp = stamp(&version)?;
+    if std::fs::read_to_string(&stamp_file).is_ok_and(|s| s == stamp) {
+        if let Ok(bytes) = std::fs::read(&bin) {
+            if check_binary(&bytes).is_ok() {
+                eprintln!("the fake-kubelet fixture is built from these sources with {version}: {}", bin.display());
+                return Ok(bin);
+            }
+        }
+    }
     let tree = GoPath::lay_out(&dir)?;
     let started = Instant::now();
     generate_cri_client(&tree.0)?;
@@ -179,8 +189,41 @@ fn build() -> Result<PathBuf> {
     } else {
         std::fs::rename(&tmp, &bin).with_context(|| format!("rename {} to {}", tmp.display(), bin.display()))?;
     }
+    std::fs::write(&stamp_file, &stamp).with_context(|| format!("write {}", stamp_file.display()))?;
     eprintln!("built the fake-kubelet fixture with {version} in {took:.1?}: {} ({} bytes, stripped)", bin.display(), bytes.len());
     Ok(bin)
+}
+
+/// What the fixture is built from: the Go version and every file of [`fixture_dir`] (path
+/// and contents), as a SHA-256. A build whose stamp matches is used as it is: a guest
+/// (TCG) took 161 s to build it again although the host had just built the same, its
+/// link alone taking minutes under emulation. Debian's Go sources change only with
+/// their packages, which `cargo xtask setup` installs.
+fn stamp(go_version: &str) -> Result<String> {
+    use sha2::{Digest as _, Sha256};
+    fn walk(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+        for e in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
+            let path = e?.path();
+            if path.is_dir() {
+                walk(&path, files)?;
+            } else {
+                files.push(path);
+            }
+        }
+        Ok(())
+    }
+    let root = fixture_dir();
+    let mut files = Vec::new();
+    walk(&root, &mut files)?;
+    files.sort();
+    let mut h = Sha256::new();
+    h.update(go_version.as_bytes());
+    for f in files {
+        h.update(f.strip_prefix(&root).unwrap_or(&f).to_string_lossy().as_bytes());
+        h.update([0]);
+        h.update(std::fs::read(&f).with_context(|| format!("read {}", f.display()))?);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// `go build -trimpath -ldflags='-s -w' [-tags TAGS] -o OUT` [`PACKAGE`], offline, in GOPATH

@@ -121,6 +121,11 @@ impl WriteThrottle {
 }
 
 impl WriteThrottle {
+    /// Whether this is a cgroup v2 `io.max` rule.
+    pub fn is_v2(&self) -> bool {
+        self.v2.is_some()
+    }
+
     /// Changes the limit (`None` lifts it); writes already queued behind it follow the new
     /// rate at once (blk-throttle re-dispatches on a change of its configuration).
     pub fn set(&self, bytes_per_s: Option<u64>) -> Result<()> {

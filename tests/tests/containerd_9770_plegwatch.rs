@@ -345,11 +345,18 @@ fn started_mid_stall_it_sees_what_began_before() -> Result<()> {
         return Ok(());
     }
     // The stall must outlast plegwatch's start (about 30 s in a 5.10 TCG guest, more than
-    // the 24 s the sync takes unheld): the bed holds it until plegwatch has looked.
-    let mut bed = Bed::prepare(Options::default())?;
+    // the 24 s the sync takes unheld): the bed holds it until plegwatch has looked. And so
+    // must the calls that began before it: in a 6.1 guest beside a busy host, plegwatch
+    // took 173 s to be ready, and both the update and the relist's ListContainers had hit
+    // their 2 min CRI deadline by then, so the calls it found were new ones. Their
+    // deadlines are 15 min here (kubelet's --runtime-request-timeout, which the fixture
+    // takes too).
+    let cri_timeout = Duration::from_secs(900);
+    let mut bed = Bed::prepare(Options { cri_timeout: Some(cri_timeout), ..Options::default() })?;
     let fixture = plegwatch_scenarios::gofixture::build_fake_kubelet()?;
     let socket = bed.stage().containerd().socket().display().to_string();
-    let kubelet = plegwatch_scenarios::gofixture::FakeKubelet::start_cri(&fixture, &socket, &[])?;
+    let timeout_arg = format!("{}s", cri_timeout.as_secs());
+    let kubelet = plegwatch_scenarios::gofixture::FakeKubelet::start_cri(&fixture, &socket, &["--runtime-request-timeout", &timeout_arg])?;
     let endpoint = format!("unix://{socket}");
     let mut seen: Option<Result<MidStallRun>> = None;
     let outcome = bed.trigger_with(|stall| {

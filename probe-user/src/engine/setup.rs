@@ -63,8 +63,10 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     let pods = Pods::new(cfg.runtime_socket.clone());
     // End records for waits shorter than --warn would be thrown away.
     let (mut ebpf, offsets) = loader::load(LoadOptions { report_min: cfg.thresholds.warn, tracer_tgid: me })?;
+    let loaded = started.elapsed();
     let env = probes::AttachEnv::probe(offsets.task_pid.offset().is_some());
     let choices = probes::attach_all(&mut ebpf, &env)?;
+    let attached = started.elapsed();
     let on = |probe: &str| choices.iter().any(|c| c.probe == probe && !c.is_off());
 
     // Threads already blocked in a system call, listed once, now that the probes see
@@ -81,6 +83,7 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     let mut out = Vec::new();
     go.start(&mut ebpf, &cfg.go_paths, &mut out)?;
     emit_all(&mut out, sink);
+    let go_started = started.elapsed();
     let go_ring = async_ring(&mut ebpf, go_maps::GO_EVENTS)?;
     let sock = async_ring(&mut ebpf, sock_maps::SOCK_EVENTS)?;
     let mut ustack = UserSymbolizer::new();
@@ -133,6 +136,15 @@ pub(super) fn setup(cfg: WatchConfig, sink: &mut dyn Sink) -> Result<(Watch, Rin
     };
     // What loading parsed (BTF, the object, the sweep's reads) is freed by now (see `heap`).
     crate::heap::give_back();
+    // Where a slow start went (a loaded node, an emulated guest): each phase's end.
+    let ms = |d: Duration| d.as_millis() as u64;
+    tracing::info!(
+        loaded_ms = ms(loaded),
+        attached_ms = ms(attached),
+        go_ms = ms(go_started),
+        total_ms = ms(started.elapsed()),
+        "probes loaded and attached, sources started"
+    );
     Ok((w, Rings { events, go: go_ring, sock }, choices))
 }
 

@@ -94,6 +94,18 @@ impl Stage {
         self.throttle.as_ref().context("no write throttle on this stage")?.set(bytes_per_s)
     }
 
+    /// Gives the stage's later CRI calls (the update, the relist driver's) `timeout` as
+    /// their deadline instead of kubelet's default.
+    pub fn set_cri_timeout(&mut self, timeout: Duration) {
+        self.cri = self.cri.with_timeout(timeout);
+    }
+
+    /// Whether the write limit is cgroup v2's `io.max` (on the pods' cgroup parent), not
+    /// v1's rule at the blkio root.
+    pub fn throttle_is_v2(&self) -> bool {
+        self.throttle.as_ref().is_some_and(WriteThrottle::is_v2)
+    }
+
     /// Starts the relist driver, pausing `period` between relists.
     pub fn start_relist(&mut self, period: Duration) {
         self.relist = Some(RelistDriver::start(&self.cri, period));

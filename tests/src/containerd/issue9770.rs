@@ -103,6 +103,9 @@ pub struct Options {
     pub run_for: Duration,
     /// The relist driver's pause between relists.
     pub relist_period: Duration,
+    /// The deadline of the bed's CRI calls (the update, the relist driver's), if not
+    /// kubelet's default of 2 min.
+    pub cri_timeout: Option<Duration>,
 }
 
 impl Default for Options {
@@ -117,6 +120,7 @@ impl Default for Options {
             throttle_bps: 1 << 20,
             run_for: Duration::from_secs(5),
             relist_period: Duration::from_millis(200),
+            cri_timeout: None,
         }
     }
 }
@@ -170,21 +174,28 @@ impl MidStall<'_> {
     /// (plegwatch started in the middle of it, which takes about 30 s in a 5.10 TCG guest)
     /// then does not race the sync's progress.
     pub fn hold(&self) -> Result<Held<'_>> {
-        self.stage.set_throttle(Some(HOLD_BPS))?;
-        Ok(Held { stage: self.stage })
+        Held::start(self.stage, None)
     }
 }
 
-/// A stall held by [`MidStall::hold`]; dropping it lifts the write limit, and the umount
-/// finishes its sync at the disk's own speed.
+/// A disk all but stopped ([`HOLD_BPS`]) until this drops; then its limit is set to
+/// `after` (`None` lifts it, and the umount finishes its sync at the disk's own speed).
 pub struct Held<'a> {
     stage: &'a Stage,
+    after: Option<u64>,
+}
+
+impl<'a> Held<'a> {
+    fn start(stage: &'a Stage, after: Option<u64>) -> Result<Self> {
+        stage.set_throttle(Some(HOLD_BPS))?;
+        Ok(Held { stage, after })
+    }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        if let Err(e) = self.stage.set_throttle(None) {
-            eprintln!("cleanup: lifting the held stall's write limit: {e:#}");
+        if let Err(e) = self.stage.set_throttle(self.after) {
+            eprintln!("cleanup: setting the held disk's write limit back to {:?} B/s: {e:#}", self.after);
         }
     }
 }
@@ -208,6 +219,9 @@ pub struct Outcome {
     /// containerd 1.6.20 answers "cannot update a deleted process" once the delete lets go
     /// of the shim's mutex.
     pub update: Measured,
+    /// The page cache's `Dirty` and `Writeback` (KiB, /proc/meminfo) when the umount was
+    /// first seen: what it had left to sync.
+    pub dirty_at_umount: Option<(u64, u64)>,
     /// containerd's threads in uninterruptible sleep [`Bed::PROBE_AFTER`] into the update
     /// (empty if it had returned by then): with [`OnDisk::Root`], the update's `fdatasync`.
     pub containerd_blocked: Vec<ThreadSnapshot>,
@@ -261,9 +275,13 @@ impl StallOutcome for Outcome {
                 )
             })
             .collect();
+        let dirty = match self.dirty_at_umount {
+            Some((d, w)) => format!("; page cache then: {:.1} MiB dirty, {:.1} MiB under writeback", d as f64 / 1024.0, w as f64 / 1024.0),
+            None => String::new(),
+        };
         format!(
             "containerd#9770 stall: container {} (pid {}) exited {:.2}s after start; shim pid \
-             {}\n  {umount}{others}\n  UpdateContainerResources sent {:.3}s after the exit, \
+             {}\n  {umount}{dirty}{others}\n  UpdateContainerResources sent {:.3}s after the exit, \
              {}{blocked}",
             short(&self.container_id),
             self.container_pid,
@@ -303,6 +321,9 @@ impl Bed {
         };
         let stage = Stage::start_version(options.version, placement, Runc::Real, "stall9770")?;
         let mut bed = Self { stage, fs, options, triggers: 0, _keep_dirty: keep_dirty };
+        if let Some(t) = bed.options.cri_timeout {
+            bed.stage.set_cri_timeout(t);
+        }
         // Only what the container writes is to be dirty when the throttle goes on.
         syncfs(bed.fs.mount_point())?;
         bed.stage.throttle(bed.fs.dev(), bed.options.throttle_bps)?;
@@ -348,8 +369,18 @@ impl Bed {
             thread::sleep(Duration::from_millis(5));
         }
         let exited = Instant::now();
+        // On cgroup v2 the container's pages go to the disk from when it writes them (cgroup
+        // writeback): in a 6.1 guest the exit-to-umount time (3-10 s there) was taken off the
+        // stall, umount and delay adding up to 17-22 s in five runs, and one umount lasted
+        // 8 s. The disk all but stops from the exit until the umount has begun, so that it
+        // finds what the container left dirty at its exit (24 MiB less what went out in its
+        // last seconds), and syncs it at the throttle's rate. On v1 the pages stay dirty
+        // until the umount (the host's umounts last the whole 24 s).
+        let held = if self.stage.throttle_is_v2() { Some(Held::start(&self.stage, Some(o.throttle_bps))?) } else { None };
         let show_timeout = crate::timing::scaled(Self::UMOUNT_SHOW_TIMEOUT);
         let seen = watch.wait_open(show_timeout);
+        let dirty_at_umount = crate::dirty::dirty_and_writeback_kib();
+        drop(held);
         if seen.is_none() {
             eprintln!("warning: no thread of shim {} was seen in umount2 within {show_timeout:?} of the exit", shim.pid);
         }
@@ -376,7 +407,18 @@ impl Bed {
         let update = self.stage.measure(returned);
 
         let umount = spans.iter().filter(|s| s.last_seen >= exited).max_by_key(|s| s.duration()).cloned();
-        Ok(Outcome { container_id, container_pid, shim, started, exited, umount, umount_spans: spans, update, containerd_blocked })
+        Ok(Outcome {
+            container_id,
+            container_pid,
+            shim,
+            started,
+            exited,
+            umount,
+            umount_spans: spans,
+            update,
+            dirty_at_umount,
+            containerd_blocked,
+        })
     }
 }
 
