@@ -601,6 +601,14 @@ pub fn sock_exit_nl(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Closes thread `tid`'s [`SOCK_CALLS`] entry, if it has one, without a record.
+#[inline(always)]
+pub(crate) fn drop_call(tid: u32) {
+    if SOCK_CALLS.remove(&tid).is_ok() {
+        crate::gate::add(&SOCK_CALLS_OPEN, 0, -1);
+    }
+}
+
 /// `HELPER_LOOP`: step the D-Bus walk with `bpf_loop`, else with bounded loops.
 #[inline(always)]
 pub(crate) fn try_sock_exit<const HELPER_LOOP: bool>(ret: i64) -> Result<(), i64> {
@@ -608,9 +616,7 @@ pub(crate) fn try_sock_exit<const HELPER_LOOP: bool>(ret: i64) -> Result<(), i64
     let tid = pid_tgid as u32;
     // SAFETY: copied out before removal.
     let Some(call) = (unsafe { SOCK_CALLS.get(&tid) }).copied() else { return Ok(()) };
-    if SOCK_CALLS.remove(&tid).is_ok() {
-        crate::gate::add(&SOCK_CALLS_OPEN, 0, -1);
-    }
+    drop_call(tid);
     if ret <= 0 || call.buf == 0 {
         return Ok(());
     }

@@ -30,6 +30,10 @@ pub mod sock_maps {
     /// `RingBuf` of [`super::SockIo`], [`super::SockClosed`] and
     /// [`super::SocksForgotten`] records, in the order each process made them.
     pub const SOCK_EVENTS: &str = "SOCK_EVENTS";
+    /// `ProgramArray`s of one, `SOCK_EXIT_BODY_<slot>` for each syscall slot: the
+    /// socket probe's fexit body (`sock_fexit_body`), which that syscall's fexit program
+    /// tail-calls into. Set by userspace before it attaches them.
+    pub const SOCK_EXIT_BODY: &str = "SOCK_EXIT_BODY";
 }
 
 /// Number of socket syscall slots in [`globals::SOCK_NR`](crate::globals::SOCK_NR).

@@ -26,8 +26,9 @@ pub enum Variant {
     /// allows it: this host's refuses fentry and fexit).
     Fexit { program: &'static str, function: &'static str },
     /// An fentry and an fexit program on the kernel function of each syscall
-    /// (`__x64_sys_NAME`); needs kernel BTF, as [`Variant::Fexit`].
-    SyscallFunctions(&'static [SyscallHooks]),
+    /// (`__x64_sys_NAME`); needs kernel BTF, as [`Variant::Fexit`]. With an [`ExitBody`],
+    /// the fexit programs tail-call into one program that does their work.
+    SyscallFunctions(&'static [SyscallHooks], Option<ExitBody>),
     /// No kernel program: the kernel-wait source polls `/proc` for this job at each scan
     /// (coarser timing, same result).
     ProcPoll,
@@ -41,6 +42,16 @@ pub struct SyscallHooks {
     pub syscall: &'static str,
     pub enter: Option<&'static str>,
     pub exit: Option<&'static str>,
+}
+
+/// An fexit program that each hook's fexit program tail-calls into, through slot 0 of
+/// its own `ProgramArray` (`TABLE_<hook index>`): loaded once per prototype the hooks'
+/// functions have, where the work would otherwise be verified once per syscall.
+#[derive(Clone, Copy, Debug)]
+pub struct ExitBody {
+    pub program: &'static str,
+    /// The maps' name before `_<hook index>`.
+    pub table: &'static str,
 }
 
 /// The kernel function of `syscall` (the arch's `pt_regs` wrapper, Linux >= 4.17).
@@ -91,6 +102,9 @@ const SOCK_FUNCTIONS: [SyscallHooks; plegwatch_abi::SOCK_SLOTS] = [
     both("recvfrom", "sock_fentry_recvfrom", "sock_fexit_recvfrom"),
     both("recvmsg", "sock_fentry_recvmsg", "sock_fexit_recvmsg"),
 ];
+
+/// The socket probe's exit work, which its fexit programs tail-call into.
+const SOCK_EXIT_BODY: ExitBody = ExitBody { program: "sock_fexit_body", table: plegwatch_abi::sock_maps::SOCK_EXIT_BODY };
 
 /// The socket classifier's programs: fexit on socket (arguments and new fd at once),
 /// fentry on connect and close.
@@ -191,7 +205,7 @@ impl Variant {
             Variant::RawTracepoint { tracepoint, .. } => format!("raw_tp {tracepoint}"),
             Variant::BtfTracepoint { tracepoint, .. } => format!("tp_btf {tracepoint}"),
             Variant::Fexit { function, .. } => format!("fexit {function}"),
-            Variant::SyscallFunctions(hooks) => {
+            Variant::SyscallFunctions(hooks, _) => {
                 let names: Vec<&str> = hooks.iter().map(|h| h.syscall).collect();
                 let kind = match (hooks.iter().any(|h| h.enter.is_some()), hooks.iter().any(|h| h.exit.is_some())) {
                     (true, true) => "fentry+fexit",
@@ -339,7 +353,7 @@ pub const PROBES: &[Probe] = &[
         about: "opens a wait at sys_enter of umount2 and the sync family",
         required: true,
         variants: &[
-            Variant::SyscallFunctions(&WAIT_ENTER_FUNCTIONS),
+            Variant::SyscallFunctions(&WAIT_ENTER_FUNCTIONS, None),
             Variant::Tracepoints(&[tp("wait_enter", "syscalls", Names::SyscallEnter)]),
         ],
         loses: None,
@@ -349,7 +363,7 @@ pub const PROBES: &[Probe] = &[
         about: "closes it at sys_exit (umount2 goes on in task_work)",
         required: true,
         variants: &[
-            Variant::SyscallFunctions(&WAIT_EXIT_FUNCTIONS),
+            Variant::SyscallFunctions(&WAIT_EXIT_FUNCTIONS, None),
             Variant::Tracepoints(&[tp("wait_exit", "syscalls", Names::SyscallExit)]),
         ],
         loses: None,
@@ -381,7 +395,7 @@ pub const PROBES: &[Probe] = &[
         about: "marks netlink sockets at socket(), unix sockets at connect() (ttrpc when they name a containerd shim socket), forgets them at close()",
         required: false,
         variants: &[
-            Variant::SyscallFunctions(&CLASSIFY_FUNCTIONS),
+            Variant::SyscallFunctions(&CLASSIFY_FUNCTIONS, None),
             Variant::Tracepoints(&[
                 tp("socket_enter", "syscalls", Names::One("sys_enter_socket")),
                 tp("socket_exit", "syscalls", Names::One("sys_exit_socket")),
@@ -405,7 +419,7 @@ pub const PROBES: &[Probe] = &[
         // No kprobe variant: a kretprobe holds one of its few instances per thread
         // parked in a receive, and past them misses the returns that close the calls.
         variants: &[
-            Variant::SyscallFunctions(&SOCK_FUNCTIONS),
+            Variant::SyscallFunctions(&SOCK_FUNCTIONS, Some(SOCK_EXIT_BODY)),
             Variant::Tracepoints(&[tp("sock_exit", "syscalls", Names::SockExit), tp("sock_enter", "syscalls", Names::SockEnter)]),
             Variant::Tracepoints(&[
                 tp_noted("sock_exit_nl", "syscalls", Names::SockExit, "no bpf_loop"),
@@ -545,7 +559,7 @@ impl AttachEnv {
 impl Variant {
     /// A program on a kernel function (fexit), rather than a tracepoint.
     fn on_kernel_function(&self) -> bool {
-        matches!(self, Variant::Fexit { .. } | Variant::SyscallFunctions(_))
+        matches!(self, Variant::Fexit { .. } | Variant::SyscallFunctions(..))
     }
 }
 
@@ -619,7 +633,12 @@ fn preload(ebpf: &mut Ebpf, env: &AttachEnv, probes: &[Probe]) {
     let mut wanted: Vec<(&'static str, String)> = Vec::new();
     for p in probes.iter().filter(|p| !env.forced_fallback(p.name)) {
         match p.variants.first() {
-            Some(Variant::SyscallFunctions(hooks)) => {
+            Some(Variant::SyscallFunctions(hooks, body)) => {
+                if let (Some(b), Some(first)) = (body, hooks.first()) {
+                    if let Ok(function) = syscall_function_in(btf, first.syscall) {
+                        wanted.push((b.program, function));
+                    }
+                }
                 for h in hooks.iter() {
                     let Ok(function) = syscall_function_in(btf, h.syscall) else { continue };
                     wanted.extend(h.exit.into_iter().chain(h.enter).map(|program| (program, function.clone())));
@@ -728,14 +747,17 @@ fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), Stri
             prog.load(function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
             prog.attach().map(|_| ()).map_err(|e| format!("attach {program}: {e}"))
         }
-        Variant::SyscallFunctions(hooks) => attach_syscall_functions(ebpf, env, hooks),
+        Variant::SyscallFunctions(hooks, body) => attach_syscall_functions(ebpf, env, hooks, body),
         Variant::ProcPoll | Variant::Off => Ok(()),
     }
 }
 
 /// Loads and attaches each syscall's fexit, then its fentry (so that no call is
-/// opened whose end goes unseen); on any failure, detaches what it attached.
-fn attach_syscall_functions(ebpf: &mut Ebpf, env: &AttachEnv, hooks: &[SyscallHooks]) -> Result<(), String> {
+/// opened whose end goes unseen); on any failure, detaches what it attached. With an
+/// exit body, the fexit programs are loaded first (each of the body's maps takes the
+/// prototype of the first program that uses it), then the body goes into their maps,
+/// then they attach.
+fn attach_syscall_functions(ebpf: &mut Ebpf, env: &AttachEnv, hooks: &[SyscallHooks], body: Option<ExitBody>) -> Result<(), String> {
     let btf = env.btf.as_ref().ok_or("no kernel BTF")?;
     let mut exits = Vec::new();
     let mut enters = Vec::new();
@@ -745,7 +767,14 @@ fn attach_syscall_functions(ebpf: &mut Ebpf, env: &AttachEnv, hooks: &[SyscallHo
             let function = syscall_function_in(btf, h.syscall)?;
             let prog: &mut FExit = program_mut(ebpf, program)?;
             prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
-            exits.push((program, prog.attach().map_err(|e| format!("attach {program} to {function}: {e}"))?));
+        }
+        if let Some(b) = body {
+            set_exit_bodies(ebpf, btf, hooks, b)?;
+        }
+        for h in hooks {
+            let Some(program) = h.exit else { continue };
+            let prog: &mut FExit = program_mut(ebpf, program)?;
+            exits.push((program, prog.attach().map_err(|e| format!("attach {program} to {}: {e}", h.syscall))?));
         }
         for h in hooks {
             let Some(program) = h.enter else { continue };
@@ -769,6 +798,38 @@ fn attach_syscall_functions(ebpf: &mut Ebpf, env: &AttachEnv, hooks: &[SyscallHo
         }
     }
     result
+}
+
+/// Puts `body` in slot 0 of each hook's map (`TABLE_<index>`), loading it again for a
+/// hook whose function's prototype no copy loaded so far fits: the kernel lets a tail
+/// call go only between programs loaded for the same prototype object of its BTF, and
+/// 6.1's has two for the eight socket syscalls (loaded twice there, instead of eight
+/// times without tail calls). Each copy stays alive in the maps that hold it.
+fn set_exit_bodies(ebpf: &mut Ebpf, btf: &aya::Btf, hooks: &[SyscallHooks], body: ExitBody) -> Result<(), String> {
+    fn put(ebpf: &mut Ebpf, table: &str, fd: &aya::programs::ProgramFd) -> Result<(), String> {
+        let map = ebpf.map_mut(table).ok_or_else(|| format!("map {table} is not in the eBPF object"))?;
+        let mut array = aya::maps::ProgramArray::try_from(map).map_err(|e| format!("map {table}: {e}"))?;
+        array.set(0, fd, 0).map_err(|e| format!("put the exit body in {table}: {e}"))
+    }
+    let mut copies: Vec<aya::programs::ProgramFd> = Vec::new();
+    for (i, h) in hooks.iter().enumerate() {
+        let table = format!("{}_{i}", body.table);
+        if copies.iter().any(|fd| put(ebpf, &table, fd).is_ok()) {
+            continue;
+        }
+        let function = syscall_function_in(btf, h.syscall)?;
+        let prog: &mut FExit = program_mut(ebpf, body.program)?;
+        if !copies.is_empty() {
+            prog.unload().map_err(|e| format!("unload {}: {e}", body.program))?;
+        }
+        prog.load(&function, btf).or_else(already_loaded).map_err(|e| format!("load {} for {function}: {e}", body.program))?;
+        let fd = prog.fd().map_err(|e| format!("{}: {e}", body.program))?;
+        let fd = fd.try_clone().map_err(|e| format!("{}: {e}", body.program))?;
+        put(ebpf, &table, &fd)?;
+        copies.push(fd);
+    }
+    tracing::debug!(program = body.program, copies = copies.len(), "exit body loaded for the syscalls' prototypes");
+    Ok(())
 }
 
 /// A kernel refusal as one short line: the verifier's log can run to
