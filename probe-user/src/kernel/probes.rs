@@ -623,11 +623,12 @@ pub fn attach_all(ebpf: &mut Ebpf, env: &AttachEnv) -> Result<Vec<Choice>, Probe
 /// Loads the programs of every probe's first kernel-function variant at once, on a few
 /// threads, before [`attach`] tries the variants in order (it then finds them loaded).
 ///
-/// An fentry or fexit program is verified once per kernel function it attaches to, and the
-/// socket probe's exit is the heaviest program of all: one load per syscall made it eight
-/// times the tracepoint variant's single load (4 s each in a 6.1 TCG guest, 30 s of the
-/// start). The kernel verifies privileged loads in parallel. A load that fails here is
-/// not an error: [`attach`] loads it again and reports why, or falls back.
+/// An fentry or fexit program is verified once per kernel function it is loaded for: some
+/// 30 programs here, the socket probe's exit body among them (loaded here for the first
+/// syscall; [`set_exit_bodies`] loads it again for another prototype). The kernel verifies
+/// privileged loads in parallel, so a many-core node starts sooner; a one-CPU guest
+/// gains nothing. A load that fails here is not an error: [`attach`] loads it again and
+/// reports why, or falls back.
 fn preload(ebpf: &mut Ebpf, env: &AttachEnv, probes: &[Probe]) {
     let Some(btf) = env.btf.as_ref() else { return };
     let mut wanted: Vec<(&'static str, String)> = Vec::new();
