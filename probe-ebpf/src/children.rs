@@ -48,11 +48,6 @@ pub fn child_wait_enter(ctx: TracePointContext) -> u32 {
 }
 
 fn try_enter(ctx: &TracePointContext) -> Result<(), i32> {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tgid = (pid_tgid >> 32) as u32;
-    if tgid == tracer_tgid() {
-        return Ok(());
-    }
     // SAFETY: offsets from the formats above, inside both records.
     let nr: i32 = unsafe { crate::ctxread::field(ctx, OFF_NR) };
     // Through the helper: direct loads here were lowered to byte loads from
@@ -61,13 +56,23 @@ fn try_enter(ctx: &TracePointContext) -> Result<(), i32> {
     // SAFETY: as above; the helper checks the read.
     let arg = |off: usize| -> u64 { unsafe { ctx.read_at::<u64>(off) }.unwrap_or(0) };
     let (a0, a1, a2, a3) = (arg(OFF_ARG0), arg(OFF_ARG1), arg(OFF_ARG2), arg(OFF_ARG3));
-    let (which, id, options) = match nr {
-        NR_WAIT4 => (CHILD_WAIT_WAIT4, a0 as i32, a2 as u32),
-        NR_WAITID => (a0 as u32, a1 as i32, a3 as u32),
-        _ => return Ok(()),
-    };
-    if options & WNOHANG != 0 {
-        return Ok(());
+    match nr {
+        NR_WAIT4 => begin(CHILD_WAIT_WAIT4, a0 as i32, a2 as u32),
+        NR_WAITID => begin(a0 as u32, a1 as i32, a3 as u32),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The current thread begins a `wait4` (`which` [`CHILD_WAIT_WAIT4`]) or a `waitid`
+/// (its `idtype`) for `id` with `options`; from [`child_wait_enter`] or the fentry
+/// programs of [`crate::syscall_functions`].
+#[inline(always)]
+pub(crate) fn begin(which: u32, id: i32, options: u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == tracer_tgid() || options & WNOHANG != 0 {
+        return;
     }
     let w = ChildWait {
         // SAFETY: a plain helper call.
@@ -83,7 +88,6 @@ fn try_enter(ctx: &TracePointContext) -> Result<(), i32> {
     if crate::gate::insert_counted(&CHILD_WAITS, &w.tid, &w, &CHILD_GATE, 0).is_err() {
         count(Stat::ChildWaitsFull);
     }
-    Ok(())
 }
 
 /// `syscalls:sys_exit_wait4` and `syscalls:sys_exit_waitid` (format on Linux
@@ -91,8 +95,14 @@ fn try_enter(ctx: &TracePointContext) -> Result<(), i32> {
 /// the thread's wait, whatever it returned.
 #[tracepoint]
 pub fn child_wait_exit(_ctx: TracePointContext) -> u32 {
-    forget(bpf_get_current_pid_tgid() as u32);
+    end();
     0
+}
+
+/// The current thread's `wait4`/`waitid` returned (or it exits).
+#[inline(always)]
+pub(crate) fn end() {
+    forget(bpf_get_current_pid_tgid() as u32);
 }
 
 /// `sched:sched_process_exit`, fired by the exiting thread (format on Linux

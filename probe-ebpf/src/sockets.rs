@@ -413,11 +413,18 @@ pub fn dup_exit(ctx: TracePointContext) -> u32 {
     let _ = DUP_CALLS.remove(&tid);
     // SAFETY: offset from the format above.
     let ret: i64 = unsafe { crate::ctxread::field(&ctx, OFF_RET) };
+    dup_done((pid_tgid >> 32) as u32, (fds >> 32) as u32, fds as u32, ret);
+    0
+}
+
+/// A `dup2`/`dup3` of `old` onto `new` returned `ret`, from [`dup_exit`] or the fexit
+/// programs of [`crate::syscall_functions`], which see the arguments and the result at
+/// once.
+#[inline(always)]
+pub(crate) fn dup_done(tgid: u32, old: u32, new: u32, ret: i64) {
     if ret < 0 {
-        return 0;
+        return;
     }
-    let tgid = (pid_tgid >> 32) as u32;
-    let (old, new) = ((fds >> 32) as u32, fds as u32);
     // Kind 0 (no kind) when oldfd is untracked: a value written on both
     // paths. Kept as an `Option` across `forget`, LLVM read the class's stack
     // slot before testing whether it was ever written, which the 5.10 and
@@ -427,7 +434,6 @@ pub fn dup_exit(ctx: TracePointContext) -> u32 {
     if class.kind != 0 && SOCKS.insert(&key(tgid, new), &class, 0).is_err() {
         count(Stat::SocksFull);
     }
-    0
 }
 
 /// `syscalls:sys_enter_close_range`: `(unsigned int fd, unsigned int max_fd,
@@ -450,13 +456,20 @@ pub fn close_range_enter(ctx: TracePointContext) -> u32 {
     let first: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG0) };
     let last: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG1) };
     let flags: u64 = unsafe { crate::ctxread::field(&ctx, OFF_ARG2) };
-    let (first, last) = (first as u32, last as u32);
+    close_range(tgid, first as u32, last as u32, flags);
+    0
+}
+
+/// `close_range(first, last, flags)` by `tgid`, from [`close_range_enter`] or its fentry
+/// program in [`crate::syscall_functions`].
+#[inline(always)]
+pub(crate) fn close_range(tgid: u32, first: u32, last: u32, flags: u64) {
     if flags & CLOSE_RANGE_CLOEXEC != 0 || first > last {
-        return 0;
+        return;
     }
     if last - first >= CLOSE_RANGE_WALK {
         forget_all(tgid);
-        return 0;
+        return;
     }
     let mut i = 0;
     while i < CLOSE_RANGE_WALK {
@@ -466,7 +479,6 @@ pub fn close_range_enter(ctx: TracePointContext) -> u32 {
         forget(tgid, first + i);
         i += 1;
     }
-    0
 }
 
 /// `sched:sched_process_exec` (format on Linux 6.18, checked: `__data_loc

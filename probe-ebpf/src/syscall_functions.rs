@@ -3,10 +3,15 @@
 //! fexit program on each syscall of the socket probe (`write`, `writev`, `sendto`,
 //! `sendmsg`, `read`, `readv`, `recvfrom`, `recvmsg`), the socket classifier's
 //! (`socket`: fexit, which sees the arguments and the new fd at once; `connect`,
-//! `close`: fentry) and the waits' (`umount`,
+//! `close`: fentry), the fd-reuse probe's (`dup2`, `dup3`: fexit; `close_range`:
+//! fentry), the child waits' (`wait4`, `waitid`) and the waits' (`umount`,
 //! `sync`, `syncfs`, `fsync`, `fdatasync`, `sync_file_range`). Checked on Debian's
 //! 6.1.0-56 in a guest; this host's 6.18 refuses fentry and fexit, and keeps the
-//! syscall tracepoints of [`crate::sockets`] and [`crate::waits`].
+//! syscall tracepoints of [`crate::sockets`], [`crate::children`] and [`crate::waits`].
+//!
+//! With all of them on, plegwatch enables no syscall tracepoint: enabling any one sets
+//! every thread on the kernel's syscall-tracing slow path (`SYSCALL_WORK_SYSCALL_TRACEPOINT`),
+//! which the bench's `floor-unused` column measures.
 //!
 //! The same work as those tracepoint programs, reached through a BPF trampoline (a
 //! few ns a call) instead of the syscall tracepoints' perf path (tens of ns each
@@ -38,7 +43,8 @@ use aya_ebpf::{
 use aya_ebpf::helpers::bpf_get_current_pid_tgid;
 
 use crate::sockets::{
-    drop_call, forget, on_connect, on_netlink_socket, open_call, tracked_call, try_sock_exit, AF_NETLINK, SOCK_CALLS, SOCK_CALLS_OPEN,
+    close_range, drop_call, dup_done, forget, on_connect, on_netlink_socket, open_call, tracked_call, try_sock_exit, AF_NETLINK,
+    SOCK_CALLS, SOCK_CALLS_OPEN,
 };
 
 /// `sock_maps::SOCK_EXIT_BODY`, one map per syscall (`SOCK_EXIT_BODY_<slot>`): slot 0
@@ -190,5 +196,79 @@ pub fn close_fentry(ctx: FEntryContext) -> i32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let regs: *const u8 = ctx.arg(0);
     forget(tgid, arg(regs, 0) as u32);
+    0
+}
+
+/// fexit on `dup2(unsigned int oldfd, unsigned int newfd)` and `dup3(unsigned int
+/// oldfd, unsigned int newfd, int flags)`: newfd's old file is forgotten and newfd takes
+/// oldfd's class, as [`crate::sockets::dup_exit`] does with the arguments its entry
+/// program kept (an fexit program sees them with the result: no map between the two).
+#[inline(always)]
+fn on_dup(ctx: &FExitContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if tgid == crate::waits::tracer_tgid() {
+        return 0;
+    }
+    let regs: *const u8 = ctx.arg(0);
+    let (old, new) = (arg(regs, 0) as u32, arg(regs, 1) as u32);
+    // dup2(fd, fd) changes nothing (dup3 refuses it).
+    if old == new {
+        return 0;
+    }
+    let ret: i64 = ctx.arg(1);
+    dup_done(tgid, old, new, ret);
+    0
+}
+
+/// fexit on `dup2` (see [`on_dup`]).
+#[fexit]
+pub fn dup2_fexit(ctx: FExitContext) -> i32 {
+    on_dup(&ctx)
+}
+
+/// fexit on `dup3` (see [`on_dup`]).
+#[fexit]
+pub fn dup3_fexit(ctx: FExitContext) -> i32 {
+    on_dup(&ctx)
+}
+
+/// fentry on `close_range(unsigned int fd, unsigned int max_fd, unsigned int flags)`:
+/// as [`crate::sockets::close_range_enter`].
+#[fentry]
+pub fn close_range_fentry(ctx: FEntryContext) -> i32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let regs: *const u8 = ctx.arg(0);
+    close_range(tgid, arg(regs, 0) as u32, arg(regs, 1) as u32, arg(regs, 2));
+    0
+}
+
+/// fentry on `wait4(pid_t upid, int *stat_addr, int options, struct rusage *ru)`.
+#[fentry]
+pub fn wait4_fentry(ctx: FEntryContext) -> i32 {
+    let regs: *const u8 = ctx.arg(0);
+    crate::children::begin(plegwatch_abi::CHILD_WAIT_WAIT4, arg(regs, 0) as i32, arg(regs, 2) as u32);
+    0
+}
+
+/// fentry on `waitid(int which, pid_t upid, struct siginfo *infop, int options, struct
+/// rusage *ru)`.
+#[fentry]
+pub fn waitid_fentry(ctx: FEntryContext) -> i32 {
+    let regs: *const u8 = ctx.arg(0);
+    crate::children::begin(arg(regs, 0) as u32, arg(regs, 1) as i32, arg(regs, 3) as u32);
+    0
+}
+
+/// fexit on `wait4`: the wait is over, whatever it returned.
+#[fexit]
+pub fn wait4_fexit(_ctx: FExitContext) -> i32 {
+    crate::children::end();
+    0
+}
+
+/// fexit on `waitid`, likewise.
+#[fexit]
+pub fn waitid_fexit(_ctx: FExitContext) -> i32 {
+    crate::children::end();
     0
 }

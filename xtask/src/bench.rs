@@ -4,6 +4,7 @@
 //!   doing equivalent enter/exit tracking, and under the floors any hook costs (one empty
 //!   program on `raw_syscalls:sys_enter`; one on a syscall tracepoint the loop never
 //!   calls) and the hook-free set (`sched_switch` and the `sock:*` length tracepoints),
+//!   and an empty raw_tp program on `sys_enter` (`floor-rawtp`, [`floor`]),
 //!   and under plegwatch with its kernel-function variants passed over (`pw-fallback`),
 //!   each with its spread over the rounds; `--kernel K` runs them in a guest of a Debian
 //!   kernel, where the fentry/fexit variants run (this host refuses them);
@@ -15,6 +16,7 @@
 //! Ratios to the untraced runs are the figures; nothing here fails on a number.
 
 mod driver;
+mod floor;
 mod relist;
 mod report;
 mod service;
@@ -193,6 +195,7 @@ fn in_guest(args: &Args, kernel: &str) -> Result<()> {
 /// The syscall loops, untraced, under plegwatch and under bpftrace; the rendered table.
 fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec<report::Figure>)> {
     let loop_bin = compile_loop(bench_dir)?;
+    let floor_object = floor::build(bench_dir).map_err(|e| eprintln!("bench: no floor-rawtp column: {e:#}")).ok();
     let mut bpftrace_ok = match bpftrace_version() {
         Ok(version) => {
             eprintln!("bench: comparing against {version}");
@@ -254,6 +257,17 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
                     None
                 };
                 traced.push(t);
+            }
+            let floor = floor_object.as_deref().and_then(|object| {
+                floor::RawTpFloor::attach(object).map_err(|e| eprintln!("bench: floor-rawtp failed to attach, left out: {e:#}")).ok()
+            });
+            match floor {
+                Some(floor) => {
+                    let t = measure();
+                    drop(floor);
+                    traced.push(Some(t?));
+                }
+                None => traced.push(None),
             }
             let mut pw = tracer::plegwatch_fallback(plegwatch, bench_dir)?;
             if round == 1 && hot_paths.len() == 1 {

@@ -27,8 +27,10 @@ pub enum Variant {
     Fexit { program: &'static str, function: &'static str },
     /// An fentry and an fexit program on the kernel function of each syscall
     /// (`__x64_sys_NAME`); needs kernel BTF, as [`Variant::Fexit`]. With an [`ExitBody`],
-    /// the fexit programs tail-call into one program that does their work.
-    SyscallFunctions(&'static [SyscallHooks], Option<ExitBody>),
+    /// the fexit programs tail-call into one program that does their work. The
+    /// tracepoints (never syscall ones: those would put every syscall back on the
+    /// kernel's tracing path) attach first, beside them.
+    SyscallFunctions(&'static [SyscallHooks], Option<ExitBody>, &'static [Tp]),
     /// No kernel program: the kernel-wait source polls `/proc` for this job at each scan
     /// (coarser timing, same result).
     ProcPoll,
@@ -110,6 +112,15 @@ const SOCK_EXIT_BODY: ExitBody = ExitBody { program: "sock_fexit_body", table: p
 /// fentry on connect and close.
 const CLASSIFY_FUNCTIONS: [SyscallHooks; 3] =
     [exit("socket", "socket_fexit"), enter("connect", "connect_fentry"), enter("close", "close_fentry")];
+
+/// The fd-reuse probe's programs: fexit on dup2 and dup3 (arguments and result at once,
+/// where the tracepoints need an entry program and a map between), fentry on close_range.
+const REUSE_FUNCTIONS: [SyscallHooks; 3] =
+    [exit("dup2", "dup2_fexit"), exit("dup3", "dup3_fexit"), enter("close_range", "close_range_fentry")];
+
+/// The child waits' programs.
+const CHILD_WAIT_FUNCTIONS: [SyscallHooks; 2] =
+    [both("wait4", "wait4_fentry", "wait4_fexit"), both("waitid", "waitid_fentry", "waitid_fexit")];
 
 /// The waits' fentry programs, in `WATCHED_NR` slot order (`syscalls::WATCHED`).
 const WAIT_ENTER_FUNCTIONS: [SyscallHooks; 6] = [
@@ -205,14 +216,19 @@ impl Variant {
             Variant::RawTracepoint { tracepoint, .. } => format!("raw_tp {tracepoint}"),
             Variant::BtfTracepoint { tracepoint, .. } => format!("tp_btf {tracepoint}"),
             Variant::Fexit { function, .. } => format!("fexit {function}"),
-            Variant::SyscallFunctions(hooks, _) => {
+            Variant::SyscallFunctions(hooks, _, with) => {
                 let names: Vec<&str> = hooks.iter().map(|h| h.syscall).collect();
                 let kind = match (hooks.iter().any(|h| h.enter.is_some()), hooks.iter().any(|h| h.exit.is_some())) {
                     (true, true) => "fentry+fexit",
                     (true, false) => "fentry",
                     _ => "fexit",
                 };
-                format!("{kind} {}{{{}}}", syscall_function(""), names.join(","))
+                let functions = format!("{kind} {}{{{}}}", syscall_function(""), names.join(","));
+                if with.is_empty() {
+                    functions
+                } else {
+                    format!("{functions} + {}", Variant::Tracepoints(with).describe())
+                }
             }
             Variant::ProcPoll => "/proc poll".to_string(),
             Variant::Off => "off".to_string(),
@@ -353,7 +369,7 @@ pub const PROBES: &[Probe] = &[
         about: "opens a wait at sys_enter of umount2 and the sync family",
         required: true,
         variants: &[
-            Variant::SyscallFunctions(&WAIT_ENTER_FUNCTIONS, None),
+            Variant::SyscallFunctions(&WAIT_ENTER_FUNCTIONS, None, &[]),
             Variant::Tracepoints(&[tp("wait_enter", "syscalls", Names::SyscallEnter)]),
         ],
         loses: None,
@@ -363,7 +379,7 @@ pub const PROBES: &[Probe] = &[
         about: "closes it at sys_exit (umount2 goes on in task_work)",
         required: true,
         variants: &[
-            Variant::SyscallFunctions(&WAIT_EXIT_FUNCTIONS, None),
+            Variant::SyscallFunctions(&WAIT_EXIT_FUNCTIONS, None, &[]),
             Variant::Tracepoints(&[tp("wait_exit", "syscalls", Names::SyscallExit)]),
         ],
         loses: None,
@@ -395,7 +411,7 @@ pub const PROBES: &[Probe] = &[
         about: "marks netlink sockets at socket(), unix sockets at connect() (ttrpc when they name a containerd shim socket), forgets them at close()",
         required: false,
         variants: &[
-            Variant::SyscallFunctions(&CLASSIFY_FUNCTIONS, None),
+            Variant::SyscallFunctions(&CLASSIFY_FUNCTIONS, None, &[]),
             Variant::Tracepoints(&[
                 tp("socket_enter", "syscalls", Names::One("sys_enter_socket")),
                 tp("socket_exit", "syscalls", Names::One("sys_exit_socket")),
@@ -419,7 +435,7 @@ pub const PROBES: &[Probe] = &[
         // No kprobe variant: a kretprobe holds one of its few instances per thread
         // parked in a receive, and past them misses the returns that close the calls.
         variants: &[
-            Variant::SyscallFunctions(&SOCK_FUNCTIONS, Some(SOCK_EXIT_BODY)),
+            Variant::SyscallFunctions(&SOCK_FUNCTIONS, Some(SOCK_EXIT_BODY), &[]),
             Variant::Tracepoints(&[tp("sock_exit", "syscalls", Names::SockExit), tp("sock_enter", "syscalls", Names::SockEnter)]),
             Variant::Tracepoints(&[
                 tp_noted("sock_exit_nl", "syscalls", Names::SockExit, "no bpf_loop"),
@@ -436,6 +452,7 @@ pub const PROBES: &[Probe] = &[
         // The exits first, so that no dup call is remembered without its end.
         // close_range's tracepoint is Linux >= 5.9: without it, dup and exec still.
         variants: &[
+            Variant::SyscallFunctions(&REUSE_FUNCTIONS, None, &[tp("sock_exec", "sched", Names::One("sched_process_exec"))]),
             Variant::Tracepoints(&[
                 tp("dup_exit", "syscalls", Names::One("sys_exit_dup2")),
                 tp("dup_exit", "syscalls", Names::One("sys_exit_dup3")),
@@ -461,6 +478,7 @@ pub const PROBES: &[Probe] = &[
         required: false,
         // The exits first, so that no entry (and its gate count) is left behind.
         variants: &[
+            Variant::SyscallFunctions(&CHILD_WAIT_FUNCTIONS, None, &[tp("child_wait_gone", "sched", Names::One("sched_process_exit"))]),
             Variant::Tracepoints(&[
                 tp("child_wait_exit", "syscalls", Names::One("sys_exit_wait4")),
                 tp("child_wait_exit", "syscalls", Names::One("sys_exit_waitid")),
@@ -634,7 +652,7 @@ fn preload(ebpf: &mut Ebpf, env: &AttachEnv, probes: &[Probe]) {
     let mut wanted: Vec<(&'static str, String)> = Vec::new();
     for p in probes.iter().filter(|p| !env.forced_fallback(p.name)) {
         match p.variants.first() {
-            Some(Variant::SyscallFunctions(hooks, body)) => {
+            Some(Variant::SyscallFunctions(hooks, body, _)) => {
                 if let (Some(b), Some(first)) = (body, hooks.first()) {
                     if let Ok(function) = syscall_function_in(btf, first.syscall) {
                         wanted.push((b.program, function));
@@ -702,32 +720,7 @@ pub fn attach(ebpf: &mut Ebpf, env: &AttachEnv, probe: &Probe) -> Result<Choice,
 
 fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), String> {
     match *v {
-        Variant::Tracepoints(tps) => {
-            let mut attached: Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)> = Vec::new();
-            for t in tps {
-                for name in t.names.list() {
-                    check_exists(t.category, &name)?;
-                    check_fields(t.category, &name, t.fields)?;
-                }
-            }
-            let result = tps.iter().try_for_each(|t| {
-                let prog: &mut TracePoint = program_mut(ebpf, t.program)?;
-                prog.load().or_else(already_loaded).map_err(|e| format!("load {}: {e}", t.program))?;
-                for name in t.names.list() {
-                    let link = prog.attach(t.category, &name).map_err(|e| format!("attach {} to {}:{name}: {e}", t.program, t.category))?;
-                    attached.push((t.program, link));
-                }
-                Ok(())
-            });
-            if result.is_err() {
-                for (program, link) in attached {
-                    if let Ok(prog) = program_mut::<TracePoint>(ebpf, program) {
-                        let _ = prog.detach(link);
-                    }
-                }
-            }
-            result
-        }
+        Variant::Tracepoints(tps) => attach_tracepoints(ebpf, tps).map(|_| ()),
         Variant::RawTracepoint { program, tracepoint } => {
             let prog: &mut RawTracePoint = program_mut(ebpf, program)?;
             prog.load().or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
@@ -748,8 +741,53 @@ fn try_variant(ebpf: &mut Ebpf, env: &AttachEnv, v: &Variant) -> Result<(), Stri
             prog.load(function, btf).or_else(already_loaded).map_err(|e| format!("load {program}: {e}"))?;
             prog.attach().map(|_| ()).map_err(|e| format!("attach {program}: {e}"))
         }
-        Variant::SyscallFunctions(hooks, body) => attach_syscall_functions(ebpf, env, hooks, body),
+        Variant::SyscallFunctions(hooks, body, with) => {
+            let side = attach_tracepoints(ebpf, with)?;
+            let result = attach_syscall_functions(ebpf, env, hooks, body);
+            if result.is_err() {
+                detach_tracepoints(ebpf, side);
+            }
+            result
+        }
         Variant::ProcPoll | Variant::Off => Ok(()),
+    }
+}
+
+/// Tracepoint links, for [`detach_tracepoints`].
+type TpLinks = Vec<(&'static str, aya::programs::trace_point::TracePointLinkId)>;
+
+/// Checks, loads and attaches each of `tps`; on any failure, detaches what it attached.
+fn attach_tracepoints(ebpf: &mut Ebpf, tps: &[Tp]) -> Result<TpLinks, String> {
+    for t in tps {
+        for name in t.names.list() {
+            check_exists(t.category, &name)?;
+            check_fields(t.category, &name, t.fields)?;
+        }
+    }
+    let mut attached: TpLinks = Vec::new();
+    let result = tps.iter().try_for_each(|t| {
+        let prog: &mut TracePoint = program_mut(ebpf, t.program)?;
+        prog.load().or_else(already_loaded).map_err(|e| format!("load {}: {e}", t.program))?;
+        for name in t.names.list() {
+            let link = prog.attach(t.category, &name).map_err(|e| format!("attach {} to {}:{name}: {e}", t.program, t.category))?;
+            attached.push((t.program, link));
+        }
+        Ok(())
+    });
+    match result {
+        Ok(()) => Ok(attached),
+        Err(e) => {
+            detach_tracepoints(ebpf, attached);
+            Err(e)
+        }
+    }
+}
+
+fn detach_tracepoints(ebpf: &mut Ebpf, links: TpLinks) {
+    for (program, link) in links {
+        if let Ok(prog) = program_mut::<TracePoint>(ebpf, program) {
+            let _ = prog.detach(link);
+        }
     }
 }
 
@@ -956,5 +994,30 @@ mod tests {
             "tracepoint syscalls:sys_exit_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg} (no bpf_loop) + \
              syscalls:sys_enter_{write,writev,sendto,sendmsg,read,readv,recvfrom,recvmsg}"
         );
+        assert_eq!(
+            PROBES[6].variants[0].describe(),
+            "fentry+fexit __x64_sys_{dup2,dup3,close_range} + tracepoint sched:sched_process_exec"
+        );
+        assert_eq!(PROBES[7].variants[0].describe(), "fentry+fexit __x64_sys_{wait4,waitid} + tracepoint sched:sched_process_exit");
+    }
+
+    #[test]
+    fn best_variants_leave_syscalls_off_the_tracing_path() {
+        // Any one syscall tracepoint (or a program on raw_syscalls) puts every thread's
+        // syscalls on the kernel's tracing slow path: with each probe's first variant,
+        // none is attached.
+        for p in PROBES {
+            let tps: &[Tp] = match p.variants[0] {
+                Variant::Tracepoints(tps) | Variant::SyscallFunctions(_, _, tps) => tps,
+                Variant::RawTracepoint { tracepoint, .. } => {
+                    assert!(!tracepoint.starts_with("sys_"), "{}", p.name);
+                    &[]
+                }
+                _ => &[],
+            };
+            for t in tps {
+                assert!(!matches!(t.category, "syscalls" | "raw_syscalls"), "{}: {}", p.name, p.variants[0].describe());
+            }
+        }
     }
 }

@@ -4,7 +4,12 @@ use std::fmt::Write as _;
 
 /// The tracers each loop runs under, besides untraced, in table order: plegwatch, then
 /// the references it is judged against (see [`super::tracer::REFERENCES`]).
-pub const COLUMNS: &[&str] = &["plegwatch", "bpftrace", "floor-raw", "floor-unused", "hook-free", "pw-fallback"];
+pub const COLUMNS: &[&str] = &["plegwatch", "bpftrace", "floor-raw", "floor-unused", "hook-free", "floor-rawtp", "pw-fallback"];
+
+/// The place of `name` in [`COLUMNS`].
+fn column(name: &str) -> usize {
+    COLUMNS.iter().position(|c| *c == name).unwrap_or(usize::MAX)
+}
 
 /// One (mode, round) measurement, in ns per loop iteration.
 #[derive(Clone, Debug)]
@@ -63,6 +68,7 @@ pub fn render(samples: &[Sample], modes: &[&str]) -> String {
         out,
         "floor-raw: one empty program on raw_syscalls:sys_enter; floor-unused: one on a syscall tracepoint the loop never calls \
          (the tracing slow path alone); hook-free: only sched:sched_switch and sock:sock_send_length/sock_recv_length; \
+         floor-rawtp: one empty raw_tp program on sys_enter (bpftrace's floor-raw is a classic tracepoint); \
          pw-fallback: plegwatch with PLEGWATCH_FALLBACK=all (the tracepoint variants where the kernel takes fentry/fexit)"
     );
     out
@@ -440,6 +446,9 @@ pub fn loop_figures(samples: &[Sample]) -> Vec<Figure> {
     }
     let vs_bpftrace: Vec<f64> = samples.iter().filter(|s| s.mode == "unix").filter_map(|s| Some(s.ratio(0)? / s.ratio(1)?)).collect();
     out.push(Figure::new("socketpair loop, plegwatch / bpftrace (same round)", "x", vs_bpftrace, Target::AtMost(1.0)));
+    let (pw, floor) = (column("plegwatch"), column("floor-rawtp"));
+    let vs_floor: Vec<f64> = samples.iter().filter(|s| s.mode == "unix").filter_map(|s| Some(s.ratio(pw)? / s.ratio(floor)?)).collect();
+    out.push(Figure::new("socketpair loop, plegwatch / empty raw_tp floor (same round)", "x", vs_floor, Target::AtMost(1.0)));
     out
 }
 
