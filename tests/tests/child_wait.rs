@@ -1,8 +1,9 @@
 //! A parent blocked in `waitpid` on a child that is stopped (SIGSTOP): the child never exits,
 //! so the parent waits for ever, and nothing else about it is an open wait. plegwatch sees the
-//! parent's `wait4` in the kernel (tracepoints `syscalls:sys_enter_wait4`/`sys_exit_wait4`)
-//! and raises one incident: the parent's `child_wait` → `child` (exact: the pid argument names
-//! it) → the stopped child (state T). Continuing the child lets it exit; the wait ends and the
+//! parent's `wait4` in the kernel (fentry and fexit on `__x64_sys_wait4` where the kernel
+//! takes them, else the tracepoints `syscalls:sys_enter_wait4`/`sys_exit_wait4`) and raises
+//! one incident: the parent's `child_wait` → `child` (exact: the pid argument names it) →
+//! the stopped child (state T). Continuing the child lets it exit; the wait ends and the
 //! incident resolves.
 //!
 //! A parent waiting on a running child (the `python3` guard's own `sleep` beforehand) is no
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
-use plegwatch_scenarios::{incidents, preflight, Plegwatch};
+use plegwatch_scenarios::{incidents, preflight, variants, Plegwatch};
 
 const WARN: Duration = Duration::from_secs(2);
 
@@ -67,12 +68,7 @@ fn a_parent_in_waitpid_on_a_stopped_child_is_one_exact_incident() -> Result<()> 
     preflight::require();
     let mut plegwatch = Plegwatch::start(&["--warn", "2s"])?;
     let ready = plegwatch.wait_ready(READY_TIMEOUT)?;
-    let probes = ready.get("/probes").and_then(serde_json::Value::as_array).cloned().unwrap_or_default();
-    let child_probe = probes.iter().find(|p| p["probe"] == "child_wait").cloned();
-    assert!(
-        child_probe.as_ref().is_some_and(|p| p["variant"].as_str().is_some_and(|v| v.contains("sys_enter_wait4"))),
-        "the ready line should list the child_wait probe on wait4's tracepoints: {probes:?}"
-    );
+    variants::assert_variant(&ready, "child_wait", "fentry+fexit __x64_sys_{wait4,waitid}", (5, 5), "tracepoint syscalls:sys_exit_wait4");
 
     let started = Instant::now();
     let parent = Command::new("python3").args(["-c", PARENT]).stdout(Stdio::piped()).spawn().context("python3")?;

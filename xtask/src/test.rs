@@ -232,7 +232,8 @@ pub const GUEST_SEED: &[GuestTests] = &[
 
 /// What the whole matrix runs besides [`GUEST_CI`] and [`GUEST_SEED`]: kubelet's relist clock on the Go fixture (uprobes without attach
 /// cookies before 5.15), netlink requests on their own, pod names from live containers,
-/// the negative soak, and CRI-O's opLock stall and a start in its middle (CRI-O 1.35.6 with
+/// the negative soak, a socket's fd reused (dup2, dup3, close_range, exec) and a parent in
+/// waitpid (both on their syscalls' functions there), and CRI-O's opLock stall and a start in its middle (CRI-O 1.35.6 with
 /// its cgroupfs driver, on the guests' cgroup v2) and the same lock held across runc's call
 /// to a frozen systemd (its systemd driver).
 pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
@@ -240,6 +241,8 @@ pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
     all("netlink_request"),
     all("pod_names"),
     all("negative_soak"),
+    all("socket_reuse"),
+    all("child_wait"),
     all("crio_update_stopped"),
     all("crio_before_attach"),
     all("crio_systemd_dbus"),

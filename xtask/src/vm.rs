@@ -374,6 +374,20 @@ pub fn cancel_guests() {
 }
 
 pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Option<Duration>, log: Option<&Path>) -> Result<i32> {
+    guest_on(kernel, 2, memory, label, line, limit, log)
+}
+
+/// [`guest`] with `cpus` vCPUs: the loops bench takes one, so that no other vCPU shares
+/// the emulator's one thread with the loop (single-threaded TCG runs them in turn).
+pub fn guest_on(
+    kernel: &Kernel,
+    cpus: u32,
+    memory: &str,
+    label: &str,
+    line: &str,
+    limit: Option<Duration>,
+    log: Option<&Path>,
+) -> Result<i32> {
     ensure_vng()?;
     if cmd::probe(Command::new("qemu-system-x86_64").arg("--version")).is_none() {
         bail!("qemu-system-x86_64 is missing: run `cargo xtask setup` (Debian's qemu-system-x86)");
@@ -395,7 +409,7 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Opti
     vng.env("PATH", format!("{}:{path}", vng_dir().join("bin").display()));
     vng.arg("--run")
         .arg(&kernel.vmlinuz)
-        .args(["--disable-kvm", "--cpus", "2", "--memory", memory])
+        .args(["--disable-kvm", "--cpus", &cpus.to_string(), "--memory", memory])
         .arg("--qemu-opts=-accel tcg,thread=single")
         // The kernel's own warnings on stderr, with their stacks (printed at the default
         // level, 4: hence 5): soft lockups, RCU stalls, hung tasks, OOM, a panic's last
@@ -406,7 +420,11 @@ pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Opti
         .arg(format!("--cwd={}", root.display()))
         .arg("--")
         .arg(format!("bash {}", script.display()));
-    eprintln!("+ vng --run {} --disable-kvm --cpus 2 --memory {memory} -- bash {} ({label})", kernel.vmlinuz.display(), script.display());
+    eprintln!(
+        "+ vng --run {} --disable-kvm --cpus {cpus} --memory {memory} -- bash {} ({label})",
+        kernel.vmlinuz.display(),
+        script.display()
+    );
     // QEMU reopens its stdout and stderr by /proc/self/fd/N, which truncates a regular
     // file and writes each from offset 0: hand it pipes, copied through here.
     let mut child = vng.stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0).spawn().context("cannot start vng")?;
