@@ -6,8 +6,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::thread;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use aya::programs::RawTracePoint;
@@ -16,8 +14,6 @@ use crate::cmd;
 
 /// The program's name in `xtask/bench/floor.bpf.c`.
 const PROGRAM: &str = "floor_rawtp";
-/// Given to the kernel after the attach, as to the bpftrace references.
-const SETTLE: Duration = Duration::from_secs(1);
 
 /// `clang-22 -O2 -target bpf -c xtask/bench/floor.bpf.c -o target/bench/floor.bpf.o`.
 pub fn build(bench_dir: &Path) -> Result<PathBuf> {
@@ -33,7 +29,8 @@ pub struct RawTpFloor {
 }
 
 impl RawTpFloor {
-    /// Loads `object` (from [`build`]) and attaches its program to `sys_enter`.
+    /// Loads `object` (from [`build`]) and attaches its program to `sys_enter` (the loops'
+    /// `measure` settles before it runs, as after every attach).
     pub fn attach(object: &Path) -> Result<Self> {
         raise_memlock();
         let mut ebpf = aya::Ebpf::load_file(object).with_context(|| format!("load {}", object.display()))?;
@@ -44,7 +41,6 @@ impl RawTpFloor {
             .context("not a raw tracepoint program")?;
         program.load().context("load the raw_tp floor")?;
         program.attach("sys_enter").context("attach the raw_tp floor to sys_enter")?;
-        thread::sleep(SETTLE);
         Ok(RawTpFloor { _ebpf: ebpf })
     }
 }

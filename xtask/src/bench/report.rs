@@ -444,11 +444,13 @@ pub fn loop_figures(samples: &[Sample]) -> Vec<Figure> {
     ] {
         out.push(Figure::new(what, "x", ratios(mode, 0), Target::AtMost(target)));
     }
-    let vs_bpftrace: Vec<f64> = samples.iter().filter(|s| s.mode == "unix").filter_map(|s| Some(s.ratio(0)? / s.ratio(1)?)).collect();
-    out.push(Figure::new("socketpair loop, plegwatch / bpftrace (same round)", "x", vs_bpftrace, Target::AtMost(1.0)));
-    let (pw, floor) = (column("plegwatch"), column("floor-rawtp"));
-    let vs_floor: Vec<f64> = samples.iter().filter(|s| s.mode == "unix").filter_map(|s| Some(s.ratio(pw)? / s.ratio(floor)?)).collect();
-    out.push(Figure::new("socketpair loop, plegwatch / empty raw_tp floor (same round)", "x", vs_floor, Target::AtMost(1.0)));
+    // plegwatch's ratio over a reference's, round by round, on the socketpair loop.
+    let vs = |reference: &str| -> Vec<f64> {
+        let (pw, r) = (column("plegwatch"), column(reference));
+        samples.iter().filter(|s| s.mode == "unix").filter_map(|s| Some(s.ratio(pw)? / s.ratio(r)?)).collect()
+    };
+    out.push(Figure::new("socketpair loop, plegwatch / bpftrace (same round)", "x", vs("bpftrace"), Target::AtMost(1.0)));
+    out.push(Figure::new("socketpair loop, plegwatch / empty raw_tp floor (same round)", "x", vs("floor-rawtp"), Target::AtMost(1.0)));
     out
 }
 
