@@ -70,7 +70,7 @@ fn names_by_cgroup(systemd: bool) -> Result<()> {
         (Some(ns), Some(bus)) => Some(FakeSystemd::start(ns, bus)?),
         _ => None,
     };
-    let crio = Crio::start_with(Setup { root: None, systemd_ns: ns.as_ref().map(NodeRun::pid) })?;
+    let crio = Crio::start_with(Setup { systemd_ns: ns.as_ref().map(NodeRun::pid), ..Setup::default() })?;
     let cri = crio.cri().clone();
     // In a cgroup parent of the bed's own: on cgroup v2 the write limit goes on it.
     let sandbox = crio.pod_config("criopodnames", crio.cgroup_parent())?;

@@ -1,8 +1,11 @@
 //! A real CRI-O for the CRI-O scenarios: the release build of 1.35.6 and its `pinns` in
 //! [`shared_bin`] (`../shared/bin/README.md` says how they were built), Debian's conmon
-//! 2.1.6, and Debian's runc 1.1.5 behind `rt-wrap` (Debian's crun 1.8.1 cannot run CRI-O
-//! 1.35.6's bundles on this host: it refuses `ociVersion` 1.3.0, and cgroup v1 with
-//! `hugetlb` on the v2 hierarchy).
+//! 2.1.6, and an OCI runtime behind `rt-wrap` ([`OciRuntime`]): Debian's runc 1.1.5, or
+//! Debian's crun 1.8.1 where the cgroups are unified (v2). On this host's hybrid cgroup v1
+//! crun runs nothing ("cgroups in hybrid mode not supported"). CRI-O 1.35.6 writes
+//! `ociVersion` 1.3.0 into its bundles, which crun 1.8.1 refuses ("unknown version
+//! specified": it takes 1.0.x only) and runc 1.1.5 takes as 1.0.2: `rt-wrap` writes 1.0.2
+//! into each bundle it is handed, for both, and changes nothing else the runtime does.
 //!
 //! Everything lives under one temp dir: the config (`crio.conf`: cgroupfs, overlay
 //! storage, its own socket, NRI off), the storage, the runtime's state and a one-image-set
@@ -10,8 +13,8 @@
 //! same busybox images the containerd scenarios import. Outside it, CRI-O's image library
 //! keeps a cache at `/var/lib/containers/cache/blob-info-cache-v1.sqlite` (no option moves it).
 //!
-//! Fault hooks: [`Crio::stop_next_update`] makes the runtime's next `update` stop itself
-//! (SIGSTOP) before runc runs, as a hung runtime would; [`Crio::continue_stopped`] lifts it.
+//! Fault hooks: [`Crio::stop_next_update`] makes the next `update` stop itself in `rt-wrap`
+//! (SIGSTOP) before the runtime runs, as a hung runtime would; [`Crio::continue_stopped`] lifts it.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -50,11 +53,51 @@ pub struct Setup {
     /// Its storage root (a dir it makes), else in its temp dir.
     pub root: Option<PathBuf>,
     /// Run in the mount namespace of this process (a [`NodeRun`]'s holder), with the
-    /// systemd cgroup manager: CRI-O and the runc it runs talk to the systemd on that
+    /// systemd cgroup manager: CRI-O and the runtime it runs talk to the systemd on that
     /// namespace's system bus. Else cgroupfs, in this process's namespace.
     ///
     /// [`NodeRun`]: crate::containerd::systemd_dbus::NodeRun
     pub systemd_ns: Option<u32>,
+    /// The OCI runtime behind `rt-wrap`.
+    pub runtime: OciRuntime,
+}
+
+/// The OCI runtime CRI-O runs, behind `rt-wrap`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OciRuntime {
+    /// Debian's runc 1.1.5.
+    #[default]
+    Runc,
+    /// Debian's crun 1.8.1 (CRI-O's default runtime): cgroup v2 only here.
+    Crun,
+}
+
+impl OciRuntime {
+    /// crun where this node's cgroups are unified (v2: the guests, most nodes today), runc
+    /// on a hybrid cgroup v1 host (this one), where crun 1.8.1 runs no container.
+    pub fn native() -> Self {
+        if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            Self::Crun
+        } else {
+            Self::Runc
+        }
+    }
+
+    /// Its name: CRI-O's runtime handler and the binary's file name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Runc => "runc",
+            Self::Crun => "crun",
+        }
+    }
+
+    /// Where Debian installs it.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Runc => "/usr/sbin/runc",
+            Self::Crun => "/usr/bin/crun",
+        }
+    }
 }
 
 /// A running CRI-O with its registry. Dropping it stops every pod, CRI-O and the registry,
@@ -80,10 +123,11 @@ impl Crio {
     /// The binaries the bed needs, or why it cannot run here.
     pub fn missing() -> Option<String> {
         let bin = shared_bin();
-        [bin.join(CRIO_BIN), bin.join(PINNS_BIN), PathBuf::from(CONMON), PathBuf::from("/usr/sbin/runc"), PathBuf::from("/bin/busybox")]
+        [bin.join(CRIO_BIN), bin.join(PINNS_BIN), PathBuf::from(CONMON), PathBuf::from("/bin/busybox")]
             .into_iter()
+            .chain([OciRuntime::Runc, OciRuntime::Crun].map(|r| PathBuf::from(r.path())))
             .find(|p| !p.is_file())
-            .map(|p| format!("{} is missing (cargo xtask setup installs conmon, runc and busybox-static)", p.display()))
+            .map(|p| format!("{} is missing (cargo xtask setup installs conmon, runc, crun and busybox-static)", p.display()))
     }
 
     /// Starts the registry and CRI-O, and pulls both images.
@@ -95,12 +139,12 @@ impl Crio {
     /// temp dir: a container's rootfs is then an overlay whose upper dir is on `root`'s
     /// file system.
     pub fn start_on(root: Option<PathBuf>) -> Result<Self> {
-        Self::start_with(Setup { root, systemd_ns: None })
+        Self::start_with(Setup { root, ..Setup::default() })
     }
 
     /// [`Crio::start`] as `setup` says.
     pub fn start_with(setup: Setup) -> Result<Self> {
-        let Setup { root, systemd_ns } = setup;
+        let Setup { root, systemd_ns, runtime } = setup;
         let dir = tempfile::Builder::new().prefix("plegwatch-crio-").tempdir().context("temp dir")?.keep();
         let t = dir.clone();
         let (registry, port) = start_registry(&t)?;
@@ -115,6 +159,8 @@ impl Crio {
                 .replace("@PORT@", &port.to_string())
                 .replace("@PINNS@", &shared_bin().join(PINNS_BIN).to_string_lossy())
                 .replace("@CGROUP_MANAGER@", if systemd_ns.is_some() { "systemd" } else { "cgroupfs" })
+                .replace("@RUNTIME@", runtime.name())
+                .replace("@RUNTIME_PATH@", runtime.path())
         };
         std::fs::write(t.join("crio.conf"), fill(CONFIG))?;
         let wrap = t.join("rt-wrap");
@@ -234,7 +280,7 @@ impl Crio {
             .collect()
     }
 
-    /// The runtime's next `update` stops itself before runc runs.
+    /// The next `update` CRI-O runs stops itself in `rt-wrap`, before the runtime is exec'd.
     pub fn stop_next_update(&self) -> Result<()> {
         std::fs::write(self.dir().join("stop-update"), b"").context("stop-update")
     }
