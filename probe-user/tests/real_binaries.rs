@@ -296,6 +296,27 @@ fn rlock_field_offsets() {
     let t = targets::target_named("crio").unwrap();
     let i = attach::inspect(std::path::Path::new(&path), t).unwrap();
     let holders: Vec<_> = i.found.iter().filter(|(s, _)| s.role == targets::Role::LockHold).collect();
-    assert_eq!(holders.len(), 5, "{:?}", i.found.iter().map(|(s, _)| s.symbol).collect::<Vec<_>>());
-    assert!(holders.iter().all(|(s, _)| s.recv.is_some_and(|r| (r.reg, r.off) == (3, 0xd0))), "{holders:?}");
+    let (nri, op): (Vec<_>, Vec<_>) = holders.into_iter().partition(|(s, _)| s.symbol.contains("/internal/nri.(*local)."));
+    assert_eq!(op.len(), 5, "{:?}", i.found.iter().map(|(s, _)| s.symbol).collect::<Vec<_>>());
+    assert!(op.iter().all(|(s, _)| s.recv.is_some_and(|r| (r.reg, r.off) == (3, 0xd0))), "{op:?}");
+    // The NRI lock: `internal/nri.local` embeds its sync.Mutex first; RAX = l.
+    assert_eq!(nri.len(), 14, "{nri:?}");
+    assert!(nri.iter().all(|(s, _)| s.recv.is_some_and(|r| (r.reg, r.off) == (0, 0) && r.is_mutex())), "{nri:?}");
+}
+
+/// A `sync.Mutex`'s place in its struct, read from a method that locks it: CRI-O
+/// 1.35.6's NRI lock at 0 in `nri.local` (`syncPlugin` copies l to RDX, zeroes EAX and
+/// does `lock cmpxchg [rdx], r10d`). A function that locks nothing, or calls out before
+/// it locks, says so.
+#[test]
+fn lock_field_offsets() {
+    let path = format!("{SHARED}/crio-1.35.6");
+    if read_required(&path).is_none() {
+        return;
+    }
+    let b = go_binary::read(&path).unwrap();
+    assert_eq!(b.lock_field_offset("github.com/cri-o/cri-o/internal/nri.(*local).syncPlugin").unwrap(), 0);
+    // The event methods call `IsEnabled` before they lock: the search stops at a call.
+    assert!(matches!(b.lock_field_offset("github.com/cri-o/cri-o/internal/nri.(*local).StartContainer"), Err(GoSymError::NoLock { .. })));
+    assert!(matches!(b.lock_field_offset("runtime.main"), Err(GoSymError::NoLock { .. })));
 }

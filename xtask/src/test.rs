@@ -234,8 +234,8 @@ pub const GUEST_SEED: &[GuestTests] = &[
 /// cookies before 5.15), netlink requests on their own, pod names from live containers,
 /// the negative soak, a socket's fd reused (dup2, dup3, close_range, exec) and a parent in
 /// waitpid (both on their syscalls' functions there), and CRI-O's opLock stall and a start in its middle (CRI-O 1.35.6 with
-/// its cgroupfs driver, on the guests' cgroup v2) and the same lock held across runc's call
-/// to a frozen systemd (its systemd driver).
+/// its cgroupfs driver, on the guests' cgroup v2), the same lock held across crun's call
+/// to a frozen systemd (its systemd driver), and CRI-O's NRI lock held behind it.
 pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
     all("pleg_relist"),
     all("netlink_request"),
@@ -247,6 +247,7 @@ pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
     all("crio_before_attach"),
     all("crio_systemd_dbus"),
     all("crio_pod_names"),
+    all("crio_nri_sync"),
 ];
 
 /// The whole guest matrix, in order.

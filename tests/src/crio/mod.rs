@@ -46,6 +46,7 @@ pub mod update_stall;
 const CONFIG: &str = include_str!("crio.conf");
 const RT_WRAP: &str = include_str!("rt-wrap");
 const REGISTRY: &str = include_str!("registry.py");
+const NRI_PLUGIN: &str = include_str!("nri_plugin.py");
 
 /// How a [`Crio`] is set up.
 #[derive(Debug, Default)]
@@ -60,6 +61,9 @@ pub struct Setup {
     pub systemd_ns: Option<u32>,
     /// The OCI runtime behind `rt-wrap`.
     pub runtime: OciRuntime,
+    /// NRI on (CRI-O's default; off in the other scenarios), its socket at
+    /// [`Crio::nri_socket`], no plugin started by CRI-O.
+    pub nri: bool,
 }
 
 /// The OCI runtime CRI-O runs, behind `rt-wrap`.
@@ -144,11 +148,11 @@ impl Crio {
 
     /// [`Crio::start`] as `setup` says.
     pub fn start_with(setup: Setup) -> Result<Self> {
-        let Setup { root, systemd_ns, runtime } = setup;
+        let Setup { root, systemd_ns, runtime, nri } = setup;
         let dir = tempfile::Builder::new().prefix("plegwatch-crio-").tempdir().context("temp dir")?.keep();
         let t = dir.clone();
         let (registry, port) = start_registry(&t)?;
-        for sub in ["conf.d", "registries.d", "cni-net", "cni-bin", "pods-log", "policies", "auth"] {
+        for sub in ["conf.d", "registries.d", "cni-net", "cni-bin", "pods-log", "policies", "auth", "nri-plugins", "nri-conf"] {
             std::fs::create_dir_all(t.join(sub))?;
         }
         let root = root.unwrap_or_else(|| t.join("root"));
@@ -161,6 +165,7 @@ impl Crio {
                 .replace("@CGROUP_MANAGER@", if systemd_ns.is_some() { "systemd" } else { "cgroupfs" })
                 .replace("@RUNTIME@", runtime.name())
                 .replace("@RUNTIME_PATH@", runtime.path())
+                .replace("@NRI@", if nri { "true" } else { "false" })
         };
         std::fs::write(t.join("crio.conf"), fill(CONFIG))?;
         let wrap = t.join("rt-wrap");
@@ -257,6 +262,30 @@ impl Crio {
         let probed = probed.with_context(|| format!("no target line for crio pid {pid}"))?;
         anyhow::ensure!(probed.str("/status") == Some("probed"), "crio was not probed: {}", probed.json);
         Ok(plegwatch)
+    }
+
+    /// CRI-O's NRI socket ([`Setup::nri`]).
+    pub fn nri_socket(&self) -> PathBuf {
+        self.dir.join("nri.sock")
+    }
+
+    /// An external NRI plugin (`nri_plugin.py`) connected to [`Crio::nri_socket`], once it
+    /// says CRI-O registered it: CRI-O then configures it and, under its NRI lock,
+    /// synchronizes it with every pod and container. Its lines: `registered`, `call
+    /// METHOD` per call CRI-O makes to it.
+    pub fn start_nri_plugin(&self) -> Result<crate::child::Proc> {
+        let script = self.dir.join("nri_plugin.py");
+        std::fs::write(&script, NRI_PLUGIN).with_context(|| format!("write {}", script.display()))?;
+        let mut cmd = crate::containerd::daemon::in_ns(self.ns, "/usr/bin/python3");
+        let mut plugin = crate::child::Proc::spawn("NRI plugin", cmd.arg(&script).arg(self.nri_socket()))?;
+        let registered =
+            plugin.wait_line(Duration::from_secs(10), |l| l == "registered" || l.starts_with("error") || l.starts_with("closed"));
+        anyhow::ensure!(
+            registered.as_ref().is_some_and(|(_, l)| l == "registered"),
+            "the NRI plugin was not registered: {registered:?}\n{}",
+            self.log_tail(30)
+        );
+        Ok(plugin)
     }
 
     /// The temp dir everything lives in.

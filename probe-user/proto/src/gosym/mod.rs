@@ -117,6 +117,9 @@ pub enum GoSymError {
     /// The function takes no read lock on its receiver (no inlined `RLock`).
     #[error("{binary}: {function} takes no RLock on its receiver (no `lock xadd [rax+off]`)")]
     NoRLock { binary: String, function: String },
+    /// The function takes no lock on a `sync.Mutex` in its receiver (no inlined `Lock`).
+    #[error("{binary}: {function} locks no sync.Mutex in its receiver (no `lock cmpxchg [rax+off]`)")]
+    NoLock { binary: String, function: String },
     /// RET finding is implemented for x86 only.
     #[error("{binary}: RET probes are not supported for ELF machine {machine}")]
     UnsupportedArch { binary: String, machine: u16 },
@@ -406,4 +409,76 @@ impl GoBinary {
         }
         Err(not_found())
     }
+
+    /// The offset, in its receiver, of the `sync.Mutex` that method `name` locks
+    /// (`func (l *local) syncPlugin(...) error { l.Lock(); defer l.Unlock(); ... }`).
+    /// `Lock`'s fast path is inlined as `lock cmpxchg [r+off], r32`
+    /// (`atomic.CompareAndSwapInt32(&m.state, 0, mutexLocked)`, `state` first in the lock),
+    /// where `r` is RAX or a register the receiver was copied to (RAX itself must be
+    /// zeroed for the CAS): see [`mutex_cas_offset`].
+    pub fn lock_field_offset(&self, name: &str) -> Result<u64, GoSymError> {
+        let f = self.symbols.require(name)?;
+        let len = f.end.saturating_sub(f.entry).min(256);
+        let not_found = || GoSymError::NoLock { binary: self.path.clone(), function: name.to_string() };
+        let bytes = self.symbols.elf.read_va(&self.data, f.entry, len).ok_or_else(not_found)?;
+        mutex_cas_offset(bytes, f.entry).ok_or_else(not_found)
+    }
+}
+
+/// The displacement of the first `lock cmpxchg [r+disp], r32` in `code` (at `ip`) whose
+/// base `r` holds the function's receiver: RAX on entry, and any register a
+/// `mov r64, r64` copies it to, until something else is written there; a call ends the
+/// search (every register is the callee's then). Reads up to the first RET.
+pub fn mutex_cas_offset(code: &[u8], ip: u64) -> Option<u64> {
+    use iced_x86::{Mnemonic, OpKind, Register};
+    /// The 64-bit register a 32- or 64-bit general register is part of.
+    fn gpr64(r: Register) -> Register {
+        const PAIRS: [(Register, Register); 16] = [
+            (Register::EAX, Register::RAX),
+            (Register::ECX, Register::RCX),
+            (Register::EDX, Register::RDX),
+            (Register::EBX, Register::RBX),
+            (Register::ESP, Register::RSP),
+            (Register::EBP, Register::RBP),
+            (Register::ESI, Register::RSI),
+            (Register::EDI, Register::RDI),
+            (Register::R8D, Register::R8),
+            (Register::R9D, Register::R9),
+            (Register::R10D, Register::R10),
+            (Register::R11D, Register::R11),
+            (Register::R12D, Register::R12),
+            (Register::R13D, Register::R13),
+            (Register::R14D, Register::R14),
+            (Register::R15D, Register::R15),
+        ];
+        PAIRS.iter().find(|(r32, _)| *r32 == r).map_or(r, |(_, r64)| *r64)
+    }
+    let mut receiver = vec![Register::RAX];
+    let mut d = iced_x86::Decoder::with_ip(64, code, ip, iced_x86::DecoderOptions::NONE);
+    while d.can_decode() {
+        let i = d.decode();
+        match i.mnemonic() {
+            Mnemonic::Ret | Mnemonic::Call => return None,
+            Mnemonic::Cmpxchg
+                if i.has_lock_prefix()
+                    && i.op0_kind() == OpKind::Memory
+                    && i.memory_index() == Register::None
+                    && receiver.contains(&i.memory_base()) =>
+            {
+                return Some(i.memory_displacement64());
+            }
+            _ => {}
+        }
+        if i.op_count() == 0 || i.op0_kind() != OpKind::Register {
+            continue;
+        }
+        let dst = gpr64(i.op0_register());
+        let copies_receiver =
+            i.mnemonic() == Mnemonic::Mov && i.op_count() == 2 && i.op1_kind() == OpKind::Register && receiver.contains(&i.op1_register());
+        receiver.retain(|r| *r != dst);
+        if copies_receiver {
+            receiver.push(dst);
+        }
+    }
+    None
 }

@@ -983,3 +983,40 @@ fn code_span_matches_what_the_kernel_recorded_for_this_process() {
     assert_eq!(u64::from(rel), here - k_start);
     assert_eq!(elf.code_place(data.len() as u64 + 4096), None, "past the file");
 }
+
+/// `(*local).syncPlugin` of CRI-O 1.35.6 (Go 1.25.5), its first instructions: the
+/// receiver moved from RAX to RDX, RAX zeroed, then `Lock`'s inlined CAS on `[rdx]`.
+const SYNC_PLUGIN_HEAD: &[u8] = &[
+    0x48, 0x89, 0x84, 0x24, 0xd8, 0x00, 0x00, 0x00, // mov [rsp+0xd8], rax
+    0x48, 0x89, 0xc2, // mov rdx, rax
+    0x31, 0xc0, // xor eax, eax
+    0x41, 0xba, 0x01, 0x00, 0x00, 0x00, // mov r10d, 1
+    0xf0, 0x44, 0x0f, 0xb1, 0x12, // lock cmpxchg [rdx], r10d
+];
+
+#[test]
+fn a_mutex_locked_through_a_copy_of_the_receiver_is_found_at_its_offset() {
+    assert_eq!(super::mutex_cas_offset(SYNC_PLUGIN_HEAD, 0x1000), Some(0));
+    // The same CAS 0x28 into the receiver.
+    let mut at_0x28 = SYNC_PLUGIN_HEAD[..19].to_vec();
+    at_0x28.extend_from_slice(&[0xf0, 0x44, 0x0f, 0xb1, 0x52, 0x28]); // lock cmpxchg [rdx+0x28], r10d
+    assert_eq!(super::mutex_cas_offset(&at_0x28, 0x1000), Some(0x28));
+}
+
+#[test]
+fn a_cas_on_anything_but_the_receiver_is_not_its_lock() {
+    // RDX overwritten after the copy: the CAS is on something else.
+    let mut clobbered = SYNC_PLUGIN_HEAD[..13].to_vec();
+    clobbered.extend_from_slice(&[0x48, 0x8b, 0x52, 0x08]); // mov rdx, [rdx+8]
+    clobbered.extend_from_slice(&SYNC_PLUGIN_HEAD[13..]);
+    assert_eq!(super::mutex_cas_offset(&clobbered, 0x1000), None);
+    // A call before the CAS: registers are the callee's.
+    let mut called = SYNC_PLUGIN_HEAD[..13].to_vec();
+    called.extend_from_slice(&[0xe8, 0x00, 0x00, 0x00, 0x00]); // call +0
+    called.extend_from_slice(&SYNC_PLUGIN_HEAD[13..]);
+    assert_eq!(super::mutex_cas_offset(&called, 0x1000), None);
+    // No lock prefix: not an atomic CAS.
+    let unlocked: Vec<u8> = SYNC_PLUGIN_HEAD.iter().enumerate().filter(|(i, _)| *i != 19).map(|(_, b)| *b).collect();
+    assert_eq!(super::mutex_cas_offset(&unlocked, 0x1000), None);
+    assert_eq!(super::mutex_cas_offset(&[], 0x1000), None);
+}

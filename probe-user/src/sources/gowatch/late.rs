@@ -130,6 +130,12 @@ pub fn writer_holds(read_word: &dyn Fn(u64) -> Option<u64>, lock: u64) -> bool {
     lock != 0 && lock.is_multiple_of(4) && read_word(lock + READER_COUNT_OFF).is_some_and(|w| (w as u32 as i32) < 0)
 }
 
+/// Whether the `sync.Mutex` at `lock` is locked: bit 0 (`mutexLocked`) of its `state`,
+/// its first word. An `RWMutex`'s writer mutex (`w`, first in it) is one too.
+pub fn mutex_locked(read_word: &dyn Fn(u64) -> Option<u64>, lock: u64) -> bool {
+    lock != 0 && lock.is_multiple_of(4) && read_word(lock).is_some_and(|w| w & 1 == 1)
+}
+
 /// The frames (index, function) of `names` (innermost first) that are probed.
 pub fn probed_frames<'a>(names: &[&str], funcs: &'a [LateFunc]) -> Vec<(usize, &'a LateFunc)> {
     names.iter().enumerate().filter_map(|(i, n)| funcs.iter().find(|f| f.symbol == *n).map(|f| (i, f))).collect()
@@ -150,13 +156,23 @@ pub fn receiver_of(
     match f.role {
         Role::LockHold => {
             let (reg, off) = f.recv.map_or((0, 0), |r| (r.reg, r.off));
-            slot(i, reg).map(|p| p.wrapping_add(u64::from(off))).filter(|l| writer_holds(read_word, *l)).unwrap_or(0)
+            let held = |l: &u64| if f.recv.is_some_and(Recv::is_mutex) { mutex_locked(read_word, *l) } else { writer_holds(read_word, *l) };
+            slot(i, reg).map(|p| p.wrapping_add(u64::from(off))).filter(held).unwrap_or(0)
         }
         Role::LockWait => {
             let inner = i.checked_sub(1).filter(|j| names.get(*j) == Some(&"runtime.semacquire1"));
             let candidates = inner.into_iter().chain(std::iter::once(i));
             let off = sem_off(f.symbol);
-            candidates.filter_map(|j| slot(j, 0)).find(|sem| writer_holds(read_word, sem.wrapping_sub(off))).unwrap_or(0)
+            // A `sync.Mutex`'s semaphore (4 into it): a plain mutex, or an RWMutex's writer
+            // mutex; either way that mutex is locked.
+            let held = |sem: &u64| {
+                if off == 4 {
+                    mutex_locked(read_word, sem.wrapping_sub(off))
+                } else {
+                    writer_holds(read_word, sem.wrapping_sub(off))
+                }
+            };
+            candidates.filter_map(|j| slot(j, 0)).find(held).unwrap_or(0)
         }
         _ => 0,
     }
@@ -323,6 +339,7 @@ impl LateScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sources::gowatch::targets::FoundIn;
 
     fn funcs() -> Vec<LateFunc> {
         vec![
@@ -384,9 +401,17 @@ mod tests {
         let cfa = |j: usize| sps.get(j + 1).copied();
         let lock = 0xc000_0100u64;
         // A writer waiting behind another writer parks on the inner mutex's sema (+4).
-        let m = [(0x1200, lock + 4), (lock + READER_COUNT_OFF, HELD)];
+        // The RWMutex's writer mutex `w` (first in it) is locked: state = locked | a waiter.
+        let m = [(0x1200, lock + 4), (lock, 0b1001), (lock + READER_COUNT_OFF, HELD)];
         let writer = func("internal/sync.runtime_SemacquireMutex", Role::LockWait);
         assert_eq!(receiver_of(&writer, 2, &names, &cfa, &mem(&m)), lock + 4);
+        // A plain sync.Mutex (CRI-O's NRI lock) the same: its state is locked.
+        let m = [(0x1200, lock + 4), (lock, 0b1001)];
+        assert_eq!(receiver_of(&writer, 2, &names, &cfa, &mem(&m)), lock + 4);
+        // Unlocked (its holder let go since): not believed.
+        let m = [(0x1200, lock + 4), (lock, 0b1000), (lock + READER_COUNT_OFF, HELD)];
+        assert_eq!(receiver_of(&writer, 2, &names, &cfa, &mem(&m)), 0);
+        let m = [(0x1200, lock + 4), (lock, 0b1001), (lock + READER_COUNT_OFF, HELD)];
         // Read as a reader's semaphore (+12) the same word points at no held lock.
         let reader = func("sync.runtime_SemacquireRWMutexR", Role::LockWait);
         assert_eq!(receiver_of(&reader, 2, &names, &cfa, &mem(&m)), 0);
@@ -420,7 +445,7 @@ mod tests {
         let cfa = |j: usize| sps.get(j + 1).copied();
         let c = 0xc000_4000u64;
         let lock = c + 0xd0;
-        let recv = Recv { reg: 3, off: 0xd0, rlocked_in: "oci.(*Container).State" };
+        let recv = Recv { reg: 3, off: 0xd0, found_in: FoundIn::RLock("oci.(*Container).State"), lock: ("opLock", "sync.RWMutex") };
         let holder = LateFunc { id: 4, symbol: "oci.(*runtimeOCI).UpdateContainer", role: Role::LockHold, recv: Some(recv), arg: None };
         let m = [(0x2200, 0xc000_9000), (0x2218, c), (lock + READER_COUNT_OFF, HELD)];
         assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&m)), lock);
@@ -429,6 +454,21 @@ mod tests {
         // The container's lock not held (its update returned): not believed.
         let m = [(0x2218, c), (lock + READER_COUNT_OFF, 1)];
         assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&m)), 0);
+    }
+
+    #[test]
+    fn a_mutex_holders_lock_is_believed_when_its_state_says_locked() {
+        // crio's (*local).syncPlugin(l, ctx, syncFn): l in RAX, kept at slot 0; the NRI
+        // lock is l itself (its embedded sync.Mutex).
+        let names = ["runtime.gopark", "nri.(*local).syncPlugin"];
+        let sps = [0x3000u64, 0x3100, 0x3200];
+        let cfa = |j: usize| sps.get(j + 1).copied();
+        let l = 0xc000_8000u64;
+        let recv = Recv { reg: 0, off: 0, found_in: FoundIn::Lock("nri.(*local).syncPlugin"), lock: ("NRI lock", "sync.Mutex") };
+        let holder = LateFunc { id: 5, symbol: "nri.(*local).syncPlugin", role: Role::LockHold, recv: Some(recv), arg: None };
+        assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&[(0x3200, l), (l, 1)])), l);
+        // Unlocked: not believed, whatever an RWMutex's reader count would say there.
+        assert_eq!(receiver_of(&holder, 1, &names, &cfa, &mem(&[(0x3200, l), (l, 0), (l + READER_COUNT_OFF, HELD)])), 0);
     }
 
     /// A handler's container id, from the request its frame keeps at slot 3: taken when

@@ -169,6 +169,8 @@ struct LockStats {
     max_get_wait: Duration,
     /// The container the last long hold was for.
     container: Option<String>,
+    /// Which lock it is ([`targets::held_lock`]), from its holders.
+    name: &'static str,
 }
 
 /// How many Status locks' histories are kept.
@@ -426,7 +428,9 @@ impl GoWatch {
             let lock = rec.receiver.wrapping_sub(sem_off(symbol));
             let known = self.locks.contains_key(&(rec.tgid, lock)) || self.lock_holder(rec.tgid, lock).is_some();
             if known {
+                let name = self.locks.get(&(rec.tgid, lock)).map(|l| l.name).unwrap_or_default();
                 let row = match (target, parks_a_writer(symbol)) {
+                    ("crio", true) if name == "NRI lock" => "NRI lock (waiting)",
                     ("crio", true) => "opLock write (waiting)",
                     ("crio", false) => "oci.(*Container).State (waiting)",
                     _ => "container.(*statusStorage).Get (waiting)",
@@ -451,7 +455,9 @@ impl GoWatch {
                 let cut = holds[holds.len() / 2];
                 self.locks.retain(|_, l| l.max_hold > cut);
             }
+            let name = targets::held_lock(f.recv).0;
             let l = self.locks.entry((rec.tgid, rec.receiver)).or_default();
+            l.name = name;
             l.holds += 1;
             if took >= l.max_hold {
                 l.max_hold = took;
@@ -554,10 +560,11 @@ impl GoWatch {
         self.act(actions, now_ns, waits, out);
     }
 
-    /// The Status lock holder of `lock`, among the open calls.
+    /// The holder of `lock` among the open calls (not one parked on it, waiting to take it).
     fn lock_holder(&self, tgid: u32, lock: u64) -> Option<&GoOpen> {
         self.open
             .iter()
+            .filter(|o| self.get_by_g.get(&(o.tgid, o.g)) != Some(&lock))
             .find(|o| o.tgid == tgid && o.receiver == lock && self.attacher.funcs.get(&o.func).is_some_and(|f| f.role == Role::LockHold))
     }
 
@@ -607,7 +614,7 @@ impl GoWatch {
                                 WaitKind::GoLock,
                                 json!({
                                     "lock": format!("{:#x}", o.receiver),
-                                    "lock_type": targets::held_lock(f.target).1,
+                                    "lock_type": targets::held_lock(f.recv).1,
                                     "holder_function": f.symbol,
                                     "container": container_of(&o, &self.open, &self.attacher.funcs),
                                     "waiting_gets": gets.map(|g| g.0).unwrap_or(0),
@@ -671,18 +678,22 @@ impl GoWatch {
                     Role::ShimTask | Role::RuncSystemd => WaitKind::GoCall,
                 };
                 let mut what = short(f.symbol).to_string();
+                // A holder whose goroutine is parked on its own lock has not taken it yet.
+                let parked_on = self.get_by_g.get(&(o.tgid, o.g)).copied();
+                let taking = f.role == Role::LockHold && parked_on == Some(o.receiver);
                 if f.role == Role::LockHold {
-                    what = format!("{what} holding {} {:#x}", targets::held_lock(f.target).0, o.receiver);
+                    let verb = if taking { "waiting to take" } else { "holding" };
+                    what = format!("{what} {verb} {} {:#x}", targets::held_lock(f.recv).0, o.receiver);
                 }
                 if let Some(c) = &o.arg {
                     what.push_str(&format!(" for {} {}", f.arg.map(|a| a.name).unwrap_or("container"), c.get(..12).unwrap_or(c)));
                 }
-                if let Some(lock) = self.get_by_g.get(&(o.tgid, o.g)) {
+                if let (Some(lock), false) = (parked_on, taking) {
                     if f.role == Role::Relist {
                         let func = self.parked_since.get(&(o.tgid, o.g)).and_then(|(_, id)| self.attacher.funcs.get(id));
-                        what.push_str(&format!(", {}", parked_what(func.map(|f| f.symbol), *lock)));
+                        what.push_str(&format!(", {}", parked_what(func.map(|f| f.symbol), lock)));
                     } else {
-                        what.push_str(&format!(", waiting on {} {lock:#x}", targets::held_lock(f.target).0));
+                        what.push_str(&format!(", waiting on {} {lock:#x}", self.lock_name(o.tgid, lock)));
                     }
                 }
                 Some(OpenWait {
@@ -721,6 +732,11 @@ impl GoWatch {
             });
         }
         out
+    }
+
+    /// What `lock` is, by the open call holding it: its name, or "a lock" with no holder seen.
+    fn lock_name(&self, tgid: u32, lock: u64) -> &'static str {
+        self.lock_holder(tgid, lock).and_then(|h| self.attacher.funcs.get(&h.func)).map_or("a lock", |f| targets::held_lock(f.recv).0)
     }
 
     fn role_of(&self, o: &GoOpen) -> Option<Role> {
@@ -786,7 +802,7 @@ impl GoWatch {
         self.latency.rows()
     }
 
-    /// The Status locks held longest, for the summary (at most `n`).
+    /// The locks held longest (Status locks, opLocks, the NRI lock), for the summary (at most `n`).
     pub fn locks(&self, n: usize) -> Vec<Value> {
         let mut v: Vec<(&(u32, u64), &LockStats)> = self.locks.iter().filter(|(_, l)| l.holds > 0).collect();
         v.sort_by_key(|(_, l)| std::cmp::Reverse(l.max_hold));
@@ -796,6 +812,7 @@ impl GoWatch {
                 json!({
                     "pid": pid,
                     "lock": format!("{lock:#x}"),
+                    "name": l.name,
                     "container": l.container,
                     "holds": l.holds,
                     "max_hold_s": l.max_hold.as_secs_f64(),

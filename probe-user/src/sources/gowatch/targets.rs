@@ -137,25 +137,44 @@ pub fn arg_spec(arg: Option<Arg>, recv: Option<Recv>) -> GoArgSpec {
 }
 
 /// A call whose receiver, as plegwatch reports it, is a lock inside one of its
-/// arguments: register `reg` (Go register ABI order) plus the offset of a
-/// `sync.RWMutex` field of the struct it points to. The offset is read from the
-/// binary: from `rlocked_in`, a method that read-locks the same field of its own
-/// receiver (see `GoBinary::rlock_field_offset`), so that a field moved by a
+/// arguments: register `reg` (Go register ABI order) plus the offset of a lock field
+/// of the struct it points to. The offset is read from the binary, from a method that
+/// locks the same field of its own receiver ([`FoundIn`]), so that a field moved by a
 /// release is still found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Recv {
     pub reg: u32,
     /// The lock's offset in the struct, once resolved.
     pub off: u32,
-    pub rlocked_in: &'static str,
+    pub found_in: FoundIn,
+    /// The lock, in words: its name (`opLock`) and its type.
+    pub lock: (&'static str, &'static str),
+}
+
+/// Where a [`Recv`]'s lock offset is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FoundIn {
+    /// A method that read-locks the `sync.RWMutex` (`GoBinary::rlock_field_offset`).
+    RLock(&'static str),
+    /// A method that locks the `sync.Mutex` (`GoBinary::lock_field_offset`).
+    Lock(&'static str),
 }
 
 impl Recv {
     /// This receiver with the offset `bin` really uses.
     pub fn resolve(self, bin: &crate::proto::gosym::GoBinary) -> Result<Recv, String> {
-        let off = bin.rlock_field_offset(self.rlocked_in).map_err(|e| e.to_string())?;
-        let off = u32::try_from(off).map_err(|_| format!("{}: lock offset {off:#x} out of range", short(self.rlocked_in)))?;
+        let (off, method) = match self.found_in {
+            FoundIn::RLock(m) => (bin.rlock_field_offset(m), m),
+            FoundIn::Lock(m) => (bin.lock_field_offset(m), m),
+        };
+        let off = off.map_err(|e| e.to_string())?;
+        let off = u32::try_from(off).map_err(|_| format!("{}: lock offset {off:#x} out of range", short(method)))?;
         Ok(Recv { off, ..self })
+    }
+
+    /// Whether the lock is a plain `sync.Mutex` (else a `sync.RWMutex`).
+    pub fn is_mutex(self) -> bool {
+        matches!(self.found_in, FoundIn::Lock(_))
     }
 }
 
@@ -492,7 +511,25 @@ pub const RUNC: &[Group] = &[
 /// *rspec.LinuxResources) error`, and `(ctx, c)` for the others: RDI = c. The lock is
 /// `c.opLock`, the `sync.RWMutex` that `(*Container).State` read-locks (at 0xd0 in
 /// 1.35.6). Checked on CRI-O 1.35.6 (Go 1.25.5) and its sources at the tag.
-const OP_LOCK: Recv = Recv { reg: 3, off: 0, rlocked_in: "github.com/cri-o/cri-o/internal/oci.(*Container).State" };
+const OP_LOCK: Recv = Recv {
+    reg: 3,
+    off: 0,
+    found_in: FoundIn::RLock("github.com/cri-o/cri-o/internal/oci.(*Container).State"),
+    lock: ("opLock", "sync.RWMutex (CRI-O container opLock)"),
+};
+
+/// CRI-O's NRI lock: `internal/nri.local` embeds a `sync.Mutex` that each of its event
+/// methods (`func (l *local) StartContainer(ctx context.Context, pod PodSandbox, ctr
+/// Container) error`, ...) and `func (l *local) syncPlugin(ctx context.Context, syncFn
+/// nri.SyncCB) error` lock for their whole run: RAX = l, the lock at 0 in 1.35.6 (read
+/// from `syncPlugin`'s inlined `Lock`). One per CRI-O: a holder that waits stops every
+/// container and pod lifecycle call on the node (cri-o#9804, #9835).
+const NRI_LOCK: Recv = Recv {
+    reg: 0,
+    off: 0,
+    found_in: FoundIn::Lock("github.com/cri-o/cri-o/internal/nri.(*local).syncPlugin"),
+    lock: ("NRI lock", "sync.Mutex (CRI-O NRI adaptation)"),
+};
 
 /// `(s *Server) M(ctx context.Context, req *types.MRequest)`: RDI = req (cri-api
 /// v0.35 in CRI-O 1.35.6; the field's offset is read from its getter).
@@ -503,7 +540,15 @@ const REMOVE_CONTAINER: Arg =
 const STOP_SANDBOX: Arg =
     cri_arg("sandbox", cri!("StopPodSandboxRequest", "GetPodSandboxId"), cri!("StopPodSandboxRequest", "XXX_Unmarshal"));
 
-/// CRI-O's CRI server and the OCI runtime calls that hold a container's `opLock`.
+/// `(*local).$m` of CRI-O's NRI adaptation (`internal/nri`).
+macro_rules! nri {
+    ($m:literal) => {
+        concat!("github.com/cri-o/cri-o/internal/nri.(*local).", $m)
+    };
+}
+
+/// CRI-O's CRI server, the OCI runtime calls that hold a container's `opLock`, and the
+/// NRI calls that hold its NRI lock.
 /// Checked on CRI-O 1.35.6 (Go 1.25.5; `../shared/bin/crio-1.35.6`): every group
 /// found, entries and RETs decoded, `opLock` at 0xd0 (`probe-user/tests/real_binaries.rs`).
 ///
@@ -513,12 +558,17 @@ const STOP_SANDBOX: Arg =
 /// | `(*Server).ContainerStatus`, `UpdateContainerResources`, `StartContainer`, `StopContainer`, `RemoveContainer` | `func (s *Server) UpdateContainerResources(ctx context.Context, req *types.UpdateContainerResourcesRequest) (*types.UpdateContainerResourcesResponse, error)` | RDI = req; its `ContainerId` |
 /// | `(*Server).PodSandboxStatus`, `StopPodSandbox` | as above | RDI = req; its `PodSandboxId` |
 /// | `internal/oci.(*runtimeOCI).UpdateContainer`, `StartContainer`, `DeleteContainer`, `UpdateContainerStatus`, `StopLoopForContainer` | `func (r *runtimeOCI) UpdateContainer(ctx context.Context, c *Container, res *rspec.LinuxResources) error` | RDI = c: the receiver reported is `&c.opLock` |
+/// | `internal/nri.(*local).syncPlugin`, `updateFromPlugin` and the event methods (`RunPodSandbox`, `StartContainer`, `UpdateContainer`, `StopContainer`, ...; optional) | `func (l *local) StartContainer(ctx context.Context, pod PodSandbox, ctr Container) error` | RAX = l: the receiver reported is `&l.Mutex` (the NRI lock) |
 /// | `sync.runtime_SemacquireRWMutexR` | as for containerd: a reader parked while a writer holds the lock (`(*Container).State`) | RAX = `&rw.readerSem` |
+/// | `internal/sync.runtime_SemacquireMutex` | a goroutine parked in `sync.Mutex.Lock` (the NRI lock, or an `opLock`'s writer mutex) | RAX = `&m.sema` |
 ///
 /// In 1.35.6 the relist's own calls do not take `opLock` (`ListContainers` reads
 /// `StateNoLock`, `ListPodSandbox` the sandbox's own lock); what parks behind a held
 /// `opLock` is another update, `ListContainerStats`, a stop, the exit handler and,
-/// with NRI on, every lifecycle call.
+/// with NRI on, every lifecycle call: the NRI lock's holder may itself wait on a held
+/// `opLock` (`syncPlugin` lists every container's state for a plugin that registers,
+/// each through `State`'s `RLock`), and every pod and container lifecycle call on the
+/// node then parks behind it.
 pub const CRIO: &[Group] = &[
     runtime(LOCK_WAITS),
     WRITER_WAITS[0],
@@ -540,6 +590,20 @@ pub const CRIO: &[Group] = &[
     need(&[holding("github.com/cri-o/cri-o/internal/oci.(*runtimeOCI).DeleteContainer", OP_LOCK)]),
     need(&[holding("github.com/cri-o/cri-o/internal/oci.(*runtimeOCI).UpdateContainerStatus", OP_LOCK)]),
     need(&[holding("github.com/cri-o/cri-o/internal/oci.(*runtimeOCI).StopLoopForContainer", OP_LOCK)]),
+    opt(&[holding(nri!("syncPlugin"), NRI_LOCK)]),
+    opt(&[holding(nri!("updateFromPlugin"), NRI_LOCK)]),
+    opt(&[holding(nri!("RunPodSandbox"), NRI_LOCK)]),
+    opt(&[holding(nri!("UpdatePodSandbox"), NRI_LOCK)]),
+    opt(&[holding(nri!("StopPodSandbox"), NRI_LOCK)]),
+    opt(&[holding(nri!("RemovePodSandbox"), NRI_LOCK)]),
+    opt(&[holding(nri!("CreateContainer"), NRI_LOCK)]),
+    opt(&[holding(nri!("PostCreateContainer"), NRI_LOCK)]),
+    opt(&[holding(nri!("StartContainer"), NRI_LOCK)]),
+    opt(&[holding(nri!("PostStartContainer"), NRI_LOCK)]),
+    opt(&[holding(nri!("UpdateContainer"), NRI_LOCK)]),
+    opt(&[holding(nri!("PostUpdateContainer"), NRI_LOCK)]),
+    opt(&[holding(nri!("StopContainer"), NRI_LOCK)]),
+    opt(&[holding(nri!("RemoveContainer"), NRI_LOCK)]),
 ];
 
 /// A kind of binary plegwatch probes.
@@ -580,12 +644,10 @@ pub fn arg_text(bytes: &[u8]) -> Option<String> {
     ok.then(|| String::from_utf8_lossy(bytes).into_owned())
 }
 
-/// The lock a target's [`Role::LockHold`] calls hold, in words.
-pub fn held_lock(target: &str) -> (&'static str, &'static str) {
-    match target {
-        "crio" => ("opLock", "sync.RWMutex (CRI-O container opLock)"),
-        _ => ("Status lock", "sync.RWMutex (CRI container Status)"),
-    }
+/// The lock a [`Role::LockHold`] call holds, in words (name, type): its [`Recv`]'s, else
+/// containerd's Status lock (the receiver itself).
+pub fn held_lock(recv: Option<Recv>) -> (&'static str, &'static str) {
+    recv.map_or(("Status lock", "sync.RWMutex (CRI container Status)"), |r| r.lock)
 }
 
 /// `pkg.(*T).Method` without the import path.
@@ -626,8 +688,9 @@ mod tests {
                 assert!(!g.funcs.is_empty());
                 assert!(g.funcs.iter().all(|s| s.role == g.funcs[0].role), "{:?}", g.funcs[0].symbol);
                 let writer_wait = g.funcs[0].role == Role::LockWait && parks_a_writer(g.funcs[0].symbol);
+                let nri = g.funcs[0].symbol.contains("/internal/nri.(*local).");
                 let only_some =
-                    g.funcs[0].symbol.contains("/sbserver.") || g.funcs[0].symbol.contains("(*LegacyManager).Set.") || writer_wait;
+                    g.funcs[0].symbol.contains("/sbserver.") || g.funcs[0].symbol.contains("(*LegacyManager).Set.") || writer_wait || nri;
                 assert_eq!(g.optional, only_some, "{:?}", g.funcs[0].symbol);
                 let go_runtime = g.funcs[0].symbol.starts_with("sync.") || g.funcs[0].symbol.starts_with("internal/sync.");
                 assert_eq!(g.runtime, go_runtime, "{:?}", g.funcs[0].symbol);
