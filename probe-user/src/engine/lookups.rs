@@ -25,6 +25,9 @@ impl Procs for World<'_> {
     fn state(&mut self, pid: u32) -> Option<char> {
         self.observe.state(pid)
     }
+    fn stuck_since(&mut self, pid: u32, now_ns: u64) -> Option<u64> {
+        self.observe.stuck_since(pid, now_ns)
+    }
     fn comm(&mut self, pid: u32) -> Option<String> {
         self.observe.comm(pid)
     }

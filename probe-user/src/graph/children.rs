@@ -51,6 +51,9 @@ pub struct ChildWaitFact {
     /// Exact when the kernel saw the wait begin; a lower bound for one the startup
     /// sweep found.
     pub start: super::model::StartTiming,
+    /// The child that makes it matter ([`matters`]) and since when it is seen stuck;
+    /// none when a probed Go call on it does.
+    pub stuck: Option<(u32, u64)>,
 }
 
 impl ChildWaitFact {
@@ -111,14 +114,53 @@ pub const PIPE_LOOKUP_AFTER_NS: u64 = 1_000_000_000;
 const START_SLACK_NS: u64 = 20_000_000;
 
 /// Whether a thread's `wait4`/`waitid` belongs in the graph (see the module doc).
-pub fn matters(f: &ChildWaitFact, go: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs) -> bool {
+pub fn matters(f: &ChildWaitFact, go: &GoFacts, waits: &[OpenWait], procs: &mut dyn Procs, now_ns: u64) -> Option<Matters> {
     if f.g.is_some_and(|g| go.calls.iter().any(|c| c.tgid == f.tgid && c.g == g)) {
-        return true;
+        return Some(Matters::GoCall);
     }
-    let stuck_alone = |procs: &mut dyn Procs, p: u32| matches!(procs.state(p), Some('T' | 't' | 'D')) && oldest_wait_of(waits, p).is_none();
-    match f.named() {
-        Some(p) => stuck_alone(procs, p),
-        None => procs.children(f.tgid).into_iter().any(|p| stuck_alone(procs, p)),
+    let candidates = match f.named() {
+        Some(p) => vec![p],
+        None => procs.children(f.tgid),
+    };
+    // Every candidate is looked at, so that each one's stuck clock runs from its first scan.
+    let mut stuck = None;
+    for p in candidates {
+        let Some(since) = procs.stuck_since(p, now_ns) else { continue };
+        if stuck.is_none() && oldest_wait_of(waits, p).is_none() && now_ns.saturating_sub(since) >= STUCK_FOR_NS {
+            stuck = Some((p, since));
+        }
+    }
+    stuck.map(|(pid, since_ns)| Matters::StuckChild { pid, since_ns })
+}
+
+/// Why a `wait4`/`waitid` is a graph node ([`matters`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Matters {
+    /// A probed Go call waits on it (same goroutine).
+    GoCall,
+    /// Its child `pid` has been stopped or in D since `since_ns`, with no wait of its own.
+    StuckChild { pid: u32, since_ns: u64 },
+}
+
+/// How long a child must be seen stopped or in D before the wait on it matters on that
+/// account: a page fault's or a read's D lasts milliseconds, and a parent that has
+/// waited for hours on a child that runs (a shell, an init) is no stall.
+pub const STUCK_FOR_NS: u64 = 1_000_000_000;
+
+impl ChildWaitFact {
+    /// This wait as it matters: the stuck child noted, and, when only that child makes it
+    /// matter, its start no earlier than when the child was first seen stuck (a parent's
+    /// wait on a running child is no stall; the stall is the child's being stuck, and
+    /// that began at or before it was seen: a lower bound).
+    pub fn as_it_matters(mut self, why: Matters) -> Self {
+        if let Matters::StuckChild { pid, since_ns } = why {
+            self.stuck = Some((pid, since_ns));
+            if since_ns > self.start_ns {
+                self.start_ns = since_ns;
+                self.start = super::model::StartTiming::LowerBound;
+            }
+        }
+        self
     }
 }
 
@@ -156,9 +198,11 @@ pub fn child_wait_edges(facts: &[ChildWaitFact], waits: &[OpenWait], procs: &mut
             continue;
         }
         let kids = procs.children(f.tgid);
-        let stuck: Vec<u32> = kids.iter().copied().filter(|k| matches!(procs.state(*k), Some('T' | 't' | 'D'))).collect();
-        let with_wait = kids.iter().copied().find(|k| oldest_wait_of(waits, *k).is_some());
-        let Some(child) = stuck.first().copied().or(with_wait).or(kids.first().copied()) else { continue };
+        // The child that made the wait matter, else one stuck now, one with a wait, any.
+        let made_it = f.stuck.map(|(p, _)| p).filter(|p| kids.contains(p));
+        let stuck = || kids.iter().copied().find(|k| matches!(procs.state(*k), Some('T' | 't' | 'D')));
+        let with_wait = || kids.iter().copied().find(|k| oldest_wait_of(waits, *k).is_some());
+        let Some(child) = made_it.or_else(stuck).or_else(with_wait).or(kids.first().copied()) else { continue };
         let name = procs.comm(child).unwrap_or_default();
         let (exactness, why) = if kids.len() == 1 {
             (Exactness::Exact, format!("{what}: {name} pid {child} is its only child"))
@@ -309,6 +353,7 @@ mod tests {
             syscall: "wait4",
             start_ns,
             start: crate::graph::model::StartTiming::Exact,
+            stuck: None,
         }
     }
 
@@ -389,19 +434,79 @@ mod tests {
     fn only_waits_that_matter_are_nodes() {
         let mut procs = Fake { children: HashMap::from([(100, vec![RUNC])]), states: HashMap::from([(RUNC, 'S')]), ..Default::default() };
         let shell = fact(100, 100, None, WaitTarget::Pid(RUNC), 5);
-        assert!(!matters(&shell, &GoFacts::default(), &[], &mut procs), "a shell waiting on a running command");
+        let now = 10 * S;
+        assert_eq!(matters(&shell, &GoFacts::default(), &[], &mut procs, now), None, "a shell waiting on a running command");
         procs.states.insert(RUNC, 'T');
-        assert!(matters(&shell, &GoFacts::default(), &[], &mut procs), "waiting on a stopped child");
+        let stuck = Some(Matters::StuckChild { pid: RUNC, since_ns: 0 });
+        assert_eq!(matters(&shell, &GoFacts::default(), &[], &mut procs, now), stuck, "waiting on a stopped child");
         let busy = kernel_wait(RUNC, RUNC, 3);
         procs.states.insert(RUNC, 'D');
-        assert!(!matters(&shell, &GoFacts::default(), std::slice::from_ref(&busy), &mut procs), "the child's own wait is reported already");
+        assert_eq!(
+            matters(&shell, &GoFacts::default(), std::slice::from_ref(&busy), &mut procs, now),
+            None,
+            "the child's own wait is reported already"
+        );
         // A Go call on the same goroutine: always.
         procs.states.insert(RUNC, 'S');
         let go_wait = fact(100, 102, Some(0xc0), WaitTarget::Pid(RUNC), 5);
         let go = GoFacts { calls: vec![call(100, 0xc0, 1, "abc")], parked: HashMap::new(), ..Default::default() };
-        assert!(matters(&go_wait, &go, &[], &mut procs));
+        assert_eq!(matters(&go_wait, &go, &[], &mut procs, now), Some(Matters::GoCall));
         let other_g = fact(100, 102, Some(0xc1), WaitTarget::Pid(RUNC), 5);
-        assert!(!matters(&other_g, &go, &[], &mut procs), "joined by goroutine only");
+        assert_eq!(matters(&other_g, &go, &[], &mut procs, now), None, "joined by goroutine only");
+    }
+
+    /// A procs whose children were first seen stuck at given times (a real lookup
+    /// remembers it across scans).
+    struct SeenStuck(Fake, HashMap<u32, u64>);
+
+    impl Procs for SeenStuck {
+        fn children(&mut self, pid: u32) -> Vec<u32> {
+            self.0.children(pid)
+        }
+        fn state(&mut self, pid: u32) -> Option<char> {
+            self.0.state(pid)
+        }
+        fn stuck_since(&mut self, pid: u32, _: u64) -> Option<u64> {
+            matches!(self.0.state(pid), Some('T' | 't' | 'D')).then(|| self.1.get(&pid).copied()).flatten()
+        }
+        fn comm(&mut self, pid: u32) -> Option<String> {
+            self.0.comm(pid)
+        }
+        fn connected(&mut self, _: u32, _: u32) -> bool {
+            false
+        }
+    }
+
+    /// An init (or a shell) in `wait4(-1)` for hours while its children run: a child's
+    /// D state of a moment does not make the wait a stall; one that lasts does, timed
+    /// from when the child was first seen stuck, not from the hours-old wait.
+    #[test]
+    fn a_long_wait_matters_only_once_a_child_stays_stuck_and_from_then() {
+        const INIT: u32 = 1;
+        const SH: u32 = 248;
+        let fake = Fake {
+            children: HashMap::from([(INIT, vec![SH, RUNC])]),
+            states: HashMap::from([(SH, 'S'), (RUNC, 'D')]),
+            ..Default::default()
+        };
+        let init = fact(INIT, INIT, None, WaitTarget::Any, 5 * S);
+        let now = 3600 * S;
+        let mut procs = SeenStuck(fake, HashMap::from([(RUNC, now - S / 10)]));
+        assert_eq!(matters(&init, &GoFacts::default(), &[], &mut procs, now), None, "in D for 0.1 s: an I/O");
+        procs.1.insert(RUNC, now - 2 * S);
+        let why = matters(&init, &GoFacts::default(), &[], &mut procs, now);
+        assert_eq!(why, Some(Matters::StuckChild { pid: RUNC, since_ns: now - 2 * S }));
+        let node = init.clone().as_it_matters(why.unwrap_or(Matters::GoCall));
+        assert_eq!((node.start_ns, node.start), (now - 2 * S, StartTiming::LowerBound), "timed from the child's being stuck");
+        assert_eq!(node.key, init.key, "the same node");
+        // The edge goes to the child that made it matter, even if another looks stuck by now.
+        procs.0.states.insert(SH, 'T');
+        let waits = vec![open_wait(&node, "init".into())];
+        let e = child_wait_edges(std::slice::from_ref(&node), &waits, &mut procs.0);
+        assert!(matches!(&e[0].to, HeldBy::Terminal(t) if t.pid == Some(RUNC)), "{:?}", e[0].to);
+        // A wait that began after the child got stuck keeps its own start.
+        let late = fact(INIT, INIT, None, WaitTarget::Any, now - S).as_it_matters(Matters::StuckChild { pid: RUNC, since_ns: now - 2 * S });
+        assert_eq!((late.start_ns, late.start), (now - S, StartTiming::Exact));
     }
 
     #[test]

@@ -73,6 +73,12 @@ pub struct GoFacts {
 pub trait Procs {
     fn children(&mut self, pid: u32) -> Vec<u32>;
     fn state(&mut self, pid: u32) -> Option<char>;
+    /// When process `pid` was first seen stopped (`T`, `t`) or in `D` without a break,
+    /// if it is now: a real lookup remembers it across scans. By default (the tests'
+    /// fakes), since ever.
+    fn stuck_since(&mut self, pid: u32, _now_ns: u64) -> Option<u64> {
+        matches!(self.state(pid), Some('T' | 't' | 'D')).then_some(0)
+    }
     fn comm(&mut self, pid: u32) -> Option<String>;
     /// Whether a unix socket of `client` has its peer in `server`.
     fn connected(&mut self, client: u32, server: u32) -> bool;

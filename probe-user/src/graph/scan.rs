@@ -81,7 +81,10 @@ pub fn scan<L: Lookups>(
     let Snapshot { clocks, mut waits, facts, child_waits, parked, answers, devices } = snapshot;
     let now = clocks.now_ns;
     // Threads in wait4/waitid go in first: a Go call joins them by goroutine.
-    let child_waits: Vec<ChildWaitFact> = child_waits.into_iter().filter(|f| children::matters(f, &facts, &waits, lookups)).collect();
+    let child_waits: Vec<ChildWaitFact> = child_waits
+        .into_iter()
+        .filter_map(|f| children::matters(&f, &facts, &waits, lookups, now).map(|why| f.as_it_matters(why)))
+        .collect();
     for f in &child_waits {
         let comm = lookups.comm(f.tid).unwrap_or_default();
         waits.push(children::open_wait(f, comm));
@@ -144,6 +147,9 @@ mod tests {
         }
         fn state(&mut self, pid: u32) -> Option<char> {
             self.procs.state(pid)
+        }
+        fn stuck_since(&mut self, pid: u32, now_ns: u64) -> Option<u64> {
+            self.procs.stuck_since(pid, now_ns)
         }
         fn comm(&mut self, pid: u32) -> Option<String> {
             self.procs.comm(pid)
@@ -273,6 +279,7 @@ mod tests {
             syscall: "wait4",
             start_ns: 0,
             start: StartTiming::Exact,
+            stuck: None,
         };
         let mut s = snapshot(12, Vec::new());
         s.child_waits = vec![f];

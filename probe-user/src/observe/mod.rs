@@ -49,11 +49,19 @@ pub struct Observe {
     pipes: HashMap<u32, (Instant, Vec<PipeLink>)>,
     /// `/proc` as the listing thread last saw it, for children.
     lister: lister::Lister,
+    /// Processes seen stopped or in D: (first seen so, last looked at), by pid.
+    stuck: HashMap<u32, (u64, u64)>,
 }
+
+/// A stuck process not looked at for this long is forgotten: what it did in between
+/// is unknown, so its stuck clock starts again.
+const STUCK_FORGET_NS: u64 = 5_000_000_000;
+/// Most stuck processes remembered (those looked at longest ago go first).
+const STUCK_MAX: usize = 4096;
 
 impl Observe {
     pub fn new(lister: lister::Lister) -> Self {
-        Observe { peers: UnixPeers::default(), connected: HashMap::new(), pipes: HashMap::new(), lister }
+        Observe { peers: UnixPeers::default(), connected: HashMap::new(), pipes: HashMap::new(), lister, stuck: HashMap::new() }
     }
 
     /// `pid`'s children, from the newest listing of `/proc` (at most
@@ -61,6 +69,28 @@ impl Observe {
     fn children_of(&mut self, pid: u32) -> Vec<u32> {
         self.lister.latest().children(pid)
     }
+}
+
+/// [`Procs::stuck_since`] on `state`, as read now: the first time `pid` was seen stopped
+/// or in D without a break (a look that finds it otherwise ends the run), remembered
+/// in `stuck`.
+fn remember_stuck(stuck: &mut HashMap<u32, (u64, u64)>, pid: u32, state: Option<char>, now_ns: u64) -> Option<u64> {
+    if !matches!(state, Some('T' | 't' | 'D')) {
+        stuck.remove(&pid);
+        return None;
+    }
+    if stuck.len() >= STUCK_MAX && !stuck.contains_key(&pid) {
+        stuck.retain(|_, (_, seen)| now_ns.saturating_sub(*seen) < STUCK_FORGET_NS);
+        if stuck.len() >= STUCK_MAX {
+            return Some(now_ns);
+        }
+    }
+    let e = stuck.entry(pid).or_insert((now_ns, now_ns));
+    if now_ns.saturating_sub(e.1) > STUCK_FORGET_NS {
+        e.0 = now_ns;
+    }
+    e.1 = now_ns;
+    Some(e.0)
 }
 
 /// How long a process's pipes to its children are reused.
@@ -96,6 +126,11 @@ impl Procs for Observe {
 
     fn state(&mut self, pid: u32) -> Option<char> {
         procfs::state(pid)
+    }
+
+    fn stuck_since(&mut self, pid: u32, now_ns: u64) -> Option<u64> {
+        let state = procfs::state(pid);
+        remember_stuck(&mut self.stuck, pid, state, now_ns)
     }
 
     fn comm(&mut self, pid: u32) -> Option<String> {
@@ -138,5 +173,26 @@ mod tests {
         assert!(!o.connected(me, child.id()));
         let _ = child.kill();
         let _ = child.wait();
+    }
+}
+
+#[cfg(test)]
+mod stuck_tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_stuck_run_starts_at_its_first_look_and_ends_at_any_other_state() {
+        let mut m = HashMap::new();
+        assert_eq!(remember_stuck(&mut m, 7, Some('D'), 10 * S), Some(10 * S));
+        assert_eq!(remember_stuck(&mut m, 7, Some('D'), 11 * S), Some(10 * S), "still in the same run");
+        assert_eq!(remember_stuck(&mut m, 7, Some('T'), 12 * S), Some(10 * S), "stopped counts as stuck too");
+        assert_eq!(remember_stuck(&mut m, 7, Some('S'), 13 * S), None, "the run ends");
+        assert_eq!(remember_stuck(&mut m, 7, Some('D'), 14 * S), Some(14 * S), "a new run");
+        // Not looked at for longer than STUCK_FORGET_NS: what happened between is unknown.
+        assert_eq!(remember_stuck(&mut m, 7, Some('D'), 14 * S + STUCK_FORGET_NS + 1), Some(14 * S + STUCK_FORGET_NS + 1));
+        assert_eq!(remember_stuck(&mut m, 8, None, S), None, "gone");
+        assert!(!m.contains_key(&8));
     }
 }

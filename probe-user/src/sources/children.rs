@@ -125,6 +125,7 @@ impl ChildWaits {
                 syscall: if w.which == CHILD_WAIT_WAIT4 { "wait4" } else { "waitid" },
                 start_ns: w.start_ns,
                 start,
+                stuck: None,
             });
         }
         self.pidfds.retain(|k, _| out.iter().any(|f| f.key == *k));

@@ -14,10 +14,13 @@
 # an empty payload (no adjustment, no update). After Configure, CRI-O synchronizes the
 # plugin under its NRI lock: that is what the scenario stalls.
 #
+# It idles in poll(), as a Go plugin does in its netpoller, not in a blocking recv.
+#
 # Prints one line per step, flushed: "registered", "call METHOD" for each call it gets.
 #
 # Usage: nri_plugin.py SOCKET
 
+import select
 import socket
 import struct
 import sys
@@ -87,6 +90,8 @@ class Mux:
     def __init__(self, path):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
+        self.poller = select.poll()
+        self.poller.register(self.sock, select.POLLIN)
         self.pending = {}
 
     def send(self, conn, stream, kind, payload):
@@ -96,6 +101,10 @@ class Mux:
     def read_exact(self, n):
         buf = b""
         while len(buf) < n:
+            # Idle in poll(), as a Go plugin idles in its netpoller (epoll): a thread
+            # blocked in recvfrom() on the runtime's socket would itself look like a
+            # client waiting on an unanswering server.
+            self.poller.poll()
             chunk = self.sock.recv(n - len(buf))
             if not chunk:
                 raise EOFError("the runtime closed the connection")
