@@ -13,9 +13,13 @@
 //!
 //! A thread blocked in `wait4`/`waitid` is a graph node only when it matters
 //! ([`matters`]): a probed Go call waits on it (same goroutine), or the child
-//! it waits for is stopped or blocked in D with no open wait of its own (so
-//! the parent's wait is the only sign of it). A shell waiting on a running
-//! command is none of plegwatch's business.
+//! it waits for has been stopped or blocked in D for [`STUCK_FOR_NS`], with no
+//! open wait of its own (so the parent's wait is the only sign of it). A shell
+//! or an init waiting on a running command is none of plegwatch's business, and
+//! a child's D state of a moment (a read, a page fault) does not make it so. A
+//! wait that matters through its child only is timed from when that child was
+//! first seen stuck (a lower bound), not from the parent's call, which may be
+//! hours old; its edge goes to that child.
 
 use super::model::{Edge, EdgeKind, Exactness, HeldBy, OpenWait, WaitKey};
 use super::resolvers::{held_by_process, oldest_wait_of, CallRole, GoCallFact, GoFacts, Procs};
