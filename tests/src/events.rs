@@ -73,6 +73,17 @@ pub fn resolution<'a>(events: &'a [Event], stall: &Event) -> Option<&'a Event> {
     events.iter().find(|e| e.is("resolved") && e.u64("/id") == stall.u64("/id"))
 }
 
+/// How long plegwatch saw the Go lock held by the call whose function ends in `function`
+/// (`.(*runtimeOCI).UpdateContainer`): the `waited_s` of the `resolved` line of its first
+/// `go_lock` stall. The error says which of the two lines is missing.
+pub fn go_lock_hold(events: &[Event], function: &str) -> Result<f64, String> {
+    let stall = events
+        .iter()
+        .find(|e| e.is("stall") && e.str("/kind") == Some("go_lock") && e.ends_with("/detail/function", function))
+        .ok_or_else(|| format!("no go_lock stall for {function}"))?;
+    resolution(events, stall).and_then(|e| e.f64("/waited_s")).ok_or_else(|| format!("{function}'s hold never resolved"))
+}
+
 /// The lines, one per row, each with its arrival in seconds after `origin`: for failure
 /// messages.
 pub fn dump(events: &[Event], origin: Instant) -> String {

@@ -126,16 +126,13 @@ fn a_plugin_synchronized_behind_a_held_oplock_stops_every_lifecycle_call() -> Re
     }
 
     // The NRI lock's hold, as plegwatch measured it, against the start's block.
-    let function = |e: &plegwatch_scenarios::events::Event| e.str("/detail/function").unwrap_or_default().to_string();
-    let sync = events
-        .iter()
-        .find(|e| e.is("stall") && e.str("/kind") == Some("go_lock") && function(e).ends_with(".(*local).syncPlugin"))
-        .with_context(|| format!("no stall for the NRI lock's hold:\n{}", all()))?;
-    let held = events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == sync.u64("/id"))
-        .and_then(|e| e.f64("/waited_s"))
-        .with_context(|| format!("the NRI lock's hold never resolved:\n{}", all()))?;
+    let held = plegwatch_scenarios::events::go_lock_hold(&events, ".(*local).syncPlugin").map_err(|e| {
+        anyhow::anyhow!(
+            "{e}:
+{}",
+            all()
+        )
+    })?;
     let blocked = started.duration_since(start_sent).as_secs_f64();
     assert!(
         held >= blocked - plegwatch_scenarios::timing::scaled(Duration::from_millis(500)).as_secs_f64(),

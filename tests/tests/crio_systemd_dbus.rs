@@ -175,19 +175,13 @@ fn an_update_waiting_on_a_frozen_systemd_is_one_incident_down_to_systemd() -> Re
     assert_eq!(chain[n - 2]["container_id"].as_str(), Some(ctr.as_str()), "{rt}'s hop:\n{text}");
 
     // The hold, as plegwatch measured it, against the block the test measured.
-    let lock = events
-        .iter()
-        .find(|e| {
-            e.is("stall")
-                && e.str("/kind") == Some("go_lock")
-                && e.str("/detail/function").is_some_and(|f| f.ends_with(".(*runtimeOCI).UpdateContainer"))
-        })
-        .with_context(|| format!("no stall for the opLock hold:\n{}", all()))?;
-    let held = events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
-        .and_then(|e| e.f64("/waited_s"))
-        .with_context(|| format!("the hold never resolved:\n{}", all()))?;
+    let held = plegwatch_scenarios::events::go_lock_hold(&events, ".(*runtimeOCI).UpdateContainer").map_err(|e| {
+        anyhow::anyhow!(
+            "{e}:
+{}",
+            all()
+        )
+    })?;
     let blocked = returned.duration_since(sent).as_secs_f64();
     let slack = plegwatch_scenarios::timing::scaled(Duration::from_millis(500)).as_secs_f64();
     assert!(held <= blocked + 0.05 && blocked - held < slack, "opLock held {held:.3} s by plegwatch, the update blocked {blocked:.3} s");

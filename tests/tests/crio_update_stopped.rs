@@ -128,15 +128,13 @@ fn an_update_stopped_in_its_runtime_is_one_incident_down_to_the_runtime() -> Res
     );
 
     // The hold, as plegwatch measured it, against the block the test measured.
-    let lock = events
-        .iter()
-        .find(|e| e.is("stall") && e.str("/kind") == Some("go_lock") && function(e).ends_with(".(*runtimeOCI).UpdateContainer"))
-        .with_context(|| format!("no stall for the opLock hold:\n{}", all()))?;
-    let held = events
-        .iter()
-        .find(|e| e.is("resolved") && e.u64("/id") == lock.u64("/id"))
-        .and_then(|e| e.f64("/waited_s"))
-        .with_context(|| format!("the hold never resolved:\n{}", all()))?;
+    let held = plegwatch_scenarios::events::go_lock_hold(&events, ".(*runtimeOCI).UpdateContainer").map_err(|e| {
+        anyhow::anyhow!(
+            "{e}:
+{}",
+            all()
+        )
+    })?;
     let blocked = done.first.duration_since(sent).as_secs_f64();
     // The hold lies inside the call; the rest is the call's way in and out (gRPC, the
     // handler's start), slower under emulation: the slack is on the scenarios' clock (a

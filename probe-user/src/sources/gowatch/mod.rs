@@ -430,7 +430,7 @@ impl GoWatch {
             if known {
                 let name = self.locks.get(&(rec.tgid, lock)).map(|l| l.name).unwrap_or_default();
                 let row = match (target, parks_a_writer(symbol)) {
-                    ("crio", true) if name == "NRI lock" => "NRI lock (waiting)",
+                    ("crio", true) if name == targets::NRI_LOCK_NAME => "NRI lock (waiting)",
                     ("crio", true) => "opLock write (waiting)",
                     ("crio", false) => "oci.(*Container).State (waiting)",
                     _ => "container.(*statusStorage).Get (waiting)",

@@ -528,8 +528,11 @@ const NRI_LOCK: Recv = Recv {
     reg: 0,
     off: 0,
     found_in: FoundIn::Lock("github.com/cri-o/cri-o/internal/nri.(*local).syncPlugin"),
-    lock: ("NRI lock", "sync.Mutex (CRI-O NRI adaptation)"),
+    lock: (NRI_LOCK_NAME, "sync.Mutex (CRI-O NRI adaptation)"),
 };
+
+/// [`NRI_LOCK`]'s name, for what is reported of its waiters.
+pub const NRI_LOCK_NAME: &str = "NRI lock";
 
 /// `(s *Server) M(ctx context.Context, req *types.MRequest)`: RDI = req (cri-api
 /// v0.35 in CRI-O 1.35.6; the field's offset is read from its getter).
