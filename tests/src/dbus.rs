@@ -209,6 +209,58 @@ pub fn start_signal_listener(bus: &PrivateBus) -> Result<Proc> {
     Ok(listener)
 }
 
+/// `dbus_caller.py`: see the script.
+const CALLER: &str = include_str!("dbus_caller.py");
+
+/// A client connected to the bus (authenticated, Hello said) whose call to [`MEMBER`] of
+/// [`SERVICE`] waits for [`HeldCall::call`]: so that the bus daemon can be frozen
+/// between the two, which no stock client allows.
+pub struct HeldCall {
+    proc: Proc,
+    /// The unique name the bus gave it.
+    pub sender: String,
+    /// Its call's serial.
+    pub serial: u32,
+}
+
+impl HeldCall {
+    /// Starts the client (python3) and waits until it has said Hello.
+    pub fn start(bus: &PrivateBus) -> Result<Self> {
+        let script = bus._dir.path().join("dbus_caller.py");
+        std::fs::write(&script, CALLER).with_context(|| format!("write {}", script.display()))?;
+        let mut proc =
+            spawn("dbus_caller.py", Command::new("python3").arg(&script).arg(bus.socket()).args([SERVICE, OBJECT_PATH, SERVICE, MEMBER]))?;
+        let Some((_, line)) = proc.wait_line(START_TIMEOUT, |l| l.starts_with("ready ")) else {
+            bail!("dbus_caller.py (pid {}) did not say Hello within {START_TIMEOUT:?}", proc.pid());
+        };
+        let mut words = line.split_whitespace().skip(1);
+        let (Some(sender), Some(serial)) = (words.next(), words.next().and_then(|s| s.parse().ok())) else {
+            bail!("dbus_caller.py printed {line:?}");
+        };
+        Ok(Self { sender: sender.to_string(), serial, proc })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// Makes the call (SIGUSR1); returns the moment just before.
+    pub fn call(&mut self) -> Result<Instant> {
+        let at = Instant::now();
+        self.proc.signal(libc::SIGUSR1)?;
+        Ok(at)
+    }
+
+    /// Waits for the reply (`reply 2`: a method return).
+    pub fn wait_reply(&mut self, timeout: Duration) -> Result<()> {
+        let Some((_, line)) = self.proc.wait_line(timeout, |l| l.starts_with("reply ")) else {
+            bail!("dbus_caller.py (pid {}) got no reply within {timeout:?}", self.pid());
+        };
+        ensure!(line == "reply 2", "dbus_caller.py's call was answered with {line:?}, not a method return");
+        Ok(())
+    }
+}
+
 /// `dbus-send` calling [`MEMBER`] of the frozen [`SERVICE`] (libdbus: one thread, blocks in
 /// poll), waiting up to 120 s for the reply.
 pub fn dbus_send_call(bus: &PrivateBus) -> Command {

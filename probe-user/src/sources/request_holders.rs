@@ -10,6 +10,12 @@
 //! daemon, up to [`OWNER_TIMEOUT`] a name, then delays no netlink answer); each scan
 //! takes in the answers that are ready. What needs no I/O is answered at once: a
 //! request to the kernel (port id 0), a call found unread in a socket at startup.
+//!
+//! "The bus daemon does not answer" is not a settled answer: a loaded node's daemon
+//! can be slow rather than stuck (a TCG guest's took over 500 ms for the lookup's
+//! connect, Hello and two calls while idle). That answer holds until the call is
+//! asked about again ([`Found::settled`]), with a longer deadline
+//! ([`OWNER_RETRY_TIMEOUT`]), and an owner found then replaces it.
 
 use crate::{
     graph::{
@@ -30,7 +36,23 @@ use std::time::Duration;
 /// The two workers.
 pub struct RequestHolders {
     netlink: OffLoop<WaitKey, NetlinkOpen, Answerer>,
-    dbus: OffLoop<WaitKey, DbusOpen, Option<Answerer>>,
+    dbus: OffLoop<WaitKey, (DbusOpen, Duration), Found>,
+}
+
+/// A worker's answer about one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Found {
+    /// Who must answer; `None` when not found.
+    pub answerer: Option<Answerer>,
+    /// False when the answer may change if asked again: the bus daemon did not say who
+    /// owns the name within the deadline.
+    pub settled: bool,
+}
+
+impl Found {
+    fn settled(answerer: Option<Answerer>) -> Self {
+        Found { answerer, settled: true }
+    }
 }
 
 impl RequestHolders {
@@ -39,12 +61,12 @@ impl RequestHolders {
         let mut owners = SocketOwners::new();
         let netlink = OffLoop::start("netlink-holder", move |o: NetlinkOpen| netlink_answerer(&o, &mut owners))?;
         let mut holders = DbusHolders::default();
-        let dbus = OffLoop::start("dbus-holder", move |o: DbusOpen| {
-            let holder = holders.holder_of(&o);
+        let dbus = OffLoop::start("dbus-holder", move |(o, timeout): (DbusOpen, Duration)| {
+            let holder = holders.holder_of(&o, timeout);
             if let DbusHolder::Unknown(why) = &holder {
                 tracing::debug!(pid = o.tgid, serial = o.serial, why, "no holder for a D-Bus call");
             }
-            holder.answerer()
+            Found { answerer: holder.answerer(), settled: !matches!(holder, DbusHolder::BusDaemon { .. }) }
         })?;
         Ok(RequestHolders { netlink, dbus })
     }
@@ -59,21 +81,22 @@ impl RequestHolders {
     }
 
     /// Who answers the D-Bus call `o`: at once for a call found unread at startup;
-    /// otherwise `None`, and the worker is asked (once while pending).
-    pub fn ask_dbus(&mut self, key: WaitKey, o: &DbusOpen) -> Option<Option<Answerer>> {
+    /// otherwise `None`, and the worker is asked (once while pending), with the longer
+    /// deadline when this is asking `again` after an unsettled answer.
+    pub fn ask_dbus(&mut self, key: WaitKey, o: &DbusOpen, again: bool) -> Option<Found> {
         if let Some(pid) = o.holder_pid {
-            return Some(DbusHolder::UnreadQueue { pid, name: o.destination.clone() }.answerer());
+            return Some(Found::settled(DbusHolder::UnreadQueue { pid, name: o.destination.clone() }.answerer()));
         }
-        match self.dbus.ask(key, o.clone()) {
+        let timeout = if again { OWNER_RETRY_TIMEOUT } else { OWNER_TIMEOUT };
+        match self.dbus.ask(key, (o.clone(), timeout)) {
             Ok(_) => None,
-            Err(WorkerGone) => Some(None),
+            Err(WorkerGone) => Some(Found::settled(None)),
         }
     }
 
-    /// The answers the workers sent back since the last call (none for a call whose
-    /// holder was not found); never waits.
-    pub fn answers(&mut self) -> Vec<(WaitKey, Option<Answerer>)> {
-        let mut out: Vec<_> = self.netlink.answers().into_iter().map(|(k, a)| (k, Some(a))).collect();
+    /// The answers the workers sent back since the last call; never waits.
+    pub fn answers(&mut self) -> Vec<(WaitKey, Found)> {
+        let mut out: Vec<_> = self.netlink.answers().into_iter().map(|(k, a)| (k, Found::settled(Some(a)))).collect();
         out.extend(self.dbus.answers());
         out
     }
@@ -184,8 +207,13 @@ impl DbusHolder {
     }
 }
 
-/// How long the bus daemon gets to say who owns a name.
-pub const OWNER_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long the bus daemon gets to say who owns a name, the first time it is asked
+/// about a call. A stuck daemon costs the D-Bus worker this much per name (the answer
+/// is kept for a while, [`crate::observe::holders::owner_cache`]); asked from 200 ms
+/// into a call, the answer is in before the call's 2 s warn line.
+pub const OWNER_TIMEOUT: Duration = Duration::from_millis(1000);
+/// The deadline when asking again about a call the daemon did not answer for.
+pub const OWNER_RETRY_TIMEOUT: Duration = Duration::from_millis(2000);
 
 /// Finds who holds a D-Bus call: the owner of its destination, asked of the
 /// bus daemon; the daemon itself when it does not answer; the socket's peer
@@ -199,13 +227,8 @@ struct DbusHolders {
     names: OwnerCache,
 }
 
-/// The blocking lookup: who owns `name` on the bus at `path`.
-fn ask_owner(path: &std::path::Path, name: &str) -> Owner {
-    bus_owner::owner_of(path, name, OWNER_TIMEOUT)
-}
-
 impl DbusHolders {
-    fn holder_of(&mut self, o: &DbusOpen) -> DbusHolder {
+    fn holder_of(&mut self, o: &DbusOpen, timeout: Duration) -> DbusHolder {
         if let Some(pid) = o.holder_pid {
             // Found queued unread in this process's socket.
             return DbusHolder::UnreadQueue { pid, name: o.destination.clone() };
@@ -237,7 +260,11 @@ impl DbusHolders {
                 "the bus daemon of {bus} is in another mount namespace and /proc/PID/root plus the path is too long for a socket address"
             ));
         };
-        let owner = if name == "org.freedesktop.DBus" { Owner::BusNotAnswering } else { self.names.get(&reach, &name, ask_owner) };
+        let owner = if name == "org.freedesktop.DBus" {
+            Owner::BusNotAnswering
+        } else {
+            self.names.get(&reach, &name, |path, name| bus_owner::owner_of(path, name, timeout))
+        };
         match owner {
             Owner::Pid(pid) => {
                 let reached_at = (reach != bus).then_some(reach);

@@ -62,8 +62,9 @@ pub struct ReqWatch {
     /// Every request open at the last scan, as graph nodes.
     open_waits: Vec<OpenWait>,
     /// Who answers each open request old enough to be resolved: (pid, edge
-    /// kind, exactness, evidence), looked up once per request.
-    answerers: HashMap<WaitKey, Option<Answerer>>,
+    /// kind, exactness, evidence), looked up once per request, and again from the
+    /// given time while the answer is not settled.
+    answerers: HashMap<WaitKey, (Option<Answerer>, Option<u64>)>,
     /// The open requests behind [`Self::open_waits`].
     last_netlink: Vec<NetlinkOpen>,
     last_dbus: Vec<DbusOpen>,
@@ -84,6 +85,9 @@ const ASK_AFTER_NS: u64 = 200_000_000;
 /// this early, the answer is in long before the warn line.
 const RESOLVE_AFTER_NS: u64 = 1_000_000_000;
 const _: () = assert!(ASK_AFTER_NS < RESOLVE_AFTER_NS);
+/// An unsettled answer (the bus daemon did not say who owns a name) is asked again
+/// this long after it came.
+const ASK_AGAIN_AFTER_NS: u64 = 2_000_000_000;
 
 impl ReqWatch {
     pub fn new(ebpf: &mut Ebpf, thresholds: Thresholds, filter: Filter) -> Result<Self, WatchError> {
@@ -416,13 +420,15 @@ impl ReqWatch {
 
     /// Who must answer each request open a second or more. Each is looked up once, from
     /// [`ASK_AFTER_NS`], on a worker thread when that takes I/O; an answer not in yet
-    /// is taken at a later scan.
+    /// is taken at a later scan. An unsettled answer is used meanwhile, and asked about
+    /// again [`ASK_AGAIN_AFTER_NS`] after it came.
     pub fn answers(&mut self, now_ns: u64) -> Vec<(WaitKey, Answerer)> {
         let open: std::collections::HashSet<WaitKey> = self.open_waits.iter().map(|w| w.key).collect();
         self.answerers.retain(|k, _| open.contains(k));
-        for (key, a) in self.holders.answers() {
+        for (key, found) in self.holders.answers() {
             if open.contains(&key) {
-                self.answerers.insert(key, a);
+                let again = (!found.settled).then(|| now_ns.saturating_add(ASK_AGAIN_AFTER_NS));
+                self.answerers.insert(key, (found.answerer, again));
             }
         }
         let mut out = Vec::new();
@@ -434,11 +440,11 @@ impl ReqWatch {
             let key = Item::wait_key(o);
             if !self.answerers.contains_key(&key) {
                 if let Some(a) = self.holders.ask_netlink(key, o) {
-                    self.answerers.insert(key, Some(a));
+                    self.answerers.insert(key, (Some(a), None));
                 }
             }
             if age >= RESOLVE_AFTER_NS {
-                out.extend(self.answerers.get(&key).cloned().flatten().map(|a| (key, a)));
+                out.extend(self.answerers.get(&key).and_then(|(a, _)| a.clone()).map(|a| (key, a)));
             }
         }
         for o in &self.last_dbus {
@@ -447,13 +453,21 @@ impl ReqWatch {
                 continue;
             }
             let key = Item::wait_key(o);
-            if !self.answerers.contains_key(&key) {
-                if let Some(a) = self.holders.ask_dbus(key, o) {
-                    self.answerers.insert(key, a);
+            let again = match self.answerers.get(&key) {
+                None => Some(false),
+                Some((_, Some(at))) if *at <= now_ns => Some(true),
+                Some(_) => None,
+            };
+            if let Some(again) = again {
+                if let Some(found) = self.holders.ask_dbus(key, o, again) {
+                    self.answerers.insert(key, (found.answerer, None));
+                } else if let Some((_, at)) = self.answerers.get_mut(&key) {
+                    // Asked again: the answer in hand stands until the new one comes.
+                    *at = None;
                 }
             }
             if age >= RESOLVE_AFTER_NS {
-                out.extend(self.answerers.get(&key).cloned().flatten().map(|a| (key, a)));
+                out.extend(self.answerers.get(&key).and_then(|(a, _)| a.clone()).map(|a| (key, a)));
             }
         }
         out

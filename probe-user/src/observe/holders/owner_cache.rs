@@ -3,7 +3,9 @@
 //! Asking the bus daemon takes a connection and a round trip, and up to the lookup's
 //! timeout when the daemon is stuck. Many calls go to the same few names (systemd's
 //! `org.freedesktop.systemd1` above all): the answer about a (bus, name) is kept
-//! [`OWNER_TTL`], in a cache of at most [`CACHE_MAX`] answers. Blocking: used on the
+//! [`OWNER_TTL`], in a cache of at most [`CACHE_MAX`] answers. "The daemon did not
+//! answer" is kept only [`NOT_ANSWERING_TTL`]: enough that calls to one name asked
+//! about together cost one deadline, short enough that asking again asks the daemon. Blocking: used on the
 //! request holders' worker thread (`sources::request_holders`) and at startup.
 
 use super::bus_owner::Owner;
@@ -11,6 +13,8 @@ use std::{collections::HashMap, path::Path, time::Instant};
 
 /// How long an answer is reused.
 pub const OWNER_TTL: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long "the bus daemon did not answer" is reused.
+pub const NOT_ANSWERING_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most answers kept.
 pub const CACHE_MAX: usize = 1024;
 
@@ -25,7 +29,8 @@ impl OwnerCache {
     pub fn get(&mut self, path: &str, name: &str, ask: impl FnOnce(&Path, &str) -> Owner) -> Owner {
         let key = (path.to_string(), name.to_string());
         if let Some((at, o)) = self.cache.get(&key) {
-            if at.elapsed() < OWNER_TTL {
+            let ttl = if *o == Owner::BusNotAnswering { NOT_ANSWERING_TTL } else { OWNER_TTL };
+            if at.elapsed() < ttl {
                 return o.clone();
             }
         }
@@ -77,5 +82,19 @@ mod tests {
             c.get("/bus", &format!("com.example.N{i}"), |_, _| Owner::Pid(1));
         }
         assert!(c.len() <= CACHE_MAX, "{} answers kept", c.len());
+    }
+
+    #[test]
+    fn a_daemon_that_did_not_answer_is_asked_again_soon() {
+        let mut c = OwnerCache::default();
+        assert_eq!(c.get("/bus", "com.example.Slow", |_, _| Owner::BusNotAnswering), Owner::BusNotAnswering);
+        assert_eq!(c.get("/bus", "com.example.Slow", |_, _| Owner::Pid(7)), Owner::BusNotAnswering, "kept a while");
+        // Aged past the short TTL (and within the long one): asked again.
+        let key = ("/bus".to_string(), "com.example.Slow".to_string());
+        if let Some((at, _)) = c.cache.get_mut(&key) {
+            *at = at.checked_sub(NOT_ANSWERING_TTL).expect("a monotonic clock over a second old");
+        }
+        assert_eq!(c.get("/bus", "com.example.Slow", |_, _| Owner::Pid(7)), Owner::Pid(7));
+        assert_eq!(c.get("/bus", "com.example.Slow", |_, _| Owner::Pid(8)), Owner::Pid(7), "an owner is kept longer");
     }
 }
