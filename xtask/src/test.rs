@@ -235,7 +235,8 @@ pub const GUEST_SEED: &[GuestTests] = &[
 /// the negative soak, a socket's fd reused (dup2, dup3, close_range, exec) and a parent in
 /// waitpid (both on their syscalls' functions there), and CRI-O's opLock stall and a start in its middle (CRI-O 1.35.6 with
 /// its cgroupfs driver, on the guests' cgroup v2), the same lock held across crun's call
-/// to a frozen systemd (its systemd driver), and CRI-O's NRI lock held behind it.
+/// to a frozen systemd (its systemd driver), CRI-O's NRI lock held behind it, and a bus
+/// daemon frozen, then late, under a D-Bus call.
 pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
     all("pleg_relist"),
     all("netlink_request"),
@@ -248,6 +249,7 @@ pub const GUEST_MATRIX_MORE: &[GuestTests] = &[
     all("crio_systemd_dbus"),
     all("crio_pod_names"),
     all("crio_nri_sync"),
+    all("dbus_daemon_frozen"),
 ];
 
 /// The whole guest matrix, in order.

@@ -367,6 +367,9 @@ pub struct Attacher {
     /// Probed binaries' parsed symbols, by (dev, inode), until the engine takes them
     /// ([`Attacher::take_symbols`]) for naming user stacks.
     symbols: Vec<((u64, u64), std::sync::Arc<crate::proto::gosym::GoSymbols>)>,
+    /// The same tables for as long as anyone holds them (the user-stack cache), for the
+    /// goroutine reader, which would otherwise parse the binary again.
+    shared: HashMap<(u64, u64), std::sync::Weak<crate::proto::gosym::GoSymbols>>,
 }
 
 impl Attacher {
@@ -397,6 +400,7 @@ impl Attacher {
             late_queued: HashSet::new(),
             last_why: None,
             symbols: Vec::new(),
+            shared: HashMap::new(),
         })
     }
 
@@ -610,7 +614,8 @@ impl Attacher {
                 })
             })
             .collect();
-        if late.submit(LateJob { pid, target: target.name, funcs }) {
+        let syms = self.shared.get(&key).and_then(std::sync::Weak::upgrade);
+        if late.submit(LateJob { pid, target: target.name, funcs, syms }) {
             self.late_queued.insert(pid);
         }
     }
@@ -703,6 +708,8 @@ impl Attacher {
         };
         plan.line.go_version = i.go_version.clone();
         if let Some(symbols) = i.symbols.take() {
+            self.shared.retain(|_, w| w.strong_count() > 0);
+            self.shared.insert(key, std::sync::Arc::downgrade(&symbols));
             self.symbols.push((key, symbols));
         }
         if i.found.is_empty() {
