@@ -15,6 +15,7 @@
 //!
 //! Ratios to the untraced runs are the figures; nothing here fails on a number.
 
+mod bpf_stats;
 mod driver;
 mod floor;
 mod relist;
@@ -306,7 +307,40 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
         text += &line;
         text.push('\n');
     }
+    match attribute(args, plegwatch, &loop_bin, bench_dir) {
+        Ok(t) => text += &t,
+        Err(e) => eprintln!("bench: no per-program figures (bpf_stats): {e:#}"),
+    }
     Ok((text, report::loop_figures(&samples)))
+}
+
+/// After the measured rounds, one more run of each loop under plegwatch and under its
+/// fallbacks with the kernel's BPF statistics on: where plegwatch's time in the kernel
+/// goes, per program ([`bpf_stats`]). Not a ratio: statistics cost every run.
+fn attribute(args: &Args, plegwatch: &Path, loop_bin: &Path, bench_dir: &Path) -> Result<String> {
+    let mut text =
+        String::from("\nwhere plegwatch's time goes (kernel.bpf_stats_enabled, one run per loop; the hooks' own cost is not in it):\n");
+    for fallback in [false, true] {
+        let pw = if fallback { tracer::plegwatch_fallback(plegwatch, bench_dir)? } else { tracer::plegwatch(plegwatch, bench_dir)? };
+        let name = if fallback { "pw-fallback" } else { "plegwatch" };
+        let stats = bpf_stats::Enabled::on()?;
+        let mut run = || -> Result<()> {
+            for &(mode, default_iterations) in MODES {
+                let iterations = args.iterations.unwrap_or(default_iterations);
+                std::thread::sleep(SETTLE);
+                let before = bpf_stats::snapshot(pw.pid())?;
+                time_loop(loop_bin, mode, iterations)?;
+                let after = bpf_stats::snapshot(pw.pid())?;
+                text += &bpf_stats::render(name, mode, iterations, &bpf_stats::delta(&before, &after));
+            }
+            Ok(())
+        };
+        let ran = run();
+        drop(stats);
+        pw.stop();
+        ran?;
+    }
+    Ok(text)
 }
 
 /// `cc -O2 xtask/bench/loop.c -o target/bench/loop`, every time (it takes a moment).
