@@ -66,7 +66,7 @@ impl RequestHolders {
             if let DbusHolder::Unknown(why) = &holder {
                 tracing::debug!(pid = o.tgid, serial = o.serial, why, "no holder for a D-Bus call");
             }
-            Found { answerer: holder.answerer(), settled: !matches!(holder, DbusHolder::BusDaemon { .. }) }
+            Found { answerer: holder.answerer(), settled: holder.settled() }
         })?;
         Ok(RequestHolders { netlink, dbus })
     }
@@ -170,6 +170,13 @@ enum DbusHolder {
 }
 
 impl DbusHolder {
+    /// Whether asking again could give another answer: only when the bus daemon did not
+    /// say who owns a name. A call to the bus itself (`org.freedesktop.DBus`) is the
+    /// daemon's to answer, and settled.
+    fn settled(&self) -> bool {
+        !matches!(self, DbusHolder::BusDaemon { name, .. } if name != BUS_NAME)
+    }
+
     /// The holder as the graph's request resolver takes it: who must answer, and the
     /// evidence (the bus and the name it was asked about).
     fn answerer(&self) -> Option<Answerer> {
@@ -206,6 +213,9 @@ impl DbusHolder {
         Some(Answerer { pid: Some(pid), kind, exactness, evidence })
     }
 }
+
+/// The bus daemon's own name: a call to it is held by the daemon.
+const BUS_NAME: &str = "org.freedesktop.DBus";
 
 /// How long the bus daemon gets to say who owns a name, the first time it is asked
 /// about a call. A stuck daemon costs the D-Bus worker this much per name (the answer
@@ -260,7 +270,7 @@ impl DbusHolders {
                 "the bus daemon of {bus} is in another mount namespace and /proc/PID/root plus the path is too long for a socket address"
             ));
         };
-        let owner = if name == "org.freedesktop.DBus" {
+        let owner = if name == BUS_NAME {
             Owner::BusNotAnswering
         } else {
             self.names.get(&reach, &name, |path, name| bus_owner::owner_of(path, name, timeout))
@@ -273,5 +283,22 @@ impl DbusHolders {
             Owner::BusNotAnswering => DbusHolder::BusDaemon { pid: daemon_pid, name, bus },
             Owner::Unknown(why) => DbusHolder::Unknown(format!("{why} (owner of {name} on {bus})")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_daemon_that_did_not_say_who_owns_a_name_is_asked_again() {
+        let daemon = |name: &str| DbusHolder::BusDaemon { pid: Some(7), name: name.into(), bus: "/bus".into() };
+        assert!(!daemon("com.example.Frozen").settled(), "the daemon may only be slow: ask again");
+        assert!(daemon(BUS_NAME).settled(), "a call to the bus itself is the daemon's");
+        let owner = DbusHolder::NameOwner { pid: 9, name: "com.example.Frozen".into(), bus: "/bus".into(), reached_at: None };
+        assert!(owner.settled());
+        assert!(DbusHolder::Unknown("no peer".into()).settled());
+        let a = daemon("com.example.Frozen").answerer().expect("an answerer");
+        assert_eq!((a.pid, a.exactness), (Some(7), Exactness::Inferred));
     }
 }
