@@ -181,7 +181,7 @@ impl UserSymbolizer {
         // Through the process's root: its mount namespace's view of the path.
         let path = format!("/proc/{pid}/root{}", m.path);
         let began = std::time::Instant::now();
-        let parsed = map_file(&path).and_then(|data| GoSymbols::from_elf_named(&data, &m.path).ok()).map(Arc::new);
+        let parsed = map_file(&path).ok().and_then(|data| GoSymbols::from_elf_named(&data, &m.path).ok()).map(Arc::new);
         // Said once per binary: a probed target's parse here means its priming missed.
         tracing::info!(
             binary = %m.path,
@@ -224,11 +224,12 @@ fn dev_key(major: u32, minor: u32) -> u64 {
 }
 
 /// `path` mapped read-only (see the module doc on why this is safe here).
-fn map_file(path: &str) -> Option<memmap2::Mmap> {
-    let file = std::fs::File::open(path).ok()?;
+/// The executable at `path`, mapped read-only (also the goroutine reader's way in).
+pub(crate) fn map_file(path: &str) -> std::io::Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path)?;
     // SAFETY: a read-only private mapping of a running executable, which cannot be
     // opened for writing while it runs (ETXTBSY); the map is dropped after the parse.
-    unsafe { memmap2::Mmap::map(&file) }.ok()
+    unsafe { memmap2::Mmap::map(&file) }
 }
 
 /// A file-backed executable mapping.

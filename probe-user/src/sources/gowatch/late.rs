@@ -236,7 +236,7 @@ pub fn read_process(job: &Job, cache: &mut HashMap<(u64, u64), Located>) -> Foun
         if cache.len() >= CACHED_BINARIES {
             cache.clear();
         }
-        let located = map_exe(&exe).and_then(|data| {
+        let located = crate::observe::ustack::map_file(&exe).map_err(|e| format!("{exe}: {e}")).and_then(|data| {
             let syms = match &job.syms {
                 Some(shared) => shared.clone(),
                 None => Arc::new(GoSymbols::from_elf_named(&data, &exe).map_err(|e| e.to_string())?),
@@ -312,14 +312,6 @@ pub fn read_process(job: &Job, cache: &mut HashMap<(u64, u64), Located>) -> Foun
     found.event = event;
     found.reader = Some(reader);
     found
-}
-
-/// The executable `exe` (`/proc/PID/exe`: the inode the process runs), mapped.
-fn map_exe(exe: &str) -> Result<memmap2::Mmap, String> {
-    let file = std::fs::File::open(exe).map_err(|e| format!("{exe}: {e}"))?;
-    // SAFETY: a read-only private mapping of a running executable, which cannot be
-    // opened for writing while it runs (ETXTBSY); dropped once the tables are read.
-    unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("{exe}: mmap: {e}"))
 }
 
 /// The worker thread and its two channels.
