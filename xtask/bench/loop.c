@@ -15,10 +15,15 @@
  * the staged wait whose flagging `cargo xtask bench` times.
  *
  * Built by `cargo xtask bench` with `cc -O2`. Only the loop itself is timed
- * (CLOCK_MONOTONIC), after a short warm-up.
+ * (CLOCK_MONOTONIC), after a short warm-up. The timed part is also bracketed
+ * by two marker NOPs (`nopl 0x53474c50(%rax)`, `nopl 0x45474c50(%rax)`): in a
+ * guest run with the icount plugin (icount.c), the emulator counts the
+ * instructions the loop's vCPU executed between them. With LOOP_CPU=N set,
+ * the loop first pins itself to CPU N, so that one vCPU runs all of it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +119,29 @@ static int childwait(const char *arg) {
     return 0;
 }
 
+#if defined(__x86_64__)
+#define MARK(kind) __asm__ volatile(".byte 0x0f, 0x1f, 0x80, 0x50, 0x4c, 0x47, " kind ::: "memory")
+#else
+#define MARK(kind) ((void)0)
+#endif
+
+static void pin_from_env(void) {
+    const char *cpu = getenv("LOOP_CPU");
+    if (cpu == NULL)
+        return;
+    char *end = NULL;
+    long n = strtol(cpu, &end, 10);
+    if (*cpu == '\0' || *end != '\0' || n < 0 || n >= CPU_SETSIZE) {
+        fprintf(stderr, "loop: LOOP_CPU must be a CPU number, got '%s'\n", cpu);
+        exit(2);
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET((int)n, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0)
+        die("sched_setaffinity(LOOP_CPU)");
+}
+
 static double now_ns(void) {
     struct timespec ts;
     if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
@@ -135,6 +163,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     memset(buf, 'x', sizeof buf);
+    pin_from_env();
 
     int is_unix = strcmp(argv[1], "unix") == 0;
     int is_unixrw = strcmp(argv[1], "unixrw") == 0;
@@ -168,9 +197,11 @@ int main(int argc, char **argv) {
             die(argv[1]);
 
     double start = now_ns();
+    MARK("0x53"); /* 'S' */
     for (long i = 0; i < iter; i++)
         if (ONCE() != 0)
             die(argv[1]);
+    MARK("0x45"); /* 'E' */
     double elapsed = now_ns() - start;
 
     printf("%.1f\n", elapsed / (double)iter);

@@ -7,7 +7,9 @@
 //!   and an empty raw_tp program on `sys_enter` (`floor-rawtp`, [`floor`]),
 //!   and under plegwatch with its kernel-function variants passed over (`pw-fallback`),
 //!   each with its spread over the rounds; `--kernel K` runs them in a guest of a Debian
-//!   kernel, where the fentry/fexit variants run (this host refuses them);
+//!   kernel, where the fentry/fexit variants run (this host refuses them), and the
+//!   emulator counts the instructions each loop's vCPU executed (`bench/icount.c`, a QEMU
+//!   plugin): those counts' ratios are the guest's figures, its wall time being noise;
 //! - `relist`: the latency of containerd's `ListContainers` and `ListPodSandbox` under the
 //!   test bed's relist driver (a private containerd 1.6.20, a pod of running containers),
 //!   untraced, under plegwatch (its uprobes on containerd's CRI functions), untraced again
@@ -33,6 +35,10 @@ use report::Sample;
 
 /// Before each measurement, after a tracer attached or stopped.
 const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// In a guest with the icount plugin, the vCPU the loops run on; this xtask and every
+/// tracer it starts stay on CPU 0 (`taskset`).
+const LOOP_CPU: u32 = 1;
 
 /// Loop modes, with their default iteration counts.
 const MODES: &[(&str, u64)] = &[("unix", 200_000), ("unixrw", 200_000), ("fsync", 20_000)];
@@ -65,6 +71,11 @@ pub struct Args {
     /// Set by `--kernel` for the run inside the guest: no setup, no build.
     #[arg(long, hide = true)]
     pub in_guest: bool,
+    /// Set by `--kernel` for the run inside the guest: the file where the emulator's icount
+    /// plugin (`xtask/bench/icount.c`) writes the instructions each loop executed on its
+    /// vCPU ([`LOOP_CPU`]).
+    #[arg(long, hide = true, value_name = "FILE")]
+    pub icount_file: Option<PathBuf>,
     /// Minutes of the daemon soak of `service`: `plegwatch daemon` on a node of container
     /// churn with an incident a minute; its memory, fds and scan lateness (0: no soak;
     /// issue 19 asks for 60).
@@ -173,8 +184,10 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 /// The loops in a guest of `kernel`: plegwatch's release build from here, this xtask
-/// run again inside with `--in-guest`, on one vCPU. Under emulation every figure is slower,
-/// and noisier; only the ratios within the guest's run mean anything.
+/// run again inside with `--in-guest`, on two vCPUs: the loops on [`LOOP_CPU`], the rest
+/// on CPU 0. Emulated wall time swings 2-3x between runs, so beside it the emulator counts
+/// the instructions each loop's vCPU executed (`xtask/bench/icount.c`), and the figures
+/// are those counts' ratios.
 fn in_guest(args: &Args, kernel: &str) -> Result<()> {
     if args.only != [Bench::Loops] {
         bail!("--kernel runs the syscall loops only: add `--only loops`");
@@ -183,13 +196,23 @@ fn in_guest(args: &Args, kernel: &str) -> Result<()> {
     cmd::header("build");
     cmd::run(cmd::cargo().args(["build", "--release", "-p", "plegwatch"]))?;
     let k = crate::vm::resolve(kernel)?;
+    let bench_dir = cmd::target_dir().join("bench");
+    std::fs::create_dir_all(&bench_dir).with_context(|| format!("cannot create {}", bench_dir.display()))?;
+    let plugin = compile_icount_plugin(&bench_dir)?;
+    let count_file = bench_dir.join("icount.out");
     let exe = std::env::current_exe().context("the xtask binary's path")?;
-    let mut line = format!("{} bench --in-guest --only loops --rounds {}", exe.display(), args.rounds);
+    let mut line = format!(
+        "taskset -c 0 {} bench --in-guest --only loops --rounds {} --icount-file {}",
+        exe.display(),
+        args.rounds,
+        count_file.display()
+    );
     if let Some(n) = args.iterations {
         line += &format!(" --iterations {n}");
     }
     let limit = std::time::Duration::from_secs(4 * 3600);
-    let status = crate::vm::guest_on(&k, 1, "4G", "the loops bench", &line, Some(limit), None)?;
+    let qemu = format!("-plugin {},out={}", plugin.display(), count_file.display());
+    let status = crate::vm::guest_on(&k, 2, "4G", "the loops bench", &line, &qemu, Some(limit), None)?;
     if status != 0 {
         bail!("the loops bench in the guest of {kernel} failed: exit {status}");
     }
@@ -199,6 +222,7 @@ fn in_guest(args: &Args, kernel: &str) -> Result<()> {
 /// The syscall loops, untraced, under plegwatch and under bpftrace; the rendered table.
 fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec<report::Figure>)> {
     let loop_bin = compile_loop(bench_dir)?;
+    let runner = LoopRunner { bin: &loop_bin, icount: args.icount_file.as_deref() };
     let floor_object = floor::build(bench_dir).map_err(|e| eprintln!("bench: no floor-rawtp column: {e:#}")).ok();
     let mut bpftrace_ok = match bpftrace_version() {
         Ok(version) => {
@@ -213,6 +237,7 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
 
     cmd::header(&format!("measure loops: {} round(s), logs in {}", args.rounds, bench_dir.display()));
     let mut samples = Vec::new();
+    let mut insn_samples = Vec::new();
     let mut hot_paths = Vec::new();
     for round in 1..=args.rounds {
         for &(mode, default_iterations) in MODES {
@@ -223,8 +248,8 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
             // stopped may still be tearing down.
             let measure = || {
                 std::thread::sleep(SETTLE);
-                time_loop(&loop_bin, mode, (iterations / 10).max(1))?;
-                time_loop(&loop_bin, mode, iterations)
+                runner.run(mode, (iterations / 10).max(1))?;
+                runner.run(mode, iterations)
             };
 
             let untraced = measure()?;
@@ -292,16 +317,25 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
             let cells: Vec<String> = report::COLUMNS
                 .iter()
                 .zip(&traced)
-                .map(|(c, t)| format!("{c} {}", t.map_or_else(|| "-".to_owned(), |t| format!("{t:.1}"))))
+                .map(|(c, t)| format!("{c} {}", t.map_or_else(|| "-".to_owned(), |t| t.to_string())))
                 .collect();
-            eprintln!("bench: round {round} {mode:<6} x{iterations}: untraced {untraced:.1} ns/op, {}", cells.join(", "));
-            let sample = Sample { mode, round, untraced, traced };
-            samples.push(sample);
+            eprintln!("bench: round {round} {mode:<6} x{iterations}: untraced {untraced}, {}", cells.join(", "));
+            samples.push(Sample { mode, round, untraced: untraced.ns, traced: traced.iter().map(|t| t.map(|t| t.ns)).collect() });
+            if let Some(insns) = untraced.insns {
+                let traced = traced.iter().map(|t| t.and_then(|t| t.insns)).collect();
+                insn_samples.push(Sample { mode, round, untraced: insns, traced });
+            }
         }
     }
 
     let modes: Vec<&str> = MODES.iter().map(|&(m, _)| m).collect();
-    let mut text = report::render(&samples, &modes);
+    let mut text = String::new();
+    if !insn_samples.is_empty() {
+        text += "guest instructions per operation on the loop's vCPU (the emulator's count, xtask/bench/icount.c):\n";
+        text += &report::render(&insn_samples, &modes, "insn/op");
+        text += "\nwall time per operation (emulated: swings 2-3x between runs; not the figures):\n";
+    }
+    text += &report::render(&samples, &modes, "ns/op");
     text += &format!("kernel {}\n", std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim());
     for line in hot_paths {
         text += &line;
@@ -311,7 +345,9 @@ fn loops(args: &Args, plegwatch: &Path, bench_dir: &Path) -> Result<(String, Vec
         Ok(t) => text += &t,
         Err(e) => eprintln!("bench: no per-program figures (bpf_stats): {e:#}"),
     }
-    Ok((text, report::loop_figures(&samples)))
+    // In a guest the figures are the instruction counts' ratios: emulated time is noise.
+    let figures = report::loop_figures(if insn_samples.is_empty() { &samples } else { &insn_samples });
+    Ok((text, figures))
 }
 
 /// After the measured rounds, one more run of each loop under plegwatch and under its
@@ -351,12 +387,86 @@ fn compile_loop(bench_dir: &Path) -> Result<PathBuf> {
     Ok(binary)
 }
 
+/// How the loops run: the binary, and in a guest with the icount plugin, its count file.
+struct LoopRunner<'a> {
+    bin: &'a Path,
+    icount: Option<&'a Path>,
+}
+
+/// One loop run: wall time per operation, and with the icount plugin, the instructions per
+/// operation its vCPU executed.
+#[derive(Clone, Copy, Debug)]
+struct Measured {
+    ns: f64,
+    insns: Option<f64>,
+}
+
+impl std::fmt::Display for Measured {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} ns/op", self.ns)?;
+        if let Some(insns) = self.insns {
+            write!(f, " {insns:.0} insn/op")?;
+        }
+        Ok(())
+    }
+}
+
+impl LoopRunner<'_> {
+    fn run(&self, mode: &str, iterations: u64) -> Result<Measured> {
+        let Some(count_file) = self.icount else {
+            return Ok(Measured { ns: time_loop(self.bin, mode, iterations)?, insns: None });
+        };
+        // A count left by an earlier run must not pass for this one's.
+        match std::fs::remove_file(count_file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot remove {}", count_file.display())),
+        }
+        let mut command = Command::new(self.bin);
+        command.arg(mode).arg(iterations.to_string()).env("LOOP_CPU", LOOP_CPU.to_string());
+        let ns = parse_ns(&mut command)?;
+        let text = std::fs::read_to_string(count_file)
+            .with_context(|| format!("the icount plugin wrote no count to {} (is the guest's QEMU running it?)", count_file.display()))?;
+        let executed = parse_icount(&text, LOOP_CPU).with_context(|| format!("{}: {:?}", count_file.display(), text.trim()))?;
+        Ok(Measured { ns, insns: Some(executed as f64 / iterations as f64) })
+    }
+}
+
+/// The icount plugin's line, `INSTRUCTIONS VCPU`: the instructions, if they were counted on
+/// `cpu`.
+fn parse_icount(text: &str, cpu: u32) -> Result<u64> {
+    let mut words = text.split_whitespace();
+    let (Some(count), Some(vcpu), None) = (words.next(), words.next(), words.next()) else {
+        bail!("not an icount line (INSTRUCTIONS VCPU)");
+    };
+    let count: u64 = count.parse().context("the instruction count is not a number")?;
+    let vcpu: u32 = vcpu.parse().context("the vCPU is not a number")?;
+    if vcpu != cpu {
+        bail!("the loop ended on vCPU {vcpu}, not on {cpu} where it was pinned");
+    }
+    Ok(count)
+}
+
+/// `cc -O2 -shared xtask/bench/icount.c -o target/bench/icount.so`: the emulator's
+/// instruction counter for `--kernel`.
+fn compile_icount_plugin(bench_dir: &Path) -> Result<PathBuf> {
+    let source = cmd::workspace_root().join("xtask").join("bench").join("icount.c");
+    let plugin = bench_dir.join("icount.so");
+    cmd::run(Command::new("cc").args(["-O2", "-Wall", "-shared", "-fPIC", "-fvisibility=hidden", "-o"]).arg(&plugin).arg(&source))?;
+    Ok(plugin)
+}
+
 /// Run `loop MODE ITER` and parse the ns per iteration it prints.
 pub(crate) fn time_loop(loop_bin: &Path, mode: &str, iterations: u64) -> Result<f64> {
     let mut command = Command::new(loop_bin);
     command.arg(mode).arg(iterations.to_string());
-    let line = cmd::display(&command);
-    let stdout = cmd::output(&mut command)?;
+    parse_ns(&mut command)
+}
+
+/// Run a loop command and parse the ns per iteration it prints.
+fn parse_ns(command: &mut Command) -> Result<f64> {
+    let line = cmd::display(command);
+    let stdout = cmd::output(command)?;
     let value: f64 = stdout.trim().parse().with_context(|| format!("`{line}` printed {:?}, not a number", stdout.trim()))?;
     Ok(value)
 }
@@ -375,4 +485,19 @@ fn ensure_tracefs() -> Result<()> {
     }
     eprintln!("bench: tracefs is not mounted; mounting it at {TRACEFS}");
     cmd::run(Command::new("mount").args(["-t", "tracefs", "nodev", TRACEFS]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_icount;
+
+    #[test]
+    fn an_icount_line_is_the_count_on_the_pinned_vcpu() {
+        assert_eq!(parse_icount("123456 1\n", 1).ok(), Some(123_456));
+        let moved = parse_icount("123456 0\n", 1).map_err(|e| e.to_string());
+        assert!(moved.as_ref().is_err_and(|e| e.contains("vCPU 0, not on 1")), "{moved:?}");
+        for bad in ["", "123456", "12x 1", "1 2 3", "-5 1"] {
+            assert!(parse_icount(bad, 1).is_err(), "{bad:?} was taken");
+        }
+    }
 }

@@ -374,17 +374,19 @@ pub fn cancel_guests() {
 }
 
 pub fn guest(kernel: &Kernel, memory: &str, label: &str, line: &str, limit: Option<Duration>, log: Option<&Path>) -> Result<i32> {
-    guest_on(kernel, 2, memory, label, line, limit, log)
+    guest_on(kernel, 2, memory, label, line, "", limit, log)
 }
 
-/// [`guest`] with `cpus` vCPUs: the loops bench takes one, so that no other vCPU shares
-/// the emulator's one thread with the loop (single-threaded TCG runs them in turn).
+/// [`guest`] with `cpus` vCPUs and more of QEMU's options (`qemu_opts`, after the
+/// accelerator's): the loops bench adds its instruction-counting plugin.
+#[allow(clippy::too_many_arguments)]
 pub fn guest_on(
     kernel: &Kernel,
     cpus: u32,
     memory: &str,
     label: &str,
     line: &str,
+    qemu_opts: &str,
     limit: Option<Duration>,
     log: Option<&Path>,
 ) -> Result<i32> {
@@ -410,7 +412,7 @@ pub fn guest_on(
     vng.arg("--run")
         .arg(&kernel.vmlinuz)
         .args(["--disable-kvm", "--cpus", &cpus.to_string(), "--memory", memory])
-        .arg("--qemu-opts=-accel tcg,thread=single")
+        .arg(format!("--qemu-opts=-accel tcg,thread=single {qemu_opts}"))
         // The kernel's own warnings on stderr, with their stacks (printed at the default
         // level, 4: hence 5): soft lockups, RCU stalls, hung tasks, OOM, a panic's last
         // words. Without them a guest that hangs or reboots says nothing.

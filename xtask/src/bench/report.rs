@@ -30,13 +30,13 @@ impl Sample {
 
 /// The table of every sample, then per mode each column's median ratio with its spread
 /// (the lowest and highest ratio over the rounds): these machines are noisy.
-pub fn render(samples: &[Sample], modes: &[&str]) -> String {
+pub fn render(samples: &[Sample], modes: &[&str], unit: &str) -> String {
     let mut out = String::new();
     let _ = write!(out, "{:<6} {:>5} {:>10}", "mode", "round", "untraced");
     for c in COLUMNS {
         let _ = write!(out, " {c:>12}");
     }
-    let _ = writeln!(out, "   (ns/op; ratio to untraced in brackets)");
+    let _ = writeln!(out, "   ({unit}; ratio to untraced in brackets)");
     for s in samples {
         let _ = write!(out, "{:<6} {:>5} {:>10.1}", s.mode, s.round, s.untraced);
         for (i, t) in s.traced.iter().enumerate() {
@@ -355,7 +355,7 @@ mod tests {
     fn table_shows_missing_tracers_as_dash_and_the_spread() {
         let sample = |round, pw| Sample { mode: "unix", round, untraced: 600.0, traced: vec![Some(pw), None, Some(660.0), None, None] };
         let samples = [sample(1, 900.0), sample(2, 690.0), sample(3, 720.0)];
-        let text = render(&samples, &["unix"]);
+        let text = render(&samples, &["unix"], "ns/op");
         assert!(text.contains("900 [1.50]"), "{text}");
         assert!(text.contains("plegwatch 1.20 (1.15-1.50)"), "{text}");
         assert!(text.contains("bpftrace -"), "{text}");
