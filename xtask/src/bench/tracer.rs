@@ -22,6 +22,8 @@ const BPFTRACE_ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 const BPFTRACE_SETTLE: Duration = Duration::from_secs(1);
 /// How long a tracer may take to exit after SIGINT before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long plegwatch's exit hand-off may take to close its probes after plegwatch exited.
+const HANDOFF_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Per-tid enter/exit latency tracking over the loops' syscalls (`send` is `sendto` at the
 /// syscall level), aggregated into one histogram: the work a naive tracer of these syscalls
@@ -206,7 +208,8 @@ impl Tracer {
         self.child.id()
     }
 
-    /// SIGINT, then wait for the exit (SIGKILL after [`STOP_TIMEOUT`]). An unclean exit is
+    /// SIGINT, then wait for the exit (SIGKILL after [`STOP_TIMEOUT`]) and for plegwatch's
+    /// exit hand-off to have closed its probes ([`wait_exit_handoff`]). An unclean exit is
     /// reported as a warning: the loop has already been measured.
     pub fn stop(mut self) {
         if let Err(e) = self.interrupt_and_wait() {
@@ -223,6 +226,7 @@ impl Tracer {
         let deadline = Instant::now() + STOP_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait().context("waitpid")? {
+                wait_exit_handoff(Instant::now() + HANDOFF_TIMEOUT);
                 return check_exit(status, &self.line, &self.stderr_tail());
             }
             if Instant::now() >= deadline {
@@ -295,5 +299,32 @@ mod tests {
         assert!(is_ready_line(r#"{ "ts": 1, "type" : "ready" }"#));
         assert!(!is_ready_line(r#"{"type":"stall"}"#));
         assert!(!is_ready_line("ready"));
+    }
+}
+
+/// The comm of plegwatch's exit hand-off child (`probe-user/src/kernel/handoff.rs`).
+const HANDOFF_COMM: &str = "plegwatch-exit";
+
+/// plegwatch exits at once and leaves the last close of its probes to a child, which
+/// unregisters them over the next seconds while they keep running: the next measurement
+/// would run under them. Wait until no such child is left (or `deadline`, with a warning).
+fn wait_exit_handoff(deadline: Instant) {
+    let lingering = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                    .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == HANDOFF_COMM))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut left = lingering();
+    while !left.is_empty() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+        left = lingering();
+    }
+    if !left.is_empty() {
+        eprintln!("bench: warning: plegwatch's exit hand-off (pid {left:?}) is still closing its probes; measuring anyway");
     }
 }
