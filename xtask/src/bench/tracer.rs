@@ -289,19 +289,6 @@ fn check_exit(status: ExitStatus, line: &str, stderr_tail: &str) -> Result<()> {
     bail!("`{line}` exited with {status} after SIGINT (stderr: {stderr_tail})")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ready_line_detection() {
-        assert!(is_ready_line(r#"{"type":"ready","pid":12}"#));
-        assert!(is_ready_line(r#"{ "ts": 1, "type" : "ready" }"#));
-        assert!(!is_ready_line(r#"{"type":"stall"}"#));
-        assert!(!is_ready_line("ready"));
-    }
-}
-
 /// The comm of plegwatch's exit hand-off child (`probe-user/src/kernel/handoff.rs`).
 const HANDOFF_COMM: &str = "plegwatch-exit";
 
@@ -326,5 +313,18 @@ fn wait_exit_handoff(deadline: Instant) {
     }
     if !left.is_empty() {
         eprintln!("bench: warning: plegwatch's exit hand-off (pid {left:?}) is still closing its probes; measuring anyway");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_line_detection() {
+        assert!(is_ready_line(r#"{"type":"ready","pid":12}"#));
+        assert!(is_ready_line(r#"{ "ts": 1, "type" : "ready" }"#));
+        assert!(!is_ready_line(r#"{"type":"stall"}"#));
+        assert!(!is_ready_line("ready"));
     }
 }
