@@ -413,8 +413,9 @@ impl std::fmt::Display for Measured {
 
 impl LoopRunner<'_> {
     fn run(&self, mode: &str, iterations: u64) -> Result<Measured> {
+        let mut command = loop_command(self.bin, mode, iterations);
         let Some(count_file) = self.icount else {
-            return Ok(Measured { ns: time_loop(self.bin, mode, iterations)?, insns: None });
+            return Ok(Measured { ns: parse_ns(&mut command)?, insns: None });
         };
         // A count left by an earlier run must not pass for this one's.
         match std::fs::remove_file(count_file) {
@@ -422,9 +423,7 @@ impl LoopRunner<'_> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("cannot remove {}", count_file.display())),
         }
-        let mut command = Command::new(self.bin);
-        command.arg(mode).arg(iterations.to_string()).env("LOOP_CPU", LOOP_CPU.to_string());
-        let ns = parse_ns(&mut command)?;
+        let ns = parse_ns(command.env("LOOP_CPU", LOOP_CPU.to_string()))?;
         let text = std::fs::read_to_string(count_file)
             .with_context(|| format!("the icount plugin wrote no count to {} (is the guest's QEMU running it?)", count_file.display()))?;
         let executed = parse_icount(&text, LOOP_CPU).with_context(|| format!("{}: {:?}", count_file.display(), text.trim()))?;
@@ -458,9 +457,14 @@ fn compile_icount_plugin(bench_dir: &Path) -> Result<PathBuf> {
 
 /// Run `loop MODE ITER` and parse the ns per iteration it prints.
 pub(crate) fn time_loop(loop_bin: &Path, mode: &str, iterations: u64) -> Result<f64> {
+    parse_ns(&mut loop_command(loop_bin, mode, iterations))
+}
+
+/// `loop MODE ITER`.
+fn loop_command(loop_bin: &Path, mode: &str, iterations: u64) -> Command {
     let mut command = Command::new(loop_bin);
     command.arg(mode).arg(iterations.to_string());
-    parse_ns(&mut command)
+    command
 }
 
 /// Run a loop command and parse the ns per iteration it prints.

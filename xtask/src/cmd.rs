@@ -1,5 +1,5 @@
 //! Shared helpers: running external commands with their command line in every error,
-//! workspace paths, and the root check.
+//! workspace paths, the root check, and the processes running.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -110,6 +110,18 @@ pub fn probe(cmd: &mut Command) -> Option<String> {
 /// The last non-empty line of some output, for one-line error messages.
 pub fn last_line(text: &str) -> &str {
     text.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or("(no output)")
+}
+
+/// Every process's pid and comm (`/proc/PID/comm`, without its newline); one that ends
+/// while it is read is left out, and an unreadable `/proc` gives none.
+pub fn processes() -> Vec<(u32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim_end().to_owned())))
+        .collect()
 }
 
 #[cfg(test)]

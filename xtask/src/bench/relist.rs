@@ -299,17 +299,10 @@ fn wait_for_other_tracers(own: &[u32]) -> Vec<String> {
 /// Other processes named `plegwatch` (or `bpftrace`): their probes would trace the
 /// "untraced" phases too, since uprobes cover every process running a binary.
 fn other_tracers(own: &[u32]) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| !own.contains(pid))
-        .filter_map(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-            let comm = comm.trim();
-            matches!(comm, "plegwatch" | "bpftrace").then(|| format!("{comm} (pid {pid})"))
-        })
+    crate::cmd::processes()
+        .into_iter()
+        .filter(|(pid, comm)| !own.contains(pid) && matches!(comm.as_str(), "plegwatch" | "bpftrace"))
+        .map(|(pid, comm)| format!("{comm} (pid {pid})"))
         .collect()
 }
 

@@ -296,16 +296,7 @@ const HANDOFF_COMM: &str = "plegwatch-exit";
 /// unregisters them over the next seconds while they keep running: the next measurement
 /// would run under them. Wait until no such child is left (or `deadline`, with a warning).
 fn wait_exit_handoff(deadline: Instant) {
-    let lingering = || -> Vec<u32> {
-        std::fs::read_dir("/proc")
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                    .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == HANDOFF_COMM))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let lingering = || -> Vec<u32> { cmd::processes().into_iter().filter(|(_, comm)| comm == HANDOFF_COMM).map(|(pid, _)| pid).collect() };
     let mut left = lingering();
     while !left.is_empty() && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(50));
