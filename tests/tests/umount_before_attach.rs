@@ -22,6 +22,32 @@ const SLACK_S: f64 = 1.0;
 
 #[test]
 fn umount_stall_that_began_before_start_is_swept() -> anyhow::Result<()> {
+    swept_tail_timed_exactly(false)
+}
+
+/// The same, with the umount's thread made to wait for its CPU each time its sync wakes
+/// it: a CPU hog at nice -12 shares its CPU, the umount runs at nice 19 (about 17 % of
+/// 50 ms samples of `/proc/TID/syscall` then say `running`, against one sample in 200
+/// alone; the umount takes about 15 s). Those scans, apart and in a row, must not end the
+/// tail early: the kernel still times its end. A CI run found this (stop 33: the tail
+/// judged over, `approximate`, after two scans far apart caught its thread on CPU); the
+/// binary before the fix fails here every time.
+#[test]
+fn a_swept_umount_whose_thread_waits_for_its_cpu_is_timed_exactly() -> anyhow::Result<()> {
+    swept_tail_timed_exactly(true)
+}
+
+/// Kills its CPU hog when dropped.
+struct Hog(std::process::Child);
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn swept_tail_timed_exactly(contended: bool) -> anyhow::Result<()> {
     preflight::require();
     if let Some(why) = WriteThrottle::unavailable() {
         preflight::skip("umount_before_attach", &why);
@@ -33,7 +59,12 @@ fn umount_stall_that_began_before_start_is_swept() -> anyhow::Result<()> {
     dirty::write_file(&target.join("dirty.bin"), DIRTY)?;
 
     let started = Instant::now();
-    let mut umount = Command::new("umount").arg(&target).spawn()?;
+    let (_hog, mut umount) = if contended {
+        let hog = Hog(Command::new("taskset").args(["-c", "0", "nice", "-n", "-12", "sh", "-c", "while :; do :; done"]).spawn()?);
+        (Some(hog), Command::new("taskset").args(["-c", "0", "nice", "-n", "19", "umount"]).arg(&target).spawn()?)
+    } else {
+        (None, Command::new("umount").arg(&target).spawn()?)
+    };
     let pid = umount.id();
     std::thread::sleep(HEAD_START);
     assert!(umount.try_wait()?.is_none(), "the umount ended within the {HEAD_START:?} head start: no stall to sweep");

@@ -97,6 +97,23 @@ pub fn state(tid: u32) -> Option<char> {
     Some(stat(tid)?.state)
 }
 
+/// What `/proc` says of a thread's CPU use so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CpuUse {
+    /// `voluntary_ctxt_switches` (`/proc/TID/status`): how often it slept.
+    pub voluntary: u64,
+    /// `utime` (`/proc/TID/stat`, clock ticks): its time in user space.
+    pub user_ticks: u64,
+}
+
+/// A thread's CPU use so far: how often it slept (`voluntary_ctxt_switches` in
+/// `/proc/TID/status`) and its user time (`utime` in `/proc/TID/stat`).
+pub fn cpu_use(tid: u32) -> Option<CpuUse> {
+    use ::procfs::FromRead as _;
+    let voluntary = ::procfs::process::Status::from_file(format!("/proc/{tid}/status")).ok()?.voluntary_ctxt_switches?;
+    Some(CpuUse { voluntary, user_ticks: stat(tid)?.utime })
+}
+
 /// The CPU a thread last ran on (`processor` in `/proc/TID/stat`).
 pub fn last_cpu(tid: u32) -> Option<u32> {
     u32::try_from(stat(tid)?.processor?).ok()

@@ -34,4 +34,5 @@ pub mod sockets;
 pub mod stats;
 pub mod sweep;
 pub mod syscall_waits;
+pub mod tail_oncpu;
 pub mod ttrpc;

@@ -26,6 +26,7 @@ use crate::{
     sources::ended::EndedWaits,
     sources::inflight::{Action, Filter, Item, Registry, TidStart, WaitInfo},
     sources::sweep,
+    sources::tail_oncpu::TailOnCpu,
     syscalls::{by_slot, WaitKind},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
@@ -51,8 +52,8 @@ pub struct SyscallWaits {
     open_by_tid: HashMap<u32, Value>,
     /// The same by (process, goroutine), for waits made by Go targets: (tid, object).
     open_by_g: HashMap<(u32, u64), (u32, Value)>,
-    /// Scans in a row that found a tail's thread running outside umount2.
-    running_seen: HashMap<TidStart, u32>,
+    /// Tails whose thread the scans keep finding on CPU.
+    on_cpu: TailOnCpu,
     /// Every kernel wait open at the last scan, as graph nodes.
     open_waits: Vec<OpenWait>,
     /// The same waits as the kernel gave them.
@@ -102,7 +103,7 @@ impl SyscallWaits {
             open_tgids: Vec::new(),
             open_by_tid: HashMap::new(),
             open_by_g: HashMap::new(),
-            running_seen: HashMap::new(),
+            on_cpu: TailOnCpu::default(),
             open_waits: Vec::new(),
             open_infos: Vec::new(),
             devices: HashMap::new(),
@@ -209,32 +210,29 @@ impl SyscallWaits {
         for (key, sys_exit_ns, nr, before_attach) in candidates {
             let tid = key.0;
             let ended = if !procfs::thread_exists(tid) {
-                true
+                Some(now)
             } else if sys_exit_ns == 0 && before_attach {
                 // Swept while blocked: the kernel will see its exit, unless it
                 // raced the sweep.
-                !matches!(procfs::syscall(tid), Some(SyscallState::In { nr: n, .. }) if n as u32 == nr)
+                (!matches!(procfs::syscall(tid), Some(SyscallState::In { nr: n, .. }) if n as u32 == nr)).then_some(now)
             } else if sys_exit_ns != 0 {
                 match procfs::syscall(tid) {
-                    Some(SyscallState::In { nr, .. }) => nr != libc::SYS_umount2,
-                    Some(SyscallState::Running) => {
-                        let n = self.running_seen.entry(key).or_insert(0);
-                        *n += 1;
-                        // One sample can catch the tail on CPU; two in a row is back in user space.
-                        *n >= 2 || self.poll_tails
+                    Some(SyscallState::Running) => self.on_cpu.on_cpu(key, now, procfs::cpu_use(tid), self.poll_tails),
+                    state => {
+                        self.on_cpu.off_cpu(&key);
+                        matches!(state, Some(SyscallState::In { nr, .. }) if nr != libc::SYS_umount2).then_some(now)
                     }
-                    _ => false,
                 }
             } else {
-                false
+                None
             };
             // Only when the kernel still holds it: otherwise the kernel closed it
             // and its exact end record is on the way. The entry stays: marked
             // over, never deleted by tid (see `EndedWaits`).
             let in_kernel = matches!(self.inflight.get(&tid, 0), Ok(w) if w.start_ns == key.1);
-            if ended && in_kernel {
+            if let (Some(end_ns), true) = (ended, in_kernel) {
                 self.ended.mark(key);
-                if let Some(a) = self.registry.vanished(key, now) {
+                if let Some(a) = self.registry.vanished(key, end_ns) {
                     self.act(vec![a], out);
                 }
             }
@@ -393,7 +391,7 @@ impl SyscallWaits {
                     let Some(t) = self.registry.get(&key) else { continue };
                     let kind = by_slot(t.info.slot).map(|w| w.kind).unwrap_or(WaitKind::Sync);
                     self.fixed.remove(&key);
-                    self.running_seen.remove(&key);
+                    self.on_cpu.off_cpu(&key);
                     if self.swept_kstacks.get(&key.0).is_some_and(|(start, _)| *start == key.1) {
                         self.swept_kstacks.remove(&key.0);
                     }
