@@ -201,10 +201,26 @@ pub fn swept_tails_open(open: &[Wait]) -> u64 {
     open.iter().filter(|w| w.flags & WAIT_SWEPT_TAIL != 0 && w.sys_exit_ns != 0).count() as u64
 }
 
-/// Whether a swept wait's thread is still in the same syscall.
+/// Whether a swept wait's thread is still in the same syscall. `/proc` says `running`
+/// for a thread on CPU or waiting for one, which a thread woken inside its wait often is
+/// (a umount's sync wakes it at every page): that is looked at again, up to
+/// [`STILL_IN_LOOKS`] times [`STILL_IN_PAUSE`] apart, and a thread never seen out of it
+/// is kept (the scans judge it later, see `tail_oncpu`).
 pub fn still_in(w: &Wait) -> bool {
-    matches!(procfs::syscall(w.tid), Some(SyscallState::In { nr, .. }) if nr as u32 == w.nr)
+    for _ in 0..STILL_IN_LOOKS {
+        match procfs::syscall(w.tid) {
+            Some(SyscallState::Running) => std::thread::sleep(STILL_IN_PAUSE),
+            Some(SyscallState::In { nr, .. }) => return nr as u32 == w.nr,
+            _ => return false,
+        }
+    }
+    true
 }
+
+/// How often, and how far apart, [`still_in`] looks at a thread `/proc` finds on CPU
+/// (at start, once per swept wait so found: 100 ms at most each).
+const STILL_IN_LOOKS: u32 = 20;
+const STILL_IN_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);
 
 #[cfg(test)]
 mod tests {

@@ -213,8 +213,16 @@ impl SyscallWaits {
                 Some(now)
             } else if sys_exit_ns == 0 && before_attach {
                 // Swept while blocked: the kernel will see its exit, unless it
-                // raced the sweep.
-                (!matches!(procfs::syscall(tid), Some(SyscallState::In { nr: n, .. }) if n as u32 == nr)).then_some(now)
+                // raced the sweep. On CPU says nothing (woken in the call, or waiting
+                // for a CPU): judged as a tail's thread is, the kernel's exit probe standing
+                // for the tail probe.
+                match procfs::syscall(tid) {
+                    Some(SyscallState::Running) => self.on_cpu.on_cpu(key, now, procfs::cpu_use(tid), false),
+                    state => {
+                        self.on_cpu.off_cpu(&key);
+                        (!matches!(state, Some(SyscallState::In { nr: n, .. }) if n as u32 == nr)).then_some(now)
+                    }
+                }
             } else if sys_exit_ns != 0 {
                 match procfs::syscall(tid) {
                     Some(SyscallState::Running) => self.on_cpu.on_cpu(key, now, procfs::cpu_use(tid), self.poll_tails),

@@ -12,7 +12,8 @@
 //! voluntary switch and its user time grew. (User time is the kernel's split of the
 //! thread's run time by ticks; a thread with earlier user time that stays on CPU in the
 //! kernel for that long, never sleeping, could be misjudged. A starved one can't: it runs
-//! nothing.)
+//! nothing.) A wait the startup sweep found in its syscall is judged the same way: the
+//! kernel's exit probe closes it, and `/proc` is only for one that ended unseen.
 
 pub use crate::observe::procfs::CpuUse;
 use crate::sources::inflight::TidStart;
