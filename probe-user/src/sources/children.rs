@@ -14,7 +14,8 @@
 //! kernel's map: the map's gate is the kernel's own count of its entries, and
 //! userspace does not write it. Each scan checks, in `/proc/TID/syscall`, that the
 //! thread is still in the same call; once it is not (or the kernel saw it enter a
-//! new one), the swept wait is over. Their start is a lower bound (the time since
+//! new one), the swept wait is over. A thread found on CPU is judged by
+//! `sources::on_cpu`. Their start is a lower bound (the time since
 //! the thread last ran), and their goroutine is the one the goroutine scan finds
 //! on that thread ([`ChildWaits::note_goroutines`]).
 
@@ -22,6 +23,7 @@ use crate::graph::children::{ChildWaitFact, WaitTarget};
 use crate::graph::model::{StartTiming, WaitKey};
 use crate::observe::pipes;
 use crate::observe::procfs::{self, SyscallState};
+use crate::sources::on_cpu::OnCpu;
 use crate::sources::sweep::{AgeClock, Blocked};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use plegwatch_abi::{ChildWait, CHILD_WAIT_WAIT4, P_ALL, P_PGID, P_PID, P_PIDFD, WNOHANG};
@@ -44,9 +46,17 @@ pub fn swept(b: &Blocked, start_ns: u64) -> Option<ChildWait> {
     (options & WNOHANG == 0).then_some(ChildWait { start_ns, g: 0, tgid: b.tgid, tid: b.tid, id, which, options, _pad: 0 })
 }
 
-/// Whether `tid` is still in the call `w` records (same syscall, same selector).
-fn still_in(w: &ChildWait) -> bool {
-    let Some(SyscallState::In { nr, args }) = procfs::syscall(w.tid) else { return false };
+/// Whether `tid` is still in the call `w` records (same syscall, same selector). A
+/// thread `/proc` finds on CPU (woken by another child's change, or waiting for a CPU)
+/// is kept until `on_cpu` proves it back in user space.
+fn still_in(w: &ChildWait, on_cpu: &mut OnCpu, now_ns: u64) -> bool {
+    let key = (w.tid, w.start_ns);
+    let state = procfs::syscall(w.tid);
+    if state == Some(SyscallState::Running) {
+        return on_cpu.on_cpu(key, now_ns, procfs::cpu_use(w.tid), false).is_none();
+    }
+    on_cpu.off_cpu(&key);
+    let Some(SyscallState::In { nr, args }) = state else { return false };
     let b = Blocked { tgid: w.tgid, tid: w.tid, nr, args };
     swept(&b, w.start_ns).is_some_and(|now| (now.which, now.id) == (w.which, w.id))
 }
@@ -75,11 +85,13 @@ pub struct ChildWaits {
     pidfds: HashMap<WaitKey, Option<u32>>,
     /// Waits the startup sweep found, while their threads are still in them.
     swept: Vec<ChildWait>,
+    /// Swept waits whose thread the scans keep finding on CPU.
+    on_cpu: OnCpu,
 }
 
 impl ChildWaits {
     pub fn new(map: BpfHashMap<MapData, u32, ChildWait>) -> Self {
-        ChildWaits { map, pidfds: HashMap::new(), swept: Vec::new() }
+        ChildWaits { map, pidfds: HashMap::new(), swept: Vec::new(), on_cpu: OnCpu::default() }
     }
 
     /// Takes the threads the startup sweep found blocked in `wait4`/`waitid` (once the
@@ -105,7 +117,14 @@ impl ChildWaits {
         let kernel: Vec<ChildWait> = self.map.iter().filter_map(Result::ok).map(|(_, w)| w).collect();
         if !self.swept.is_empty() {
             let seen: HashSet<u32> = kernel.iter().map(|w| w.tid).collect();
-            self.swept.retain(|w| !seen.contains(&w.tid) && still_in(w));
+            let (on_cpu, now_ns) = (&mut self.on_cpu, crate::clock::monotonic_ns());
+            self.swept.retain(|w| {
+                let keep = !seen.contains(&w.tid) && still_in(w, on_cpu, now_ns);
+                if !keep {
+                    on_cpu.off_cpu(&(w.tid, w.start_ns));
+                }
+                keep
+            });
         }
         let swept = self.swept.iter().map(|w| (*w, StartTiming::LowerBound));
         let mut out = Vec::new();

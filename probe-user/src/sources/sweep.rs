@@ -41,8 +41,14 @@ pub struct Blocked {
 }
 
 /// Every thread in `/proc` (but `self_tgid`'s) blocked in a syscall now.
+///
+/// `/proc/TID/syscall` says `running` for a thread on CPU or waiting for one, and a
+/// thread inside a long wait often is (a umount's sync wakes it at every page; on a
+/// busy CPU it then waits its turn): those are looked at again, up to
+/// [`RUNNING_LOOKS`] times [`RUNNING_PAUSE`] apart, until `/proc` says where they are.
 pub fn blocked_threads(self_tgid: u32) -> Vec<Blocked> {
     let mut out = Vec::new();
+    let mut running = Vec::new();
     let Ok(procs) = fs::read_dir("/proc") else {
         return out;
     };
@@ -60,13 +66,34 @@ pub fn blocked_threads(self_tgid: u32) -> Vec<Blocked> {
             let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            if let Some(SyscallState::In { nr, args }) = procfs::syscall(tid) {
-                out.push(Blocked { tgid, tid, nr, args });
+            match procfs::syscall(tid) {
+                Some(SyscallState::In { nr, args }) => out.push(Blocked { tgid, tid, nr, args }),
+                Some(SyscallState::Running) => running.push((tgid, tid)),
+                _ => {}
             }
         }
     }
+    for _ in 0..RUNNING_LOOKS {
+        if running.is_empty() {
+            break;
+        }
+        std::thread::sleep(RUNNING_PAUSE);
+        running.retain(|&(tgid, tid)| match procfs::syscall(tid) {
+            Some(SyscallState::In { nr, args }) => {
+                out.push(Blocked { tgid, tid, nr, args });
+                false
+            }
+            Some(SyscallState::Running) => true,
+            _ => false,
+        });
+    }
     out
 }
+
+/// How often, and how far apart, [`blocked_threads`] looks again at the threads `/proc`
+/// found on CPU (at start: 200 ms at most, while some thread stays on CPU).
+const RUNNING_LOOKS: u32 = 20;
+const RUNNING_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Lower bounds of how long threads have been blocked, from the scheduler.
 ///
@@ -205,7 +232,7 @@ pub fn swept_tails_open(open: &[Wait]) -> u64 {
 /// for a thread on CPU or waiting for one, which a thread woken inside its wait often is
 /// (a umount's sync wakes it at every page): that is looked at again, up to
 /// [`STILL_IN_LOOKS`] times [`STILL_IN_PAUSE`] apart, and a thread never seen out of it
-/// is kept (the scans judge it later, see `tail_oncpu`).
+/// is kept (the scans judge it later, see `on_cpu`).
 pub fn still_in(w: &Wait) -> bool {
     for _ in 0..STILL_IN_LOOKS {
         match procfs::syscall(w.tid) {

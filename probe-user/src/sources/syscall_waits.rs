@@ -25,8 +25,8 @@ use crate::{
     sources::devices::DeviceIo,
     sources::ended::EndedWaits,
     sources::inflight::{Action, Filter, Item, Registry, TidStart, WaitInfo},
+    sources::on_cpu::OnCpu,
     sources::sweep,
-    sources::tail_oncpu::TailOnCpu,
     syscalls::{by_slot, WaitKind},
 };
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, RingBuf};
@@ -53,7 +53,7 @@ pub struct SyscallWaits {
     /// The same by (process, goroutine), for waits made by Go targets: (tid, object).
     open_by_g: HashMap<(u32, u64), (u32, Value)>,
     /// Tails whose thread the scans keep finding on CPU.
-    on_cpu: TailOnCpu,
+    on_cpu: OnCpu,
     /// Every kernel wait open at the last scan, as graph nodes.
     open_waits: Vec<OpenWait>,
     /// The same waits as the kernel gave them.
@@ -103,7 +103,7 @@ impl SyscallWaits {
             open_tgids: Vec::new(),
             open_by_tid: HashMap::new(),
             open_by_g: HashMap::new(),
-            on_cpu: TailOnCpu::default(),
+            on_cpu: OnCpu::default(),
             open_waits: Vec::new(),
             open_infos: Vec::new(),
             devices: HashMap::new(),

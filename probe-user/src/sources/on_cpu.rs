@@ -1,29 +1,31 @@
-//! Whether a umount2 tail whose thread `/proc` finds on CPU is back in user space.
+//! Whether a wait whose thread `/proc` finds on CPU is over, when the kernel can't say.
 //!
 //! `/proc/TID/syscall` says `running` for a thread on CPU *or waiting for one*, and so
-//! says nothing about where it is. A thread in umount2's task_work tail says it often:
-//! the unmount's sync wakes it at every written page, and on a busy CPU it then waits its
-//! turn, for seconds when starved (a CI run judged such a tail over after two scans, far
-//! apart, caught it so). The tail probe closes a tail at the thread's next syscall;
-//! `/proc` is only for a thread that went back to user space and makes none. Such a
-//! thread runs user code and never sleeps of its own accord, while a tail's thread runs
-//! kernel code only, and sleeps whenever its sync waits. So a tail is judged over when,
-//! over scans that all found its thread on CPU for at least [`ON_CPU_MIN`], it made no
-//! voluntary switch and its user time grew. (User time is the kernel's split of the
-//! thread's run time by ticks; a thread with earlier user time that stays on CPU in the
-//! kernel for that long, never sleeping, could be misjudged. A starved one can't: it runs
-//! nothing.) A wait the startup sweep found in its syscall is judged the same way: the
-//! kernel's exit probe closes it, and `/proc` is only for one that ended unseen.
+//! says nothing about where it is. A thread inside a wait says it often: a umount's sync
+//! wakes it at every written page (in the syscall or in its task_work tail), a parent in
+//! `wait4` wakes at every child's change of state, and on a busy CPU each then waits its
+//! turn, for seconds when starved (a CI run judged a umount tail over after two scans,
+//! far apart, caught its thread so).
+//!
+//! The kernel closes these waits itself: a tail at the thread's next syscall, a swept
+//! syscall at its exit. `/proc` is only for a wait that ended unseen, whose thread went
+//! back to user space and makes no syscall. Such a thread runs user code and never
+//! sleeps of its own accord, while a thread in a wait runs kernel code only, and sleeps
+//! whenever it waits. So a wait is judged over when, over scans that all found its
+//! thread on CPU for at least [`ON_CPU_MIN`], it made no voluntary switch and its user
+//! time grew. (User time is the kernel's split of the thread's run time by ticks; a
+//! thread with earlier user time that stays on CPU in the kernel for that long, never
+//! sleeping, could be misjudged. A starved one can't: it runs nothing.)
 
 pub use crate::observe::procfs::CpuUse;
 use crate::sources::inflight::TidStart;
 use std::{collections::HashMap, time::Duration};
 
-/// How long a tail's thread must stay on CPU, never sleeping, to be judged back in user
-/// space (when the kernel's tail probe is attached).
+/// How long a wait's thread must stay on CPU, never sleeping, to be judged back in user
+/// space.
 pub const ON_CPU_MIN: Duration = Duration::from_secs(2);
 
-/// A streak of scans that found a tail's thread on CPU.
+/// A streak of scans that found a wait's thread on CPU.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Streak {
     since_ns: u64,
@@ -33,16 +35,17 @@ struct Streak {
 
 /// The streaks, by wait.
 #[derive(Debug, Default)]
-pub struct TailOnCpu {
+pub struct OnCpu {
     streaks: HashMap<TidStart, Streak>,
 }
 
-impl TailOnCpu {
+impl OnCpu {
     /// The scan at `now_ns` found `key`'s thread on CPU, having used `cpu` so far (`None`
     /// when `/proc` can't say). Returns when it went back to user space (the streak's
-    /// start, a bound), once that is proven; `poll_tails` (no tail probe) takes one sample.
-    pub fn on_cpu(&mut self, key: TidStart, now_ns: u64, cpu: Option<CpuUse>, poll_tails: bool) -> Option<u64> {
-        if poll_tails {
+    /// start, a bound), once that is proven; `one_look` (a umount tail without the tail
+    /// probe, which `/proc` alone ends) takes one sample.
+    pub fn on_cpu(&mut self, key: TidStart, now_ns: u64, cpu: Option<CpuUse>, one_look: bool) -> Option<u64> {
+        if one_look {
             return Some(now_ns);
         }
         let Some(cpu) = cpu else {
@@ -78,7 +81,7 @@ mod tests {
 
     #[test]
     fn two_samples_apart_are_not_a_streak() {
-        let mut t = TailOnCpu::default();
+        let mut t = OnCpu::default();
         assert_eq!(t.on_cpu(K, 10 * S, cpu(5, 1), false), None);
         t.off_cpu(&K);
         assert_eq!(t.on_cpu(K, 13 * S, cpu(5, 9), false), None, "a sleep between ends the streak");
@@ -86,7 +89,7 @@ mod tests {
 
     #[test]
     fn a_voluntary_switch_restarts_the_streak() {
-        let mut t = TailOnCpu::default();
+        let mut t = OnCpu::default();
         assert_eq!(t.on_cpu(K, 10 * S, cpu(5, 1), false), None);
         assert_eq!(t.on_cpu(K, 11 * S, cpu(6, 1), false), None);
         assert_eq!(t.on_cpu(K, 12 * S, cpu(6, 50), false), None, "1 s since the switch");
@@ -96,7 +99,7 @@ mod tests {
     #[test]
     fn a_starved_thread_stays_in_its_tail() {
         // Waiting for a CPU it doesn't get: no switch, and no user time either.
-        let mut t = TailOnCpu::default();
+        let mut t = OnCpu::default();
         for s in 10..40 {
             assert_eq!(t.on_cpu(K, s * S, cpu(5, 3), false), None);
         }
@@ -104,7 +107,7 @@ mod tests {
 
     #[test]
     fn without_cpu_figures_it_is_never_judged() {
-        let mut t = TailOnCpu::default();
+        let mut t = OnCpu::default();
         for s in 10..20 {
             assert_eq!(t.on_cpu(K, s * S, None, false), None);
         }
@@ -112,7 +115,7 @@ mod tests {
 
     #[test]
     fn without_the_tail_probe_one_sample_ends_it() {
-        let mut t = TailOnCpu::default();
+        let mut t = OnCpu::default();
         assert_eq!(t.on_cpu(K, 10 * S, cpu(5, 1), true), Some(10 * S));
     }
 }
