@@ -52,7 +52,7 @@ pub struct SyscallWaits {
     open_by_tid: HashMap<u32, Value>,
     /// The same by (process, goroutine), for waits made by Go targets: (tid, object).
     open_by_g: HashMap<(u32, u64), (u32, Value)>,
-    /// Tails whose thread the scans keep finding on CPU.
+    /// Tails and swept waits whose thread the scans keep finding on CPU.
     on_cpu: OnCpu,
     /// Every kernel wait open at the last scan, as graph nodes.
     open_waits: Vec<OpenWait>,
