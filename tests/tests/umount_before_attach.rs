@@ -9,6 +9,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use plegwatch_scenarios::child::Proc;
 use plegwatch_scenarios::dirty::{self, MIB};
 use plegwatch_scenarios::events::dump;
 use plegwatch_scenarios::plegwatch::READY_TIMEOUT;
@@ -37,16 +38,6 @@ fn a_swept_umount_whose_thread_waits_for_its_cpu_is_timed_exactly() -> anyhow::R
     swept_tail_timed_exactly(true)
 }
 
-/// Kills its CPU hog when dropped.
-struct Hog(std::process::Child);
-
-impl Drop for Hog {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn swept_tail_timed_exactly(contended: bool) -> anyhow::Result<()> {
     preflight::require();
     if let Some(why) = WriteThrottle::unavailable() {
@@ -60,7 +51,8 @@ fn swept_tail_timed_exactly(contended: bool) -> anyhow::Result<()> {
 
     let started = Instant::now();
     let (_hog, mut umount) = if contended {
-        let hog = Hog(Command::new("taskset").args(["-c", "0", "nice", "-n", "-12", "sh", "-c", "while :; do :; done"]).spawn()?);
+        let hog =
+            Proc::spawn("cpu hog", Command::new("taskset").args(["-c", "0", "nice", "-n", "-12", "sh", "-c", "while :; do :; done"]))?;
         (Some(hog), Command::new("taskset").args(["-c", "0", "nice", "-n", "19", "umount"]).arg(&target).spawn()?)
     } else {
         (None, Command::new("umount").arg(&target).spawn()?)
